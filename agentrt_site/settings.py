@@ -1,0 +1,208 @@
+"""Settings for agentrt, read from the environment (12-factor).
+
+`DATABASE_URL` selects PostgreSQL; without it the embedded default is a
+SQLite file in WAL mode with a busy timeout, so `make run` needs nothing but
+Python and make.
+"""
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_int(name, default):
+    return int(os.environ.get(name, default))
+
+
+def env_float(name, default):
+    return float(os.environ.get(name, default))
+
+
+def env_list(name, default=""):
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "agentrt-insecure-dev-key-change-me")
+DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "channels",
+    "django_q",
+    "runs",
+    "approvals",
+    "checkpoints",
+    "maintenance",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "agentrt_site.urls"
+WSGI_APPLICATION = "agentrt_site.wsgi.application"
+ASGI_APPLICATION = "agentrt_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------
+# Persistent connections: django-q2's ORM broker opens a connection per query
+# with Django's default of 0 and drops from ~280 to ~24 tasks/s (DESIGN §5).
+CONN_MAX_AGE = env_int("AGENTRT_CONN_MAX_AGE", 600)
+AGENTRT_LEASE_SECONDS = env_float("AGENTRT_LEASE_SECONDS", 30)
+
+if os.environ.get("DATABASE_URL"):
+    _db = dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=CONN_MAX_AGE)
+    if _db["ENGINE"].endswith("postgresql"):
+        # Every timeout is below the heartbeat interval (lease / 3), so a dead
+        # connection or a lock wait cannot hang the heartbeat past the lease.
+        _hb_ms = int(AGENTRT_LEASE_SECONDS * 1000 / 3)
+        _stmt_ms = max(500, min(5000, _hb_ms - 200))
+        _db.setdefault("OPTIONS", {})
+        _db["OPTIONS"].update(
+            {
+                "connect_timeout": max(1, min(3, int(AGENTRT_LEASE_SECONDS / 3) or 1)),
+                "keepalives": 1,
+                "keepalives_idle": 5,
+                "keepalives_interval": 2,
+                "keepalives_count": 2,
+                "options": (
+                    f"-c statement_timeout={_stmt_ms} "
+                    f"-c lock_timeout={_stmt_ms} "
+                    f"-c idle_in_transaction_session_timeout={max(_hb_ms, 10000)}"
+                ),
+            }
+        )
+        _db["CONN_HEALTH_CHECKS"] = True
+    DATABASES = {"default": _db}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("AGENTRT_SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
+            "OPTIONS": {
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
+            },
+            "CONN_MAX_AGE": CONN_MAX_AGE,
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+LOGIN_URL = "/admin/login/"
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
+# --- Channels -------------------------------------------------------------
+if os.environ.get("REDIS_URL"):
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [os.environ["REDIS_URL"]]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- DRF ------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "STRICT_JSON": True,
+}
+
+# --- agentrt runtime --------------------------------------------------------
+AGENTRT_SLICE_SECONDS = env_float("AGENTRT_SLICE_SECONDS", 120)
+AGENTRT_MAX_CALL_SECONDS = env_float("AGENTRT_MAX_CALL_SECONDS", 300)
+AGENTRT_RECONCILER = os.environ.get("AGENTRT_RECONCILER", "")
+AGENTRT_RECONCILE_TIMEOUT = env_float("AGENTRT_RECONCILE_TIMEOUT", 30)
+AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = env_list("AGENTRT_HTTP_TOOL_ALLOWED_HOSTS", "")
+AGENTRT_APPROVAL_TTL_SECONDS = env_float("AGENTRT_APPROVAL_TTL_SECONDS", 86400)
+AGENTRT_ENABLE_FAULTPOINTS = os.environ.get("AGENTRT_ENABLE_FAULTPOINTS", "0") == "1"
+AGENTRT_FAULTPOINTS = os.environ.get("AGENTRT_FAULTPOINTS", "")
+AGENTRT_FAULTPOINT_DIR = os.environ.get("AGENTRT_FAULTPOINT_DIR", str(BASE_DIR / "var" / "faultpoints"))
+AGENTRT_CODE_VERSION = os.environ.get("AGENTRT_CODE_VERSION", "dev")
+AGENTRT_DEFAULT_LIMITS = {
+    "max_steps": 32,
+    "max_model_calls": 24,
+    "max_tool_calls": 64,
+    "max_input_tokens": None,
+    "max_output_tokens": None,
+    "max_cost_usd": None,
+    "deadline_seconds": 3600,
+    "synthesis_reserve_steps": 0,
+    "synthesis_reserve_model_calls": 2,
+    "synthesis_reserve_tool_calls": 4,
+    "synthesis_reserve_cost_usd": 0,
+}
+
+# --- django-q2: a doorbell, never the source of truth (DESIGN §5) -----------
+Q_WORKERS = env_int("AGENTRT_WORKERS", 2)
+Q_TIMEOUT = int(AGENTRT_SLICE_SECONDS + AGENTRT_MAX_CALL_SECONDS + 60)
+Q_CLUSTER = {
+    "name": "agentrt",
+    "orm": "default",
+    "workers": Q_WORKERS,
+    "timeout": Q_TIMEOUT,
+    "retry": Q_TIMEOUT * 2 + 60,
+    "max_attempts": 1,
+    "ack_failures": True,
+    "queue_limit": Q_WORKERS,
+    "bulk": 1,
+    "poll": env_float("AGENTRT_Q_POLL", 0.02),
+    "catch_up": False,
+    "save_limit": 100,
+    "label": "Django Q2",
+    "guard_cycle": 0.5,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("AGENTRT_LOG_LEVEL", "WARNING")},
+    "loggers": {"agentrt": {"level": os.environ.get("AGENTRT_LOG_LEVEL", "INFO")}},
+}

@@ -1,0 +1,25 @@
+from django.contrib import admin
+from django.http import HttpResponseRedirect, JsonResponse
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_http_methods
+
+
+@require_http_methods(["GET"])
+def healthz(request):
+    return JsonResponse({"ok": True})
+
+
+@csrf_exempt
+@require_http_methods(["POST"])
+def demo_hook(request):
+    """A stand-in deploy hook for the demo agents' http_post (not authenticated, records nothing)."""
+    return JsonResponse({"received": True, "idempotency_key": request.headers.get("Idempotency-Key")})
+
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("healthz", healthz),
+    path("demo/hook", demo_hook),
+    path("", lambda request: HttpResponseRedirect("/admin/")),
+]

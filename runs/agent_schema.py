@@ -1,0 +1,146 @@
+"""The agent definition of DESIGN §16, validated strictly (unknown keys refused)."""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from approvals.policy import DECISIONS, OPS
+
+from .domain.values import RunLimits
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScriptedModel(Strict):
+    provider: Literal["scripted"]
+    turns: list[dict[str, Any]] = Field(default_factory=list, max_length=10000)
+
+    @field_validator("turns")
+    @classmethod
+    def _turns(cls, turns):
+        allowed = {"text", "tool_calls", "delay_ms", "usage", "empty", "error", "attempts", "stop_reason"}
+        for i, turn in enumerate(turns):
+            if not isinstance(turn, dict):
+                raise ValueError(f"turn {i} must be an object")
+            unknown = set(turn) - allowed
+            if unknown:
+                raise ValueError(f"turn {i} has unknown keys: {sorted(unknown)}")
+            if "error" in turn and turn["error"] not in ("transient", "permanent"):
+                raise ValueError(f"turn {i}: error must be 'transient' or 'permanent'")
+            if "delay_ms" in turn and (not isinstance(turn["delay_ms"], (int, float)) or turn["delay_ms"] < 0):
+                raise ValueError(f"turn {i}: delay_ms must be a non-negative number")
+            for call in turn.get("tool_calls") or []:
+                if not isinstance(call, dict) or "name" not in call:
+                    raise ValueError(f"turn {i}: every tool call needs a name")
+            for sub in turn.get("attempts") or []:
+                if not isinstance(sub, dict):
+                    raise ValueError(f"turn {i}: attempts must be objects")
+        return turns
+
+
+class OpenAIModel(Strict):
+    provider: Literal["openai"]
+    base_url: str = Field(min_length=1, max_length=500)
+    model: str = Field(min_length=1, max_length=200)
+    api_key_env: str = Field("OPENAI_API_KEY", pattern=r"^[A-Z_][A-Z0-9_]*$")
+
+
+class When(Strict):
+    arg: str = Field(min_length=1, max_length=200)
+    op: str
+    value: Any = None
+
+    @field_validator("op")
+    @classmethod
+    def _op(cls, op):
+        if op not in OPS:
+            raise ValueError(f"op must be one of {', '.join(OPS)}")
+        return op
+
+    @model_validator(mode="after")
+    def _value(self):
+        if self.op == "in" and not isinstance(self.value, list):
+            raise ValueError("'in' needs a list value")
+        if self.op in ("gt", "gte", "lt", "lte") and (isinstance(self.value, bool) or not isinstance(self.value, (int, float))):
+            raise ValueError(f"'{self.op}' needs a number value")
+        return self
+
+
+class Rule(Strict):
+    tool: str = Field(min_length=1, max_length=100)
+    decision: str
+    when: When | None = None
+
+    @field_validator("decision")
+    @classmethod
+    def _decision(cls, d):
+        if d not in DECISIONS:
+            raise ValueError(f"decision must be one of {', '.join(DECISIONS)}")
+        return d
+
+
+class Policy(Strict):
+    default: str = "allow"
+    rules: list[Rule] = Field(default_factory=list, max_length=200)
+
+    @field_validator("default")
+    @classmethod
+    def _default(cls, d):
+        if d not in DECISIONS:
+            raise ValueError(f"default must be one of {', '.join(DECISIONS)}")
+        return d
+
+
+class Limits(Strict):
+    max_steps: int | None = Field(None, ge=1, le=10000)
+    max_model_calls: int | None = Field(None, ge=1, le=10000)
+    max_tool_calls: int | None = Field(None, ge=0, le=100000)
+    max_input_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1)
+    max_cost_usd: float | None = Field(None, ge=0)
+    deadline_seconds: float | None = Field(None, gt=0, le=30 * 86400)
+    synthesis_reserve_steps: int | None = Field(None, ge=0)
+    synthesis_reserve_model_calls: int | None = Field(None, ge=0)
+    synthesis_reserve_tool_calls: int | None = Field(None, ge=0)
+    synthesis_reserve_cost_usd: float | None = Field(None, ge=0)
+
+    def given(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class AgentDefinition(Strict):
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    instructions: str = Field("", max_length=100_000)
+    model: Union[ScriptedModel, OpenAIModel] = Field(discriminator="provider")
+    tools: list[str] = Field(default_factory=list, max_length=100)
+    policy: Policy = Field(default_factory=Policy)
+    limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, tools):
+        from .tools import REGISTRY
+
+        unknown = [t for t in tools if REGISTRY.spec(t) is None]
+        if unknown:
+            raise ValueError(f"unknown tools: {', '.join(unknown)} (registered: {', '.join(REGISTRY.names())})")
+        if len(set(tools)) != len(tools):
+            raise ValueError("tools are listed more than once")
+        return tools
+
+
+def resolve_limits(defaults: dict[str, Any], agent: dict[str, Any], requested: dict[str, Any] | None) -> RunLimits:
+    """Defaults, then the agent's limits, then the request's, which may only tighten."""
+    merged = {k: v for k, v in defaults.items() if v is not None}
+    merged.update(agent)
+    for key, value in (requested or {}).items():
+        current = merged.get(key)
+        if current is not None and value is not None and value > current:
+            from .errors import InvalidInput
+
+            raise InvalidInput(f"limits.{key} may only tighten the agent's limit ({current})", fields={f"limits.{key}": [f"must be at most {current}"]})
+        merged[key] = value
+    return RunLimits(**merged)

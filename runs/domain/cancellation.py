@@ -1,0 +1,34 @@
+"""One cancellation token per execution (seed 002, six observation points)."""
+from __future__ import annotations
+
+import threading
+
+from .errors import RunCancelled
+from .values import CancelReason
+
+
+class Token:
+    """`CancellationToken` set by the supervisor; first reason wins, never cleared."""
+
+    def __init__(self):
+        self._event = threading.Event()
+        self._reason: CancelReason | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def reason(self) -> CancelReason | None:
+        return self._reason
+
+    def cancel(self, reason: CancelReason) -> None:
+        with self._lock:
+            if self._reason is None:
+                self._reason = reason
+                self._event.set()
+
+    def raise_if_cancelled(self) -> None:
+        if self._reason is not None:
+            raise RunCancelled(self._reason)
+
+    def wait(self, timeout: float | None = None) -> CancelReason | None:
+        self._event.wait(timeout)
+        return self._reason

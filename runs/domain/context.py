@@ -1,0 +1,103 @@
+"""The run context handed to `run_loop`, and the pure request builder."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable
+from uuid import UUID
+
+from .checkpoint import CheckpointState
+from .ports import BudgetLedger, CancellationToken, Clock, IdFactory, LeaseMonitor, ModelProvider, PolicyEngine, RunStore, ToolRegistry
+from .values import ModelRequest, RunUsage
+from .writes import UnitOfWork
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no whitespace, UTF-8: the form every hash is taken over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass
+class RunSnapshot:
+    """The run row as the executing worker holds it."""
+
+    id: UUID
+    tenant_id: UUID
+    session_id: UUID
+    agent_name: str
+    agent_version: str
+    input: str
+    usage: RunUsage
+    step_count: int
+    deadline_at: datetime | None
+    attempts: int
+    lease_epoch: int
+
+
+@dataclass
+class AgentSpec:
+    name: str
+    version: str
+    instructions: str
+    model: dict[str, Any]
+    tools: list[str]
+    policy: dict[str, Any]
+
+
+@dataclass
+class RunContext:
+    run: RunSnapshot
+    agent: AgentSpec
+    state: CheckpointState
+    clock: Clock
+    ids: IdFactory
+    provider: ModelProvider
+    store: RunStore
+    tools: ToolRegistry
+    policy: PolicyEngine
+    budgets: BudgetLedger
+    token: CancellationToken
+    lease: LeaseMonitor
+    fault: Callable[[str], None]
+    slice_seconds: float = 120.0
+    draining: Callable[[], bool] = lambda: False
+    started_monotonic: float = 0.0
+    next_attempt: int = 1  # attempt number for the first model call of this execution
+    prepared_call: tuple[int, int] | None = None  # (step, attempt) whose `started` row is committed
+    resumed: bool = False
+    pending: UnitOfWork = field(default_factory=UnitOfWork)  # writes not yet committed
+    prepared_id: UUID | None = None
+    current_step: int | None = None
+    current_attempt: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def tool_schemas(ctx: RunContext) -> list[dict[str, Any]]:
+    out = []
+    for name in ctx.agent.tools:
+        spec = ctx.tools.spec(name)
+        if spec is not None:
+            out.append({"name": spec.name, "description": spec.description, "parameters": spec.parameters})
+    return out
+
+
+def build_request(ctx: RunContext, step_number: int, attempt_number: int, *, tool_choice: str = "auto") -> tuple[ModelRequest, str]:
+    """Build the model request from the checkpoint; pure, so two builds of one
+    checkpoint are byte-identical. Return it with its `prefix_sha256`."""
+    tools = tool_schemas(ctx) if tool_choice != "none" else []
+    messages = ctx.state.conversation
+    prefix = hashlib.sha256(
+        canonical_json({"instructions": ctx.agent.instructions, "tools": tools, "messages": messages}).encode()
+    ).hexdigest()
+    request = ModelRequest.model_construct(
+        run_id=ctx.run.id,
+        step_number=step_number,
+        attempt_number=attempt_number,
+        instructions=ctx.agent.instructions,
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+    )
+    return request, prefix

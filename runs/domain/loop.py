@@ -1,0 +1,231 @@
+"""`run_loop`: computes a run's outcome and ends nothing (seed 002).
+
+It never transitions the run, releases a lease or writes a terminal event:
+`finalize` does all three, with whatever writes the loop left pending.
+"""
+from __future__ import annotations
+
+
+from .context import RunContext, build_request
+from .errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCancelled, WorkerFenced
+from .pipeline import dispatch
+from .values import BudgetScope, CancelReason, FailureReason, ModelTurn, OutcomeKind, RunFailure, RunOutcome, StopReason
+from .writes import ModelCallFinish, ModelCallInsert, UnitOfWork
+
+MAX_STEP_FAILURES = 3
+
+
+class _ModelFailure(Exception):
+    def __init__(self, reason: FailureReason, error_class: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.error_class = error_class
+
+
+def run_loop(ctx: RunContext) -> RunOutcome:
+    """Drive steps until the run completes, fails, is cancelled, suspends or yields."""
+    now = ctx.clock.now()
+    ctx.pending.event(
+        "run.resumed" if ctx.resumed else "run.started",
+        {"lease_epoch": ctx.run.lease_epoch, "attempts": ctx.run.attempts, "checkpoint_version": ctx.state.version},
+        now,
+    )
+    try:
+        return _loop(ctx)
+    except RunCancelled as exc:
+        return stop_outcome(ctx, exc.cancel_reason)
+    except BudgetExceeded as exc:
+        return failed(ctx, exc.reason, "BudgetExceeded", str(exc), details=exc.details)
+    except EmptyModelTurn:
+        return failed(ctx, FailureReason.EMPTY_MODEL_TURN, "EmptyModelTurn", "the model returned empty turns on every attempt of the step")
+    except _ModelFailure as exc:
+        return failed(ctx, exc.reason, exc.error_class, str(exc))
+
+
+def failed(ctx: RunContext, reason: FailureReason, error_class: str, message: str, **kw) -> RunOutcome:
+    failure = RunFailure(
+        reason=reason,
+        error_class=error_class,
+        message=message,
+        step_number=ctx.current_step,
+        attempt_number=ctx.current_attempt,
+        occurred_at=ctx.clock.now(),
+        details=kw.get("details") or {},
+    )
+    return RunOutcome(kind=OutcomeKind.FAILED, failure=failure, pending=ctx.pending)
+
+
+def stop_outcome(ctx: RunContext, reason: CancelReason, late=None) -> RunOutcome:
+    if reason is CancelReason.FENCED:
+        return RunOutcome(kind=OutcomeKind.FENCED, late={"calls": late} if late else None)
+    if reason is CancelReason.DEADLINE:
+        return failed(ctx, FailureReason.DEADLINE_EXCEEDED, "RunDeadlineExceeded", "the run deadline has passed")
+    return RunOutcome(kind=OutcomeKind.CANCELLED, pending=ctx.pending)
+
+
+def _loop(ctx: RunContext) -> RunOutcome:
+    run = ctx.run
+    while True:
+        if ctx.draining() or ctx.clock.monotonic() - ctx.started_monotonic >= ctx.slice_seconds:
+            return RunOutcome(kind=OutcomeKind.YIELDED, pending=ctx.pending)
+        ctx.token.raise_if_cancelled()  # observation point 1
+        step_number = ctx.state.step + 1
+        ctx.current_step, ctx.current_attempt = step_number, None
+        ctx.budgets.check(run.usage, BudgetScope.STEP, step_number=step_number, now=ctx.clock.now())
+        turn = _invoke_model(ctx, step_number)
+        ctx.token.raise_if_cancelled()  # observation point 3
+        ctx.state.conversation.append(
+            {
+                "role": "assistant",
+                "content": turn.text,
+                "tool_calls": [{"id": c.call_id, "name": c.name, "arguments": c.raw_arguments} for c in turn.tool_calls],
+            }
+        )
+        ctx.state.step = step_number
+        if not turn.tool_calls:
+            return RunOutcome(kind=OutcomeKind.COMPLETED, final_message=turn.text or "", pending=ctx.pending)
+        checkpoint(ctx, "model_response")
+        work, ctx.pending = ctx.pending, UnitOfWork()
+        batch = dispatch(ctx, step_number, turn.tool_calls, work)
+        ctx.pending = batch.work
+        if batch.stop is not None:
+            return stop_outcome(ctx, batch.stop, batch.late)
+        checkpoint(ctx, "tool_batch")
+        _prepare_next_step(ctx, step_number + 1)
+        try:
+            ctx.store.commit(ctx.pending)  # commit 2: results, checkpoint, next step's request
+        except WorkerFenced as exc:
+            exc.late = {"calls": batch.late} if batch.late else None
+            raise
+        ctx.pending = UnitOfWork()
+
+
+def checkpoint(ctx: RunContext, trigger: str, *, force_full: bool = False) -> None:
+    at = ctx.clock.now()
+    row = ctx.state.next_checkpoint(trigger, at, force_full=force_full)
+    ctx.pending.checkpoint = row
+    ctx.pending.event("run.checkpointed", {"version": row.version, "trigger": trigger, "full": row.full}, at)
+
+
+def _start_model_call(ctx: RunContext, step_number: int, attempt: int) -> None:
+    at = ctx.clock.now()
+    call_id = ctx.ids.new_id()
+    ctx.pending.model_call_inserts.append(ModelCallInsert(id=call_id, step_number=step_number, attempt_number=attempt, started_at=at))
+    ctx.pending.event("model.request.started", {"step": step_number, "attempt": attempt, "model_call": str(call_id)}, at)
+    if step_number > ctx.run.step_count:
+        ctx.run.step_count = step_number
+        ctx.run.usage = ctx.run.usage.model_copy(update={"steps": step_number})
+        ctx.pending.step_count = step_number
+        ctx.pending.usage = ctx.run.usage.model_dump(mode="json")
+    ctx.prepared_id = call_id
+
+
+def _prepare_next_step(ctx: RunContext, step_number: int) -> None:
+    """Write the next step's `started` row in this commit when its pre-checks
+    already pass in memory, so a read-only step costs two commits."""
+    if ctx.token.reason is not None or ctx.draining():
+        return
+    if ctx.clock.monotonic() - ctx.started_monotonic >= ctx.slice_seconds:
+        return
+    try:
+        now = ctx.clock.now()
+        ctx.budgets.check(ctx.run.usage, BudgetScope.STEP, step_number=step_number, now=now)
+        ctx.budgets.check(ctx.run.usage, BudgetScope.ATTEMPT, step_number=step_number, now=now)
+    except BudgetExceeded:
+        return
+    _start_model_call(ctx, step_number, 1)
+    ctx.prepared_call = (step_number, 1)
+
+
+def _finish(ctx: RunContext, status: str, turn: ModelTurn | None, prefix: str | None, error: dict | None = None, stream_had_output: bool = False) -> None:
+    ctx.pending.model_call_finishes.append(
+        ModelCallFinish(
+            id=ctx.prepared_id,
+            status=status,
+            usage=turn.usage.model_dump(mode="json") if turn else {},
+            stop_reason=str(turn.stop_reason) if turn else None,
+            stream_had_output=stream_had_output,
+            error=error,
+            prefix_sha256=prefix,
+            finished_at=ctx.clock.now(),
+        )
+    )
+    ctx.pending.usage = ctx.run.usage.model_dump(mode="json")
+
+
+def _invoke_model(ctx: RunContext, step_number: int) -> ModelTurn:
+    run = ctx.run
+    attempt = ctx.next_attempt
+    ctx.next_attempt = 1
+    step_failures = 0
+    while True:
+        ctx.current_attempt = attempt
+        ctx.budgets.check(run.usage, BudgetScope.ATTEMPT, step_number=step_number, now=ctx.clock.now())
+        if ctx.prepared_call != (step_number, attempt):
+            _start_model_call(ctx, step_number, attempt)
+            ctx.store.commit(ctx.pending)
+            ctx.pending = UnitOfWork()
+        ctx.prepared_call = None
+        ctx.fault("model.before_call")
+        ctx.token.raise_if_cancelled()  # observation point 2
+        request, prefix = build_request(ctx, step_number, attempt)
+        try:
+            turn = ctx.provider.complete(request, ctx.token)
+        except ModelError as exc:
+            run.usage = run.usage.model_copy(update={"model_calls": run.usage.model_calls + 1})
+            error = {"error_class": exc.error_class, "transient": exc.retryable, "message": str(exc)[:500]}
+            _finish(ctx, "failed", None, prefix, error, exc.stream_had_output)
+            ctx.pending.event(
+                "model.response.failed",
+                {"step": step_number, "attempt": attempt, "error_class": exc.error_class, "transient": exc.retryable, "stream_had_output": exc.stream_had_output},
+                ctx.clock.now(),
+            )
+            if ctx.token.reason is not None:
+                raise RunCancelled(ctx.token.reason)
+            step_failures += 1
+            if exc.retryable and step_failures < MAX_STEP_FAILURES:
+                attempt += 1
+                continue
+            if exc.retryable:
+                raise _ModelFailure(FailureReason.DEPENDENCY_UNAVAILABLE, exc.error_class, "the model failed transiently on every attempt of the step")
+            raise _ModelFailure(FailureReason.MODEL_PERMANENT_ERROR, exc.error_class, "the model provider refused the request")
+        ctx.fault("model.after_call")
+        try:
+            run.usage = ctx.budgets.record_model_usage(run.usage, turn.usage)
+        except BudgetExceeded as exc:
+            run.usage = exc.usage
+            _finish(ctx, "completed", turn, prefix)
+            raise
+        if turn.stop_reason is StopReason.CANCELLED or ctx.token.reason is not None:
+            _finish(ctx, "failed", turn, prefix, {"error_class": "Cancelled", "transient": False})
+            raise RunCancelled(ctx.token.reason or CancelReason.REQUESTED)
+        if turn.is_empty:
+            _finish(ctx, "failed", turn, prefix, {"error_class": "EmptyModelTurn", "transient": True})
+            ctx.pending.event(
+                "model.response.failed",
+                {"step": step_number, "attempt": attempt, "error_class": "EmptyModelTurn", "transient": True, "stream_had_output": False},
+                ctx.clock.now(),
+            )
+            step_failures += 1
+            if step_failures < MAX_STEP_FAILURES:
+                attempt += 1
+                continue
+            raise EmptyModelTurn()
+        _finish(ctx, "completed", turn, prefix)
+        ctx.pending.event(
+            "model.response.completed",
+            {
+                "step": step_number,
+                "attempt": attempt,
+                "text": turn.text,
+                "tool_calls": [{"id": c.call_id, "name": c.name, "arguments": c.raw_arguments} for c in turn.tool_calls],
+                "stop_reason": str(turn.stop_reason),
+                "usage": turn.usage.model_dump(mode="json"),
+                "tool_call_count_before_turn": run.usage.tool_calls,
+            },
+            ctx.clock.now(),
+        )
+        return turn
+
+
+__all__ = ["run_loop", "checkpoint", "failed", "stop_outcome"]

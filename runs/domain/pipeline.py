@@ -1,0 +1,278 @@
+"""The tool pipeline (DESIGN §7): fourteen steps for every proposed call.
+
+Steps 1–8 decide every call of the batch in memory and are committed with the
+model response (commit 1 of the step). Read-only calls then run; each
+side-effect call first commits its watermark alone (step 9). Results, their
+events and the conversation entries go into the next unit of work (commit 2).
+Nothing a model proposes can raise out of here: every malformed call ends as
+a recorded tool result.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .context import RunContext, canonical_json
+from .errors import ToolFailure, WorkerFenced
+from .scrub import bound, scrub, scrub_text
+from .values import CancelReason, ToolCallRequest, ToolSpec
+from .writes import InvocationInsert, InvocationUpdate, UnitOfWork
+
+IDENTICAL_CALL_LIMIT = 3
+MAX_ARGUMENT_BYTES = 64 * 1024
+
+
+@dataclass
+class ToolExecutionContext:
+    run_id: Any
+    step_number: int
+    call_id: str
+    invocation_id: Any
+    idempotency_key: str
+    attempt: int
+    timeout_seconds: float
+    token: Any
+
+
+@dataclass
+class _Entry:
+    index: int
+    call: ToolCallRequest
+    invocation_id: Any
+    key: str
+    spec: ToolSpec | None = None
+    arguments: Any = None
+    result: Any = None  # the content the model sees
+    is_error: bool = False
+    authorized: bool = False
+
+
+@dataclass
+class BatchResult:
+    work: UnitOfWork
+    stop: CancelReason | None = None
+    late: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _error_result(code: str, message: str) -> dict[str, Any]:
+    return {"error": code, "message": message}
+
+
+def _call_fingerprint(name: str, arguments: Any) -> str:
+    return hashlib.sha256(f"{name}\x1f{canonical_json(arguments)}".encode()).hexdigest()[:24]
+
+
+def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], work: UnitOfWork) -> BatchResult:
+    """Run a model turn's batch; commit `work` (with the decisions) first."""
+    now = ctx.clock.now()
+    run = ctx.run
+    entries = [
+        _Entry(index=i, call=c, invocation_id=ctx.ids.new_id(), key=f"{run.id}:{step_number}:{c.call_id}")
+        for i, c in enumerate(calls)
+    ]
+
+    def fail(entry: _Entry, code: str, message: str) -> None:
+        entry.result = _error_result(code, message)
+        entry.is_error = True
+
+    # 1–3: propose, resolve in the pinned tool set, parse the arguments.
+    for entry in entries:
+        call = entry.call
+        raw = call.raw_arguments if isinstance(call.raw_arguments, str) else ""
+        if call.name in ctx.agent.tools:
+            entry.spec = ctx.tools.spec(call.name)
+        if entry.spec is None:
+            fail(entry, "unknown_tool", f"no tool named {scrub_text(call.name)[:100]!r} is available to this agent")
+            continue
+        if len(raw.encode("utf-8", "replace")) > MAX_ARGUMENT_BYTES:
+            fail(entry, "invalid_arguments", "the arguments are larger than 64 KiB")
+            continue
+        try:
+            parsed = json.loads(raw) if raw.strip() else {}
+        except (ValueError, RecursionError):
+            fail(entry, "invalid_arguments", "the arguments are not valid JSON")
+            continue
+        if not isinstance(parsed, dict):
+            fail(entry, "invalid_arguments", "the arguments must be a JSON object")
+            continue
+        entry.arguments = scrub(parsed)
+
+    # 4: fit the batch to the remaining tool-call budget.
+    candidates = [e for e in entries if not e.is_error]
+    fits = ctx.budgets.fit_tool_batch(run.usage, len(candidates))
+    for entry in candidates[fits:]:
+        fail(entry, "tool.budget_exhausted", "the run's tool-call budget is exhausted; this call was not run")
+
+    # 5–6: identical-call guard, schema validation, policy.
+    for entry in entries:
+        if entry.is_error:
+            continue
+        fp = _call_fingerprint(entry.call.name, entry.arguments)
+        if ctx.state.identical_calls.get(fp, 0) >= IDENTICAL_CALL_LIMIT:
+            fail(entry, "repeated_call", "this exact call was already made several times in this run; it was not run again")
+            continue
+        errors = ctx.tools.validate(entry.call.name, entry.arguments)
+        if errors:
+            fail(entry, "schema_invalid", "; ".join(errors)[:1000])
+            continue
+        try:
+            decision = ctx.policy.evaluate(entry.call.name, entry.arguments)
+        except Exception:  # a broken policy fails closed
+            decision = "require_approval"
+        if decision == "allow":
+            entry.authorized = True
+        elif decision == "deny":
+            fail(entry, "denied_by_policy", "policy denied this call")
+        else:
+            # Approvals are not wired into this pipeline yet: fail closed.
+            fail(entry, "approval_required", "policy requires approval for this call; it was not run")
+
+    # 7: cancellation check before authorizing (observation point 4).
+    stop = ctx.token.reason
+    for entry in entries:
+        proposed = {
+            "invocation": str(entry.invocation_id),
+            "call_id": entry.call.call_id,
+            "tool": scrub_text(entry.call.name)[:200],
+            "arguments": entry.arguments if entry.arguments is not None else scrub_text(entry.call.raw_arguments or "")[:4096],
+            "step": step_number,
+        }
+        work.event("tool.call.proposed", proposed, now)
+        spec = entry.spec
+        base = dict(
+            id=entry.invocation_id,
+            step_number=step_number,
+            call_index=entry.index,
+            call_id=entry.call.call_id,
+            tool_name=scrub_text(entry.call.name)[:200],
+            arguments=entry.arguments,
+            raw_arguments=scrub_text(entry.call.raw_arguments or "")[:MAX_ARGUMENT_BYTES],
+            idempotency_key=entry.key,
+            read_only=spec.read_only if spec else True,
+            side_effect=spec.side_effect if spec else "none",
+            created_at=now,
+        )
+        if entry.is_error:
+            work.invocation_inserts.append(InvocationInsert(status="failed", result=entry.result, error=entry.result, **base))
+            work.event("tool.call.failed", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": base["tool_name"], "result": entry.result, "executed": False}, now)
+        elif stop is not None:
+            entry.authorized = False
+            entry.result = _error_result("cancelled", "the run was cancelled before this call ran")
+            entry.is_error = True
+            work.invocation_inserts.append(InvocationInsert(status="cancelled", **base))
+            work.event("tool.run_cancelled", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": base["tool_name"], "reason": str(stop)}, now)
+        else:
+            # 8: authorize.
+            work.invocation_inserts.append(InvocationInsert(status="authorized", **base))
+            work.event("tool.call.authorized", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": base["tool_name"]}, now)
+
+    ctx.store.commit(work)  # commit 1: the model response and every decision
+    if stop is not None:
+        _append_results(ctx, entries)
+        return BatchResult(work=UnitOfWork(), stop=stop)
+
+    results = UnitOfWork()
+    late: list[dict[str, Any]] = []
+    executed = 0
+    stop_after: CancelReason | None = None
+    for position, entry in enumerate(entries):
+        if not entry.authorized:
+            continue
+        if stop_after is not None:
+            _cancel(ctx, results, entry, stop_after)
+            continue
+        spec = entry.spec
+        assert spec is not None
+        if not spec.read_only:
+            ctx.fault("tool.before_watermark")
+            if ctx.token.reason is not None:  # a cancel seen here stops cleanly
+                stop_after = ctx.token.reason
+                _cancel(ctx, results, entry, stop_after)
+                continue
+            ctx.store.mark_effect_sent(
+                entry.invocation_id,
+                1,
+                {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": spec.name, "attempt": 1, "idempotency_key": entry.key},
+                ctx.clock.now(),
+            )
+            ctx.fault("tool.after_watermark")
+            if not ctx.lease.may_start_effect():
+                raise WorkerFenced("self-fence: no successful heartbeat within lease - interval")
+        elif ctx.token.reason is not None:  # observation point 4 for read-only calls
+            stop_after = ctx.token.reason
+            _cancel(ctx, results, entry, stop_after)
+            continue
+        _execute(ctx, entry, step_number)
+        executed += 1
+        if not spec.read_only:
+            ctx.fault("tool.after_execute")
+            late.append({"invocation": str(entry.invocation_id), "tool": spec.name, "is_error": entry.is_error, "result": entry.result})
+        fp = _call_fingerprint(entry.call.name, entry.arguments)
+        ctx.state.identical_calls[fp] = ctx.state.identical_calls.get(fp, 0) + 1
+        at = ctx.clock.now()
+        status = "failed" if entry.is_error else "completed"
+        results.invocation_updates.append(
+            InvocationUpdate(id=entry.invocation_id, status=status, result=entry.result, error=entry.result if entry.is_error else None, updated_at=at)
+        )
+        results.event(
+            "tool.call.failed" if entry.is_error else "tool.call.completed",
+            {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": spec.name, "result": entry.result, "executed": True},
+            at,
+        )
+        # 13: observation point 5 — the call has finished; its result is kept.
+        if ctx.token.reason is not None:
+            stop_after = ctx.token.reason
+
+    if executed:
+        run.usage = run.usage.model_copy(update={"tool_calls": run.usage.tool_calls + executed})
+        results.usage = run.usage.model_dump(mode="json")
+    _append_results(ctx, entries)
+    return BatchResult(work=results, stop=stop_after, late=late)
+
+
+def _cancel(ctx: RunContext, work: UnitOfWork, entry: _Entry, reason: CancelReason) -> None:
+    at = ctx.clock.now()
+    entry.result = _error_result("cancelled", "the run was cancelled before this call ran")
+    entry.is_error = True
+    work.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="cancelled", updated_at=at))
+    work.event("tool.run_cancelled", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": entry.call.name, "reason": str(reason)}, at)
+
+
+def _execute(ctx: RunContext, entry: _Entry, step_number: int) -> None:
+    """Steps 10–12: execute, classify, bound and scrub."""
+    spec = entry.spec
+    tctx = ToolExecutionContext(
+        run_id=ctx.run.id,
+        step_number=step_number,
+        call_id=entry.call.call_id,
+        invocation_id=entry.invocation_id,
+        idempotency_key=entry.key,
+        attempt=1,
+        timeout_seconds=spec.timeout_seconds,
+        token=ctx.token,
+    )
+    try:
+        value = ctx.tools.execute(spec.name, entry.arguments, tctx)
+        entry.result, truncated = bound(value)
+    except ToolFailure as exc:
+        entry.result = {"error": exc.code, "message": scrub_text(str(exc))[:2000], "uncertain": exc.uncertain}
+        entry.is_error = True
+    except Exception as exc:  # a tool bug is a failed result, never a worker crash
+        entry.result = {"error": "tool_error", "message": f"the tool raised {type(exc).__name__}"}
+        entry.is_error = True
+
+
+def _append_results(ctx: RunContext, entries: list[_Entry]) -> None:
+    for entry in entries:
+        content = entry.result
+        ctx.state.conversation.append(
+            {
+                "role": "tool",
+                "tool_call_id": entry.call.call_id,
+                "name": entry.call.name,
+                "content": json.dumps(content, ensure_ascii=False) if not isinstance(content, str) else content,
+                "is_error": entry.is_error,
+            }
+        )

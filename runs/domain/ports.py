@@ -1,0 +1,103 @@
+"""Ports of the runtime core: the loop reaches the world only through these."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Callable, Protocol
+from uuid import UUID
+
+from .values import BudgetScope, CancelReason, ModelRequest, ModelTurn, ModelUsage, RunUsage, ToolSpec
+from .writes import UnitOfWork
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """Return the current wall-clock time (aware, UTC)."""
+
+    def monotonic(self) -> float:
+        """Return a monotonic reading in seconds, for intervals and self-fencing."""
+
+    def sleep(self, seconds: float) -> None:
+        """Block for `seconds`."""
+
+
+class IdFactory(Protocol):
+    def new_id(self) -> UUID:
+        """Return a fresh unique id."""
+
+
+class CancellationToken(Protocol):
+    @property
+    def reason(self) -> CancelReason | None:
+        """Why the token was set, or None while it is clear."""
+
+    def cancel(self, reason: CancelReason) -> None:
+        """Set the token; the first reason wins and it is never cleared."""
+
+    def raise_if_cancelled(self) -> None:
+        """Raise `RunCancelled` when the token is set."""
+
+    def wait(self, timeout: float | None = None) -> CancelReason | None:
+        """Block until the token is set or `timeout` passes; return the reason."""
+
+
+class ModelProvider(Protocol):
+    def complete(self, request: ModelRequest, token: CancellationToken) -> ModelTurn:
+        """Make one model attempt; raise `ModelError` with its classification."""
+
+
+class RunStore(Protocol):
+    """The hot-path repository: one fenced transaction per call."""
+
+    def commit(self, work: UnitOfWork) -> None:
+        """Open a transaction, run the fenced UPDATE of the run row first, apply
+        `work`, commit. Raise `WorkerFenced` (after rolling back) if the fence
+        affected zero rows."""
+
+    def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
+        """Commit the watermark (`effect_sent_at`, `tool.call.started`) alone in
+        one fenced transaction; raise `WorkerFenced` on zero rows."""
+
+
+class LeaseMonitor(Protocol):
+    def may_start_effect(self) -> bool:
+        """True while the last successful heartbeat is within lease − interval
+        (monotonic clock): the self-fence check made right before a side effect."""
+
+
+class ToolContext(Protocol):
+    run_id: UUID
+    step_number: int
+    idempotency_key: str
+    deadline_monotonic: float | None
+    token: CancellationToken
+
+
+class ToolRegistry(Protocol):
+    def spec(self, name: str) -> ToolSpec | None:
+        """Return the spec of a registered tool, or None."""
+
+    def validate(self, name: str, arguments: Any) -> list[str]:
+        """Return the schema errors of `arguments` (empty when valid)."""
+
+    def execute(self, name: str, arguments: Any, context: Any) -> Any:
+        """Run the tool; raise `ToolFailure` for an outcome the model should see."""
+
+
+class PolicyEngine(Protocol):
+    def evaluate(self, tool_name: str, arguments: Any) -> str:
+        """Return `allow`, `deny` or `require_approval`; fail closed on error."""
+
+
+class BudgetLedger(Protocol):
+    def check(self, usage: RunUsage, scope: BudgetScope, *, step_number: int, now: datetime) -> None:
+        """Raise `BudgetExceeded` if the run may not go on at this scope."""
+
+    def record_model_usage(self, usage: RunUsage, model_usage: ModelUsage) -> RunUsage:
+        """Return the new totals after one attempt; raise `BudgetExceeded` if over.
+        The caller commits the totals in the transaction of the model call row."""
+
+    def fit_tool_batch(self, usage: RunUsage, requested: int) -> int:
+        """Return how many calls of a batch fit the remaining tool-call budget."""
+
+
+FaultHook = Callable[[str], None]

@@ -1,0 +1,225 @@
+"""Value objects of the runtime core (seed 002). No Django imports here."""
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RunStatus(StrEnum):
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    WAITING_FOR_APPROVAL = "WAITING_FOR_APPROVAL"
+    WAITING_FOR_USER = "WAITING_FOR_USER"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+WAITING_STATUSES = (RunStatus.WAITING_FOR_APPROVAL, RunStatus.WAITING_FOR_USER)
+LIVE_STATUSES = (RunStatus.RUNNING, RunStatus.WAITING_FOR_APPROVAL, RunStatus.WAITING_FOR_USER)
+
+
+class FailureReason(StrEnum):
+    MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    MAX_STEPS_EXCEEDED = "max_steps_exceeded"
+    TOOL_LOOP_DETECTED = "tool_loop_detected"
+    REPEATED_DENIAL = "repeated_denial"
+    APPROVAL_EXPIRED = "approval_expired"
+    INPUT_DEADLINE_EXCEEDED = "input_deadline_exceeded"
+    CONTEXT_OVERFLOW = "context_overflow"
+    MODEL_PERMANENT_ERROR = "model_permanent_error"
+    EMPTY_MODEL_TURN = "empty_model_turn"
+    AUTHORIZATION_ERROR = "authorization_error"
+    CHILD_RUN_FAILED = "child_run_failed"
+    DEPENDENCY_UNAVAILABLE = "dependency_unavailable"
+    INTERNAL_ERROR = "internal_error"
+    RECONCILE_CONFLICT = "reconcile_conflict"
+    OPERATOR_REJECTED = "operator_rejected"
+
+
+class RunFailure(Frozen):
+    reason: FailureReason
+    error_class: str
+    message: str
+    step_number: int | None = None
+    attempt_number: int | None = None
+    occurred_at: datetime
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class ModelUsage(Frozen):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class RunUsage(Frozen):
+    """Five token classes, cost and counters; a rollup of `model_calls`."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float = 0.0
+    model_calls: int = 0
+    tool_calls: int = 0
+    steps: int = 0
+
+    def add_model(self, usage: ModelUsage) -> "RunUsage":
+        return self.model_copy(
+            update={
+                "input_tokens": self.input_tokens + usage.input_tokens,
+                "output_tokens": self.output_tokens + usage.output_tokens,
+                "cache_read_input_tokens": self.cache_read_input_tokens + usage.cache_read_input_tokens,
+                "cache_creation_input_tokens": self.cache_creation_input_tokens
+                + usage.cache_creation_input_tokens,
+                "reasoning_tokens": self.reasoning_tokens + usage.reasoning_tokens,
+                "cost_usd": round(self.cost_usd + usage.cost_usd, 8),
+            }
+        )
+
+
+class RunLimits(Frozen):
+    max_steps: int = Field(32, ge=1)
+    max_model_calls: int = Field(24, ge=1)
+    max_tool_calls: int = Field(64, ge=0)
+    max_input_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1)
+    max_cost_usd: float | None = Field(None, ge=0)
+    deadline_seconds: float | None = Field(3600, gt=0)
+    synthesis_reserve_steps: int = Field(0, ge=0)
+    synthesis_reserve_model_calls: int = Field(2, ge=0)
+    synthesis_reserve_tool_calls: int = Field(4, ge=0)
+    synthesis_reserve_cost_usd: float = Field(0, ge=0)
+
+
+class BudgetScope(StrEnum):
+    ADMISSION = "admission"
+    STEP = "step"
+    ATTEMPT = "attempt"
+    TOOL_CALL = "tool_call"
+
+
+class Step(Frozen):
+    """One model call plus the full disposition of its tool calls.
+
+    Its persisted identity is `(run_id, step_number)` on `model_calls`.
+    """
+
+    run_id: UUID
+    step_number: int = Field(ge=1)
+    started_at: datetime
+    attempt_count: int = 0
+    tool_call_count: int = 0
+    compactions: int = 0
+
+
+class OutcomeKind(StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SUSPENDED = "suspended"
+    FENCED = "fenced"
+    YIELDED = "yielded"
+
+
+class SuspensionKind(StrEnum):
+    APPROVAL = "approval"
+    USER = "user"
+    CHILD_RUN = "child_run"
+
+
+class Suspension(Frozen):
+    kind: SuspensionKind
+    invocation_ids: list[UUID] = Field(default_factory=list)
+    approval_ids: list[UUID] = Field(default_factory=list)
+    question: str | None = None
+    expires_at: datetime | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class CancelReason(StrEnum):
+    REQUESTED = "requested"
+    DEADLINE = "deadline"
+    FENCED = "fenced"
+
+
+class StopReason(StrEnum):
+    END_TURN = "end_turn"
+    TOOL_CALLS = "tool_calls"
+    MAX_TOKENS = "max_tokens"
+    CANCELLED = "cancelled"
+
+
+class ToolCallRequest(Frozen):
+    """A call as the model proposed it: arguments are raw text until parsed."""
+
+    call_id: str
+    name: str
+    raw_arguments: str
+
+
+class ModelTurn(Frozen):
+    text: str | None = None
+    tool_calls: list[ToolCallRequest] = Field(default_factory=list)
+    stop_reason: StopReason = StopReason.END_TURN
+    usage: ModelUsage = Field(default_factory=ModelUsage)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.tool_calls and not (self.text or "").strip() and self.stop_reason != StopReason.MAX_TOKENS
+
+
+class ModelRequest(Frozen):
+    run_id: UUID
+    step_number: int
+    attempt_number: int
+    instructions: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    tool_choice: str = "auto"
+
+
+class ToolSpec(Frozen):
+    """What the registry knows about a tool; hashed into approvals."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any]
+    schema_version: str = "1"
+    read_only: bool
+    side_effect: str = "none"
+    timeout_seconds: float = 30.0
+    control: bool = False
+
+
+class RunOutcome(BaseModel):
+    """What `run_loop` computed; `finalize` performs it."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    kind: OutcomeKind
+    final_message: str | None = None
+    failure: RunFailure | None = None
+    suspension: Suspension | None = None
+    result: Any = None
+    pending: Any = None  # a UnitOfWork whose writes finalize commits with the transition
+    late: dict[str, Any] | None = None  # a tool outcome that finished after the lease was lost

@@ -1,0 +1,122 @@
+"""The writes of one fenced transaction, collected in memory, then committed.
+
+A step's transactions (DESIGN §6) are built as a `UnitOfWork` by the loop and
+the pipeline and handed to `RunStore.commit`, which opens one transaction,
+runs the fenced UPDATE of the run row first and then every insert/update
+below. Plain dataclasses: this is the hot path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+
+@dataclass(slots=True)
+class EventWrite:
+    type: str
+    payload: dict[str, Any]
+    occurred_at: datetime
+
+
+@dataclass(slots=True)
+class ModelCallInsert:
+    id: UUID
+    step_number: int
+    attempt_number: int
+    started_at: datetime
+
+
+@dataclass(slots=True)
+class ModelCallFinish:
+    id: UUID
+    status: str  # completed | failed
+    usage: dict[str, Any]
+    stop_reason: str | None
+    stream_had_output: bool
+    error: dict[str, Any] | None
+    prefix_sha256: str | None
+    finished_at: datetime
+
+
+@dataclass(slots=True)
+class InvocationInsert:
+    id: UUID
+    step_number: int
+    call_index: int
+    call_id: str
+    tool_name: str
+    arguments: Any
+    raw_arguments: str
+    idempotency_key: str
+    status: str
+    read_only: bool
+    side_effect: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+    created_at: datetime | None = None
+
+
+@dataclass(slots=True)
+class InvocationUpdate:
+    id: UUID
+    status: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+    attempt: int | None = None
+    suspended_kind: str | None = None
+    updated_at: datetime | None = None
+
+
+@dataclass(slots=True)
+class CheckpointInsert:
+    version: int
+    full: bool
+    base_version: int | None
+    trigger: str
+    state: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(slots=True)
+class UnitOfWork:
+    """Everything one fenced transaction writes, in order."""
+
+    usage: dict[str, Any] | None = None
+    step_count: int | None = None
+    model_call_inserts: list[ModelCallInsert] = field(default_factory=list)
+    model_call_finishes: list[ModelCallFinish] = field(default_factory=list)
+    invocation_inserts: list[InvocationInsert] = field(default_factory=list)
+    invocation_updates: list[InvocationUpdate] = field(default_factory=list)
+    checkpoint: CheckpointInsert | None = None
+    events: list[EventWrite] = field(default_factory=list)
+
+    def event(self, type_: str, payload: dict[str, Any], at: datetime) -> None:
+        self.events.append(EventWrite(type_, payload, at))
+
+    def is_empty(self) -> bool:
+        return not (
+            self.usage is not None
+            or self.step_count is not None
+            or self.model_call_inserts
+            or self.model_call_finishes
+            or self.invocation_inserts
+            or self.invocation_updates
+            or self.checkpoint
+            or self.events
+        )
+
+    def merge(self, other: "UnitOfWork") -> "UnitOfWork":
+        if other.usage is not None:
+            self.usage = other.usage
+        if other.step_count is not None:
+            self.step_count = other.step_count
+        self.model_call_inserts += other.model_call_inserts
+        self.model_call_finishes += other.model_call_finishes
+        self.invocation_inserts += other.invocation_inserts
+        self.invocation_updates += other.invocation_updates
+        if other.checkpoint is not None:
+            self.checkpoint = other.checkpoint
+        self.events += other.events
+        return self

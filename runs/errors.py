@@ -1,0 +1,63 @@
+"""Errors of the runs services; each carries a stable code and an HTTP status."""
+from __future__ import annotations
+
+
+class RunError(Exception):
+    """Base error of the runs app."""
+
+    code = "run_error"
+    status = 400
+    retryable = False
+
+    def __init__(self, message: str, *, fields: dict | None = None, **extra):
+        super().__init__(message)
+        self.message = message
+        self.fields = fields or {}
+        self.extra = extra
+
+
+class InvalidInput(RunError):
+    """A field failed validation."""
+
+    code = "invalid"
+
+
+class AgentNotFound(RunError):
+    """No agent of that name in the tenant."""
+
+    code = "unknown_agent"
+
+
+class TenantNotFound(RunError):
+    """No tenant of that name."""
+
+    code = "unknown_tenant"
+    status = 404
+
+
+class RunNotFound(RunError):
+    """No run with that id in the caller's tenant."""
+
+    code = "not_found"
+    status = 404
+
+
+class ActiveRunExists(RunError):
+    """The session already has a non-terminal run."""
+
+    code = "session_busy"
+    status = 409
+
+
+class IdempotencyConflict(RunError):
+    """The Idempotency-Key was used with a different request."""
+
+    code = "idempotency_key_reused"
+    status = 409
+
+
+class RunTerminal(RunError):
+    """The run has already ended."""
+
+    code = "run_terminal"
+    status = 409

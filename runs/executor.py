@@ -1,0 +1,267 @@
+"""`execute_run` and `finalize`: the only place a leased run ends.
+
+`finalize` is the only code that moves a leased run out of RUNNING or
+releases its lease (DESIGN §4, seed 002's five outcomes plus *yield*). Its
+transition is the fenced UPDATE itself, so a worker that lost its lease
+changes nothing and records one `run.fenced` event instead.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection
+
+from checkpoints.repository import checkpoint_latest, seed_state
+from approvals.policy import PolicyEngine
+
+from .clock import CLOCK, IDS
+from .domain.budgets import Ledger
+from .domain.cancellation import Token
+from .domain.context import AgentSpec, RunContext, RunSnapshot
+from .domain.errors import BudgetExceeded, WorkerFenced
+from .domain.loop import run_loop
+from .domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunLimits, RunOutcome, RunUsage
+from .domain.writes import EventWrite, ModelCallFinish, UnitOfWork
+from .faults import hook_for
+from .models import AgentVersion, ModelCall, Run
+from .providers import provider_for
+from .queue import Claim, run_claim
+from .store import DjangoRunStore, append_event_unfenced, jp, sql_json
+from .supervisor import Supervisor
+from .tools import REGISTRY
+
+log = logging.getLogger("agentrt.executor")
+
+_DRAINING = {"flag": False}
+
+
+def worker_identity(ids=IDS) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{ids.new_id().hex[:8]}"
+
+
+def request_drain() -> None:
+    """Graceful stop: each executing run yields at its next step boundary."""
+    _DRAINING["flag"] = True
+
+
+def run_drive(*, run_id: UUID) -> RunOutcome | None:
+    """The body of the `drive_run` doorbell: claim the run or exit quietly."""
+    claim = run_claim(run_id=run_id, owner=worker_identity())
+    if claim is None:
+        return None
+    return execute_run(claim)
+
+
+def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) -> RunContext:
+    run = Run.objects.select_related("agent").get(id=claim.run_id)
+    version = AgentVersion.objects.get(agent_id=run.agent_id, version=run.agent_version)
+    definition = version.definition
+    limits = RunLimits(**run.limits)
+    state = checkpoint_latest(run.id)
+    if state is None:
+        state = seed_state(run)
+    last_attempt = (
+        ModelCall.objects.filter(run_id=run.id, step_number=state.step + 1).order_by("-attempt_number").values_list("attempt_number", flat=True).first()
+    )
+    snapshot = RunSnapshot(
+        id=run.id,
+        tenant_id=run.tenant_id,
+        session_id=run.session_id,
+        agent_name=run.agent.name,
+        agent_version=run.agent_version,
+        input=run.input,
+        usage=RunUsage(**(run.usage or {})),
+        step_count=run.step_count,
+        deadline_at=run.deadline_at,
+        attempts=run.attempts,
+        lease_epoch=claim.epoch,
+    )
+    return RunContext(
+        run=snapshot,
+        agent=AgentSpec(
+            name=run.agent.name,
+            version=run.agent_version,
+            instructions=definition.get("instructions", ""),
+            model=definition["model"],
+            tools=list(definition.get("tools", [])),
+            policy=definition.get("policy") or {},
+        ),
+        state=state,
+        clock=clock,
+        ids=ids,
+        provider=provider_for(definition["model"]),
+        store=DjangoRunStore(
+            run_id=run.id,
+            tenant_id=run.tenant_id,
+            session_id=run.session_id,
+            owner=claim.owner,
+            epoch=claim.epoch,
+            code_version=settings.AGENTRT_CODE_VERSION,
+        ),
+        tools=REGISTRY,
+        policy=PolicyEngine(definition.get("policy")),
+        budgets=Ledger(limits, run.deadline_at),
+        token=token,
+        lease=lease,
+        fault=hook_for(run.id),
+        slice_seconds=float(settings.AGENTRT_SLICE_SECONDS),
+        draining=lambda: _DRAINING["flag"],
+        started_monotonic=clock.monotonic(),
+        next_attempt=(last_attempt or 0) + 1,
+        resumed=state.version > 1 or run.attempts > 1,
+    )
+
+
+def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
+    """Run the loop under the claimed lease, then `finalize` whatever it computed."""
+    token = Token()
+    supervisor = Supervisor(
+        run_id=claim.run_id, owner=claim.owner, epoch=claim.epoch, token=token, clock=clock,
+        lease_seconds=float(settings.AGENTRT_LEASE_SECONDS),
+    )
+    ctx = None
+    try:
+        ctx = build_context(claim, token=token, lease=supervisor, clock=clock, ids=ids)
+        supervisor.start()
+        try:
+            ctx.budgets.check(ctx.run.usage, BudgetScope.ADMISSION, step_number=ctx.state.step + 1, now=clock.now())
+            outcome = run_loop(ctx)
+        except BudgetExceeded as exc:
+            outcome = _failed(ctx, exc.reason, "BudgetExceeded", str(exc))
+    except WorkerFenced as exc:
+        outcome = RunOutcome(kind=OutcomeKind.FENCED, late=exc.late)
+    except Exception as exc:  # never swallowed: typed, recorded, the run fails visibly
+        log.exception("run %s: unhandled error", claim.run_id)
+        outcome = _unhandled(ctx, exc, clock, ids)
+    finally:
+        supervisor.stop()
+    return finalize(ctx, claim, outcome, clock=clock)
+
+
+def _failed(ctx: RunContext, reason: FailureReason, error_class: str, message: str) -> RunOutcome:
+    failure = RunFailure(reason=reason, error_class=error_class, message=message, step_number=ctx.current_step,
+                         attempt_number=ctx.current_attempt, occurred_at=ctx.clock.now())
+    return RunOutcome(kind=OutcomeKind.FAILED, failure=failure, pending=ctx.pending)
+
+
+def _unhandled(ctx: RunContext | None, exc: Exception, clock, ids) -> RunOutcome:
+    failure = RunFailure(
+        reason=FailureReason.INTERNAL_ERROR,
+        error_class=type(exc).__name__,
+        message="the runtime hit an unexpected error; see the diagnostic id in the worker log",
+        step_number=ctx.current_step if ctx else None,
+        attempt_number=ctx.current_attempt if ctx else None,
+        occurred_at=clock.now(),
+        details={"diagnostic_id": str(ids.new_id())},
+    )
+    log.error("run failure diagnostic %s: %s", failure.details["diagnostic_id"], type(exc).__name__)
+    # Writes the loop left pending are dropped: their state is unknown.
+    return RunOutcome(kind=OutcomeKind.FAILED, failure=failure, pending=UnitOfWork())
+
+
+_TERMINAL = {
+    OutcomeKind.COMPLETED: ("COMPLETED", "run.completed"),
+    OutcomeKind.FAILED: ("FAILED", "run.failed"),
+    OutcomeKind.CANCELLED: ("CANCELLED", "run.cancelled"),
+}
+
+
+def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock=CLOCK) -> RunOutcome:
+    """Perform the outcome: one fenced transaction that writes the pending
+    work, the checkpoint and the event, moves the run out of RUNNING and
+    releases the lease; or, when fenced, only `run.fenced`."""
+    hook_for(claim.run_id)("finalize.before_transition")
+    if outcome.kind is OutcomeKind.FENCED:
+        _record_fenced(claim, outcome.late, clock)
+        return outcome
+    if ctx is None:  # the context could not even be built: fail the run under our lease
+        return _finalize_bare(claim, outcome, clock)
+    work: UnitOfWork = outcome.pending or UnitOfWork()
+    now = clock.now()
+    if ctx.prepared_call is not None and ctx.prepared_id is not None:
+        work.model_call_finishes.append(
+            ModelCallFinish(id=ctx.prepared_id, status="abandoned", usage={}, stop_reason=None, stream_had_output=False,
+                            error=None, prefix_sha256=None, finished_at=now)
+        )
+    work.usage = ctx.run.usage.model_dump(mode="json")
+    after = None
+    if outcome.kind is OutcomeKind.YIELDED:
+        if ctx.state.saved_len < len(ctx.state.conversation) or work.checkpoint is None and work.invocation_updates:
+            _checkpoint(ctx, work, "yield")
+        reason = "drain" if ctx.draining() else "slice_end"
+        work.events.append(EventWrite("run.requeued", {"reason": reason, "lease_epoch": claim.epoch}, now))
+        transition = "status = 'QUEUED', lease_owner = NULL, lease_expires_at = NULL"
+        params: list = []
+        after = lambda cursor: enqueue_drive(claim.run_id)  # noqa: E731 - joins this transaction
+    elif outcome.kind in _TERMINAL:
+        status, event_type = _TERMINAL[outcome.kind]
+        _checkpoint(ctx, work, "final" if outcome.kind is OutcomeKind.COMPLETED else "terminal")
+        payload: dict = {"lease_epoch": claim.epoch}
+        transition = f"status = '{status}', lease_owner = NULL, lease_expires_at = NULL"
+        params = []
+        if outcome.kind is OutcomeKind.COMPLETED:
+            payload["final_message"] = outcome.final_message
+            transition += ", final_message = %s"
+            params.append(outcome.final_message)
+        if outcome.failure is not None:
+            payload["failure"] = outcome.failure.as_json()
+            transition += f", failure = {jp()}"
+            params.append(sql_json(outcome.failure.as_json()))
+        if outcome.result is not None:
+            transition += f", result = {jp()}"
+            params.append(sql_json(outcome.result))
+        work.events.append(EventWrite(event_type, payload, now))
+    else:
+        raise ValueError(f"finalize cannot perform outcome {outcome.kind}")
+    try:
+        ctx.store.commit(work, transition_sql=transition, transition_params=params, after=after)
+    except WorkerFenced:
+        late = outcome.late
+        if late is None and work.invocation_updates:
+            late = {"calls": [{"invocation": str(u.id), "status": u.status, "result": u.result} for u in work.invocation_updates if u.result is not None]} or None
+        _record_fenced(claim, late, clock)
+        return RunOutcome(kind=OutcomeKind.FENCED, late=late)
+    return outcome
+
+
+def _checkpoint(ctx: RunContext, work: UnitOfWork, trigger: str) -> None:
+    row = ctx.state.next_checkpoint(trigger, ctx.clock.now(), force_full=True)
+    work.checkpoint = row
+    work.events.append(EventWrite("run.checkpointed", {"version": row.version, "trigger": trigger, "full": True}, row.created_at))
+
+
+def _finalize_bare(claim: Claim, outcome: RunOutcome, clock) -> RunOutcome:
+    store = DjangoRunStore(run_id=claim.run_id, tenant_id=claim.tenant_id, session_id=claim.session_id, owner=claim.owner, epoch=claim.epoch)
+    failure = outcome.failure.as_json()
+    work = UnitOfWork(events=[EventWrite("run.failed", {"lease_epoch": claim.epoch, "failure": failure}, clock.now())])
+    try:
+        store.commit(work, transition_sql=f"status = 'FAILED', lease_owner = NULL, lease_expires_at = NULL, failure = {jp()}", transition_params=[sql_json(failure)])
+    except WorkerFenced:
+        _record_fenced(claim, None, clock)
+        return RunOutcome(kind=OutcomeKind.FENCED)
+    return outcome
+
+
+def _record_fenced(claim: Claim, late: dict | None, clock) -> None:
+    payload = {"lease_owner": claim.owner, "lease_epoch": claim.epoch}
+    if late:
+        payload["late"] = True
+        payload.update(late)
+    try:
+        connection.close_if_unusable_or_obsolete()
+        append_event_unfenced(tenant_id=claim.tenant_id, session_id=claim.session_id, run_id=claim.run_id, epoch=claim.epoch,
+                              event=EventWrite("run.fenced", payload, clock.now()))
+    except Exception:
+        log.exception("run %s: could not record run.fenced", claim.run_id)
+
+
+def enqueue_drive(run_id: UUID) -> None:
+    """Ring the doorbell. With the ORM broker on the default database this
+    joins the caller's transaction (DESIGN §5)."""
+    from django_q.tasks import async_task
+
+    async_task("runs.tasks.drive_run", str(run_id), task_name=f"drive_run {run_id}", ack_failure=True)

@@ -1,0 +1,218 @@
+"""Tables of the runs app (DESIGN §3). Status and lease columns are written
+only by the writers of DESIGN §4 (a structural test checks it)."""
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from .clock import new_uuid, utcnow
+from .domain.values import LIVE_STATUSES, TERMINAL_STATUSES, RunStatus
+
+TERMINAL = [s.value for s in TERMINAL_STATUSES]
+LIVE = [s.value for s in LIVE_STATUSES]
+
+
+class Tenant(models.Model):
+    id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
+    name = models.CharField(max_length=100, unique=True)
+    created_at = models.DateTimeField(default=utcnow, editable=False)
+
+    class Meta:
+        db_table = "tenants"
+
+    def __str__(self):
+        return self.name
+
+
+class Membership(models.Model):
+    """A user belongs to exactly one tenant and acts in it."""
+
+    id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership")
+    created_at = models.DateTimeField(default=utcnow, editable=False)
+
+    class Meta:
+        db_table = "memberships"
+
+
+class Agent(models.Model):
+    id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="agents")
+    name = models.CharField(max_length=100)
+    latest_version = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=utcnow, editable=False)
+    updated_at = models.DateTimeField(default=utcnow)
+
+    class Meta:
+        db_table = "agents"
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="agent_name_unique_per_tenant")]
+
+    def __str__(self):
+        return self.name
+
+
+class AgentVersion(models.Model):
+    """Content-addressed: `version` is the SHA-256 of the canonical definition."""
+
+    id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="versions")
+    version = models.CharField(max_length=64)
+    definition = models.JSONField()
+    policy_version = models.CharField(max_length=64, default="")
+    created_at = models.DateTimeField(default=utcnow, editable=False)
+
+    class Meta:
+        db_table = "agent_versions"
+        constraints = [models.UniqueConstraint(fields=["agent", "version"], name="agent_version_unique")]
+
+
+class Session(models.Model):
+    id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT)
+    event_seq = models.BigIntegerField(default=0)  # incremented by UPDATE … RETURNING per append
+    created_at = models.DateTimeField(default=utcnow, editable=False)
+
+    class Meta:
+        db_table = "sessions"
+
+
+class Run(models.Model):
+    STATUS_CHOICES = [(s.value, s.value) for s in RunStatus]
+
+    id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="runs")
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT)
+    agent_version = models.CharField(max_length=64)
+    status = models.CharField(max_length=24, choices=STATUS_CHOICES, default=RunStatus.QUEUED.value)
+    input = models.TextField()
+    limits = models.JSONField(default=dict)
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    usage = models.JSONField(default=dict)
+    step_count = models.IntegerField(default=0)
+    failure = models.JSONField(null=True, blank=True)
+    final_message = models.TextField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_epoch = models.BigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.IntegerField(default=0)
+    lease_expirations = models.IntegerField(default=0)
+    priority = models.IntegerField(default=0)
+    scheduled_for = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_hash = models.CharField(max_length=64, null=True, blank=True)
+    created_at = models.DateTimeField(default=utcnow, editable=False)
+    updated_at = models.DateTimeField(default=utcnow)
+
+    class Meta:
+        db_table = "runs"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session"], condition=~Q(status__in=TERMINAL), name="one_active_run_per_session"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="run_idempotency_key_unique",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["deadline_at"], condition=Q(status__in=LIVE), name="runs_live_deadline_idx"),
+            models.Index(fields=["status", "lease_expires_at"], name="runs_status_lease_idx"),
+            models.Index(fields=["tenant", "-created_at"], name="runs_tenant_created_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.id} ({self.status})"
+
+
+class ModelCall(models.Model):
+    """One row per model attempt: every step's persisted identity."""
+
+    id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="model_calls")
+    step_number = models.IntegerField()
+    attempt_number = models.IntegerField()
+    status = models.CharField(max_length=16, default="started")  # started | completed | failed | interrupted | abandoned
+    usage = models.JSONField(default=dict)
+    stop_reason = models.CharField(max_length=24, null=True, blank=True)
+    stream_had_output = models.BooleanField(default=False)
+    error = models.JSONField(null=True, blank=True)
+    prefix_sha256 = models.CharField(max_length=64, null=True, blank=True)
+    lease_epoch = models.BigIntegerField(default=0)
+    started_at = models.DateTimeField(default=utcnow)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "model_calls"
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step_number", "attempt_number"], name="model_call_attempt_unique")
+        ]
+
+
+class ToolInvocation(models.Model):
+    STATUSES = [
+        (s, s)
+        for s in (
+            "proposed",
+            "authorized",
+            "executing",
+            "completed",
+            "failed",
+            "cancelled",
+            "interrupted",
+            "awaiting_approval",
+        )
+    ]
+
+    id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="invocations")
+    step_number = models.IntegerField()
+    call_index = models.IntegerField()
+    call_id = models.CharField(max_length=200)
+    tool_name = models.CharField(max_length=200)
+    arguments = models.JSONField(null=True, blank=True)
+    raw_arguments = models.TextField(default="", blank=True)
+    idempotency_key = models.CharField(max_length=300, unique=True)
+    status = models.CharField(max_length=20, choices=STATUSES, default="proposed")
+    read_only = models.BooleanField(default=True)
+    side_effect = models.CharField(max_length=40, default="none")
+    effect_sent_at = models.DateTimeField(null=True, blank=True)
+    attempt = models.IntegerField(default=0)
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    suspended_kind = models.CharField(max_length=40, null=True, blank=True)
+    lease_epoch = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(default=utcnow)
+    updated_at = models.DateTimeField(default=utcnow)
+
+    class Meta:
+        db_table = "tool_invocations"
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step_number", "call_index"], name="invocation_position_unique")
+        ]
+
+
+class Event(models.Model):
+    """The session-scoped append-only log; `sequence` is the stream cursor."""
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
+    sequence = models.BigIntegerField()
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, null=True, related_name="events")
+    type = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict)
+    lease_epoch = models.BigIntegerField(default=0)
+    occurred_at = models.DateTimeField(default=utcnow)
+
+    class Meta:
+        db_table = "events"
+        constraints = [models.UniqueConstraint(fields=["session", "sequence"], name="event_session_sequence_unique")]
+        indexes = [models.Index(fields=["run", "sequence"], name="events_run_sequence_idx")]

@@ -1,0 +1,57 @@
+"""The scripted provider (DESIGN §16): turn n is played at step n.
+
+A turn is `{"text"}`, `{"tool_calls"}`, either with `delay_ms` and `usage`,
+`{"empty": true}`, `{"error": "transient"}` (or `"permanent"`), or
+`{"attempts": [turn, ...]}` where attempt k plays the k-th (the last
+repeats). Steps past the script replay its last turn. Tool call ids are
+`call_<step>_<index>` (index from 0).
+"""
+from __future__ import annotations
+
+import json
+
+from runs.domain.errors import ModelError
+from runs.domain.values import ModelRequest, ModelTurn, ModelUsage, StopReason, ToolCallRequest
+
+
+class ScriptedProvider:
+    def __init__(self, model: dict):
+        self.turns = list(model.get("turns") or [])
+
+    def _turn(self, step: int, attempt: int) -> dict:
+        if not self.turns:
+            return {"text": ""}
+        turn = self.turns[min(step, len(self.turns)) - 1]
+        if "attempts" in turn:
+            attempts = turn["attempts"] or [{"text": ""}]
+            turn = attempts[min(attempt, len(attempts)) - 1]
+        return turn
+
+    def complete(self, request: ModelRequest, token) -> ModelTurn:
+        turn = self._turn(request.step_number, request.attempt_number)
+        delay = turn.get("delay_ms")
+        if delay:
+            if token.wait(delay / 1000.0) is not None:
+                return ModelTurn(stop_reason=StopReason.CANCELLED)
+        error = turn.get("error")
+        if error:
+            raise ModelError(
+                "ScriptedTransientError" if error == "transient" else "ScriptedPermanentError",
+                f"scripted {error} error",
+                transient=error == "transient",
+            )
+        usage = ModelUsage(**{k: v for k, v in (turn.get("usage") or {}).items() if k in ModelUsage.model_fields})
+        if turn.get("empty"):
+            return ModelTurn(usage=usage)
+        calls = []
+        for index, call in enumerate(turn.get("tool_calls") or []):
+            args = call.get("arguments", {})
+            calls.append(
+                ToolCallRequest(
+                    call_id=f"call_{request.step_number}_{index}",
+                    name=str(call.get("name", "")),
+                    raw_arguments=args if isinstance(args, str) else json.dumps(args),
+                )
+            )
+        stop = StopReason.TOOL_CALLS if calls else StopReason(turn.get("stop_reason", "end_turn"))
+        return ModelTurn(text=turn.get("text"), tool_calls=calls, stop_reason=stop, usage=usage)

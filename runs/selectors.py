@@ -1,0 +1,52 @@
+"""Reads in the REST shapes of DESIGN §16."""
+from __future__ import annotations
+
+from typing import Any
+
+from .models import Event, Run
+
+USAGE_KEYS = (
+    "input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+    "reasoning_tokens", "cost_usd", "model_calls", "tool_calls", "steps",
+)
+FAILURE_KEYS = ("reason", "error_class", "message", "step_number", "attempt_number", "occurred_at")
+
+
+def _iso(dt) -> str | None:
+    return dt.isoformat().replace("+00:00", "Z") if dt else None
+
+
+def run_to_dict(run: Run) -> dict[str, Any]:
+    usage = run.usage or {}
+    return {
+        "id": str(run.id),
+        "session": str(run.session_id),
+        "agent": run.agent.name,
+        "agent_version": run.agent_version,
+        "status": run.status,
+        "failure": {k: run.failure.get(k) for k in FAILURE_KEYS} if run.failure else None,
+        "usage": {k: usage.get(k, 0.0 if k == "cost_usd" else 0) for k in USAGE_KEYS},
+        "step_count": run.step_count,
+        "final_message": run.final_message,
+        "result": run.result,
+        "created_at": _iso(run.created_at),
+        "updated_at": _iso(run.updated_at),
+    }
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    return {
+        "sequence": event.sequence,
+        "type": event.type,
+        "run": str(event.run_id) if event.run_id else None,
+        "payload": event.payload,
+        "occurred_at": _iso(event.occurred_at),
+    }
+
+
+def run_events(*, run: Run, after: int = 0, limit: int = 500) -> tuple[list[dict[str, Any]], int | None]:
+    """Events of the run after sequence `after` (exclusive), and the next cursor."""
+    rows = list(Event.objects.filter(run_id=run.id, sequence__gt=after).order_by("sequence")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return [event_to_dict(e) for e in rows], (rows[-1].sequence if more and rows else None)

@@ -1,0 +1,244 @@
+"""Services of the runs app: plain keyword-only functions, one transaction each."""
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, connection, transaction
+from pydantic import ValidationError
+
+from checkpoints.models import Checkpoint
+from checkpoints.repository import session_history
+
+from .agent_schema import AgentDefinition, Limits, resolve_limits
+from .clock import CLOCK, IDS
+from .domain.checkpoint import CheckpointState
+from .domain.context import canonical_json
+from .domain.values import TERMINAL_STATUSES, RunStatus
+from .domain.writes import EventWrite
+from .errors import ActiveRunExists, AgentNotFound, IdempotencyConflict, InvalidInput, RunNotFound, TenantNotFound
+from .models import Agent, AgentVersion, Membership, Run, Session, Tenant
+from .store import append_events
+
+
+def _pydantic_fields(exc: ValidationError, prefix: str = "") -> dict[str, list[str]]:
+    fields: dict[str, list[str]] = {}
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in ("ScriptedModel", "OpenAIModel", "scripted", "openai")))
+        fields.setdefault(prefix + (loc or "(root)"), []).append(err["msg"])
+    return fields
+
+
+def check_text(value: Any, field: str, *, max_length: int = 100_000, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(f"{field} must be a string", fields={field: ["must be a string"]})
+    if not allow_empty and not value.strip():
+        raise InvalidInput(f"{field} must not be empty", fields={field: ["must not be empty"]})
+    if len(value) > max_length:
+        raise InvalidInput(f"{field} is too long", fields={field: [f"at most {max_length} characters"]})
+    if "\x00" in value:
+        raise InvalidInput(f"{field} contains a NUL character", fields={field: ["NUL characters are not allowed"]})
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{field} contains a lone surrogate", fields={field: ["invalid Unicode (lone surrogate)"]}) from None
+    return value
+
+
+# -- tenants --------------------------------------------------------------------
+
+def tenant_create(*, name: str, username: str, password: str | None = None, superuser: bool = False) -> tuple[Tenant, Any]:
+    """Create the tenant if needed, the user if missing, and make it a member."""
+    check_text(name, "name", max_length=100)
+    User = get_user_model()
+    with transaction.atomic(durable=True):
+        tenant, _ = Tenant.objects.get_or_create(name=name)
+        user = User.objects.filter(username=username).first()
+        if user is None:
+            user = User(username=username, is_staff=True, is_superuser=superuser)
+            if password:
+                user.set_password(password)
+            else:
+                user.set_unusable_password()
+            user.save()
+        elif password:
+            user.set_password(password)
+            user.save()
+        membership = Membership.objects.filter(user=user).first()
+        if membership is None:
+            Membership.objects.create(tenant=tenant, user=user)
+        elif membership.tenant_id != tenant.id:
+            raise InvalidInput(f"user {username!r} already belongs to another tenant", fields={"user": ["belongs to another tenant"]})
+    return tenant, user
+
+
+def tenant_get(*, name: str) -> Tenant:
+    tenant = Tenant.objects.filter(name=name).first()
+    if tenant is None:
+        raise TenantNotFound(f"no tenant named {name!r}")
+    return tenant
+
+
+def tenant_of(user) -> Tenant | None:
+    membership = Membership.objects.select_related("tenant").filter(user=user).first()
+    return membership.tenant if membership else None
+
+
+# -- agents ---------------------------------------------------------------------
+
+def agent_load(*, tenant: Tenant, definition: Any) -> AgentVersion:
+    """Create or update an agent; its version is the hash of its definition."""
+    if not isinstance(definition, dict):
+        raise InvalidInput("the agent definition must be a JSON object", fields={"(root)": ["must be an object"]})
+    try:
+        parsed = AgentDefinition.model_validate(definition)
+    except ValidationError as exc:
+        fields = _pydantic_fields(exc)
+        first = next(iter(fields.items()))
+        raise InvalidInput(f"invalid agent definition: {first[0]}: {first[1][0]}", fields=fields) from None
+    normal = parsed.model_dump(mode="json", exclude_none=False)
+    normal["limits"] = parsed.limits.given()
+    version = hashlib.sha256(canonical_json(normal).encode()).hexdigest()
+    policy_version = hashlib.sha256(canonical_json(normal["policy"]).encode()).hexdigest()[:16]
+    now = CLOCK.now()
+    with transaction.atomic(durable=True):
+        agent = Agent.objects.select_for_update().filter(tenant=tenant, name=parsed.name).first()
+        if agent is None:
+            agent = Agent.objects.create(id=IDS.new_id(), tenant=tenant, name=parsed.name, latest_version=version, created_at=now, updated_at=now)
+        else:
+            Agent.objects.filter(id=agent.id).update(latest_version=version, updated_at=now)
+        av, _ = AgentVersion.objects.get_or_create(
+            agent=agent, version=version,
+            defaults={"id": IDS.new_id(), "tenant": tenant, "definition": normal, "policy_version": policy_version, "created_at": now},
+        )
+    return av
+
+
+# -- runs -----------------------------------------------------------------------
+
+def _request_hash(agent: str, text: str, session: Any, limits: Any) -> str:
+    return hashlib.sha256(canonical_json({"agent": agent, "input": text, "session": str(session) if session else None, "limits": limits}).encode()).hexdigest()
+
+
+def run_submit(
+    *,
+    tenant: Tenant,
+    agent: str,
+    input: str,
+    session: UUID | str | None = None,
+    limits: dict | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[Run, bool]:
+    """Create a run and ring `drive_run` in the same transaction.
+
+    Return (run, created); a replay of the same Idempotency-Key and body
+    returns the original run with created=False."""
+    if not isinstance(agent, str) or not agent:
+        raise InvalidInput("agent must be an agent name", fields={"agent": ["must be an agent name"]})
+    check_text(input, "input")
+    if limits is not None and not isinstance(limits, dict):
+        raise InvalidInput("limits must be an object", fields={"limits": ["must be an object"]})
+    try:
+        requested = Limits.model_validate(limits or {}).given()
+    except ValidationError as exc:
+        fields = _pydantic_fields(exc, "limits.")
+        raise InvalidInput(f"invalid limits: {next(iter(fields))}", fields=fields) from None
+    if idempotency_key is not None:
+        check_text(idempotency_key, "Idempotency-Key", max_length=200)
+    request_hash = _request_hash(agent, input, session, requested)
+    if idempotency_key:
+        existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            if existing.request_hash != request_hash:
+                raise IdempotencyConflict("this Idempotency-Key was used with a different request")
+            return existing, False
+    agent_row = Agent.objects.filter(tenant=tenant, name=agent).first()
+    if agent_row is None:
+        raise AgentNotFound(f"no agent named {agent!r}", fields={"agent": ["unknown agent"]})
+    version = AgentVersion.objects.get(agent=agent_row, version=agent_row.latest_version)
+    run_limits = resolve_limits(settings.AGENTRT_DEFAULT_LIMITS, version.definition.get("limits") or {}, requested)
+    now = CLOCK.now()
+    try:
+        with transaction.atomic(durable=True):
+            if session is not None:
+                try:
+                    session_id = UUID(str(session))
+                except ValueError:
+                    raise InvalidInput("session must be a session id", fields={"session": ["not a valid id"]}) from None
+                session_row = Session.objects.filter(id=session_id, tenant=tenant).first()
+                if session_row is None:
+                    raise InvalidInput("unknown session", fields={"session": ["unknown session"]})
+                if session_row.agent_id != agent_row.id:
+                    raise InvalidInput("the session belongs to another agent", fields={"session": ["belongs to another agent"]})
+            else:
+                session_row = Session.objects.create(id=IDS.new_id(), tenant=tenant, agent=agent_row, created_at=now)
+            run = Run.objects.create(
+                id=IDS.new_id(),
+                tenant=tenant,
+                session=session_row,
+                agent=agent_row,
+                agent_version=version.version,
+                input=input,
+                limits=run_limits.model_dump(mode="json"),
+                deadline_at=now + timedelta(seconds=run_limits.deadline_seconds) if run_limits.deadline_seconds else None,
+                usage={},
+                idempotency_key=idempotency_key or None,
+                request_hash=request_hash,
+                created_at=now,
+                updated_at=now,
+            )
+            _seed_checkpoint(run, now)
+            with connection.cursor() as cursor:
+                append_events(
+                    cursor, tenant_id=tenant.id, session_id=session_row.id, run_id=run.id, epoch=0,
+                    events=[EventWrite("run.created", {"agent": agent, "agent_version": version.version, "input": input[:2000]}, now)],
+                )
+            from .executor import enqueue_drive
+
+            enqueue_drive(run.id)
+    except IntegrityError as exc:
+        text = str(exc)
+        if "one_active_run_per_session" in text or "runs.session_id" in text:
+            raise ActiveRunExists("the session already has an active run", fields={"session": ["has an active run"]}) from None
+        if "run_idempotency_key_unique" in text or "idempotency_key" in text:
+            existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+            if existing is not None and existing.request_hash == request_hash:
+                return existing, False
+            raise IdempotencyConflict("this Idempotency-Key was used with a different request") from None
+        raise
+    return run, True
+
+
+def _seed_checkpoint(run: Run, now) -> None:
+    """Version 1 of the run: the session's history and the new input."""
+    state = CheckpointState(conversation=session_history(run) + [{"role": "user", "content": run.input}])
+    row = state.next_checkpoint("seed", now)
+    Checkpoint.objects.create(
+        id=IDS.new_id(), tenant_id=run.tenant_id, run=run, version=row.version, full=True, base_version=None,
+        trigger="seed", state=row.state, code_version=settings.AGENTRT_CODE_VERSION, created_at=now,
+    )
+
+
+def run_get(*, tenant: Tenant | None, run_id: Any) -> Run:
+    try:
+        rid = UUID(str(run_id))
+    except ValueError:
+        raise RunNotFound("no such run") from None
+    qs = Run.objects.select_related("agent")
+    if tenant is not None:
+        qs = qs.filter(tenant=tenant)
+    run = qs.filter(id=rid).first()
+    if run is None:
+        raise RunNotFound("no such run")
+    return run
+
+
+def run_is_terminal(run: Run) -> bool:
+    return run.status in {s.value for s in TERMINAL_STATUSES}
+
+
+__all__ = ["tenant_create", "tenant_get", "tenant_of", "agent_load", "run_submit", "run_get", "RunStatus"]

@@ -1,0 +1,259 @@
+"""The hot path: a step's fenced transactions as hand-written SQL on Django's
+connection (DESIGN §6). Everything else uses the ORM; the schema is owned by
+the models and this module is tested against them.
+
+Every transaction starts with the fenced UPDATE of the run row
+(`WHERE id AND lease_owner AND lease_epoch AND status = 'RUNNING'`), which
+also locks the row to commit; zero rows means fenced: roll back and raise
+`WorkerFenced`.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Iterable
+from uuid import UUID
+
+from django.db import connection, transaction
+
+from .domain.errors import WorkerFenced
+from .domain.writes import EventWrite, UnitOfWork
+
+
+def is_pg() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def sql_uuid(value: UUID | None):
+    if value is None:
+        return None
+    return value if is_pg() else value.hex
+
+
+def sql_json(value: Any) -> str | None:
+    if value is None:
+        return None
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def sql_dt(value: datetime | None):
+    if value is None:
+        return None
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def jp() -> str:
+    """Placeholder for a JSON parameter."""
+    return "%s::jsonb" if is_pg() else "%s"
+
+
+class _Fenced(Exception):
+    pass
+
+
+def append_events(cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, events: Iterable[EventWrite]) -> list[int]:
+    """Append events with sequences from the session counter, inside the
+    caller's transaction: the counter row lock is held to commit, so commit
+    order equals sequence order. Return the sequences."""
+    events = list(events)
+    if not events:
+        return []
+    n = len(events)
+    if is_pg():
+        rows = [
+            {"o": i, "t": e.type, "p": e.payload, "a": e.occurred_at.isoformat()}
+            for i, e in enumerate(events, start=1)
+        ]
+        cursor.execute(
+            """
+            WITH s AS (
+                UPDATE sessions SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq
+            )
+            INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch, occurred_at)
+            SELECT %s, %s, s.event_seq - %s + x.o, %s, x.t, x.p, %s, x.a
+            FROM s, jsonb_to_recordset(%s::jsonb) AS x(o int, t text, p jsonb, a timestamptz)
+            RETURNING sequence
+            """,
+            [n, session_id, tenant_id, session_id, n, run_id, epoch, sql_json(rows)],
+        )
+        return sorted(r[0] for r in cursor.fetchall())
+    cursor.execute(
+        "UPDATE sessions SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq",
+        [n, sql_uuid(session_id)],
+    )
+    last = cursor.fetchone()[0]
+    first = last - n + 1
+    cursor.executemany(
+        "INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch, occurred_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+        [
+            (sql_uuid(tenant_id), sql_uuid(session_id), first + i, sql_uuid(run_id), e.type, sql_json(e.payload), epoch, sql_dt(e.occurred_at))
+            for i, e in enumerate(events)
+        ],
+    )
+    return list(range(first, last + 1))
+
+
+class DjangoRunStore:
+    """`RunStore` for one execution of one run under one lease."""
+
+    def __init__(self, *, run_id: UUID, tenant_id: UUID, session_id: UUID, owner: str, epoch: int, code_version: str = ""):
+        self.run_id = run_id
+        self.tenant_id = tenant_id
+        self.session_id = session_id
+        self.owner = owner
+        self.epoch = epoch
+        self.code_version = code_version
+        self.commits = 0
+
+    # -- the fence ---------------------------------------------------------
+    def _fence(self, cursor, work: UnitOfWork | None, at: datetime, extra_set: str = "", extra_params: list | None = None) -> None:
+        sets = ["updated_at = %s"]
+        params: list[Any] = [sql_dt(at)]
+        if work is not None and work.usage is not None:
+            sets.append(f"usage = {jp()}")
+            params.append(sql_json(work.usage))
+        if work is not None and work.step_count is not None:
+            sets.append("step_count = %s")
+            params.append(work.step_count)
+        if extra_set:
+            sets.append(extra_set)
+            params.extend(extra_params or [])
+        cursor.execute(
+            f"UPDATE runs SET {', '.join(sets)} WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'",
+            params + [sql_uuid(self.run_id), self.owner, self.epoch],
+        )
+        if cursor.rowcount != 1:
+            raise _Fenced()
+
+    def commit(self, work: UnitOfWork, *, transition_sql: str = "", transition_params: list | None = None, after=None) -> list[int]:
+        """Commit `work` in one fenced transaction. `transition_sql` is a SET
+        fragment only `finalize` passes (the terminal writer). `after(cursor)`
+        runs last inside the transaction (the drive_run enqueue joins it)."""
+        at = work.events[0].occurred_at if work.events else None
+        try:
+            with transaction.atomic(durable=True):
+                with connection.cursor() as cursor:
+                    self._fence(cursor, work, at or _latest(work), transition_sql, transition_params)
+                    self._apply(cursor, work)
+                    seqs = append_events(
+                        cursor, tenant_id=self.tenant_id, session_id=self.session_id, run_id=self.run_id, epoch=self.epoch, events=work.events
+                    )
+                    if after is not None:
+                        after(cursor)
+        except _Fenced:
+            raise WorkerFenced("the fenced update affected zero rows") from None
+        self.commits += 1
+        return seqs
+
+    def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
+        try:
+            with transaction.atomic(durable=True):
+                with connection.cursor() as cursor:
+                    self._fence(cursor, None, at)
+                    cursor.execute(
+                        "UPDATE tool_invocations SET effect_sent_at = %s, status = 'executing', attempt = %s, updated_at = %s, lease_epoch = %s"
+                        " WHERE id = %s AND run_id = %s",
+                        [sql_dt(at), attempt, sql_dt(at), self.epoch, sql_uuid(invocation_id), sql_uuid(self.run_id)],
+                    )
+                    if cursor.rowcount != 1:
+                        raise _Fenced()
+                    append_events(
+                        cursor,
+                        tenant_id=self.tenant_id,
+                        session_id=self.session_id,
+                        run_id=self.run_id,
+                        epoch=self.epoch,
+                        events=[EventWrite("tool.call.started", event_payload, at)],
+                    )
+        except _Fenced:
+            raise WorkerFenced("the watermark's fenced update affected zero rows") from None
+        self.commits += 1
+
+    # -- the writes of a unit ---------------------------------------------
+    def _apply(self, cursor, work: UnitOfWork) -> None:
+        run, tenant, epoch = sql_uuid(self.run_id), sql_uuid(self.tenant_id), self.epoch
+        if work.model_call_finishes:
+            for f in work.model_call_finishes:
+                cursor.execute(
+                    f"UPDATE model_calls SET status = %s, usage = {jp()}, stop_reason = %s, stream_had_output = %s, error = {jp()},"
+                    " prefix_sha256 = %s, finished_at = %s WHERE id = %s AND run_id = %s",
+                    [f.status, sql_json(f.usage), f.stop_reason, f.stream_had_output, sql_json(f.error), f.prefix_sha256, sql_dt(f.finished_at), sql_uuid(f.id), run],
+                )
+        if work.model_call_inserts:
+            rows = []
+            params: list[Any] = []
+            for m in work.model_call_inserts:
+                rows.append(f"(%s, %s, %s, %s, %s, 'started', {jp()}, false, %s, %s)")
+                params += [sql_uuid(m.id), tenant, run, m.step_number, m.attempt_number, "{}", epoch, sql_dt(m.started_at)]
+            cursor.execute(
+                "INSERT INTO model_calls (id, tenant_id, run_id, step_number, attempt_number, status, usage, stream_had_output, lease_epoch, started_at)"
+                f" VALUES {', '.join(rows)}",
+                params,
+            )
+        if work.invocation_inserts:
+            rows = []
+            params = []
+            for i in work.invocation_inserts:
+                rows.append(f"(%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s, %s, %s, 0, {jp()}, {jp()}, %s, %s, %s)")
+                params += [
+                    sql_uuid(i.id), tenant, run, i.step_number, i.call_index, i.call_id, i.tool_name, sql_json(i.arguments),
+                    i.raw_arguments, i.idempotency_key, i.status, i.read_only, i.side_effect, sql_json(i.result), sql_json(i.error),
+                    epoch, sql_dt(i.created_at), sql_dt(i.created_at),
+                ]
+            cursor.execute(
+                "INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id, tool_name, arguments,"
+                " raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error, lease_epoch, created_at, updated_at)"
+                f" VALUES {', '.join(rows)}",
+                params,
+            )
+        for u in work.invocation_updates:
+            sets = ["status = %s", "updated_at = %s", "lease_epoch = %s"]
+            params = [u.status, sql_dt(u.updated_at), epoch]
+            if u.result is not None:
+                sets.append(f"result = {jp()}")
+                params.append(sql_json(u.result))
+            if u.error is not None:
+                sets.append(f"error = {jp()}")
+                params.append(sql_json(u.error))
+            if u.attempt is not None:
+                sets.append("attempt = %s")
+                params.append(u.attempt)
+            if u.suspended_kind is not None:
+                sets.append("suspended_kind = %s")
+                params.append(u.suspended_kind)
+            cursor.execute(
+                f"UPDATE tool_invocations SET {', '.join(sets)} WHERE id = %s AND run_id = %s",
+                params + [sql_uuid(u.id), run],
+            )
+        if work.checkpoint is not None:
+            c = work.checkpoint
+            cursor.execute(
+                "INSERT INTO checkpoints (id, tenant_id, run_id, version, \"full\", base_version, \"trigger\", state, code_version, lease_epoch, created_at)"
+                f" VALUES (%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s)",
+                [sql_uuid(_checkpoint_id(self.run_id, c.version)), tenant, run, c.version, c.full, c.base_version, c.trigger, sql_json(c.state), self.code_version, epoch, sql_dt(c.created_at)],
+            )
+
+
+def _checkpoint_id(run_id: UUID, version: int) -> UUID:
+    """Deterministic: a checkpoint is named by (run, version)."""
+    import uuid as _uuid
+
+    return _uuid.uuid5(run_id, f"checkpoint:{version}")
+
+
+def _latest(work: UnitOfWork) -> datetime:
+    for group in (work.model_call_inserts, work.model_call_finishes):
+        for item in group:
+            return getattr(item, "started_at", None) or getattr(item, "finished_at")
+    if work.checkpoint is not None:
+        return work.checkpoint.created_at
+    raise ValueError("a unit of work with no timestamp")
+
+
+def append_event_unfenced(*, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, event: EventWrite) -> int:
+    """Append one event outside any fence: `run.fenced` is guarded by the
+    session sequence, not by the lease (seed 002)."""
+    with transaction.atomic(durable=True):
+        with connection.cursor() as cursor:
+            return append_events(cursor, tenant_id=tenant_id, session_id=session_id, run_id=run_id, epoch=epoch, events=[event])[0]
