@@ -1,0 +1,33 @@
+# agentrt: `make run` starts the product on the embedded default (SQLite) with
+# demo agents; `make test` runs the suite on PostgreSQL (fails if unreachable).
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentrt
+
+.PHONY: run test venv smoke bench clean
+
+$(VENV)/.installed: requirements.txt
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+run: venv
+	$(PY) manage.py demo
+
+test: venv
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest $(PYTEST_ARGS)
+
+smoke: venv
+	$(PY) -m pytest tests/smoke -p no:cacheprovider
+
+bench: venv
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) bench/steps.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) db.sqlite3* var

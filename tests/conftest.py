@@ -1,0 +1,145 @@
+"""Suite-wide fixtures. `make test` runs on PostgreSQL and fails if it is
+unreachable: there is no silent fallback to SQLite (the embedded default has
+its own named smoke test, tests/smoke)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config):
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        raise pytest.UsageError(
+            "the suite runs on PostgreSQL: set DATABASE_URL=postgres://... (make test does); "
+            "there is no SQLite fallback — tests/smoke covers the embedded default"
+        )
+    import psycopg
+
+    try:
+        from urllib.parse import urlsplit, urlunsplit
+
+        server = urlunsplit(urlsplit(url)._replace(path="/postgres"))  # the named DB may not exist yet
+        psycopg.connect(server, connect_timeout=5).close()
+    except Exception as exc:  # fail loudly, never skip
+        raise pytest.UsageError(f"PostgreSQL is unreachable at {url}: {exc}") from None
+
+
+def wait_for(condition, timeout: float = 30.0, interval: float = 0.02, message: str = "condition"):
+    """Await a condition by polling it; fail with `message` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def tenant(db):
+    from runs.services import tenant_create
+
+    tenant, _ = tenant_create(name="acme", username="alice", password="pw")
+    return tenant
+
+
+@pytest.fixture
+def load_agent(tenant):
+    from runs.services import agent_load
+
+    def load(name="bot", turns=None, tools=("echo",), policy=None, limits=None, model=None, **extra):
+        definition = {
+            "name": name,
+            "instructions": "test agent",
+            "model": model or {"provider": "scripted", "turns": turns or [{"text": "done"}]},
+            "tools": list(tools),
+        }
+        if policy is not None:
+            definition["policy"] = policy
+        if limits is not None:
+            definition["limits"] = limits
+        definition.update(extra)
+        return agent_load(tenant=tenant, definition=definition)
+
+    return load
+
+
+@pytest.fixture
+def submit(tenant):
+    from runs.services import run_submit
+
+    def go(agent="bot", text="hello", **kw):
+        run, _ = run_submit(tenant=tenant, agent=agent, input=text, **kw)
+        return run
+
+    return go
+
+
+def subprocess_env(**overrides) -> dict:
+    """Environment for a child process that uses this test database."""
+    from django.db import connection
+
+    s = connection.settings_dict
+    env = dict(os.environ)
+    env["DATABASE_URL"] = f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    env.setdefault("AGENTRT_LOG_LEVEL", "WARNING")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update({k: str(v) for k, v in overrides.items()})
+    return env
+
+
+class Cluster:
+    """A real `manage.py qcluster` process group."""
+
+    def __init__(self, env: dict, log_path: Path):
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "qcluster"],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def signal(self, sig) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)  # the sentinel drains its workers
+            try:
+                self.proc.wait(timeout=8)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.signal(signal.SIGKILL)  # children left behind
+        self.log.close()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def cluster(transactional_db, tmp_path):
+    started: list[Cluster] = []
+
+    def start(**env) -> Cluster:
+        c = Cluster(subprocess_env(**env), tmp_path / f"qcluster-{len(started)}.log")
+        started.append(c)
+        return c
+
+    yield start
+    for c in started:
+        c.stop()
