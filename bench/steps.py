@@ -231,8 +231,11 @@ class Cluster:
         return self.proc.poll() is None
 
     def stop(self) -> None:
+        """SIGTERM to the qcluster process only: its Sentinel stops the pusher,
+        workers and monitor in order (well under a second). SIGTERM to the whole
+        process group instead leaves the Sentinel waiting forever."""
         if self.proc.poll() is None:
-            self._signal(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -562,6 +565,7 @@ def main(argv=None) -> dict:
     url = bench_url(args.database_url)
     cluster_log = Path(args.cluster_log) if args.cluster_log else Path(tempfile.mkstemp(prefix="agentrt-bench-qcluster-", suffix=".log")[1])
     log(f"bench database: {db_name(url)} (dropped and re-created); qcluster log: {cluster_log}")
+    load_before = os.getloadavg()
     recreate_database(url)
     django_setup(url)
     agents = {"main": f"bench-{args.steps}", "small": "bench-5", "warm": "warm"}
@@ -610,7 +614,7 @@ def main(argv=None) -> dict:
         t_seen = poller.wait(ids, args.timeout, cluster)
         poller.close()
         close_django()
-        t_stop0 = time.time()
+        t_term = time.time()
     finally:
         cluster.stop()
         poller.close()
@@ -624,7 +628,7 @@ def main(argv=None) -> dict:
         log("WARNING: some runs did not take exactly N steps")
     steps_total = args.runs * args.steps
     wall = ev["last_completed"] - t0
-    window = t_stop - m0["t"]  # the idle pollers ran (at most) this long inside the window
+    window = t_term - m0["t"]  # the idle pollers ran this long inside the window (then SIGTERM)
     commits_raw = dm["xact_commit"] - counters.overhead - poller.queries
     commits_adj = commits_raw - idle_rate * window - submit_commits * args.runs
     xids_raw = dm["next_xid"]
@@ -644,6 +648,7 @@ def main(argv=None) -> dict:
         "mode": "single" if args.single else "batch",
         "floor_probe_before": probe,
         "versions": {"python": platform.python_version(), **{k: md.version(k) for k in ("django", "django-q2", "psycopg")}},
+        "loadavg_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
         "params": {"K": args.runs, "N": args.steps, "W": args.workers, "database": db_name(url),
                    "poll_s": float(os.environ.get("AGENTRT_Q_POLL", "0.02")), "cluster_ready_s": round(ready_s, 2)},
         "results": {
@@ -659,6 +664,7 @@ def main(argv=None) -> dict:
             "commits_detail": {
                 "window_delta": dm["xact_commit"], "snapshot_overhead": counters.overhead, "bench_polls": poller.queries,
                 "idle_commits_per_s": round(idle_rate, 1), "idle_window_s": round(idle_s, 2), "measured_window_s": round(window, 2),
+                "cluster_stop_s": round(t_stop - t_term, 2),
                 "submit_commits_per_run": round(submit_commits, 2),
                 "note": "raw = window delta - snapshot overhead - the bench's own polls (includes the submits, the idle polling and the cluster's shutdown); "
                         "idle_adjusted = raw - idle rate x window - submit commits: the workers' commits for the runs only. "
@@ -711,6 +717,7 @@ def print_table(r: dict) -> None:
         rows.append(("trace: per run", f"{f['statements']:.0f} statements, {f['txns']:.0f} txns fixed"))
     elif tr:
         rows.append(("trace", json.dumps(tr)[:120]))
+    rows.append(("load average", f"{r['loadavg_1m']['before']:.2f} before, {r['loadavg_1m']['after']:.2f} after (2 cores: > 0.5 means someone else was busy)"))
     rows.append(("floor", f"SELECT 1 {r['floor_probe_before']['select1_txn_ms']:.3f} ms, "
                           f"BEGIN+INSERT+COMMIT {r['floor_probe_before']['insert_commit_ms']:.3f} ms"))
     w = max(len(k) for k, _ in rows)

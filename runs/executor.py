@@ -52,8 +52,24 @@ def run_drive(*, run_id: UUID) -> RunOutcome | None:
     """The body of the `drive_run` doorbell: claim the run or exit quietly."""
     claim = run_claim(run_id=run_id, owner=worker_identity())
     if claim is None:
+        _resume_if_abandoned(run_id)
         return None
     return execute_run(claim)
+
+
+def _resume_if_abandoned(run_id: UUID) -> None:
+    """A doorbell for a RUNNING run whose lease expired: a takeover is always
+    a Resume, never a silent claim."""
+    from .queue import db_now
+    from .resume import RunLeased, RunNotRunning, run_resume
+
+    row = Run.objects.filter(id=run_id).values("status", "lease_expires_at", "lease_epoch").first()
+    if not row or row["status"] != "RUNNING" or (row["lease_expires_at"] and row["lease_expires_at"] >= db_now()):
+        return
+    try:
+        run_resume(run_id=run_id, via="drive_run", seen_epoch=row["lease_epoch"])
+    except (RunLeased, RunNotRunning):
+        pass
 
 
 def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) -> RunContext:
@@ -188,35 +204,15 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
                             error=None, prefix_sha256=None, finished_at=now)
         )
     work.usage = ctx.run.usage.model_dump(mode="json")
-    after = None
     if outcome.kind is OutcomeKind.YIELDED:
-        if ctx.state.saved_len < len(ctx.state.conversation) or work.checkpoint is None and work.invocation_updates:
+        if ctx.state.saved_len < len(ctx.state.conversation):
             _checkpoint(ctx, work, "yield")
-        reason = "drain" if ctx.draining() else "slice_end"
-        work.events.append(EventWrite("run.requeued", {"reason": reason, "lease_epoch": claim.epoch}, now))
-        transition = "status = 'QUEUED', lease_owner = NULL, lease_expires_at = NULL"
-        params: list = []
-        after = lambda cursor: enqueue_drive(claim.run_id)  # noqa: E731 - joins this transaction
     elif outcome.kind in _TERMINAL:
-        status, event_type = _TERMINAL[outcome.kind]
         _checkpoint(ctx, work, "final" if outcome.kind is OutcomeKind.COMPLETED else "terminal")
-        payload: dict = {"lease_epoch": claim.epoch}
-        transition = f"status = '{status}', lease_owner = NULL, lease_expires_at = NULL"
-        params = []
-        if outcome.kind is OutcomeKind.COMPLETED:
-            payload["final_message"] = outcome.final_message
-            transition += ", final_message = %s"
-            params.append(outcome.final_message)
-        if outcome.failure is not None:
-            payload["failure"] = outcome.failure.as_json()
-            transition += f", failure = {jp()}"
-            params.append(sql_json(outcome.failure.as_json()))
-        if outcome.result is not None:
-            transition += f", result = {jp()}"
-            params.append(sql_json(outcome.result))
-        work.events.append(EventWrite(event_type, payload, now))
-    else:
-        raise ValueError(f"finalize cannot perform outcome {outcome.kind}")
+    elif outcome.kind is OutcomeKind.SUSPENDED:
+        _checkpoint(ctx, work, "suspension")
+    reason = "drain" if ctx.draining() else "slice_end"
+    transition, params, after = _transition(claim, outcome, work, now, reason)
     try:
         ctx.store.commit(work, transition_sql=transition, transition_params=params, after=after)
     except WorkerFenced:
@@ -228,6 +224,64 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
     return outcome
 
 
+def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_reason: str):
+    """The SET fragment of finalize's fenced UPDATE, its parameters, the
+    outcome's event, and what must join the transaction."""
+    after = None
+    params: list = []
+    if outcome.kind is OutcomeKind.YIELDED:
+        work.events.append(EventWrite("run.requeued", {"reason": yield_reason, "lease_epoch": claim.epoch}, now))
+        transition = "status = 'QUEUED', lease_owner = NULL, lease_expires_at = NULL"
+        after = lambda cursor: enqueue_drive(claim.run_id)  # noqa: E731 - joins this transaction
+    elif outcome.kind is OutcomeKind.SUSPENDED:
+        kind = outcome.suspension.kind.value
+        status = "WAITING_FOR_USER" if kind == "user" else "WAITING_FOR_APPROVAL"
+        payload = {"lease_epoch": claim.epoch, "kind": kind, "approvals": [str(a) for a in outcome.suspension.approval_ids],
+                   "invocations": [str(i) for i in outcome.suspension.invocation_ids], **outcome.suspension.details}
+        if outcome.suspension.question:
+            payload["question"] = outcome.suspension.question
+        work.events.append(EventWrite("run.waiting_for_user" if kind == "user" else "run.waiting_for_approval", payload, now))
+        transition = f"status = '{status}', lease_owner = NULL, lease_expires_at = NULL"
+    elif outcome.kind in _TERMINAL:
+        status, event_type = _TERMINAL[outcome.kind]
+        payload = {"lease_epoch": claim.epoch}
+        transition = f"status = '{status}', lease_owner = NULL, lease_expires_at = NULL"
+        if outcome.kind is OutcomeKind.COMPLETED:
+            payload["final_message"] = outcome.final_message
+            transition += ", final_message = %s"
+            params.append(outcome.final_message)
+        if outcome.failure is not None:
+            payload["failure"] = outcome.failure.as_json()
+            transition += f", failure = {jp()}"
+            params.append(sql_json(outcome.failure.as_json()))
+        if outcome.result is not None:
+            payload["result"] = outcome.result
+            transition += f", result = {jp()}"
+            params.append(sql_json(outcome.result))
+        work.events.append(EventWrite(event_type, payload, now))
+    else:
+        raise ValueError(f"finalize cannot perform outcome {outcome.kind}")
+    return transition, params, after
+
+
+def finalize_detached(claim: Claim, outcome: RunOutcome, work: UnitOfWork, *, clock=CLOCK, yield_reason: str = "resume") -> RunOutcome:
+    """`finalize` for an execution that ran no loop (Resume deciding): the
+    same writer, the same fence, the same one transaction."""
+    hook_for(claim.run_id)("finalize.before_transition")
+    if outcome.kind is OutcomeKind.FENCED:
+        _record_fenced(claim, outcome.late, clock)
+        return outcome
+    store = DjangoRunStore(run_id=claim.run_id, tenant_id=claim.tenant_id, session_id=claim.session_id, owner=claim.owner,
+                           epoch=claim.epoch, code_version=settings.AGENTRT_CODE_VERSION)
+    transition, params, after = _transition(claim, outcome, work, clock.now(), yield_reason)
+    try:
+        store.commit(work, transition_sql=transition, transition_params=params, after=after)
+    except WorkerFenced:
+        _record_fenced(claim, None, clock)
+        return RunOutcome(kind=OutcomeKind.FENCED)
+    return outcome
+
+
 def _checkpoint(ctx: RunContext, work: UnitOfWork, trigger: str) -> None:
     row = ctx.state.next_checkpoint(trigger, ctx.clock.now(), force_full=True)
     work.checkpoint = row
@@ -235,15 +289,7 @@ def _checkpoint(ctx: RunContext, work: UnitOfWork, trigger: str) -> None:
 
 
 def _finalize_bare(claim: Claim, outcome: RunOutcome, clock) -> RunOutcome:
-    store = DjangoRunStore(run_id=claim.run_id, tenant_id=claim.tenant_id, session_id=claim.session_id, owner=claim.owner, epoch=claim.epoch)
-    failure = outcome.failure.as_json()
-    work = UnitOfWork(events=[EventWrite("run.failed", {"lease_epoch": claim.epoch, "failure": failure}, clock.now())])
-    try:
-        store.commit(work, transition_sql=f"status = 'FAILED', lease_owner = NULL, lease_expires_at = NULL, failure = {jp()}", transition_params=[sql_json(failure)])
-    except WorkerFenced:
-        _record_fenced(claim, None, clock)
-        return RunOutcome(kind=OutcomeKind.FENCED)
-    return outcome
+    return finalize_detached(claim, outcome, UnitOfWork(), clock=clock)
 
 
 def _record_fenced(claim: Claim, late: dict | None, clock) -> None:

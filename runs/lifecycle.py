@@ -8,7 +8,7 @@ from .clock import CLOCK
 from .domain.writes import EventWrite
 from .errors import RunTerminal
 from .models import Run
-from .store import append_events, sql_dt, sql_uuid
+from .store import append_events, jp, sql_dt, sql_json, sql_uuid
 
 WAITING = ("WAITING_FOR_APPROVAL", "WAITING_FOR_USER")
 
@@ -40,3 +40,21 @@ def run_cancel(*, run: Run, by: str = "") -> str:
             if cursor.rowcount == 1:
                 return "RUNNING"
     raise RunTerminal("the run has already ended")
+
+
+def fail_waiting(cursor, *, run_id, failure: dict, now) -> bool:
+    """WAITING_* -> FAILED inside the caller's transaction (a rejected
+    interrupted side effect, an expired approval, a passed deadline); its
+    pending approvals become cancelled. True when the transition landed."""
+    cursor.execute(
+        f"UPDATE runs SET status = 'FAILED', failure = {jp()}, updated_at = %s"
+        " WHERE id = %s AND status IN ('WAITING_FOR_APPROVAL', 'WAITING_FOR_USER') AND lease_owner IS NULL",
+        [sql_json(failure), sql_dt(now), sql_uuid(run_id)],
+    )
+    if cursor.rowcount != 1:
+        return False
+    cursor.execute(
+        "UPDATE approvals SET status = 'cancelled', decided_at = %s WHERE run_id = %s AND status = 'pending'",
+        [sql_dt(now), sql_uuid(run_id)],
+    )
+    return True

@@ -146,6 +146,16 @@ class DjangoRunStore:
         self.commits += 1
         return seqs
 
+    def invocations_for_step(self, step_number: int) -> list[dict[str, Any]]:
+        """Read the invocation rows of one step (to re-enter an open batch)."""
+        from .models import ToolInvocation
+
+        return list(
+            ToolInvocation.objects.filter(run_id=self.run_id, step_number=step_number)
+            .order_by("call_index")
+            .values("id", "call_id", "call_index", "tool_name", "arguments", "status", "result", "effect_sent_at", "attempt", "read_only", "idempotency_key")
+        )
+
     def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
         try:
             with transaction.atomic(durable=True):
@@ -225,6 +235,13 @@ class DjangoRunStore:
             cursor.execute(
                 f"UPDATE tool_invocations SET {', '.join(sets)} WHERE id = %s AND run_id = %s",
                 params + [sql_uuid(u.id), run],
+            )
+        for a in work.approval_inserts:
+            cursor.execute(
+                "INSERT INTO approvals (id, tenant_id, run_id, invocation_id, kind, request_hash, capability, presentation, status,"
+                f" reason, expires_at, created_at) VALUES (%s, %s, %s, %s, %s, %s, {jp()}, {jp()}, 'pending', '', %s, %s)",
+                [sql_uuid(a.id), tenant, run, sql_uuid(a.invocation_id), a.kind, a.request_hash, sql_json(a.capability),
+                 sql_json(a.presentation), sql_dt(a.expires_at), sql_dt(a.created_at)],
             )
         if work.checkpoint is not None:
             c = work.checkpoint

@@ -143,3 +143,24 @@ def cluster(transactional_db, tmp_path):
     yield start
     for c in started:
         c.stop()
+
+
+@pytest.fixture
+def sink(settings, tmp_path):
+    from tests.sink import Sink
+
+    s = Sink(tmp_path / "sink.jsonl")
+    settings.AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = [s.host]
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def operator(tenant):
+    from django.contrib.auth.models import Permission
+
+    from runs.services import tenant_create
+
+    _, user = tenant_create(name=tenant.name, username="op", password="pw")
+    user.user_permissions.add(Permission.objects.get(codename="resolve_approval"))
+    return type(user).objects.get(pk=user.pk)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .context import RunContext, build_request
 from .errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCancelled, WorkerFenced
-from .pipeline import dispatch
+from .pipeline import dispatch, open_batch, resume_batch
 from .values import BudgetScope, CancelReason, FailureReason, ModelTurn, OutcomeKind, RunFailure, RunOutcome, StopReason
 from .writes import ModelCallFinish, ModelCallInsert, UnitOfWork
 
@@ -65,6 +65,23 @@ def stop_outcome(ctx: RunContext, reason: CancelReason, late=None) -> RunOutcome
 
 def _loop(ctx: RunContext) -> RunOutcome:
     run = ctx.run
+    reopened = open_batch(ctx)
+    if reopened is not None:  # resume re-enters the pipeline for the open batch
+        ctx.token.raise_if_cancelled()
+        step_number, pending = reopened
+        ctx.current_step = step_number
+        batch = resume_batch(ctx, step_number, pending)
+        work, ctx.pending = ctx.pending, batch.work
+        ctx.pending.merge_front(work)
+        if batch.stop is not None:
+            return stop_outcome(ctx, batch.stop, batch.late)
+        checkpoint(ctx, "tool_batch")
+        try:
+            ctx.store.commit(ctx.pending)
+        except WorkerFenced as exc:
+            exc.late = {"calls": batch.late} if batch.late else None
+            raise
+        ctx.pending = UnitOfWork()
     while True:
         if ctx.draining() or ctx.clock.monotonic() - ctx.started_monotonic >= ctx.slice_seconds:
             return RunOutcome(kind=OutcomeKind.YIELDED, pending=ctx.pending)
@@ -92,6 +109,7 @@ def _loop(ctx: RunContext) -> RunOutcome:
             return stop_outcome(ctx, batch.stop, batch.late)
         checkpoint(ctx, "tool_batch")
         _prepare_next_step(ctx, step_number + 1)
+        ctx.fault("checkpoint.before_write")
         try:
             ctx.store.commit(ctx.pending)  # commit 2: results, checkpoint, next step's request
         except WorkerFenced as exc:

@@ -191,15 +191,19 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
                 stop_after = ctx.token.reason
                 _cancel(ctx, results, entry, stop_after)
                 continue
-            ctx.store.mark_effect_sent(
-                entry.invocation_id,
-                1,
-                {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": spec.name, "attempt": 1, "idempotency_key": entry.key},
-                ctx.clock.now(),
-            )
+            try:
+                ctx.store.mark_effect_sent(
+                    entry.invocation_id,
+                    1,
+                    {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": spec.name, "attempt": 1, "idempotency_key": entry.key},
+                    ctx.clock.now(),
+                )
+            except WorkerFenced as exc:
+                exc.late = {"calls": late} if late else None
+                raise
             ctx.fault("tool.after_watermark")
             if not ctx.lease.may_start_effect():
-                raise WorkerFenced("self-fence: no successful heartbeat within lease - interval")
+                raise WorkerFenced("self-fence: no successful heartbeat within lease - interval", late={"calls": late} if late else None)
         elif ctx.token.reason is not None:  # observation point 4 for read-only calls
             stop_after = ctx.token.reason
             _cancel(ctx, results, entry, stop_after)
@@ -240,7 +244,7 @@ def _cancel(ctx: RunContext, work: UnitOfWork, entry: _Entry, reason: CancelReas
     work.event("tool.run_cancelled", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": entry.call.name, "reason": str(reason)}, at)
 
 
-def _execute(ctx: RunContext, entry: _Entry, step_number: int) -> None:
+def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1) -> None:
     """Steps 10–12: execute, classify, bound and scrub."""
     spec = entry.spec
     tctx = ToolExecutionContext(
@@ -249,7 +253,7 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int) -> None:
         call_id=entry.call.call_id,
         invocation_id=entry.invocation_id,
         idempotency_key=entry.key,
-        attempt=1,
+        attempt=attempt,
         timeout_seconds=spec.timeout_seconds,
         token=ctx.token,
     )
@@ -276,3 +280,104 @@ def _append_results(ctx: RunContext, entries: list[_Entry]) -> None:
                 "is_error": entry.is_error,
             }
         )
+
+
+ANSWERED = ("completed", "failed", "cancelled", "interrupted")
+
+
+class UnknownOutcome(Exception):
+    """An interrupted side effect reached the loop without a decision."""
+
+
+def open_batch(ctx: RunContext) -> tuple[int, list[dict[str, Any]]] | None:
+    """The last model turn's calls that the conversation has no answer for."""
+    conv = ctx.state.conversation
+    for i in range(len(conv) - 1, -1, -1):
+        msg = conv[i]
+        if msg.get("role") == "assistant":
+            calls = msg.get("tool_calls") or []
+            answered = {m.get("tool_call_id") for m in conv[i + 1:] if m.get("role") == "tool"}
+            pending = [c for c in calls if c.get("id") not in answered]
+            return (ctx.state.step, pending) if pending else None
+    return None
+
+
+def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]]) -> BatchResult:
+    """Re-enter the pipeline for an open batch after a takeover or a decision.
+
+    Answered rows give their recorded result (no second `tool.call.proposed`,
+    no second effect); an `authorized` call runs once — a side effect under a
+    new watermark with its attempt incremented; an interrupted side effect
+    with no recorded outcome never runs here."""
+    rows = {r["call_id"]: r for r in ctx.store.invocations_for_step(step_number)}
+    results = UnitOfWork()
+    entries: list[_Entry] = []
+    late: list[dict[str, Any]] = []
+    executed = 0
+    stop: CancelReason | None = None
+    for index, call in enumerate(pending):
+        req = ToolCallRequest(call_id=call["id"], name=call["name"], raw_arguments=call.get("arguments") or "")
+        row = rows.get(call["id"])
+        entry = _Entry(index=index, call=req, invocation_id=row["id"] if row else None, key=row["idempotency_key"] if row else "")
+        entries.append(entry)
+        if row is None:
+            entry.result = _error_result("interrupted", "the process stopped before this call was recorded; it was not run")
+            entry.is_error = True
+            continue
+        status = row["status"]
+        if status in ANSWERED and row["result"] is not None:
+            entry.result = row["result"]
+            entry.is_error = status != "completed"
+            continue
+        if status != "authorized":
+            raise UnknownOutcome(f"invocation {row['id']} is {status} with no recorded outcome")
+        entry.spec = ctx.tools.spec(row["tool_name"])
+        entry.arguments = row["arguments"]
+        if entry.spec is None or ctx.tools.validate(row["tool_name"], entry.arguments):
+            entry.result = _error_result("invalid_decision", "the tool or its schema changed; the call was not run")
+            entry.is_error = True
+            results.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="failed", result=entry.result, error=entry.result, updated_at=ctx.clock.now()))
+            results.event("tool.call.failed", {"invocation": str(entry.invocation_id), "call_id": req.call_id, "tool": req.name, "result": entry.result, "executed": False}, ctx.clock.now())
+            continue
+        if stop is not None or ctx.token.reason is not None:
+            stop = stop or ctx.token.reason
+            _cancel(ctx, results, entry, stop)
+            continue
+        attempt = (row["attempt"] or 0) + 1
+        if not entry.spec.read_only:
+            ctx.fault("tool.before_watermark")
+            if ctx.token.reason is not None:
+                stop = ctx.token.reason
+                _cancel(ctx, results, entry, stop)
+                continue
+            try:
+                ctx.store.mark_effect_sent(
+                    entry.invocation_id, attempt,
+                    {"invocation": str(entry.invocation_id), "call_id": req.call_id, "tool": req.name, "attempt": attempt, "idempotency_key": entry.key},
+                    ctx.clock.now(),
+                )
+            except WorkerFenced as exc:
+                exc.late = {"calls": late} if late else None
+                raise
+            ctx.fault("tool.after_watermark")
+            if not ctx.lease.may_start_effect():
+                raise WorkerFenced("self-fence: no successful heartbeat within lease - interval", late={"calls": late} if late else None)
+        _execute(ctx, entry, step_number, attempt)
+        executed += 1
+        if not entry.spec.read_only:
+            ctx.fault("tool.after_execute")
+            late.append({"invocation": str(entry.invocation_id), "tool": req.name, "is_error": entry.is_error, "result": entry.result})
+        at = ctx.clock.now()
+        results.invocation_updates.append(
+            InvocationUpdate(id=entry.invocation_id, status="failed" if entry.is_error else "completed", result=entry.result,
+                             error=entry.result if entry.is_error else None, attempt=attempt, updated_at=at)
+        )
+        results.event("tool.call.failed" if entry.is_error else "tool.call.completed",
+                      {"invocation": str(entry.invocation_id), "call_id": req.call_id, "tool": req.name, "result": entry.result, "executed": True, "attempt": attempt}, at)
+        if ctx.token.reason is not None:
+            stop = ctx.token.reason
+    if executed:
+        ctx.run.usage = ctx.run.usage.model_copy(update={"tool_calls": ctx.run.usage.tool_calls + executed})
+        results.usage = ctx.run.usage.model_dump(mode="json")
+    _append_results(ctx, entries)
+    return BatchResult(work=results, stop=stop, late=late)

@@ -53,6 +53,9 @@ class RunStore(Protocol):
         `work`, commit. Raise `WorkerFenced` (after rolling back) if the fence
         affected zero rows."""
 
+    def invocations_for_step(self, step_number: int) -> list[dict[str, Any]]:
+        """Read one step's invocation rows, to re-enter an open batch."""
+
     def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
         """Commit the watermark (`effect_sent_at`, `tool.call.started`) alone in
         one fenced transaction; raise `WorkerFenced` on zero rows."""

@@ -80,6 +80,18 @@ class CheckpointInsert:
 
 
 @dataclass(slots=True)
+class ApprovalInsert:
+    id: UUID
+    invocation_id: UUID | None
+    kind: str
+    request_hash: str
+    capability: dict[str, Any]
+    presentation: dict[str, Any]
+    expires_at: datetime | None
+    created_at: datetime
+
+
+@dataclass(slots=True)
 class UnitOfWork:
     """Everything one fenced transaction writes, in order."""
 
@@ -90,6 +102,7 @@ class UnitOfWork:
     invocation_inserts: list[InvocationInsert] = field(default_factory=list)
     invocation_updates: list[InvocationUpdate] = field(default_factory=list)
     checkpoint: CheckpointInsert | None = None
+    approval_inserts: list[ApprovalInsert] = field(default_factory=list)
     events: list[EventWrite] = field(default_factory=list)
 
     def event(self, type_: str, payload: dict[str, Any], at: datetime) -> None:
@@ -104,8 +117,25 @@ class UnitOfWork:
             or self.invocation_inserts
             or self.invocation_updates
             or self.checkpoint
+            or self.approval_inserts
             or self.events
         )
+
+    def merge_front(self, earlier: "UnitOfWork") -> "UnitOfWork":
+        """Put `earlier`'s writes (and events) before this unit's."""
+        self.model_call_inserts = earlier.model_call_inserts + self.model_call_inserts
+        self.model_call_finishes = earlier.model_call_finishes + self.model_call_finishes
+        self.invocation_inserts = earlier.invocation_inserts + self.invocation_inserts
+        self.invocation_updates = earlier.invocation_updates + self.invocation_updates
+        self.approval_inserts = earlier.approval_inserts + self.approval_inserts
+        self.events = earlier.events + self.events
+        if self.usage is None:
+            self.usage = earlier.usage
+        if self.step_count is None:
+            self.step_count = earlier.step_count
+        if self.checkpoint is None:
+            self.checkpoint = earlier.checkpoint
+        return self
 
     def merge(self, other: "UnitOfWork") -> "UnitOfWork":
         if other.usage is not None:
@@ -118,5 +148,6 @@ class UnitOfWork:
         self.invocation_updates += other.invocation_updates
         if other.checkpoint is not None:
             self.checkpoint = other.checkpoint
+        self.approval_inserts += other.approval_inserts
         self.events += other.events
         return self

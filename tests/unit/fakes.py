@@ -103,6 +103,29 @@ class FakeStore:
         self.watermarks.append(Watermark(invocation_id, attempt, copy.deepcopy(event_payload), at))
         self.log.append(("watermark", invocation_id))
 
+    def invocations_for_step(self, step_number: int) -> list[dict[str, Any]]:
+        """The invocation rows of one step as the committed writes left them."""
+        rows: dict[Any, dict[str, Any]] = {}
+        for work in self.commits:
+            for i in work.invocation_inserts:
+                if i.step_number == step_number:
+                    rows[i.id] = {
+                        "id": i.id, "call_id": i.call_id, "call_index": i.call_index, "tool_name": i.tool_name,
+                        "arguments": i.arguments, "status": i.status, "result": i.result, "effect_sent_at": None,
+                        "attempt": 0, "read_only": i.read_only, "idempotency_key": i.idempotency_key,
+                    }
+            for u in work.invocation_updates:
+                if u.id in rows:
+                    rows[u.id]["status"] = u.status
+                    if u.result is not None:
+                        rows[u.id]["result"] = u.result
+                    if u.attempt is not None:
+                        rows[u.id]["attempt"] = u.attempt
+        for mark in self.watermarks:
+            if mark.invocation_id in rows:
+                rows[mark.invocation_id].update(status="executing", effect_sent_at=mark.at, attempt=mark.attempt)
+        return sorted(rows.values(), key=lambda r: r["call_index"])
+
     # -- reading what was written -----------------------------------------
     def committed_event_types(self) -> list[list[str]]:
         return [[e.type for e in work.events] for work in self.commits]

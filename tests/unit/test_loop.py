@@ -2,7 +2,8 @@
 limits, slices and fencing. No database."""
 from __future__ import annotations
 
-import json
+from datetime import timedelta
+from uuid import UUID
 
 import pytest
 
@@ -18,7 +19,7 @@ from runs.domain.values import (
     StopReason,
 )
 
-from .fakes import ECHO, FakeRegistry, FakeStore, build_context, echo_call, echo_fn
+from .fakes import ECHO, START, FakeRegistry, FakeStore, build_context, echo_call, echo_fn
 
 THREE_STEPS = [
     {"tool_calls": [echo_call("one")]},
@@ -91,6 +92,17 @@ def test_the_next_step_model_call_row_rides_in_the_results_commit():
     assert all(f.prefix_sha256 and len(f.prefix_sha256) == 64 for f in finishes)
 
 
+def test_same_script_with_fake_clock_and_ids_commits_identical_writes():
+    first, second = build_context(THREE_STEPS), build_context(THREE_STEPS)
+
+    a, b = run_loop(first.ctx), run_loop(second.ctx)
+
+    assert first.store.commits == second.store.commits
+    assert a.pending == b.pending
+    ids = [m.id for m in first.store.model_call_inserts()] + [i.id for i in first.store.invocation_inserts()]
+    assert sorted(ids) == [UUID(int=n) for n in range(1, 6)]
+
+
 def test_the_model_sees_the_tool_results_of_the_previous_step():
     h = build_context(THREE_STEPS)
 
@@ -100,7 +112,7 @@ def test_the_model_sees_the_tool_results_of_the_previous_step():
     assert second[0] == {"role": "user", "content": "hello"}
     assert second[1]["role"] == "assistant"
     assert second[1]["tool_calls"] == [{"id": "call_1_0", "name": "echo", "arguments": '{"text": "one"}'}]
-    assert second[2] == {"role": "tool", "tool_call_id": "call_1_0", "name": "echo", "content": json.dumps("one"), "is_error": False}
+    assert second[2] == {"role": "tool", "tool_call_id": "call_1_0", "name": "echo", "content": "one", "is_error": False}
     assert [r.step_number for r in h.provider.requests] == [1, 2, 3]
     assert h.provider.requests[0].tools[0]["name"] == "echo"
 
@@ -177,8 +189,7 @@ def test_output_token_budget_exceeded_by_a_response_fails_the_run():
 
 
 def test_deadline_passed_during_a_step_fails_deadline_exceeded():
-    h = build_context([{"tool_calls": [echo_call("slow")]}, {"text": "late"}])
-    h.ctx.budgets.deadline_at = h.clock.now().replace(second=10)
+    h = build_context([{"tool_calls": [echo_call("slow")]}, {"text": "late"}], deadline_at=START + timedelta(seconds=10))
 
     def slow_echo(arguments, context):
         h.clock.advance(60)

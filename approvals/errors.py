@@ -1,0 +1,44 @@
+"""Errors of the approval service, with their HTTP status and stable code."""
+from runs.errors import RunError
+
+
+class ApprovalError(RunError):
+    """Base error of the approvals app."""
+
+    code = "approval_error"
+    status = 400
+
+
+class ApprovalNotFound(ApprovalError):
+    """No approval with that id in the caller's tenant."""
+
+    code = "not_found"
+    status = 404
+
+
+class ApprovalForbidden(ApprovalError):
+    """The user lacks approvals.resolve_approval."""
+
+    code = "permission_denied"
+    status = 403
+
+
+class ApprovalDecided(ApprovalError):
+    """The approval was already decided."""
+
+    code = "approval_decided"
+    status = 409
+
+
+class ApprovalStale(ApprovalError):
+    """The decision carried a hash other than the approval's."""
+
+    code = "approval_stale"
+    status = 409
+
+
+class ApprovalExpired(ApprovalError):
+    """The approval expired before the decision."""
+
+    code = "approval_expired"
+    status = 409

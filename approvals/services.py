@@ -1,0 +1,134 @@
+"""The approval service: the one path by which the admin, the REST API and
+the live pages decide an approval (DESIGN §8).
+
+A decision is a guarded update of a *pending* approval carrying the hash the
+operator was shown; it applies only to a run WAITING_FOR_APPROVAL, records
+`approval.resolved` (who, when, why, through which surface) and — when it is
+the batch's last decision — moves the run on in the same transaction.
+"""
+from __future__ import annotations
+
+import hmac
+from typing import Any
+from uuid import UUID
+
+from django.db import connection, transaction
+
+from runs.clock import CLOCK
+from runs.domain.values import FailureReason, RunFailure
+from runs.domain.writes import EventWrite
+from runs.models import Membership, Run
+from runs.store import append_events, jp, sql_dt, sql_json, sql_uuid
+
+from .errors import ApprovalDecided, ApprovalExpired, ApprovalForbidden, ApprovalNotFound, ApprovalStale
+from .models import Approval
+
+SURFACES = ("admin", "api", "live")
+RERUN_KINDS = ("interrupted_side_effect", "reconcile")
+
+
+def can_resolve(user) -> bool:
+    return bool(user and user.is_authenticated and user.has_perm("approvals.resolve_approval"))
+
+
+def approval_for(*, user, approval_id: Any) -> Approval:
+    """The approval, if `user` may see it (a superuser sees every tenant)."""
+    try:
+        aid = UUID(str(approval_id))
+    except ValueError:
+        raise ApprovalNotFound("no such approval") from None
+    qs = Approval.objects.select_related("run", "invocation")
+    if not user.is_superuser:
+        membership = Membership.objects.filter(user=user).first()
+        if membership is None:
+            raise ApprovalNotFound("no such approval")
+        qs = qs.filter(tenant_id=membership.tenant_id)
+    approval = qs.filter(id=aid).first()
+    if approval is None:
+        raise ApprovalNotFound("no such approval")
+    return approval
+
+
+def approval_decide(*, user, approval_id: Any, approve: bool, request_hash: str, reason: str = "", via: str = "api") -> Approval:
+    """Approve or reject one pending approval, bound to the hash that was shown."""
+    if via not in SURFACES:
+        raise ValueError(f"unknown surface {via!r}")
+    approval = approval_for(user=user, approval_id=approval_id)
+    if not can_resolve(user):
+        raise ApprovalForbidden("you do not have permission to resolve approvals")
+    if not isinstance(request_hash, str) or not request_hash:
+        raise ApprovalStale("request_hash is required", fields={"request_hash": ["required"]})
+    if not isinstance(reason, str) or "\x00" in reason or len(reason) > 2000:
+        from runs.errors import InvalidInput
+
+        raise InvalidInput("reason must be text of at most 2000 characters", fields={"reason": ["invalid"]})
+    now = CLOCK.now()
+    status = "approved" if approve else "rejected"
+    with transaction.atomic(durable=True):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE approvals SET status = %s, decided_by_id = %s, decided_at = %s, decided_via = %s, reason = %s"
+                " WHERE id = %s AND status = 'pending' AND request_hash = %s AND (expires_at IS NULL OR expires_at > %s)"
+                " AND run_id IN (SELECT id FROM runs WHERE status = 'WAITING_FOR_APPROVAL')",
+                [status, user.pk, sql_dt(now), via, reason, sql_uuid(approval.id), request_hash, sql_dt(now)],
+            )
+            if cursor.rowcount != 1:
+                _explain_refusal(approval, request_hash, now)
+            run = Run.objects.get(id=approval.run_id)
+            events = [EventWrite("approval.resolved", {
+                "approval": str(approval.id), "invocation": str(approval.invocation_id) if approval.invocation_id else None,
+                "kind": approval.kind, "decision": status, "decided_by": user.get_username(), "decided_via": via,
+                "reason": reason, "decided_at": now.isoformat(),
+            }, now)]
+            if approve:
+                if approval.invocation_id and approval.kind in RERUN_KINDS:
+                    # The grant: the same invocation runs again once, same key, attempt + 1.
+                    cursor.execute(
+                        "UPDATE tool_invocations SET status = 'authorized', suspended_kind = NULL, updated_at = %s WHERE id = %s",
+                        [sql_dt(now), sql_uuid(approval.invocation_id)],
+                    )
+                _requeue_if_last(cursor, run, now, events)
+            elif approval.kind in RERUN_KINDS:
+                failure = RunFailure(reason=FailureReason.OPERATOR_REJECTED, error_class="OperatorRejected",
+                                     message="an operator refused to run the interrupted call again", occurred_at=now,
+                                     details={"approval": str(approval.id)}).as_json()
+                from runs.lifecycle import fail_waiting
+
+                if fail_waiting(cursor, run_id=run.id, failure=failure, now=now):
+                    events.append(EventWrite("run.failed", {"failure": failure}, now))
+            else:
+                denied = {"error": "rejected_by_operator", "message": "an operator rejected this call; it was not run"}
+                cursor.execute(
+                    f"UPDATE tool_invocations SET status = 'failed', result = {jp()}, error = {jp()}, suspended_kind = NULL, updated_at = %s WHERE id = %s",
+                    [sql_json(denied), sql_json(denied), sql_dt(now), sql_uuid(approval.invocation_id)],
+                )
+                _requeue_if_last(cursor, run, now, events)
+            append_events(cursor, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=run.lease_epoch, events=events)
+    approval.refresh_from_db()
+    return approval
+
+
+def _requeue_if_last(cursor, run: Run, now, events: list) -> None:
+    cursor.execute("SELECT COUNT(*) FROM approvals WHERE run_id = %s AND status = 'pending'", [sql_uuid(run.id)])
+    if cursor.fetchone()[0]:
+        return
+    cursor.execute(
+        "UPDATE runs SET status = 'QUEUED', updated_at = %s WHERE id = %s AND status = 'WAITING_FOR_APPROVAL'",
+        [sql_dt(now), sql_uuid(run.id)],
+    )
+    if cursor.rowcount == 1:
+        events.append(EventWrite("run.requeued", {"reason": "approval"}, now))
+        from runs.executor import enqueue_drive
+
+        enqueue_drive(run.id)
+
+
+def _explain_refusal(approval: Approval, request_hash: str, now) -> None:
+    current = Approval.objects.get(id=approval.id)
+    if current.status != "pending":
+        raise ApprovalDecided(f"the approval was already {current.status}")
+    if current.expires_at is not None and current.expires_at <= now:
+        raise ApprovalExpired("the approval expired")
+    if not hmac.compare_digest(current.request_hash, request_hash):
+        raise ApprovalStale("the request changed since it was shown: the hash differs")
+    raise ApprovalDecided("the run is no longer waiting for this approval")

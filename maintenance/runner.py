@@ -1,0 +1,43 @@
+"""The maintenance role: run each sweep at its cadence; safe on every node."""
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import close_old_connections
+
+from runs.clock import CLOCK
+
+from .sweeps.prune import sweep_prune
+from .sweeps.reclaim import sweep_reclaim
+
+log = logging.getLogger("agentrt.maintenance")
+
+
+def cadences() -> list[tuple[str, float, callable]]:
+    lease = float(settings.AGENTRT_LEASE_SECONDS)
+    return [
+        ("reclaim", lease / 6, sweep_reclaim),
+        ("prune", 300.0, sweep_prune),
+    ]
+
+
+def run_once() -> dict:
+    return {name: fn() for name, _, fn in cadences()}
+
+
+def run_forever(stop=lambda: False) -> None:
+    last: dict[str, float] = {}
+    while not stop():
+        now = CLOCK.monotonic()
+        for name, every, fn in cadences():
+            if now - last.get(name, -1e9) >= every:
+                last[name] = now
+                try:
+                    close_old_connections()
+                    result = fn()
+                    if result.get("resumed") or result.get("requeued_doorbells") or result.get("deleted"):
+                        log.info("sweep %s: %s", name, result)
+                except Exception:
+                    log.exception("sweep %s failed", name)
+        CLOCK.sleep(min(every for _, every, _ in cadences()) / 2)

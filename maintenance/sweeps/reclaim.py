@@ -1,0 +1,73 @@
+"""Reclaim sweep (every lease/6 s): resume RUNNING runs whose lease expired,
+and ring again for QUEUED runs that have no pending doorbell.
+
+Candidates are selected under the sweep lock; each is acted on outside that
+transaction. The takeover is guarded by the epoch the sweep saw, the expiry
+and the status (River #1302), so a run that completed meanwhile is left
+alone, and a waiting run is never touched (it is not RUNNING)."""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.db import transaction
+
+from runs.clock import CLOCK
+from runs.executor import enqueue_drive
+from runs.faults import fire
+from runs.models import Run
+from runs.queue import db_now
+from runs.resume import RunLeased, RunNotRunning, run_resume
+
+from ..locks import try_sweep_lock
+
+log = logging.getLogger("agentrt.maintenance")
+BATCH = 100
+
+
+def pending_doorbells() -> set[str]:
+    """Run ids with a drive_run task still in django-q2's ORM queue."""
+    from django_q.models import OrmQ
+
+    ids = set()
+    for row in OrmQ.objects.all()[:5000]:
+        try:
+            task = row.task
+            if task.get("func") == "runs.tasks.drive_run" and task.get("args"):
+                ids.add(str(task["args"][0]))
+        except Exception:  # an unreadable package is not ours to judge
+            continue
+    return ids
+
+
+def sweep_reclaim(*, queued_grace_seconds: float = 5.0) -> dict:
+    with transaction.atomic():
+        if not try_sweep_lock("sweep.leases"):
+            return {"skipped": True}
+        now = db_now()
+        expired = list(
+            Run.objects.filter(status="RUNNING", lease_expires_at__lt=now).order_by("lease_expires_at").values_list("id", "lease_epoch")[:BATCH]
+        )
+        stale_queued = list(
+            Run.objects.filter(status="QUEUED", updated_at__lt=now - timedelta(seconds=queued_grace_seconds)).values_list("id", flat=True)[:BATCH]
+        )
+    resumed, outcomes = 0, {}
+    for run_id, epoch in expired:
+        fire("sweep.after_select", run_id)
+        try:
+            outcome = run_resume(run_id=run_id, via="sweep", seen_epoch=epoch)
+        except (RunLeased, RunNotRunning):
+            continue
+        except Exception:
+            log.exception("reclaim of run %s failed", run_id)
+            continue
+        resumed += 1
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    rung = 0
+    if stale_queued:
+        waiting = pending_doorbells()
+        for run_id in stale_queued:
+            if str(run_id) not in waiting:
+                enqueue_drive(run_id)
+                rung += 1
+    return {"expired": len(expired), "resumed": resumed, "outcomes": outcomes, "requeued_doorbells": rung, "at": CLOCK.now().isoformat()}

@@ -1,0 +1,379 @@
+"""Resume (seed 000, DESIGN §9): take over a RUNNING run whose lease expired,
+record the interruption, and decide — by the configured reconciler or by
+seed 000's table — whether the run continues, pauses for an operator,
+completes or fails. Resume ends through `finalize` like any execution.
+
+The reclaim sweep, a `drive_run` that finds an expired lease and
+`POST /api/runs/{id}/resume/` all use `run_resume`.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils.module_loading import import_string
+from pydantic import BaseModel, ConfigDict
+
+from approvals.hashing import INTERRUPTED_NOTICE, request_hash, tool_spec_dict
+
+from .clock import CLOCK, IDS
+from .domain.values import FailureReason, OutcomeKind, RunFailure, RunOutcome, Suspension, SuspensionKind
+from .domain.writes import ApprovalInsert, EventWrite, InvocationUpdate, UnitOfWork
+from .errors import RunError, RunNotFound
+from .executor import finalize_detached, worker_identity
+from .faults import fire
+from .models import ModelCall, Run, ToolInvocation
+from .queue import Claim
+from .store import append_events, is_pg, jp, sql_dt, sql_json, sql_uuid
+from .tools import REGISTRY
+
+log = logging.getLogger("agentrt.resume")
+
+MAX_LEASE_EXPIRATIONS = 3
+INTERRUPTED_OBSERVATION = {
+    "error": "interrupted",
+    "message": "the process stopped while this call was in flight; its result was not recorded. You may ask for it again.",
+}
+UNKNOWN = {"outcome": "unknown", "message": "the call started and the process stopped before its outcome was recorded"}
+
+
+class RunLeased(RunError):
+    """Another owner holds a live lease on the run."""
+
+    code = "run_leased"
+    status = 409
+
+
+class RunNotRunning(RunError):
+    """Resume applies only to a RUNNING run (not queued, waiting or ended)."""
+
+    code = "run_not_running"
+    status = 409
+
+
+class RunView(BaseModel):
+    """What a reconciler sees: copies of the run, its steps, its invocations
+    and its approvals. Changing it changes nothing."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run: dict[str, Any]
+    steps: list[dict[str, Any]]
+    invocations: list[dict[str, Any]]
+    approvals: list[dict[str, Any]]
+
+
+@dataclass
+class Takeover:
+    claim: Claim
+    previous_owner: str | None
+    previous_epoch: int
+    interrupted: list[dict[str, Any]] = field(default_factory=list)
+
+
+def run_resume(*, run_id: UUID | str, via: str = "api", seen_epoch: int | None = None, owner: str | None = None) -> str:
+    """Resume a RUNNING run whose lease expired; return the outcome's kind
+    (`continue`, `waiting`, `completed`, `failed`, `fenced`)."""
+    try:
+        rid = UUID(str(run_id))
+    except ValueError:
+        raise RunNotFound("no such run") from None
+    row = Run.objects.filter(id=rid).values("status", "lease_epoch", "lease_expirations").first()
+    if row is None:
+        raise RunNotFound("no such run")
+    if row["status"] != "RUNNING":
+        raise RunNotRunning(f"the run is {row['status']}; only a RUNNING run can be resumed")
+    takeover = take_over(run_id=rid, owner=owner or worker_identity(), seen_epoch=row["lease_epoch"] if seen_epoch is None else seen_epoch, via=via)
+    if takeover is None:
+        raise RunLeased("another worker holds a live lease on this run")
+    fire("resume.after_takeover", rid)
+    return decide(takeover)
+
+
+def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeover | None:
+    """One transaction: a new epoch (guarded by the epoch read, the expired
+    lease and the status), `lease.taken_over`, and every in-flight step
+    marked interrupted with its `step.interrupted` event."""
+    lease = float(settings.AGENTRT_LEASE_SECONDS)
+    now = CLOCK.now()
+    if is_pg():
+        sql = (
+            "UPDATE runs SET lease_owner = %s, lease_epoch = lease_epoch + 1, lease_expires_at = now() + make_interval(secs => %s),"
+            " attempts = attempts + 1, lease_expirations = lease_expirations + 1, updated_at = now()"
+            " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s AND (lease_expires_at IS NULL OR lease_expires_at < now())"
+            " RETURNING lease_epoch, tenant_id, session_id, NULL, lease_expirations"
+        )
+        params = [owner, lease, run_id, seen_epoch]
+    else:
+        sql = (
+            "UPDATE runs SET lease_owner = %s, lease_epoch = lease_epoch + 1, lease_expires_at = %s,"
+            " attempts = attempts + 1, lease_expirations = lease_expirations + 1, updated_at = %s"
+            " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)"
+            " RETURNING lease_epoch, tenant_id, session_id, NULL, lease_expirations"
+        )
+        params = [owner, sql_dt(now + timedelta(seconds=lease)), sql_dt(now), run_id.hex, seen_epoch, sql_dt(now)]
+    with transaction.atomic(durable=True):
+        with connection.cursor() as cursor:
+            # The owner only changes with the epoch, which the UPDATE guards.
+            cursor.execute("SELECT lease_owner FROM runs WHERE id = %s AND lease_epoch = %s", [sql_uuid(run_id), seen_epoch])
+            prev_row = cursor.fetchone()
+            cursor.execute(sql, params)
+            got = cursor.fetchone()
+            if got is None:
+                return None
+            epoch, tenant_id, session_id, _, expirations = got
+            prev = prev_row[0] if prev_row else None
+            claim = Claim(run_id=run_id, tenant_id=_uuid(tenant_id), session_id=_uuid(session_id), owner=owner, epoch=epoch)
+            events = [EventWrite("lease.taken_over", {"previous_owner": prev, "previous_epoch": seen_epoch, "lease_owner": owner,
+                                                      "lease_epoch": epoch, "via": via, "lease_expirations": expirations}, now)]
+            interrupted: list[dict[str, Any]] = []
+            cursor.execute(
+                "UPDATE model_calls SET status = 'interrupted', finished_at = %s WHERE run_id = %s AND status = 'started'"
+                " RETURNING step_number, attempt_number",
+                [sql_dt(now), sql_uuid(run_id)],
+            )
+            for step, attempt in cursor.fetchall():
+                events.append(EventWrite("step.interrupted", {"step": step, "attempt": attempt, "phase": "deciding"}, now))
+            cursor.execute(
+                f"UPDATE tool_invocations SET status = 'interrupted', result = {jp()}, error = {jp()}, updated_at = %s, lease_epoch = %s"
+                " WHERE run_id = %s AND status = 'authorized' AND read_only = %s RETURNING id, step_number, call_id, tool_name",
+                [sql_json(INTERRUPTED_OBSERVATION), sql_json(INTERRUPTED_OBSERVATION), sql_dt(now), epoch, sql_uuid(run_id), True],
+            )
+            for inv, step, call_id, tool in cursor.fetchall():
+                events.append(EventWrite("step.interrupted", {"step": step, "phase": "executing", "invocation": str(_uuid(inv)),
+                                                              "call_id": call_id, "tool": tool, "read_only": True, "outcome": "interrupted"}, now))
+            cursor.execute(
+                f"UPDATE tool_invocations SET status = 'interrupted', error = {jp()}, updated_at = %s, lease_epoch = %s"
+                " WHERE run_id = %s AND status = 'executing' RETURNING id, step_number, call_id, tool_name",
+                [sql_json(UNKNOWN), sql_dt(now), epoch, sql_uuid(run_id)],
+            )
+            for inv, step, call_id, tool in cursor.fetchall():
+                events.append(EventWrite("step.interrupted", {"step": step, "phase": "executing", "invocation": str(_uuid(inv)),
+                                                              "call_id": call_id, "tool": tool, "read_only": False, "outcome": "unknown"}, now))
+                interrupted.append({"invocation": _uuid(inv), "step": step})
+            append_events(cursor, tenant_id=claim.tenant_id, session_id=claim.session_id, run_id=run_id, epoch=epoch, events=events)
+    return Takeover(claim=claim, previous_owner=prev, previous_epoch=seen_epoch, interrupted=interrupted)
+
+
+def _uuid(value) -> UUID:
+    return value if isinstance(value, UUID) else UUID(str(value))
+
+
+def _failure(reason: FailureReason, error_class: str, message: str, **details) -> RunFailure:
+    return RunFailure(reason=reason, error_class=error_class, message=message, occurred_at=CLOCK.now(), details=details)
+
+
+def decide(takeover: Takeover) -> str:
+    """Decide what the taken-over run does next and end through finalize."""
+    claim = takeover.claim
+    run = Run.objects.select_related("agent").get(id=claim.run_id)
+    if run.lease_expirations > MAX_LEASE_EXPIRATIONS:
+        outcome = RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
+            FailureReason.MAX_ATTEMPTS_EXCEEDED, "MaxAttemptsExceeded",
+            f"the run lost its worker {run.lease_expirations} times; it will not be retried again"))
+        return _end(claim, outcome, UnitOfWork())
+    damaged = _damaged(run)
+    if damaged:
+        outcome = RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(FailureReason.INTERNAL_ERROR, "DamagedRecord",
+                                                                        "a record of this run could not be read", damaged=damaged))
+        return _end(claim, outcome, UnitOfWork())
+    unknown = list(
+        ToolInvocation.objects.filter(run_id=run.id, status="interrupted", read_only=False, result__isnull=True).order_by("step_number", "call_index")
+    )
+    if settings.AGENTRT_RECONCILER:
+        return _reconcile(claim, run, unknown)
+    if unknown:
+        return _pause(claim, run, unknown, kind="interrupted_side_effect")
+    return _end(claim, RunOutcome(kind=OutcomeKind.YIELDED), UnitOfWork())
+
+
+def _end(claim: Claim, outcome: RunOutcome, work: UnitOfWork) -> str:
+    done = finalize_detached(claim, outcome, work, yield_reason="resume")
+    return {
+        OutcomeKind.YIELDED: "continue",
+        OutcomeKind.SUSPENDED: "waiting",
+        OutcomeKind.COMPLETED: "completed",
+        OutcomeKind.FAILED: "failed",
+        OutcomeKind.CANCELLED: "cancelled",
+        OutcomeKind.FENCED: "fenced",
+    }[done.kind]
+
+
+def _damaged(run: Run) -> str | None:
+    """Refuse to continue from a record that will not decode (no rewrite)."""
+    from checkpoints.repository import checkpoint_latest
+    from runs.domain.values import RunLimits, RunUsage
+    from runs.models import AgentVersion
+
+    try:
+        RunLimits(**run.limits)
+        RunUsage(**(run.usage or {}))
+        AgentVersion.objects.get(agent_id=run.agent_id, version=run.agent_version)
+        checkpoint_latest(run.id)
+        for inv in ToolInvocation.objects.filter(run_id=run.id, status="interrupted", read_only=False, result__isnull=True):
+            if not isinstance(inv.arguments, dict):
+                return f"invocation {inv.id}: arguments"
+    except Exception as exc:
+        return type(exc).__name__
+    return None
+
+
+def _expiry(run: Run):
+    expires = CLOCK.now() + timedelta(seconds=float(settings.AGENTRT_APPROVAL_TTL_SECONDS))
+    if run.deadline_at and run.deadline_at < expires:
+        expires = run.deadline_at
+    return expires
+
+
+def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: str, pause: dict | None = None) -> str:
+    """Pause the interrupted side effects on hash-bound approvals: finalize
+    writes them, a full checkpoint, WAITING_FOR_APPROVAL and the lease release
+    in one transaction."""
+    from checkpoints.repository import checkpoint_latest, seed_state
+
+    now = CLOCK.now()
+    work = UnitOfWork()
+    approval_ids, inv_ids = [], []
+    for inv in invocations:
+        spec = REGISTRY.spec(inv.tool_name)
+        presentation = {
+            "tool": inv.tool_name,
+            "arguments": inv.arguments,
+            "side_effect": spec.side_effect if spec else inv.side_effect,
+            "notice": INTERRUPTED_NOTICE,
+            "attempt": inv.attempt,
+        }
+        capability = {"tool": inv.tool_name, "arguments": inv.arguments}
+        if pause is not None:
+            presentation = dict(pause.get("presentation") or {}) or presentation
+            capability = dict(pause.get("capability") or {}) or capability
+        approval_id = IDS.new_id()
+        digest = request_hash(tenant_id=run.tenant_id, run_id=run.id, step_number=inv.step_number, invocation_id=inv.id,
+                              tool=tool_spec_dict(spec) if spec else None, arguments=inv.arguments, agent_version=run.agent_version,
+                              kind=kind, presentation=presentation)
+        work.approval_inserts.append(ApprovalInsert(id=approval_id, invocation_id=inv.id, kind=kind, request_hash=digest,
+                                                    capability=capability, presentation=presentation, expires_at=_expiry(run), created_at=now))
+        work.invocation_updates.append(InvocationUpdate(id=inv.id, status="interrupted", suspended_kind=kind, updated_at=now))
+        work.events.append(EventWrite("approval.requested", {"approval": str(approval_id), "invocation": str(inv.id), "kind": kind,
+                                                             "tool": inv.tool_name, "request_hash": digest, "step": inv.step_number}, now))
+        approval_ids.append(approval_id)
+        inv_ids.append(inv.id)
+    state = checkpoint_latest(run.id) or seed_state(run)
+    state.pending_tool_calls = [{"invocation": str(i.id), "call_id": i.call_id, "name": i.tool_name} for i in invocations]
+    row = state.next_checkpoint("suspension", now, force_full=True)
+    work.checkpoint = row
+    work.events.append(EventWrite("run.checkpointed", {"version": row.version, "trigger": "suspension", "full": True}, now))
+    outcome = RunOutcome(kind=OutcomeKind.SUSPENDED, suspension=Suspension(
+        kind=SuspensionKind.APPROVAL, invocation_ids=inv_ids, approval_ids=approval_ids, details={"reason": kind}))
+    return _end(claim, outcome, work)
+
+
+def _view(run: Run) -> RunView:
+    from approvals.models import Approval
+    from runs.selectors import run_to_dict
+
+    return RunView(
+        run=run_to_dict(run),
+        steps=[dict(r) for r in ModelCall.objects.filter(run_id=run.id).order_by("step_number", "attempt_number").values(
+            "step_number", "attempt_number", "status", "usage", "stop_reason")],
+        invocations=[{**r, "id": str(r["id"])} for r in ToolInvocation.objects.filter(run_id=run.id).order_by("step_number", "call_index").values(
+            "id", "step_number", "call_id", "tool_name", "arguments", "status", "result", "error", "read_only", "side_effect",
+            "idempotency_key", "attempt", "effect_sent_at")],
+        approvals=[{**r, "id": str(r["id"])} for r in Approval.objects.filter(run_id=run.id).values("id", "kind", "status", "request_hash")],
+    )
+
+
+def _call_reconciler(view: RunView) -> Any:
+    fn = import_string(settings.AGENTRT_RECONCILER)
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["value"] = fn(view)
+        except BaseException as exc:  # recorded, never raised into the worker
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="reconciler", daemon=True)
+    thread.start()
+    thread.join(float(settings.AGENTRT_RECONCILE_TIMEOUT))
+    if thread.is_alive():
+        return TimeoutError("the reconciler did not answer in time")
+    return box.get("error", box.get("value"))
+
+
+def _as_dict(value: Any) -> dict | None:
+    if isinstance(value, dict):
+        return value
+    if hasattr(value, "model_dump"):
+        return value.model_dump()
+    if hasattr(value, "__dict__"):
+        return {k: v for k, v in vars(value).items() if not k.startswith("_")}
+    return None
+
+
+def _usable_json(value: Any) -> bool:
+    import json
+
+    try:
+        json.dumps(value, allow_nan=False)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _reconcile(claim: Claim, run: Run, unknown: list[ToolInvocation]) -> str:
+    """Ask the configured reconciler (outside any transaction, with a timeout)
+    and validate its answer as seed 000 says."""
+    def internal(message: str, **details) -> str:
+        return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(FailureReason.INTERNAL_ERROR, "ReconcileError", message, **details)), UnitOfWork())
+
+    answer = _call_reconciler(_view(run))
+    if isinstance(answer, BaseException):
+        return internal("the reconciler failed" if not isinstance(answer, TimeoutError) else "the reconciler timed out",
+                        error_class=type(answer).__name__)
+    data = _as_dict(answer)
+    if data is None:
+        return internal("the reconciler returned something that is not a Reconciliation")
+    outcome = data.get("outcome")
+    if outcome == "continue":
+        now = CLOCK.now()
+        work = UnitOfWork()
+        for inv in unknown:  # the agent sees the interrupted observation
+            work.invocation_updates.append(InvocationUpdate(id=inv.id, status="interrupted", result=INTERRUPTED_OBSERVATION, updated_at=now))
+        return _end(claim, RunOutcome(kind=OutcomeKind.YIELDED), work)
+    if outcome == "completed":
+        if "result" not in data or data["result"] is None or not _usable_json(data["result"]):
+            return internal("the reconciler's completed result is not usable JSON")
+        return _end(claim, RunOutcome(kind=OutcomeKind.COMPLETED, result=data["result"], final_message=None), UnitOfWork())
+    if outcome == "conflict":
+        detail = str(data.get("detail") or "")[:2000]
+        return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
+            FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", detail or "external state contradicts the record")), UnitOfWork())
+    if outcome == "waiting":
+        pause = _as_dict(data.get("pause"))
+        if (pause is None or pause.get("outcome") != "require_approval"
+                or not _usable_json(pause.get("capability")) or not _usable_json(pause.get("presentation"))
+                or not isinstance(pause.get("capability") or {}, dict) or not isinstance(pause.get("presentation") or {}, dict)):
+            return internal("the reconciler's pause is not a usable require_approval decision")
+        if not unknown:
+            return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
+                FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", "nothing was executing: there is nothing to pause")), UnitOfWork())
+        now = CLOCK.now()
+        for inv in unknown:
+            if REGISTRY.spec(inv.tool_name) is None:
+                return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
+                    FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", f"tool {inv.tool_name!r} is no longer registered")), UnitOfWork())
+            if REGISTRY.validate(inv.tool_name, inv.arguments):
+                work = UnitOfWork()
+                failed = {"error": "invalid_decision", "message": "the arguments no longer pass the tool's schema"}
+                work.invocation_updates.append(InvocationUpdate(id=inv.id, status="failed", result=failed, error=failed, updated_at=now))
+                return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
+                    FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", "the interrupted call's arguments no longer pass its schema")), work)
+        return _pause(claim, run, unknown, kind="reconcile", pause=pause)
+    return internal("the reconciler returned an unknown outcome", outcome=str(outcome)[:50])

@@ -1,0 +1,229 @@
+"""Structural gates (seed 002): each runs over the runtime code and must find
+nothing, and over its planted fixture and must find exactly the planted lines."""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from .structure import (
+    ROOT,
+    WRITERS,
+    ambient_identity_violations,
+    ambient_time_violations,
+    atomic_blocks,
+    domain_files,
+    domain_import_violations,
+    rel,
+    runtime_files,
+    sql_writes,
+    terminal_writer_violations,
+    terminal_writes,
+    transaction_io_violations,
+)
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+RUNTIME = runtime_files()
+
+
+def planted_lines(path: Path) -> set[int]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    marked = {n for n, line in enumerate(lines, start=1) if line.rstrip().endswith("# planted")}
+    assert marked, f"{path.name} plants nothing"
+    return marked
+
+
+def report(violations) -> str:
+    return "\n".join(str(v) for v in violations)
+
+
+def assert_catches_exactly_the_planted_lines(violations, fixture: Path):
+    expected = planted_lines(fixture)
+    found = {v.line for v in violations}
+    assert all(v.path == rel(fixture) for v in violations), report(violations)
+    assert found - expected == set(), "reported lines that plant nothing:\n" + report(v for v in violations if v.line not in expected)
+    assert expected - found == set(), f"missed planted lines {sorted(expected - found)}"
+
+
+# -- the runtime code -------------------------------------------------------------
+
+def test_runtime_code_is_every_module_of_the_runtime_packages_but_migrations():
+    names = {rel(p) for p in RUNTIME}
+
+    assert {"runs/executor.py", "runs/queue.py", "runs/store.py", "runs/domain/loop.py", "approvals/policy.py",
+            "checkpoints/repository.py", "runs/management/commands/submit_run.py"} <= names
+    assert any(n.startswith("maintenance/") for n in names)
+    assert not any("/migrations/" in n for n in names)
+    assert all(n.endswith(".py") for n in names)
+
+
+def test_only_the_writer_table_writes_run_status_and_lease_columns():
+    violations = terminal_writer_violations(RUNTIME)
+
+    assert violations == [], report(violations)
+
+
+def test_the_writer_gate_sees_the_writes_the_writers_make():
+    """Not vacuous: the gate finds finalize's, the queue's and the lifecycle
+    service's writes, and none in the store, whose `status = 'RUNNING'` is
+    the fence's guard and whose other status writes are other tables'."""
+    columns = defaultdict(set)
+    for write in terminal_writes(RUNTIME):
+        columns[write.path].add(write.column)
+
+    assert columns["runs/executor.py"] == {"status", "lease_owner", "lease_expires_at"}
+    assert columns["runs/queue.py"] == {"status", "lease_owner", "lease_epoch", "lease_expires_at"}
+    assert columns["runs/lifecycle.py"] == {"status"}
+    assert "runs/store.py" not in columns
+    assert set(columns) <= set(WRITERS)
+
+
+def test_no_ambient_time_outside_the_clock_adapter():
+    violations = ambient_time_violations(RUNTIME)
+
+    assert violations == [], report(violations)
+
+
+def test_no_ambient_identity_outside_the_id_adapter():
+    violations = ambient_identity_violations(RUNTIME)
+
+    assert violations == [], report(violations)
+
+
+def test_the_clock_adapter_is_the_one_exemption_and_it_is_seen():
+    clock = [p for p in RUNTIME if rel(p) == "runs/clock.py"]
+
+    time_reads = ambient_time_violations(clock, exempt=frozenset())
+    id_reads = ambient_identity_violations(clock, exempt=frozenset())
+
+    assert {v.message.split()[1].rstrip(";") for v in time_reads} == {"datetime.datetime.now", "time.monotonic"}
+    assert [v.message.split()[1].rstrip(";") for v in id_reads] == ["uuid.uuid4"]
+
+
+def test_the_domain_core_imports_only_stdlib_pydantic_and_itself():
+    files = domain_files(RUNTIME)
+
+    assert {"runs/domain/loop.py", "runs/domain/pipeline.py", "runs/domain/values.py"} <= {rel(p) for p in files}
+    violations = domain_import_violations(files)
+    assert violations == [], report(violations)
+
+
+def test_no_external_io_inside_a_transaction():
+    violations = transaction_io_violations(RUNTIME)
+
+    assert violations == [], report(violations)
+    assert {path for path, _ in atomic_blocks(RUNTIME)} >= {"runs/store.py", "runs/queue.py", "runs/lifecycle.py"}
+
+
+# -- the planted violations ----------------------------------------------------------
+
+def test_writer_gate_catches_the_planted_writes():
+    fixture = FIXTURES / "planted_terminal_writer.py"
+
+    violations = terminal_writer_violations([fixture])
+
+    assert_catches_exactly_the_planted_lines(violations, fixture)
+    source = fixture.read_text().splitlines()
+    orm = [v for v in violations if 'update(status="FAILED")' in source[v.line - 1]]
+    sql = [v for v in violations if "UPDATE runs SET status = 'FAILED' WHERE id = %s" in source[v.line - 1]]
+    assert [v.message for v in orm] == ["writes runs.status (orm); only the writer table of DESIGN §4 may"]
+    assert [v.message for v in sql] == ["writes runs.status (sql); only the writer table of DESIGN §4 may"]
+
+
+def test_writer_gate_allows_only_the_columns_of_each_writer():
+    fixture = FIXTURES / "planted_terminal_writer.py"
+    lifecycle_only_status = {rel(fixture): frozenset({"status"})}
+
+    violations = terminal_writer_violations([fixture], writers=lifecycle_only_status)
+
+    assert violations, "the lease writes are still violations for a status-only writer"
+    assert {v.message.split()[1] for v in violations} == {"runs.lease_owner", "runs.lease_epoch", "runs.lease_expires_at"}
+
+
+def test_ambient_time_gate_catches_the_planted_reads():
+    fixture = FIXTURES / "planted_ambient_time.py"
+
+    assert_catches_exactly_the_planted_lines(ambient_time_violations([fixture]), fixture)
+
+
+def test_ambient_identity_gate_catches_the_planted_ids():
+    fixture = FIXTURES / "planted_ambient_identity.py"
+
+    assert_catches_exactly_the_planted_lines(ambient_identity_violations([fixture]), fixture)
+
+
+def test_domain_gate_catches_the_planted_imports():
+    fixture = FIXTURES / "planted_domain_imports.py"
+
+    assert_catches_exactly_the_planted_lines(domain_import_violations([fixture]), fixture)
+
+
+def test_domain_gate_resolves_relative_imports(tmp_path):
+    domain = tmp_path / "runs" / "domain"
+    domain.mkdir(parents=True)
+    module = domain / "thing.py"
+    module.write_text(
+        "from .values import RunStatus\n"
+        "from . import errors\n"
+        "from ..models import Run\n"
+        "from .. import store\n"
+        "from ...django_stuff import x\n"
+    )
+
+    violations = domain_import_violations([module], root=tmp_path)
+
+    assert sorted((v.line, v.message) for v in violations) == [
+        (3, "the domain core imports 'runs.models'"),
+        (4, "the domain core imports 'runs.store'"),
+        (5, "the domain core imports 'django_stuff'"),
+    ]
+
+
+def test_transaction_gate_catches_the_planted_io():
+    fixture = FIXTURES / "planted_transaction_io.py"
+
+    assert_catches_exactly_the_planted_lines(transaction_io_violations([fixture]), fixture)
+
+
+def test_planted_fixtures_are_not_collected_as_tests():
+    names = sorted(p.name for p in FIXTURES.glob("*.py"))
+
+    assert names == [
+        "planted_ambient_identity.py",
+        "planted_ambient_time.py",
+        "planted_domain_imports.py",
+        "planted_terminal_writer.py",
+        "planted_transaction_io.py",
+    ]
+    assert not any(n.startswith("test_") or n.endswith("_test.py") for n in names)
+    assert ROOT in FIXTURES.parents
+
+
+# -- the SQL reading of the writer gate ----------------------------------------------
+
+@pytest.mark.parametrize(
+    "sql, columns",
+    [
+        ("UPDATE runs SET status = 'FAILED' WHERE id = %s", ["status"]),
+        ("update runs set status = 'x'", ["status"]),
+        ('UPDATE "runs" SET "status" = %s WHERE id = %s', ["status"]),
+        ("UPDATE runs SET runs.lease_owner = NULL", ["lease_owner"]),
+        ("UPDATE runs AS r SET lease_epoch = lease_epoch + 1 WHERE id = %s", ["lease_epoch"]),
+        ("UPDATE runs SET lease_expires_at = now() + make_interval(secs => %s) WHERE id = %s AND status = 'RUNNING'", ["lease_expires_at"]),
+        ("UPDATE runs SET failure = (SELECT status FROM x WHERE status = 'a'), status = 'FAILED' WHERE id = %s", ["status"]),
+        ("UPDATE runs SET updated_at = now() WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'", []),
+        ("UPDATE runs SET {} {} WHERE id = %s AND status = 'QUEUED' RETURNING runs.id", []),
+        ("UPDATE approvals SET status = 'cancelled' WHERE run_id = %s", []),
+        ("UPDATE tool_invocations SET effect_sent_at = %s, status = 'executing', lease_epoch = %s WHERE id = %s", []),
+        ("status = 'QUEUED', lease_owner = NULL, lease_expires_at = NULL", ["status", "lease_owner", "lease_expires_at"]),
+        (", lease_epoch = %s", ["lease_epoch"]),
+        ("id = %s AND status = 'QUEUED'", []),
+        ("SELECT id FROM runs WHERE status = 'QUEUED' AND lease_expires_at <= now()", []),
+        ("status >= 'A' OR status != 'B'", []),
+    ],
+)
+def test_sql_writes_counts_assignments_in_the_set_part_of_runs_updates_only(sql, columns):
+    found, _, _ = sql_writes(sql)
+
+    assert found == columns

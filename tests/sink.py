@@ -1,0 +1,60 @@
+"""A small HTTP effect sink on loopback: records every POST by Idempotency-Key.
+It is the ground truth for duplicate side effects."""
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from pathlib import Path
+
+
+class Sink:
+    def __init__(self, log_path: Path | None = None):
+        self.sends: list[dict] = []
+        self._lock = threading.Lock()
+        self.log_path = log_path
+        sink = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                record = {"key": self.headers.get("Idempotency-Key"), "attempt": self.headers.get("X-Agentrt-Attempt"),
+                          "path": self.path, "body": json.loads(body or b"null")}
+                with sink._lock:
+                    sink.sends.append(record)
+                    if sink.log_path:
+                        with open(sink.log_path, "a") as fh:
+                            fh.write(json.dumps(record) + "\n")
+                            fh.flush()
+                out = b'{"ok": true}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def do_GET(self):
+                out = b'{"pong": true}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.host = f"127.0.0.1:{self.port}"
+        self.url = f"http://{self.host}/effect"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def count(self, key: str | None = None) -> int:
+        with self._lock:
+            return sum(1 for s in self.sends if key is None or s["key"] == key)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
