@@ -50,9 +50,11 @@ def fire(point: str, run_id) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / f"{point}.{run_id}"
     try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return
+    os.write(fd, str(os.getpid()).encode())  # who fired: tests SIGCONT a stopped worker by it
+    os.close(fd)
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "stop":

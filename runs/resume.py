@@ -186,6 +186,10 @@ def decide(takeover: Takeover) -> str:
     unknown = list(
         ToolInvocation.objects.filter(run_id=run.id, status="interrupted", read_only=False, result__isnull=True).order_by("step_number", "call_index")
     )
+    if run.cancel_requested_at is not None:
+        # The operator asked to cancel: end it; an unknown effect stays
+        # `interrupted` with its outcome labelled unknown.
+        return _end(claim, RunOutcome(kind=OutcomeKind.CANCELLED), UnitOfWork())
     if settings.AGENTRT_RECONCILER:
         return _reconcile(claim, run, unknown)
     if unknown:

@@ -67,11 +67,11 @@ class Supervisor:
                     return
                 self.last_ok = self.clock.monotonic()
                 self.beats += 1
+                # Keep renewing after a cancel or a deadline: a call already past
+                # its watermark runs to completion and its result must be kept.
                 if beat.deadline_passed:
                     self.token.cancel(CancelReason.DEADLINE)
-                    return
                 if beat.cancel_requested:
                     self.token.cancel(CancelReason.REQUESTED)
-                    return
         finally:
             connection.close()

@@ -69,3 +69,23 @@ def test_slices_yield_the_run_back_to_queued_and_it_still_completes(cluster, loa
     assert types.count("run.requeued") >= 2
     assert types.count("run.claimed") == types.count("run.requeued") + 1
     assert Run.objects.get(id=run.id).lease_epoch == types.count("run.claimed")
+
+
+def test_sigterm_drains_the_cluster_and_yields_the_run_for_another_node(cluster, load_agent, submit):
+    import signal
+
+    load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}], "delay_ms": 400} for i in range(30)] + [{"text": "end"}],
+               limits={"max_steps": 40, "max_model_calls": 40})
+    first = cluster(AGENTRT_LEASE_SECONDS=30, AGENTRT_WORKERS=1)
+    run = submit()
+    wait_for(lambda: Event.objects.filter(run=run, type="tool.call.completed").exists(), timeout=60, message="the run to make progress")
+    first.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: Event.objects.filter(run=run, type="run.requeued", payload__reason="drain").exists(), timeout=20,
+             message=f"the run to be yielded on drain\n{first.output()[-2000:]}")
+    first.proc.wait(timeout=30)
+    row = Run.objects.get(id=run.id)
+    assert row.lease_owner is None and row.status in ("QUEUED", "RUNNING", "COMPLETED")
+    # With a 30 s lease nothing could have taken it over: the drain handed it back.
+    cluster(AGENTRT_LEASE_SECONDS=30, AGENTRT_WORKERS=1)
+    wait_for(lambda: status(run.id) == "COMPLETED", timeout=60, message="another node to finish the run")
+    assert not Event.objects.filter(run=run, type="lease.taken_over").exists()

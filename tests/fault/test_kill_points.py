@@ -1,0 +1,188 @@
+"""Real `qcluster` workers killed, stopped and cancelled at the fault points
+of DESIGN §16, with a real `run_maintenance` process reclaiming their runs
+and an HTTP sink counting every side effect (RELIABILITY §3, DESIGN's names)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from approvals.models import Approval
+from approvals.services import approval_decide
+from runs.lifecycle import run_cancel
+from runs.models import Event, ModelCall, Run, ToolInvocation
+from tests.conftest import ROOT, subprocess_env, wait_for
+
+pytestmark = [pytest.mark.fault, pytest.mark.django_db(transaction=True)]
+
+LEASE = 2.0
+ARTIFACTS = ROOT / "artifacts"
+
+
+@pytest.fixture
+def stack(cluster, sink, tmp_path):
+    """Start a cluster and a maintenance process with one fault plan."""
+    procs = []
+
+    def start(faults: str = "", workers: int = 2):
+        env = dict(
+            AGENTRT_LEASE_SECONDS=LEASE, AGENTRT_WORKERS=workers, AGENTRT_ENABLE_FAULTPOINTS=1,
+            AGENTRT_FAULTPOINTS=faults, AGENTRT_FAULTPOINT_DIR=tmp_path, AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host,
+        )
+        c = cluster(**env)
+        log = open(tmp_path / "maintenance.log", "wb")
+        m = subprocess.Popen([sys.executable, "manage.py", "run_maintenance"], cwd=ROOT, env=subprocess_env(**env),
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append((m, log))
+        return c
+
+    yield start
+    for m, log in procs:
+        m.terminate()
+        try:
+            m.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            m.kill()
+        log.close()
+
+
+def post_agent(load_agent, sink, before=1):
+    turns = [{"tool_calls": [{"name": "echo", "arguments": {"text": f"look {i}"}}]} for i in range(before)]
+    turns += [{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "paid"}]
+    load_agent(turns=turns, tools=("echo", "http_post"))
+
+
+def status(run):
+    return Run.objects.filter(id=run.id).values_list("status", flat=True).get()
+
+
+def marker(tmp_path, point, run):
+    return tmp_path / f"{point}.{run.id}"
+
+
+def record_takeover(run, point, tmp_path):
+    """Kill → the new owner's first write (lease.taken_over), for the note."""
+    killed = datetime.fromtimestamp(marker(tmp_path, point, run).stat().st_mtime, tz=timezone.utc)
+    taken = Event.objects.filter(run=run, type="lease.taken_over").order_by("sequence").first()
+    latency = (taken.occurred_at - killed).total_seconds()
+    ARTIFACTS.mkdir(exist_ok=True)
+    with open(ARTIFACTS / "takeover_latency.jsonl", "a") as fh:
+        fh.write(json.dumps({"point": point, "lease": LEASE, "sweep_interval": LEASE / 6, "latency_s": round(latency, 3)}) + "\n")
+    return latency
+
+
+@pytest.mark.parametrize("point", ["model.before_call", "tool.before_watermark", "checkpoint.before_write", "finalize.before_transition"])
+def test_sigkill_before_any_unknown_effect_completes_with_one_send(stack, load_agent, submit, sink, tmp_path, point):
+    post_agent(load_agent, sink)
+    c = stack(f"{point}=kill")
+    run = submit()
+    wait_for(lambda: status(run) == "COMPLETED", timeout=90, message=f"completion after a kill at {point}\n{c.output()[-3000:]}")
+    assert marker(tmp_path, point, run).exists()
+    assert sink.count() == 1
+    row = Run.objects.get(id=run.id)
+    assert row.final_message == "paid" and row.lease_epoch >= 2
+    assert Event.objects.filter(run=run, type="lease.taken_over").exists()
+    assert row.step_count == ModelCall.objects.filter(run=run).values("step_number").distinct().count()
+    record_takeover(run, point, tmp_path)
+
+
+def test_sigkill_after_the_watermark_parks_the_run_and_approval_sends_once(stack, load_agent, submit, sink, tmp_path, operator):
+    post_agent(load_agent, sink)
+    stack("tool.after_watermark=kill")
+    run = submit()
+    wait_for(lambda: status(run) == "WAITING_FOR_APPROVAL", timeout=90, message="the run to park")
+    assert sink.count() == 0
+    row = Run.objects.get(id=run.id)
+    assert row.lease_owner is None
+    record_takeover(run, "tool.after_watermark", tmp_path)
+    approval = Approval.objects.get(run=run, status="pending")
+    assert approval.kind == "interrupted_side_effect"
+    approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash, via="api")
+    wait_for(lambda: status(run) == "COMPLETED", timeout=60, message="completion after approval")
+    inv = ToolInvocation.objects.get(run=run, tool_name="http_post")
+    assert sink.count() == 1 and sink.sends[0]["key"] == inv.idempotency_key and sink.sends[0]["attempt"] == "2"
+
+
+def test_sigkill_after_the_call_parks_the_run_and_rejection_sends_nothing_more(stack, load_agent, submit, sink, tmp_path, operator):
+    post_agent(load_agent, sink)
+    stack("tool.after_execute=kill")
+    run = submit()
+    wait_for(lambda: status(run) == "WAITING_FOR_APPROVAL", timeout=90, message="the run to park")
+    assert sink.count() == 1
+    approval = Approval.objects.get(run=run, status="pending")
+    approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash, via="api")
+    assert status(run) == "FAILED"
+    assert Run.objects.get(id=run.id).failure["reason"] == "operator_rejected"
+    assert sink.count() == 1
+
+
+def test_a_sigstopped_zombie_writes_only_run_fenced_and_the_effect_is_sent_once(stack, load_agent, submit, sink, tmp_path):
+    post_agent(load_agent, sink)
+    stack("tool.before_watermark=stop")
+    run = submit()
+    stop_marker = marker(tmp_path, "tool.before_watermark", run)
+    wait_for(stop_marker.exists, timeout=60, message="the worker to stop itself")
+    zombie_pid = int(stop_marker.read_text())
+    wait_for(lambda: status(run) == "COMPLETED", timeout=90, message="another worker to take over and finish")
+    old_epoch = Event.objects.filter(run=run, type="lease.taken_over").order_by("sequence").first().payload["previous_epoch"]
+
+    def zombie_rows():
+        with connection.cursor() as cur:
+            counts = {}
+            for table in ("model_calls", "tool_invocations", "checkpoints"):
+                cur.execute(f"SELECT count(*) FROM {table} WHERE run_id = %s AND lease_epoch = %s", [run.id, old_epoch])
+                counts[table] = cur.fetchone()[0]
+            return counts
+
+    before_rows = zombie_rows()
+    before_events = list(Event.objects.filter(run=run).values_list("sequence", flat=True))
+    before_run = Run.objects.filter(id=run.id).values().get()
+    os.kill(zombie_pid, signal.SIGCONT)
+    wait_for(lambda: Event.objects.filter(run=run, type="run.fenced").exists(), timeout=30, message="the zombie to record run.fenced")
+    new_events = list(Event.objects.filter(run=run).exclude(sequence__in=before_events))
+    assert [e.type for e in new_events] == ["run.fenced"]
+    assert new_events[0].lease_epoch == old_epoch
+    assert zombie_rows() == before_rows
+    assert Run.objects.filter(id=run.id).values().get() == before_run
+    assert sink.count() == 1
+
+
+def _await_heartbeat_after_cancel(run):
+    seen = Run.objects.get(id=run.id).lease_expires_at
+    wait_for(lambda: Run.objects.get(id=run.id).lease_expires_at != seen, timeout=10, message="a heartbeat to read the cancel")
+
+
+def test_cancel_before_the_watermark_stops_cleanly(stack, load_agent, submit, sink, tmp_path):
+    post_agent(load_agent, sink, before=0)
+    stack("tool.before_watermark=pause")
+    run = submit()
+    wait_for(lambda: (tmp_path / f"tool.before_watermark.{run.id}.paused").exists(), timeout=60, message="the pause")
+    run_cancel(run=Run.objects.get(id=run.id))
+    _await_heartbeat_after_cancel(run)
+    (tmp_path / f"tool.before_watermark.{run.id}.go").touch()
+    wait_for(lambda: status(run) == "CANCELLED", timeout=30, message="cancellation")
+    inv = ToolInvocation.objects.get(run=run)
+    assert inv.status == "cancelled" and inv.effect_sent_at is None
+    assert Event.objects.filter(run=run, type="tool.run_cancelled").count() == 1
+    assert sink.count() == 0
+
+
+def test_cancel_after_the_watermark_keeps_the_result(stack, load_agent, submit, sink, tmp_path):
+    post_agent(load_agent, sink, before=0)
+    stack("tool.after_watermark=pause")
+    run = submit()
+    wait_for(lambda: (tmp_path / f"tool.after_watermark.{run.id}.paused").exists(), timeout=60, message="the pause")
+    run_cancel(run=Run.objects.get(id=run.id))
+    _await_heartbeat_after_cancel(run)
+    (tmp_path / f"tool.after_watermark.{run.id}.go").touch()
+    wait_for(lambda: status(run) == "CANCELLED", timeout=30, message="cancellation")
+    inv = ToolInvocation.objects.get(run=run)
+    assert inv.status == "completed" and inv.effect_sent_at is not None and inv.result["json"] == {"ok": True}
+    assert sink.count() == 1
