@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import connection
 
 from checkpoints.repository import checkpoint_latest, seed_state
+from approvals.gate import ApprovalGate
 from approvals.policy import PolicyEngine
 
 from .clock import CLOCK, IDS
@@ -129,6 +130,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         started_monotonic=clock.monotonic(),
         next_attempt=(last_attempt or 0) + 1,
         resumed=state.version > 1 or run.attempts > 1,
+        approvals=ApprovalGate(run=run, clock=clock, ids=ids),
     )
 
 
@@ -283,6 +285,11 @@ def finalize_detached(claim: Claim, outcome: RunOutcome, work: UnitOfWork, *, cl
 
 
 def _checkpoint(ctx: RunContext, work: UnitOfWork, trigger: str) -> None:
+    """The full checkpoint finalize writes; it replaces a checkpoint the loop
+    left pending in the same unit (same version, so the chain has no hole)."""
+    if work.checkpoint is not None:
+        ctx.state.version -= 1
+        work.events = [e for e in work.events if not (e.type == "run.checkpointed" and e.payload.get("version") == work.checkpoint.version)]
     row = ctx.state.next_checkpoint(trigger, ctx.clock.now(), force_full=True)
     work.checkpoint = row
     work.events.append(EventWrite("run.checkpointed", {"version": row.version, "trigger": trigger, "full": True}, row.created_at))

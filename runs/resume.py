@@ -293,32 +293,55 @@ def _view(run: Run) -> RunView:
     )
 
 
-def _call_reconciler(view: RunView) -> Any:
-    fn = import_string(settings.AGENTRT_RECONCILER)
+class _Fenced(Exception):
+    """The resumer lost its lease while the reconciler was thinking."""
+
+
+def _call_reconciler(view: RunView, claim: Claim) -> Any:
+    """Call the reconciler in a thread, outside any transaction, with
+    AGENTRT_RECONCILE_TIMEOUT; keep the takeover's lease alive meanwhile."""
+    from .queue import run_heartbeat
+
     box: dict[str, Any] = {}
 
     def target():
         try:
+            fn = import_string(settings.AGENTRT_RECONCILER)
             box["value"] = fn(view)
         except BaseException as exc:  # recorded, never raised into the worker
             box["error"] = exc
+        finally:
+            connection.close()
 
     thread = threading.Thread(target=target, name="reconciler", daemon=True)
     thread.start()
-    thread.join(float(settings.AGENTRT_RECONCILE_TIMEOUT))
-    if thread.is_alive():
-        return TimeoutError("the reconciler did not answer in time")
+    timeout = float(settings.AGENTRT_RECONCILE_TIMEOUT)
+    interval = max(0.05, float(settings.AGENTRT_LEASE_SECONDS) / 3)
+    start = CLOCK.monotonic()
+    while thread.is_alive():
+        left = timeout - (CLOCK.monotonic() - start)
+        if left <= 0:
+            return TimeoutError("the reconciler did not answer in time")
+        thread.join(min(interval, left))
+        if thread.is_alive() and not run_heartbeat(run_id=claim.run_id, owner=claim.owner, epoch=claim.epoch).alive:
+            return _Fenced()
     return box.get("error", box.get("value"))
 
 
+ANSWER_KEYS = ("outcome", "result", "pause", "detail", "capability", "presentation")
+
+
 def _as_dict(value: Any) -> dict | None:
+    """A Reconciliation as a dict: a dict, a pydantic model, or any object
+    carrying the keys as attributes (dataclass, slots, namedtuple, properties)."""
     if isinstance(value, dict):
         return value
     if hasattr(value, "model_dump"):
         return value.model_dump()
-    if hasattr(value, "__dict__"):
-        return {k: v for k, v in vars(value).items() if not k.startswith("_")}
-    return None
+    if isinstance(value, (str, bytes, int, float, bool, list, tuple, set)) and not hasattr(value, "_fields"):
+        return None
+    found = {k: getattr(value, k) for k in ANSWER_KEYS if hasattr(value, k)}
+    return found or None
 
 
 def _usable_json(value: Any) -> bool:
@@ -337,10 +360,12 @@ def _reconcile(claim: Claim, run: Run, unknown: list[ToolInvocation]) -> str:
     def internal(message: str, **details) -> str:
         return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(FailureReason.INTERNAL_ERROR, "ReconcileError", message, **details)), UnitOfWork())
 
-    answer = _call_reconciler(_view(run))
+    answer = _call_reconciler(_view(run), claim)
     if isinstance(answer, BaseException):
+        if isinstance(answer, _Fenced):
+            return _end(claim, RunOutcome(kind=OutcomeKind.FENCED), UnitOfWork())
         return internal("the reconciler failed" if not isinstance(answer, TimeoutError) else "the reconciler timed out",
-                        error_class=type(answer).__name__)
+                        exception_class=type(answer).__name__)
     data = _as_dict(answer)
     if data is None:
         return internal("the reconciler returned something that is not a Reconciliation")

@@ -153,7 +153,8 @@ class DjangoRunStore:
         return list(
             ToolInvocation.objects.filter(run_id=self.run_id, step_number=step_number)
             .order_by("call_index")
-            .values("id", "call_id", "call_index", "tool_name", "arguments", "status", "result", "effect_sent_at", "attempt", "read_only", "idempotency_key")
+            .values("id", "call_id", "call_index", "tool_name", "arguments", "status", "result", "effect_sent_at", "attempt", "read_only",
+                    "idempotency_key", "suspended_kind")
         )
 
     def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
@@ -205,15 +206,16 @@ class DjangoRunStore:
             rows = []
             params = []
             for i in work.invocation_inserts:
-                rows.append(f"(%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s, %s, %s, 0, {jp()}, {jp()}, %s, %s, %s)")
+                rows.append(f"(%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s, %s, %s, 0, {jp()}, {jp()}, %s, %s, %s, %s)")
                 params += [
                     sql_uuid(i.id), tenant, run, i.step_number, i.call_index, i.call_id, i.tool_name, sql_json(i.arguments),
                     i.raw_arguments, i.idempotency_key, i.status, i.read_only, i.side_effect, sql_json(i.result), sql_json(i.error),
-                    epoch, sql_dt(i.created_at), sql_dt(i.created_at),
+                    i.suspended_kind, epoch, sql_dt(i.created_at), sql_dt(i.created_at),
                 ]
             cursor.execute(
                 "INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id, tool_name, arguments,"
-                " raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error, lease_epoch, created_at, updated_at)"
+                " raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error, suspended_kind, lease_epoch,"
+                " created_at, updated_at)"
                 f" VALUES {', '.join(rows)}",
                 params,
             )

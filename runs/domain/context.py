@@ -67,6 +67,7 @@ class RunContext:
     next_attempt: int = 1  # attempt number for the first model call of this execution
     prepared_call: tuple[int, int] | None = None  # (step, attempt) whose `started` row is committed
     resumed: bool = False
+    approvals: Any = None  # the ApprovalGate port; None = require_approval fails closed
     pending: UnitOfWork = field(default_factory=UnitOfWork)  # writes not yet committed
     prepared_id: UUID | None = None
     current_step: int | None = None

@@ -73,8 +73,13 @@ def _loop(ctx: RunContext) -> RunOutcome:
         batch = resume_batch(ctx, step_number, pending)
         work, ctx.pending = ctx.pending, batch.work
         ctx.pending.merge_front(work)
+        if batch.suspension is not None:
+            return RunOutcome(kind=OutcomeKind.SUSPENDED, suspension=batch.suspension, pending=ctx.pending)
         if batch.stop is not None:
             return stop_outcome(ctx, batch.stop, batch.late)
+        denied = _count_denials(ctx, batch)
+        if denied is not None:
+            return denied
         checkpoint(ctx, "tool_batch")
         try:
             ctx.store.commit(ctx.pending)
@@ -105,8 +110,13 @@ def _loop(ctx: RunContext) -> RunOutcome:
         work, ctx.pending = ctx.pending, UnitOfWork()
         batch = dispatch(ctx, step_number, turn.tool_calls, work)
         ctx.pending = batch.work
+        if batch.suspension is not None:
+            return RunOutcome(kind=OutcomeKind.SUSPENDED, suspension=batch.suspension, pending=ctx.pending)
         if batch.stop is not None:
             return stop_outcome(ctx, batch.stop, batch.late)
+        denied = _count_denials(ctx, batch)
+        if denied is not None:
+            return denied
         checkpoint(ctx, "tool_batch")
         _prepare_next_step(ctx, step_number + 1)
         ctx.fault("checkpoint.before_write")
@@ -116,6 +126,18 @@ def _loop(ctx: RunContext) -> RunOutcome:
             exc.late = {"calls": batch.late} if batch.late else None
             raise
         ctx.pending = UnitOfWork()
+
+
+MAX_DENIED_BATCHES = 3
+
+
+def _count_denials(ctx: RunContext, batch) -> RunOutcome | None:
+    """A run that keeps asking for denied calls fails `repeated_denial`."""
+    ctx.state.denials = ctx.state.denials + 1 if batch.all_denied else 0
+    if ctx.state.denials >= MAX_DENIED_BATCHES:
+        return failed(ctx, FailureReason.REPEATED_DENIAL, "RepeatedDenial",
+                      f"the model asked for denied calls in {ctx.state.denials} consecutive steps")
+    return None
 
 
 def checkpoint(ctx: RunContext, trigger: str, *, force_full: bool = False) -> None:

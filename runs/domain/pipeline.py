@@ -17,7 +17,7 @@ from typing import Any
 from .context import RunContext, canonical_json
 from .errors import ToolFailure, WorkerFenced
 from .scrub import bound, scrub, scrub_text
-from .values import CancelReason, ToolCallRequest, ToolSpec
+from .values import CancelReason, Suspension, SuspensionKind, ToolCallRequest, ToolSpec
 from .writes import InvocationInsert, InvocationUpdate, UnitOfWork
 
 IDENTICAL_CALL_LIMIT = 3
@@ -47,6 +47,8 @@ class _Entry:
     result: Any = None  # the content the model sees
     is_error: bool = False
     authorized: bool = False
+    needs_approval: bool = False
+    asks_user: bool = False
 
 
 @dataclass
@@ -54,6 +56,8 @@ class BatchResult:
     work: UnitOfWork
     stop: CancelReason | None = None
     late: list[dict[str, Any]] = field(default_factory=list)
+    suspension: Suspension | None = None
+    all_denied: bool = False
 
 
 def _error_result(code: str, message: str) -> dict[str, Any]:
@@ -123,11 +127,14 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
             decision = "require_approval"
         if decision == "allow":
             entry.authorized = True
+            entry.asks_user = bool(entry.spec.control and entry.spec.name == "ask_user")
         elif decision == "deny":
             fail(entry, "denied_by_policy", "policy denied this call")
-        else:
-            # Approvals are not wired into this pipeline yet: fail closed.
+        elif ctx.approvals is None:
             fail(entry, "approval_required", "policy requires approval for this call; it was not run")
+        else:
+            entry.needs_approval = True
+    suspend = [e for e in entries if e.needs_approval]
 
     # 7: cancellation check before authorizing (observation point 4).
     stop = ctx.token.reason
@@ -157,6 +164,13 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
         if entry.is_error:
             work.invocation_inserts.append(InvocationInsert(status="failed", result=entry.result, error=entry.result, **base))
             work.event("tool.call.failed", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": base["tool_name"], "result": entry.result, "executed": False}, now)
+        elif entry.needs_approval and stop is None:
+            work.invocation_inserts.append(InvocationInsert(status="awaiting_approval", suspended_kind="policy", **base))
+            approval = ctx.approvals.request(step_number=step_number, invocation_id=entry.invocation_id, tool=spec,
+                                             arguments=entry.arguments, kind="policy", at=now)
+            work.approval_inserts.append(approval)
+            work.event("approval.requested", {"approval": str(approval.id), "invocation": str(entry.invocation_id), "kind": "policy",
+                                              "tool": spec.name, "request_hash": approval.request_hash, "step": step_number}, now)
         elif stop is not None:
             entry.authorized = False
             entry.result = _error_result("cancelled", "the run was cancelled before this call ran")
@@ -168,6 +182,16 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
             work.invocation_inserts.append(InvocationInsert(status="authorized", **base))
             work.event("tool.call.authorized", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": base["tool_name"]}, now)
 
+    if suspend and stop is None:
+        # Policy is evaluated for the whole batch first: if any call needs
+        # approval, none runs yet; finalize commits all of this with the pause.
+        _append_results(ctx, [e for e in entries if e.is_error])
+        return BatchResult(work=work, suspension=Suspension(
+            kind=SuspensionKind.APPROVAL,
+            invocation_ids=[e.invocation_id for e in suspend],
+            approval_ids=[a.id for a in work.approval_inserts],
+            details={"reason": "policy"},
+        ))
     ctx.store.commit(work)  # commit 1: the model response and every decision
     if stop is not None:
         _append_results(ctx, entries)
@@ -177,8 +201,12 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
     late: list[dict[str, Any]] = []
     executed = 0
     stop_after: CancelReason | None = None
+    question_entry = None
     for position, entry in enumerate(entries):
         if not entry.authorized:
+            continue
+        if entry.asks_user:
+            question_entry = question_entry or entry
             continue
         if stop_after is not None:
             _cancel(ctx, results, entry, stop_after)
@@ -232,8 +260,16 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
     if executed:
         run.usage = run.usage.model_copy(update={"tool_calls": run.usage.tool_calls + executed})
         results.usage = run.usage.model_dump(mode="json")
+    denied = [e for e in entries if e.is_error and isinstance(e.result, dict) and e.result.get("error") in DENIALS]
+    if question_entry is not None and stop_after is None:
+        _append_results(ctx, [e for e in entries if e is not question_entry and not (e.asks_user)])
+        question = str((question_entry.arguments or {}).get("question", ""))[:4000]
+        results.invocation_updates.append(InvocationUpdate(id=question_entry.invocation_id, status="awaiting_approval",
+                                                           suspended_kind="user", updated_at=ctx.clock.now()))
+        return BatchResult(work=results, late=late, suspension=Suspension(
+            kind=SuspensionKind.USER, invocation_ids=[question_entry.invocation_id], question=question))
     _append_results(ctx, entries)
-    return BatchResult(work=results, stop=stop_after, late=late)
+    return BatchResult(work=results, stop=stop_after, late=late, all_denied=bool(entries) and len(denied) == len(entries))
 
 
 def _cancel(ctx: RunContext, work: UnitOfWork, entry: _Entry, reason: CancelReason) -> None:
@@ -283,6 +319,7 @@ def _append_results(ctx: RunContext, entries: list[_Entry]) -> None:
 
 
 ANSWERED = ("completed", "failed", "cancelled", "interrupted")
+DENIALS = ("denied_by_policy", "rejected_by_operator", "approval_required", "approval_expired")
 
 
 class UnknownOutcome(Exception):
@@ -303,18 +340,22 @@ def open_batch(ctx: RunContext) -> tuple[int, list[dict[str, Any]]] | None:
 
 
 def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]]) -> BatchResult:
-    """Re-enter the pipeline for an open batch after a takeover or a decision.
+    """Re-enter the pipeline at step 6 for an open batch, after a takeover or
+    a decision.
 
     Answered rows give their recorded result (no second `tool.call.proposed`,
-    no second effect); an `authorized` call runs once — a side effect under a
-    new watermark with its attempt incremented; an interrupted side effect
-    with no recorded outcome never runs here."""
+    no second effect). An approved call is revalidated (tool registered,
+    arguments valid, the hash of what was shown unchanged) — otherwise
+    `approval.invalidated` and a new approval, and nothing of the batch runs.
+    An `authorized` call runs once — a side effect under a new watermark with
+    its attempt incremented. An interrupted side effect with no recorded
+    outcome never runs here."""
     rows = {r["call_id"]: r for r in ctx.store.invocations_for_step(step_number)}
     results = UnitOfWork()
     entries: list[_Entry] = []
-    late: list[dict[str, Any]] = []
-    executed = 0
-    stop: CancelReason | None = None
+    to_run: list[tuple[_Entry, dict]] = []
+    invalidated: list[tuple[_Entry, dict]] = []
+    now = ctx.clock.now()
     for index, call in enumerate(pending):
         req = ToolCallRequest(call_id=call["id"], name=call["name"], raw_arguments=call.get("arguments") or "")
         row = rows.get(call["id"])
@@ -329,16 +370,50 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
             entry.result = row["result"]
             entry.is_error = status != "completed"
             continue
-        if status != "authorized":
-            raise UnknownOutcome(f"invocation {row['id']} is {status} with no recorded outcome")
         entry.spec = ctx.tools.spec(row["tool_name"])
         entry.arguments = row["arguments"]
+        if status == "awaiting_approval" and row.get("suspended_kind") == "policy" and ctx.approvals is not None:
+            decision = ctx.approvals.decision_for(row["id"])
+            if decision is None or decision["status"] != "approved":
+                raise UnknownOutcome(f"invocation {row['id']} is waiting for a decision")
+            valid = entry.spec is not None and not ctx.tools.validate(row["tool_name"], entry.arguments)
+            shown = valid and ctx.approvals.current_hash(
+                step_number=step_number, invocation_id=row["id"], tool=entry.spec, arguments=entry.arguments,
+                kind=decision["kind"], presentation=decision["presentation"]) == decision["request_hash"]
+            if not shown:
+                invalidated.append((entry, decision))
+                continue
+            status = "authorized"
+        if status != "authorized":
+            raise UnknownOutcome(f"invocation {row['id']} is {status} with no recorded outcome")
         if entry.spec is None or ctx.tools.validate(row["tool_name"], entry.arguments):
             entry.result = _error_result("invalid_decision", "the tool or its schema changed; the call was not run")
             entry.is_error = True
-            results.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="failed", result=entry.result, error=entry.result, updated_at=ctx.clock.now()))
-            results.event("tool.call.failed", {"invocation": str(entry.invocation_id), "call_id": req.call_id, "tool": req.name, "result": entry.result, "executed": False}, ctx.clock.now())
+            results.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="failed", result=entry.result, error=entry.result, updated_at=now))
+            results.event("tool.call.failed", {"invocation": str(entry.invocation_id), "call_id": req.call_id, "tool": req.name, "result": entry.result, "executed": False}, now)
             continue
+        to_run.append((entry, row))
+
+    if invalidated:
+        for entry, decision in invalidated:
+            results.event("approval.invalidated", {"approval": str(decision["id"]), "invocation": str(entry.invocation_id),
+                                                   "reason": "the tool, its schema or the arguments changed since approval"}, now)
+            if entry.spec is None or ctx.tools.validate(entry.call.name, entry.arguments):
+                raise UnknownOutcome("an approved call can no longer run and cannot be asked again")
+            approval = ctx.approvals.request(step_number=step_number, invocation_id=entry.invocation_id, tool=entry.spec,
+                                             arguments=entry.arguments, kind="policy", at=now)
+            results.approval_inserts.append(approval)
+            results.event("approval.requested", {"approval": str(approval.id), "invocation": str(entry.invocation_id), "kind": "policy",
+                                                 "tool": entry.spec.name, "request_hash": approval.request_hash, "step": step_number}, now)
+        return BatchResult(work=results, suspension=Suspension(
+            kind=SuspensionKind.APPROVAL, invocation_ids=[e.invocation_id for e, _ in invalidated],
+            approval_ids=[a.id for a in results.approval_inserts], details={"reason": "invalidated"}))
+
+    late: list[dict[str, Any]] = []
+    executed = 0
+    stop: CancelReason | None = None
+    for entry, row in to_run:
+        req = entry.call
         if stop is not None or ctx.token.reason is not None:
             stop = stop or ctx.token.reason
             _cancel(ctx, results, entry, stop)
@@ -380,4 +455,5 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
         ctx.run.usage = ctx.run.usage.model_copy(update={"tool_calls": ctx.run.usage.tool_calls + executed})
         results.usage = ctx.run.usage.model_dump(mode="json")
     _append_results(ctx, entries)
-    return BatchResult(work=results, stop=stop, late=late)
+    denied = [e for e in entries if e.is_error and isinstance(e.result, dict) and e.result.get("error") in DENIALS]
+    return BatchResult(work=results, stop=stop, late=late, all_denied=bool(entries) and len(denied) == len(entries))

@@ -56,6 +56,7 @@ class InvocationInsert:
     result: Any = None
     error: dict[str, Any] | None = None
     created_at: datetime | None = None
+    suspended_kind: str | None = None
 
 
 @dataclass(slots=True)

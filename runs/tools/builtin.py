@@ -143,3 +143,19 @@ def http_post(arguments, context):
         },
     )
     return _decode(*_request(req, context.timeout_seconds, True))
+
+
+@register(
+    name="ask_user",
+    description="Ask the user a question; the run waits for the answer.",
+    parameters={
+        "type": "object",
+        "properties": {"question": {"type": "string", "minLength": 1, "maxLength": 4000}},
+        "required": ["question"],
+        "additionalProperties": False,
+    },
+    read_only=True,
+    control=True,
+)
+def ask_user(arguments, context):
+    raise ToolFailure("control_tool", "ask_user is handled by the runtime, not executed")

@@ -168,7 +168,7 @@ def test_tool_call_budget_fits_the_batch(load_agent, submit):
     assert run.usage["tool_calls"] == 1 and run.status == "COMPLETED"
 
 
-def test_policy_deny_and_require_approval_never_run_the_tool(load_agent, submit):
+def test_policy_deny_gives_a_denied_result_and_require_approval_suspends_the_batch(load_agent, submit):
     load_agent(
         turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "no"}}, {"name": "echo", "arguments": {"text": "ask"}}]}, {"text": "ok"}],
         policy={"default": "allow", "rules": [
@@ -179,8 +179,10 @@ def test_policy_deny_and_require_approval_never_run_the_tool(load_agent, submit)
     run = submit()
     run_drive(run_id=run.id)
     rows = list(ToolInvocation.objects.filter(run_id=run.id).order_by("call_index").values_list("status", "result"))
-    assert [r[0] for r in rows] == ["failed", "failed"]
-    assert [r[1]["error"] for r in rows] == ["denied_by_policy", "approval_required"]
+    assert [r[0] for r in rows] == ["failed", "awaiting_approval"]
+    assert rows[0][1]["error"] == "denied_by_policy"
+    row = reload(run)
+    assert row.status == "WAITING_FOR_APPROVAL" and row.lease_owner is None
 
 
 def test_a_fenced_worker_writes_nothing_but_run_fenced(load_agent, submit):

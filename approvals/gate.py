@@ -1,0 +1,59 @@
+"""The ApprovalGate port's adapter: builds hash-bound approval rows for the
+pipeline and reads decisions back when the run resumes (DESIGN §8)."""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+
+from runs.domain.writes import ApprovalInsert
+
+from .hashing import request_hash, tool_spec_dict
+from .models import Approval
+
+POLICY_NOTICE = "Policy requires an operator's approval before this call runs. Approving runs it once with these arguments."
+
+
+class ApprovalGate:
+    def __init__(self, *, run, clock, ids):
+        self.run = run
+        self.clock = clock
+        self.ids = ids
+
+    def _expiry(self, now):
+        expires = now + timedelta(seconds=float(settings.AGENTRT_APPROVAL_TTL_SECONDS))
+        if self.run.deadline_at is not None and self.run.deadline_at < expires:
+            expires = self.run.deadline_at
+        return expires
+
+    @staticmethod
+    def presentation(tool, arguments) -> dict[str, Any]:
+        return {"tool": tool.name, "arguments": arguments, "side_effect": tool.side_effect, "read_only": tool.read_only, "notice": POLICY_NOTICE}
+
+    def current_hash(self, *, step_number: int, invocation_id, tool, arguments, kind: str, presentation: dict) -> str:
+        return request_hash(tenant_id=self.run.tenant_id, run_id=self.run.id, step_number=step_number, invocation_id=invocation_id,
+                            tool=tool_spec_dict(tool), arguments=arguments, agent_version=self.run.agent_version, kind=kind,
+                            presentation=presentation)
+
+    def request(self, *, step_number: int, invocation_id, tool, arguments, kind: str, at) -> ApprovalInsert:
+        presentation = self.presentation(tool, arguments)
+        return ApprovalInsert(
+            id=self.ids.new_id(),
+            invocation_id=invocation_id,
+            kind=kind,
+            request_hash=self.current_hash(step_number=step_number, invocation_id=invocation_id, tool=tool, arguments=arguments,
+                                           kind=kind, presentation=presentation),
+            capability={"tool": tool.name, "arguments": arguments},
+            presentation=presentation,
+            expires_at=self._expiry(at),
+            created_at=at,
+        )
+
+    def decision_for(self, invocation_id) -> dict[str, Any] | None:
+        return (
+            Approval.objects.filter(invocation_id=invocation_id)
+            .order_by("-created_at")
+            .values("id", "status", "kind", "request_hash", "presentation")
+            .first()
+        )

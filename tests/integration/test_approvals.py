@@ -1,0 +1,138 @@
+"""Policy approvals: a whole batch suspends, the run holds nothing while it
+waits, and resumes once, on the same step, when the last call is decided."""
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from approvals.errors import ApprovalExpired, ApprovalStale
+from approvals.models import Approval
+from approvals.services import approval_decide
+from checkpoints.repository import checkpoint_latest
+from runs.executor import run_drive
+from runs.models import Event, Run, ToolInvocation
+from runs.tools import REGISTRY
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+APPROVE_POSTS = {"default": "allow", "rules": [{"tool": "http_post", "decision": "require_approval",
+                                                "when": {"arg": "json.amount", "op": "gt", "value": 100}}]}
+
+
+def reload(run):
+    return Run.objects.get(id=run.id)
+
+
+def types(run):
+    return list(Event.objects.filter(run=run).order_by("sequence").values_list("type", flat=True))
+
+
+def batch_agent(load_agent, sink, amount=250):
+    load_agent(
+        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "before"}},
+                               {"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": amount}}}]},
+               {"text": "done"}],
+        tools=("echo", "http_post"), policy=APPROVE_POSTS,
+    )
+
+
+def test_one_call_needing_approval_suspends_the_whole_batch(load_agent, submit, sink):
+    batch_agent(load_agent, sink)
+    run = submit()
+    outcome = run_drive(run_id=run.id)
+    assert outcome.kind.value == "suspended"
+    row = reload(run)
+    assert row.status == "WAITING_FOR_APPROVAL" and row.lease_owner is None and row.lease_expires_at is None
+    statuses = dict(ToolInvocation.objects.filter(run=run).values_list("tool_name", "status"))
+    assert statuses == {"echo": "authorized", "http_post": "awaiting_approval"}  # neither ran
+    assert sink.count() == 0
+    approval = Approval.objects.get(run=run)
+    assert approval.kind == "policy" and approval.status == "pending" and len(approval.request_hash) == 64
+    assert approval.presentation["arguments"]["json"]["amount"] == 250
+    assert approval.expires_at is not None and approval.expires_at <= row.deadline_at
+    seen = types(run)
+    assert seen[-3:] == ["approval.requested", "run.checkpointed", "run.waiting_for_approval"]
+    cp = checkpoint_latest(run.id)
+    assert cp is not None and cp.version >= 2
+    # The waiting run is invisible to a doorbell and to the reclaim sweep.
+    assert run_drive(run_id=run.id) is None
+    from maintenance.sweeps.reclaim import sweep_reclaim
+
+    assert sweep_reclaim()["expired"] == 0
+    assert reload(run).status == "WAITING_FOR_APPROVAL"
+
+
+def test_approving_runs_the_batch_once_on_the_same_step(load_agent, submit, sink, operator):
+    batch_agent(load_agent, sink)
+    run = submit()
+    run_drive(run_id=run.id)
+    approval = Approval.objects.get(run=run)
+    approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash, reason="ok", via="live")
+    assert reload(run).status == "QUEUED"
+    run_drive(run_id=run.id)
+    row = reload(run)
+    assert row.status == "COMPLETED" and row.final_message == "done"
+    assert sink.count() == 1
+    statuses = dict(ToolInvocation.objects.filter(run=run).values_list("tool_name", "status"))
+    assert statuses == {"echo": "completed", "http_post": "completed"}
+    assert Event.objects.filter(run=run, type="tool.call.proposed").count() == 2  # no second proposal
+    assert Event.objects.get(run=run, type="approval.resolved").payload["decided_via"] == "live"
+    assert row.step_count == 2
+
+
+def test_rejecting_gives_the_model_a_denied_result_and_the_run_goes_on(load_agent, submit, sink, operator):
+    batch_agent(load_agent, sink)
+    run = submit()
+    run_drive(run_id=run.id)
+    approval = Approval.objects.get(run=run)
+    approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash, via="api")
+    run_drive(run_id=run.id)
+    row = reload(run)
+    assert row.status == "COMPLETED" and sink.count() == 0
+    post = ToolInvocation.objects.get(run=run, tool_name="http_post")
+    assert post.status == "failed" and post.result["error"] == "rejected_by_operator" and post.effect_sent_at is None
+    tool_msgs = [m for m in checkpoint_latest(run.id).conversation if m["role"] == "tool"]
+    assert any("rejected_by_operator" in m["content"] for m in tool_msgs)
+
+
+def test_a_tool_whose_schema_changed_invalidates_the_approval_and_asks_again(load_agent, submit, sink, operator, monkeypatch):
+    batch_agent(load_agent, sink)
+    run = submit()
+    run_drive(run_id=run.id)
+    approval = Approval.objects.get(run=run)
+    approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash)
+    spec = REGISTRY.spec("http_post")
+    changed = spec.model_copy(update={"schema_version": "2"})
+    entry = REGISTRY._tools["http_post"]
+    monkeypatch.setitem(REGISTRY._tools, "http_post", (changed, entry[1], entry[2]))
+    run_drive(run_id=run.id)
+    assert reload(run).status == "WAITING_FOR_APPROVAL"
+    assert sink.count() == 0
+    assert "approval.invalidated" in types(run)
+    fresh = Approval.objects.filter(run=run, status="pending").get()
+    assert fresh.id != approval.id and fresh.request_hash != approval.request_hash
+
+
+def test_a_stale_hash_changes_nothing_and_an_expired_approval_cannot_be_decided(load_agent, submit, sink, operator):
+    batch_agent(load_agent, sink)
+    run = submit()
+    run_drive(run_id=run.id)
+    approval = Approval.objects.get(run=run)
+    with pytest.raises(ApprovalStale):
+        approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash[::-1])
+    assert Approval.objects.get(id=approval.id).status == "pending" and reload(run).status == "WAITING_FOR_APPROVAL"
+    with connection.cursor() as cur:
+        cur.execute("UPDATE approvals SET expires_at = now() - interval '1 second' WHERE id = %s", [approval.id])
+    with pytest.raises(ApprovalExpired):
+        approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash)
+    assert Approval.objects.get(id=approval.id).status == "pending"
+
+
+def test_a_run_that_keeps_asking_for_denied_calls_fails_repeated_denial(load_agent, submit):
+    load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "nope"}}]}], policy={"default": "deny"},
+               limits={"max_steps": 10})
+    run = submit()
+    run_drive(run_id=run.id)
+    row = reload(run)
+    assert row.status == "FAILED" and row.failure["reason"] == "repeated_denial"
+    assert row.step_count == 3
