@@ -1,46 +1,155 @@
-"""The approval console: pending approvals first; decisions go through the
-approval service with the hash the page displayed."""
+"""The approval console in the Django admin.
+
+Pending approvals first, newest first. Approve and reject are admin actions
+with a confirmation page and buttons on the change page; both post the
+request hash the page displayed, and both go through the one approval
+service — so an operator approves exactly what was shown, and a user
+without `approvals.resolve_approval` changes nothing, whatever they post.
+"""
+import json
+
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.timesince import timesince, timeuntil
 
 from runs.admin import TenantScoped
+from runs.clock import CLOCK
 
 from .errors import ApprovalError
 from .models import Approval
 from .services import approval_decide, can_resolve
 
 
+class PendingFirst(admin.SimpleListFilter):
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):
+        return [("pending", "pending"), ("all", "all")] + [(s, s) for s, _ in Approval.STATUSES if s != "pending"]
+
+    def choices(self, changelist):
+        value = self.value() or "pending"
+        for lookup, title in self.lookup_choices:
+            yield {"selected": value == lookup, "query_string": changelist.get_query_string({self.parameter_name: lookup}), "display": title}
+
+    def queryset(self, request, queryset):
+        value = self.value() or "pending"
+        return queryset if value == "all" else queryset.filter(status=value)
+
+
 @admin.register(Approval)
 class ApprovalAdmin(TenantScoped):
-    list_display = ("id", "kind", "tool", "status", "run_link", "created_at", "expires_at")
-    list_filter = ("status", "kind")
+    list_display = ("created_at", "tool", "kind", "side_effect", "arguments_short", "run_link", "step", "waiting", "expires", "status")
+    list_filter = (PendingFirst, "kind")
     ordering = ("-created_at",)
-    readonly_fields = [f.name for f in Approval._meta.fields]
+    readonly_fields = ("id", "kind", "status", "tool", "side_effect", "arguments_pretty", "notice", "run_link", "step",
+                       "request_hash", "waiting", "expires", "decided_by", "decided_at", "decided_via", "reason", "capability")
+    fields = readonly_fields
     actions = ["approve_selected", "reject_selected"]
+    change_form_template = "admin/approvals/approval/change_form.html"
 
+    # -- columns ---------------------------------------------------------
     @admin.display(description="tool")
     def tool(self, obj):
         return (obj.presentation or {}).get("tool", "")
 
+    @admin.display(description="side effect")
+    def side_effect(self, obj):
+        return (obj.presentation or {}).get("side_effect", "")
+
+    @admin.display(description="notice")
+    def notice(self, obj):
+        return (obj.presentation or {}).get("notice", "")
+
+    @admin.display(description="arguments")
+    def arguments_short(self, obj):
+        text = json.dumps((obj.presentation or {}).get("arguments"), ensure_ascii=False)
+        return text if len(text) <= 80 else text[:77] + "..."
+
+    @admin.display(description="arguments")
+    def arguments_pretty(self, obj):
+        return format_html("<pre>{}</pre>", json.dumps((obj.presentation or {}).get("arguments"), indent=2, sort_keys=True, ensure_ascii=False))
+
     @admin.display(description="run")
     def run_link(self, obj):
-        return format_html('<a href="/admin/runs/run/{}/change/">{}</a>', obj.run_id, obj.run_id)
+        return format_html('<a href="{}">{}</a> · <a href="/runs/{}/">live</a>',
+                           reverse("admin:runs_run_change", args=[obj.run_id]), str(obj.run_id)[:8], obj.run_id)
 
+    @admin.display(description="step")
+    def step(self, obj):
+        return obj.invocation.step_number if obj.invocation_id else ""
+
+    @admin.display(description="waiting")
+    def waiting(self, obj):
+        return timesince(obj.created_at, CLOCK.now()) if obj.status == "pending" else ""
+
+    @admin.display(description="expires in")
+    def expires(self, obj):
+        if obj.status != "pending" or not obj.expires_at:
+            return ""
+        return timeuntil(obj.expires_at, CLOCK.now()) if obj.expires_at > CLOCK.now() else "expired"
+
+    # -- permissions -----------------------------------------------------
     def has_resolve_permission(self, request):
         return can_resolve(request.user)
 
-    def _decide(self, request, queryset, approve):
-        for approval in queryset:
-            try:
-                approval_decide(user=request.user, approval_id=approval.id, approve=approve,
-                                request_hash=approval.request_hash, via="admin")
-            except ApprovalError as exc:
-                self.message_user(request, f"{approval.id}: {exc.message}", messages.WARNING)
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff and (
+            request.user.has_perm("approvals.view_approval") or request.user.has_perm("approvals.resolve_approval"))
+
+    # -- decisions ---------------------------------------------------------
+    def _decide(self, request, approval_id, approve, shown_hash, reason):
+        try:
+            approval_decide(user=request.user, approval_id=approval_id, approve=approve, request_hash=shown_hash, reason=reason, via="admin")
+        except ApprovalError as exc:
+            self.message_user(request, f"{approval_id}: {exc.message}", messages.ERROR)
+            return False
+        self.message_user(request, f"{approval_id}: {'approved' if approve else 'rejected'}", messages.SUCCESS)
+        return True
+
+    def _confirm(self, request, queryset, approve):
+        if request.POST.get("confirm") == "yes":
+            reason = request.POST.get("reason", "")
+            for approval in queryset:
+                self._decide(request, approval.id, approve, request.POST.get(f"hash_{approval.id}", ""), reason)
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Approve tool calls" if approve else "Reject tool calls",
+            "approvals": [{"obj": a, "pretty": json.dumps((a.presentation or {}).get("arguments"), indent=2, sort_keys=True, ensure_ascii=False)}
+                          for a in queryset],
+            "approve": approve,
+            "action": "approve_selected" if approve else "reject_selected",
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/approvals/approval/decide_confirm.html", context)
 
     @admin.action(description="Approve selected (runs the call)", permissions=["resolve"])
     def approve_selected(self, request, queryset):
-        self._decide(request, queryset, True)
+        return self._confirm(request, queryset, True)
 
     @admin.action(description="Reject selected", permissions=["resolve"])
     def reject_selected(self, request, queryset):
-        self._decide(request, queryset, False)
+        return self._confirm(request, queryset, False)
+
+    def get_urls(self):
+        return [path("<path:object_id>/decide/", self.admin_site.admin_view(self.decide_view), name="approvals_approval_decide")] + super().get_urls()
+
+    def decide_view(self, request, object_id):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        obj = self.get_object(request, object_id)
+        if obj is None:
+            raise Http404("no such approval")
+        if not can_resolve(request.user):
+            raise PermissionDenied
+        self._decide(request, obj.id, request.POST.get("decision") == "approve", request.POST.get("request_hash", ""), request.POST.get("reason", ""))
+        return HttpResponseRedirect(reverse("admin:approvals_approval_change", args=[obj.id]))
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = {**(extra_context or {}), "can_resolve": can_resolve(request.user)}
+        return super().change_view(request, object_id, form_url, extra_context)

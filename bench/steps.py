@@ -437,15 +437,24 @@ def _kind(text: str) -> str:
     return "other"
 
 
+_NO_TABLE = re.compile(r"^\s*(SELECT 1\s*;?$|SELECT set_config\(|SELECT pg_backend_pid\(\)|SET |SHOW )", re.I)
+
+
 def classify(stmts: list, exclude_pids: set) -> dict:
     """Split statements into transactions per backend; a transaction is `djq` when
-    every statement in it touches only django-q2's tables, else `runtime`."""
-    out = {c: {"statements": 0, "txns": 0, "write_txns": 0, "reads": 0, "writes": 0} for c in ("runtime", "djq")}
+    every statement in it touches only django-q2's tables, `other` when it touches
+    no table (Django's CONN_HEALTH_CHECKS `SELECT 1`, set_config), else `runtime`."""
+    out = {c: {"statements": 0, "txns": 0, "write_txns": 0, "reads": 0, "writes": 0} for c in ("runtime", "djq", "other")}
     open_txn: dict = {}
 
     def close(pid, items):
         body = [(k, t) for k, t in items if k not in ("begin", "commit", "rollback")]
-        cat = "djq" if body and all("django_q_" in t for _, t in body) else "runtime"
+        if body and all("django_q_" in t for _, t in body):
+            cat = "djq"
+        elif all(_NO_TABLE.match(t) for _, t in body):
+            cat = "other"
+        else:
+            cat = "runtime"
         o = out[cat]
         o["statements"] += len(items)
         o["txns"] += 1
@@ -552,9 +561,11 @@ def trace_pass(args, url: str, tenant, agents: dict, log_path: Path) -> dict:
         "runtime_per_step_average": average,
         "runtime_per_run_fixed": per_run_fixed,
         "djq_side_big_batch": b["djq"],
+        "no_table_big_batch": b["other"],
         "sample_step_statements": sample,
         "note": "runtime = transactions that touch agentrt tables (worker + heartbeat backends; the bench's own submits excluded); "
-                "djq = transactions on django-q2 tables only (pusher polling, result saves). statements include BEGIN/COMMIT.",
+                "djq = transactions on django-q2 tables only (pusher polling, result saves); "
+                "no_table = SELECT 1 health checks and set_config. statements include BEGIN/COMMIT.",
     }
 
 

@@ -8,6 +8,7 @@ from django.db import close_old_connections
 
 from runs.clock import CLOCK
 
+from .sweeps.expiry import sweep_expiry
 from .sweeps.prune import sweep_prune
 from .sweeps.reclaim import sweep_reclaim
 
@@ -18,6 +19,7 @@ def cadences() -> list[tuple[str, float, callable]]:
     lease = float(settings.AGENTRT_LEASE_SECONDS)
     return [
         ("reclaim", lease / 6, sweep_reclaim),
+        ("expiry", min(5.0, lease / 3), sweep_expiry),
         ("prune", 300.0, sweep_prune),
     ]
 
@@ -36,7 +38,7 @@ def run_forever(stop=lambda: False) -> None:
                 try:
                     close_old_connections()
                     result = fn()
-                    if result.get("resumed") or result.get("requeued_doorbells") or result.get("deleted"):
+                    if any(v for k, v in result.items() if k not in ("at", "skipped", "expired", "runs", "outcomes")):
                         log.info("sweep %s: %s", name, result)
                 except Exception:
                     log.exception("sweep %s failed", name)

@@ -20,6 +20,13 @@ class TenantScoped(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        from django.http import Http404
+
+        if self.get_object(request, object_id) is None:  # another tenant's row is 404, not a redirect
+            raise Http404("not found")
+        return super().change_view(request, object_id, form_url, extra_context)
+
     def has_delete_permission(self, request, obj=None):
         return False
 

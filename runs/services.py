@@ -203,6 +203,14 @@ def run_submit(
     except IntegrityError as exc:
         text = str(exc)
         if "one_active_run_per_session" in text or "runs.session_id" in text:
+            active = Run.objects.filter(session_id=session, status="WAITING_FOR_USER").first() if session else None
+            if active is not None:
+                # Text sent to a session whose run waits for the user is its input.
+                from .inputs import run_input
+
+                routed = run_input(run=active, text=input)
+                routed.routed = True
+                return routed, False
             raise ActiveRunExists("the session already has an active run", fields={"session": ["has an active run"]}) from None
         if "run_idempotency_key_unique" in text or "idempotency_key" in text:
             existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()

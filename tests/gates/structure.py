@@ -340,6 +340,7 @@ WRITERS: dict[str, frozenset[str]] = {
     "runs/resume.py": frozenset({"lease_owner", "lease_epoch", "lease_expires_at"}),  # take_over
     "runs/lifecycle.py": frozenset({"status"}),  # cancel of queued / waiting runs
     "approvals/services.py": frozenset({"status"}),  # WAITING_* → QUEUED
+    "runs/inputs.py": frozenset({"status"}),  # WAITING_FOR_USER → QUEUED (the input service)
 }
 RUN_MODEL_NAMES = frozenset({"Run", "runs"})
 # Receivers whose `.status` is another table's column, not the run's.

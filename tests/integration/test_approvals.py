@@ -136,3 +136,69 @@ def test_a_run_that_keeps_asking_for_denied_calls_fails_repeated_denial(load_age
     row = reload(run)
     assert row.status == "FAILED" and row.failure["reason"] == "repeated_denial"
     assert row.step_count == 3
+
+
+def test_the_reaper_expires_approvals_and_fails_the_run(load_agent, submit, sink):
+    from maintenance.sweeps.expiry import sweep_expiry
+
+    batch_agent(load_agent, sink)
+    run = submit()
+    run_drive(run_id=run.id)
+    approval = Approval.objects.get(run=run)
+    assert sweep_expiry()["approval_expired"] == 0
+    with connection.cursor() as cur:
+        cur.execute("UPDATE approvals SET expires_at = now() - interval '1 second' WHERE id = %s", [approval.id])
+    assert sweep_expiry()["approval_expired"] == 1
+    row = reload(run)
+    assert row.status == "FAILED" and row.failure["reason"] == "approval_expired"
+    assert Approval.objects.get(id=approval.id).status == "expired"
+    assert sink.count() == 0
+
+
+def test_a_waiting_run_past_its_deadline_fails_deadline_exceeded(load_agent, submit, sink):
+    from maintenance.sweeps.expiry import sweep_expiry
+
+    batch_agent(load_agent, sink)
+    run = submit()
+    run_drive(run_id=run.id)
+    with connection.cursor() as cur:
+        cur.execute("UPDATE runs SET deadline_at = now() - interval '1 second' WHERE id = %s", [run.id])
+    assert sweep_expiry()["deadline_exceeded"] == 1
+    assert reload(run).failure["reason"] == "deadline_exceeded"
+    assert Approval.objects.get(run=run).status == "cancelled"
+
+
+def test_cancelling_a_waiting_run_ends_it_and_calls_nothing(load_agent, submit, sink):
+    from runs.lifecycle import run_cancel
+
+    batch_agent(load_agent, sink)
+    run = submit()
+    run_drive(run_id=run.id)
+    assert run_cancel(run=reload(run)) == "CANCELLED"
+    assert reload(run).status == "CANCELLED" and Approval.objects.get(run=run).status == "cancelled"
+    assert run_drive(run_id=run.id) is None and sink.count() == 0
+
+
+def test_ask_user_waits_for_input_and_text_to_the_session_is_routed_to_it(load_agent, submit, tenant):
+    from runs.inputs import RunNotWaitingForUser, run_input
+    from runs.services import run_submit
+
+    load_agent(turns=[{"tool_calls": [{"name": "ask_user", "arguments": {"question": "Which region?"}}]}, {"text": "deploying"}],
+               tools=("ask_user",))
+    run = submit()
+    run_drive(run_id=run.id)
+    row = reload(run)
+    assert row.status == "WAITING_FOR_USER" and row.lease_owner is None
+    waiting = Event.objects.get(run=run, type="run.waiting_for_user")
+    assert waiting.payload["question"] == "Which region?"
+    routed, created = run_submit(tenant=tenant, agent="bot", input="eu-west", session=row.session_id)
+    assert not created and routed.id == run.id and getattr(routed, "routed", False)
+    assert reload(run).status == "QUEUED"
+    with pytest.raises(RunNotWaitingForUser):
+        run_input(run=reload(run), text="again")
+    run_drive(run_id=run.id)
+    row = reload(run)
+    assert row.status == "COMPLETED" and row.final_message == "deploying"
+    answer = ToolInvocation.objects.get(run=run)
+    assert answer.status == "completed" and answer.result == {"answer": "eu-west"}
+    assert Event.objects.get(run=run, type="run.input_received").payload["text"] == "eu-west"

@@ -1,0 +1,1003 @@
+"""Seeded chaos soak against real processes (RELIABILITY §3–4).
+
+    python -m tests.chaos.soak --runs N --workers W --seed S [--database-url URL] [--duration-cap SECONDS]
+
+What it does
+------------
+1. Drops and creates its own PostgreSQL database (default `agentrt_chaos` on
+   the server of $DATABASE_URL), migrates it with `manage.py migrate`, and
+   sets Django up in this process against it (for seeding, observing the
+   database and deciding approvals through `approvals.services.approval_decide`).
+2. Creates a tenant, an operator holding `approvals.resolve_approval`, and
+   one scripted agent per run (seeded: 3–6 tool steps mixing read-only
+   `echo` / `http_get` calls with 1–3 `http_post` side effects to the sink,
+   `delay_ms` on every turn so faults can land mid-step).
+3. Starts the effect sink (`tests/sink.py`, in its own process, logging every
+   POST with its Idempotency-Key and X-Agentrt-Attempt), K = ceil(W/2)
+   `manage.py qcluster` processes (AGENTRT_WORKERS=2, AGENTRT_LEASE_SECONDS=2,
+   fault points enabled) and one `run_maintenance` process.
+4. Submits the runs (at most `--max-inflight` unfinished at a time) and
+   injects faults until every run is terminal or the cap is reached:
+   - planned faults: each run may carry a plan (`kill@after_watermark`, …).
+     The cluster runs with `tool.before_watermark`, `tool.after_watermark`
+     and `tool.after_execute` set to `pause`, so every run stops at each of
+     these points once (DESIGN §16); the soak then applies that run's plan at
+     that exact point (SIGKILL, SIGSTOP for U(L, 3L), or an operator cancel)
+     or releases it at once. `kill@after_result` is driven from the database
+     instead: the soak watches the run until its first side-effect result is
+     committed and kills its worker during the next (delayed) model call.
+   - random faults (seeded RNG): every U(--kill-every) seconds SIGKILL a
+     random busy worker; every U(--stop-every) seconds SIGSTOP one for
+     U(L, 3L) seconds; `--cancel-rate` of the runs get an operator cancel at
+     a random moment.
+   - the operator: every interrupted_side_effect approval is approved
+     (probability --approve-rate) or rejected, after U(0.1, 1) s; some are
+     first tried with a wrong hash, some are decided twice (both must be
+     refused).
+5. Stops everything, snapshots the database and runs the pure checker
+   (`tests/chaos/checker.py`) over the snapshot, the sink log and the fault
+   log; writes report.json / report.md (and `--report PATH`); exit status 1
+   when an invariant is violated, 3 when `--require-windows` is given and a
+   window got no kill.
+
+How a fault's window is determined ("freeze, classify, act")
+------------------------------------------------------------
+A worker is never killed blind. The soak first SIGSTOPs it, waits until
+/proc shows it stopped (state T) and 80 ms more (so a COMMIT already on the
+wire settles), then reads from the database which RUNNING run has a
+`lease_owner` naming that pid (`host:pid:nonce`, runs/executor.py
+`worker_identity`) and that run's side-effect invocations. While the process
+is stopped nothing it does can change them, so the window is exact:
+an `executing` invocation (watermark committed, no result) →
+`watermark_to_result`; else an `authorized` one (watermark not written yet)
+→ `before_watermark`; else a side-effect result already recorded →
+`after_result`; else `no_effect`. Only then is the worker SIGKILLed (kill),
+left stopped for U(L, 3L) s and SIGCONTed (stop), or — when it turns out to
+hold no lease — SIGCONTed and logged as `aborted`. This also keeps the soak
+from killing an idle django-q2 worker: an idle worker blocks in
+`task_queue.get()` holding the queue's read lock, and killing it there would
+wedge its whole cluster (see the report's notes).
+
+Seeding: agents, plans, approval decisions, cancel choices, fault intervals,
+victim picks and stop lengths come from `random.Random` seeded with --seed
+(per run / per approval where possible), so the *plan* is reproducible; what
+each fault hits still depends on timing, which is why every fault is
+classified from the database, not assumed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parents[2]
+LEASE = 2.0
+POINTS = ("tool.before_watermark", "tool.after_watermark", "tool.after_execute")
+PLANS = {
+    "kill@before_watermark": ("tool.before_watermark", "kill"),
+    "kill@after_watermark": ("tool.after_watermark", "kill"),
+    "kill@after_execute": ("tool.after_execute", "kill"),
+    "kill@after_result": (None, "kill"),
+    "stop@before_watermark": ("tool.before_watermark", "stop"),
+    "stop@after_watermark": ("tool.after_watermark", "stop"),
+    "stop@after_execute": ("tool.after_execute", "stop"),
+    "cancel@before_watermark": ("tool.before_watermark", "cancel"),
+    "cancel@after_watermark": ("tool.after_watermark", "cancel"),
+}
+PLAN_NAMES = list(PLANS)
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+SINK_SCRIPT = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from tests.sink import Sink
+s = Sink(Path(sys.argv[1]))
+print(s.port, flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[soak {datetime.now().strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def parse_range(text: str) -> tuple[float, float] | None:
+    if text in ("", "off", "0"):
+        return None
+    a, _, b = text.partition(",")
+    return float(a), float(b or a)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m tests.chaos.soak", description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, required=True)
+    p.add_argument("--workers", type=int, default=4, help="worker processes in total (2 per qcluster)")
+    p.add_argument("--clusters", type=int, default=None, help="qcluster processes (default ceil(workers/2))")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--database-url", default=None, help="default: agentrt_chaos on $DATABASE_URL's server")
+    p.add_argument("--duration-cap", type=float, default=1800.0, help="seconds after the first submit")
+    p.add_argument("--max-inflight", type=int, default=None, help="unfinished runs at a time (default 2 x workers)")
+    p.add_argument("--planned-fraction", type=float, default=0.5,
+                   help="share of runs with a planned fault; >= 1 cycles through every plan (CI)")
+    p.add_argument("--kill-every", default="3,10", help="random SIGKILL every U(a,b) s ('off' to disable)")
+    p.add_argument("--stop-every", default="20,60", help="random SIGSTOP every U(a,b) s ('off' to disable)")
+    p.add_argument("--cancel-rate", type=float, default=0.1, help="share of the runs without a plan cancelled at a random moment")
+    p.add_argument("--approve-rate", type=float, default=0.7)
+    p.add_argument("--no-faults", action="store_true", help="baseline: no fault points, no kills, stops or cancels")
+    p.add_argument("--out", default=None, help="artifact folder (default artifacts/chaos/seed-S-<time>)")
+    p.add_argument("--report", default=None, help="also write the markdown report here")
+    p.add_argument("--require-windows", action="store_true", help="exit 3 unless kills landed in every window")
+    return p.parse_args(argv)
+
+
+def default_db_url(arg: str | None) -> str:
+    if arg:
+        return arg
+    env = os.environ.get("DATABASE_URL", "")
+    if env.startswith(("postgres://", "postgresql://")):
+        return urlunsplit(urlsplit(env)._replace(path="/agentrt_chaos"))
+    return "postgres://postgres@127.0.0.1:5432/agentrt_chaos"
+
+
+def recreate_database(url: str) -> None:
+    import psycopg
+
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    if not name or '"' in name:
+        raise SystemExit(f"bad database name in {url!r}")
+    server = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(server, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+# -- processes -------------------------------------------------------------------
+
+class Proc:
+    """A child process in its own session (so its whole group can be signalled)."""
+
+    def __init__(self, name: str, argv: list[str], env: dict, log_path: Path):
+        self.name = name
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid = self.proc.pid
+
+    def group(self, sig) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.group(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.group(signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.log.close()
+
+
+def proc_table() -> dict[int, tuple[int, str]]:
+    """pid -> (ppid, state) for every process, from /proc/<pid>/stat."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        rest = data.rpartition(")")[2].split()
+        if len(rest) >= 2:
+            out[int(name)] = (int(rest[1]), rest[0])
+    return out
+
+
+def descendants(root: int, table: dict[int, tuple[int, str]]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, stack = set(), [root]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            if c not in out:
+                out.add(c)
+                stack.append(c)
+    return out
+
+
+def proc_state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+# -- the agents --------------------------------------------------------------------
+
+def agent_definition(index: int, rng: random.Random, host: str, plan: str) -> tuple[dict, int]:
+    """A seeded scripted agent: 3–6 tool steps, 1–3 http_post side effects
+    among echo / http_get calls, then a final text turn. Returns it and the
+    number of side-effect calls it makes."""
+    steps = rng.randint(3, 6)
+    posts = [rng.randint(1, steps) for _ in range(rng.randint(1, 3))]
+    if plan != "none":
+        posts[0] = rng.randint(1, min(2, steps))  # the planned point comes early
+    first_post = min(posts)
+    turns = []
+    for s in range(1, steps + 1):
+        calls = []
+        for k in range(posts.count(s)):
+            calls.append({"name": "http_post", "arguments": {"url": f"http://{host}/effect", "json": {"run": index, "step": s, "n": k}}})
+        for k in range(rng.randint(0 if calls else 1, 2)):
+            if rng.random() < 0.5:
+                calls.append({"name": "echo", "arguments": {"text": f"run {index} step {s} look {k}"}})
+            else:
+                calls.append({"name": "http_get", "arguments": {"url": f"http://{host}/get/{index}/{s}/{k}"}})
+        rng.shuffle(calls)
+        turns.append({"tool_calls": calls, "delay_ms": rng.randint(50, 250)})
+    turns.append({"text": f"run {index} done", "delay_ms": rng.randint(50, 250)})
+    if plan == "kill@after_result":
+        turns[first_post]["delay_ms"] = 700  # the model call after the first result: the after-result window
+    definition = {
+        "name": f"chaos-{index:04d}",
+        "instructions": "chaos soak agent",
+        "model": {"provider": "scripted", "turns": turns},
+        "tools": ["echo", "http_get", "http_post"],
+        "policy": {"default": "allow"},
+    }
+    return definition, len(posts)
+
+
+class RunSpec:
+    def __init__(self, index: int, plan: str, agent: str, posts: int, cancel_after: float | None):
+        self.index = index
+        self.plan = plan
+        self.agent = agent
+        self.posts = posts
+        self.cancel_after = cancel_after
+        self.run_id: str | None = None
+        self.submitted_at: float | None = None
+        self.planned_done = False
+        self.approvals_seen = 0
+
+
+# -- the soak ------------------------------------------------------------------------
+
+class Soak:
+    def __init__(self, args):
+        self.args = args
+        self.seed = args.seed
+        self.rng = random.Random(f"{args.seed}:chaos")
+        self.db_url = default_db_url(args.database_url)
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.out = Path(args.out) if args.out else ROOT / "artifacts" / "chaos" / f"seed-{args.seed}-{stamp}"
+        self.workers = max(1, args.workers)
+        self.n_clusters = args.clusters or math.ceil(self.workers / 2)
+        self.max_inflight = args.max_inflight or 2 * self.workers
+        self.kill_every = None if args.no_faults else parse_range(args.kill_every)
+        self.stop_every = None if args.no_faults else parse_range(args.stop_every)
+        self.fault_dir = self.out / "faultpoints"
+        self.clusters: list[Proc] = []
+        self.maintenance: Proc | None = None
+        self.sink: subprocess.Popen | None = None
+        self.sink_host = ""
+        self.specs: list[RunSpec] = []
+        self.by_run: dict[str, RunSpec] = {}
+        self.pid_cluster: dict[int, int] = {}
+        self.stopped: dict[int, dict] = {}  # pid -> {"cont_at", "fault"}
+        self.handled_markers: set[str] = set()
+        self.pending_cancels: list[dict] = []
+        self.pending_decisions: dict[str, dict] = {}
+        self.faults: list[dict] = []
+        self.decisions: list[dict] = []
+        self.statuses: dict[str, str] = {}
+        self.t_first_submit: float | None = None
+
+    # -- setup ---------------------------------------------------------------------
+    def env(self, **extra) -> dict:
+        env = dict(os.environ)
+        env.update({
+            "DATABASE_URL": self.db_url,
+            "AGENTRT_LEASE_SECONDS": str(LEASE),
+            "AGENTRT_HTTP_TOOL_ALLOWED_HOSTS": self.sink_host,
+            "AGENTRT_ENABLE_FAULTPOINTS": "0" if self.args.no_faults else "1",
+            "AGENTRT_FAULTPOINTS": "" if self.args.no_faults else ",".join(f"{p}=pause" for p in POINTS),
+            "AGENTRT_FAULTPOINT_DIR": str(self.fault_dir),
+            "AGENTRT_LOG_LEVEL": "WARNING",
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.pop("AGENTRT_RECONCILER", None)
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def setup_database(self) -> None:
+        log(f"database {self.db_url}: drop, create, migrate")
+        recreate_database(self.db_url)
+        env = dict(os.environ, DATABASE_URL=self.db_url)
+        with open(self.out / "migrate.log", "wb") as fh:
+            subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, check=True)
+        os.environ["DATABASE_URL"] = self.db_url
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
+        for key in ("AGENTRT_LEASE_SECONDS", "AGENTRT_ENABLE_FAULTPOINTS", "AGENTRT_FAULTPOINTS", "AGENTRT_RECONCILER"):
+            os.environ.pop(key, None)  # this process only seeds, observes and decides
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        import django
+
+        django.setup()
+
+    def start_sink(self) -> None:
+        log_path = self.out / "sink.jsonl"
+        self.sink_log = open(self.out / "sink.stderr", "wb")
+        self.sink = subprocess.Popen([sys.executable, "-c", SINK_SCRIPT, str(log_path), str(ROOT)], stdout=subprocess.PIPE,
+                                     stderr=self.sink_log, start_new_session=True)
+        port = int(self.sink.stdout.readline().decode().strip())
+        self.sink_host = f"127.0.0.1:{port}"
+        log(f"sink on {self.sink_host}")
+
+    def seed_tenant(self) -> None:
+        from django.contrib.auth.models import Permission
+
+        from runs.services import agent_load, tenant_create
+
+        self.tenant, _ = tenant_create(name="chaos", username="chaos-dev")
+        _, op = tenant_create(name="chaos", username="chaos-operator")
+        op.user_permissions.add(Permission.objects.get(codename="resolve_approval"))
+        self.operator = type(op).objects.get(pk=op.pk)
+        plans = self.assign_plans()
+        for i in range(self.args.runs):
+            rng = random.Random(f"{self.seed}:agent:{i}")
+            definition, posts = agent_definition(i, rng, self.sink_host, plans[i])
+            agent_load(tenant=self.tenant, definition=definition)
+            crng = random.Random(f"{self.seed}:cancel:{i}")
+            # random cancels only for runs without a planned fault, so that every plan lands
+            cancel_after = (crng.uniform(0.2, 4.0) if (not self.args.no_faults and plans[i] == "none" and crng.random() < self.args.cancel_rate)
+                            else None)
+            spec = RunSpec(i, plans[i], definition["name"], posts, cancel_after)
+            self.specs.append(spec)
+        log(f"{len(self.specs)} agents; plans {dict(Counter(s.plan for s in self.specs))}")
+
+    def assign_plans(self) -> list[str]:
+        n = self.args.runs
+        if self.args.no_faults:
+            return ["none"] * n
+        rng = random.Random(f"{self.seed}:plans")
+        if self.args.planned_fraction >= 1:
+            order = PLAN_NAMES[:]
+            rng.shuffle(order)
+            return [order[i % len(order)] for i in range(n)]
+        return [rng.choice(PLAN_NAMES) if rng.random() < self.args.planned_fraction else "none" for _ in range(n)]
+
+    def start_processes(self) -> None:
+        self.fault_dir.mkdir(parents=True, exist_ok=True)
+        left = self.workers
+        for k in range(self.n_clusters):
+            w = 2 if k < self.n_clusters - 1 else max(1, left)
+            left -= w
+            self.clusters.append(Proc(f"qcluster-{k}", [sys.executable, "manage.py", "qcluster"], self.env(AGENTRT_WORKERS=w),
+                                      self.out / f"qcluster-{k}.log"))
+        self.maintenance = Proc("maintenance", [sys.executable, "manage.py", "run_maintenance"], self.env(), self.out / "maintenance.log")
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            self.refresh_workers()
+            if len(self.pid_cluster) >= self.workers:
+                break
+            time.sleep(0.2)
+        log(f"{self.n_clusters} qcluster(s), {self.workers} workers, maintenance {self.maintenance.pid}")
+
+    # -- processes ----------------------------------------------------------------
+    def refresh_workers(self) -> None:
+        table = proc_table()
+        pids = {}
+        for k, c in enumerate(self.clusters):
+            for pid in descendants(c.pid, table):
+                pids[pid] = k
+        self.pid_cluster = pids
+        self._workers_at = time.time()
+
+    def freeze(self, pid: int) -> float | None:
+        """SIGSTOP and wait until the process is stopped; None if it is gone."""
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return None
+        t = time.time()
+        deadline = t + 2
+        while time.time() < deadline:
+            st = proc_state(pid)
+            if st is None or st in ("Z", "X"):
+                return None
+            if st in ("T", "t"):
+                break
+            time.sleep(0.005)
+        time.sleep(0.08)  # a COMMIT already sent settles on the server
+        return t
+
+    def cont(self, pid: int) -> None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+    def classify(self, pid: int) -> list[dict]:
+        """The runs whose lease names `pid` and the window each one is in."""
+        from django.db import connection
+
+        held = []
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT id, lease_epoch, lease_expires_at < now() FROM runs WHERE status = 'RUNNING' AND lease_owner LIKE %s",
+                [f"%:{pid}:%"],
+            )
+            rows = cur.fetchall()
+            for run_id, epoch, expired in rows:
+                cur.execute(
+                    "SELECT id, status, attempt, result IS NOT NULL FROM tool_invocations WHERE run_id = %s AND NOT read_only"
+                    " ORDER BY step_number, call_index",
+                    [run_id],
+                )
+                invs = cur.fetchall()
+                window, inv, attempt = "no_effect", None, None
+                executing = [r for r in invs if r[1] == "executing"]
+                authorized = [r for r in invs if r[1] == "authorized"]
+                done = [r for r in invs if r[3]]
+                if executing:
+                    window, inv, attempt = "watermark_to_result", executing[0][0], executing[0][2]
+                elif authorized:
+                    window, inv, attempt = "before_watermark", authorized[0][0], authorized[0][2]
+                elif done:
+                    window, inv, attempt = "after_result", done[-1][0], done[-1][2]
+                spec = self.by_run.get(str(run_id))
+                held.append({"run": str(run_id), "run_index": spec.index if spec else None, "epoch": epoch, "lease_expired": bool(expired),
+                             "window": window, "invocation": str(inv) if inv else None, "attempt": attempt})
+        return held
+
+    def record(self, fault: dict) -> dict:
+        fault["id"] = len(self.faults) + 1
+        self.faults.append(fault)
+        return fault
+
+    def inject(self, pid: int, kind: str, source: str, plan: str | None = None, point: str | None = None, require_lease: bool = True) -> dict | None:
+        """Freeze, classify, act (see the module docstring)."""
+        if pid in self.stopped:
+            if kind == "stop":
+                return None
+            entry = self.stopped.pop(pid)  # killed while stopped: it never ran again
+            entry["fault"]["t_cont"] = time.time()
+            entry["fault"]["killed_while_stopped"] = True
+            t_freeze = entry["fault"]["t_freeze"]
+        else:
+            t_freeze = self.freeze(pid)
+            if t_freeze is None:
+                return None
+        held = self.classify(pid)
+        base = {"source": source, "plan": plan, "point": point, "pid": pid, "cluster": self.pid_cluster.get(pid),
+                "t_freeze": t_freeze, "at": iso(t_freeze), "held": held}
+        if require_lease and not held:
+            self.cont(pid)
+            self.record({**base, "kind": "aborted", "wanted": kind})
+            return None
+        if kind == "kill":
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return self.record({**base, "kind": "kill", "t": time.time()})
+        duration = self.rng.uniform(LEASE, 3 * LEASE)
+        fault = self.record({**base, "kind": "stop", "t": t_freeze, "duration": round(duration, 3), "t_cont": t_freeze + duration})
+        self.stopped[pid] = {"cont_at": t_freeze + duration, "fault": fault}
+        return fault
+
+    # -- the loop's jobs ----------------------------------------------------------
+    def submit_more(self, inflight: int) -> None:
+        from runs.services import run_submit
+
+        for spec in self.specs:
+            if inflight >= self.max_inflight:
+                return
+            if spec.run_id is not None:
+                continue
+            run, _ = run_submit(tenant=self.tenant, agent=spec.agent, input=f"chaos run {spec.index}")
+            spec.run_id = str(run.id)
+            spec.submitted_at = time.time()
+            self.t_first_submit = self.t_first_submit or spec.submitted_at
+            self.by_run[spec.run_id] = spec
+            self.statuses[spec.run_id] = "QUEUED"
+            inflight += 1
+
+    def poll_statuses(self) -> None:
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute("SELECT id, status FROM runs")
+            self.statuses = {str(i): s for i, s in cur.fetchall()}
+
+    def handle_markers(self) -> None:
+        try:
+            names = os.listdir(self.fault_dir)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if not name.endswith(".paused") or name in self.handled_markers:
+                continue
+            self.handled_markers.add(name)
+            base = name[: -len(".paused")]
+            point, _, run_id = base.rpartition(".")
+            go = self.fault_dir / f"{base}.go"
+            try:
+                pid = int((self.fault_dir / base).read_text() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            spec = self.by_run.get(run_id)
+            plan = spec.plan if spec else "none"
+            want_point, action = PLANS.get(plan, (None, None))
+            if spec is None or spec.planned_done or want_point != point or not pid:
+                go.touch()
+                continue
+            spec.planned_done = True
+            if action == "cancel":
+                self.planned_cancel(spec, go, pid, point)
+                continue
+            fault = self.inject(pid, action, "planned", plan=plan, point=point, require_lease=False)
+            go.touch()  # a stopped worker goes on at SIGCONT; a killed one never reads it
+            if fault is None:
+                self.record({"kind": "missed", "plan": plan, "point": point, "pid": pid, "run": run_id, "t": time.time()})
+
+    def planned_cancel(self, spec: RunSpec, go: Path, pid: int, point: str) -> None:
+        from runs.lifecycle import run_cancel
+        from runs.models import Run
+
+        run = Run.objects.get(id=spec.run_id)
+        seen = run.lease_expires_at
+        try:
+            after = run_cancel(run=run, by="chaos")
+        except Exception as exc:  # the run ended meanwhile
+            after = type(exc).__name__
+        self.record({"kind": "cancel", "source": "planned", "plan": spec.plan, "point": point, "pid": pid, "run": spec.run_id,
+                     "t": time.time(), "at": iso(time.time()), "status_after": after})
+        # release once a heartbeat has read the cancel (the token is set), as tests/fault does
+        self.pending_cancels.append({"run": spec.run_id, "go": go, "seen": seen, "deadline": time.time() + 3 * LEASE})
+
+    def release_cancels(self) -> None:
+        from runs.models import Run
+
+        keep = []
+        for item in self.pending_cancels:
+            now_exp = Run.objects.filter(id=item["run"]).values_list("lease_expires_at", flat=True).first()
+            if now_exp != item["seen"] or time.time() > item["deadline"]:
+                item["go"].touch()
+            else:
+                keep.append(item)
+        self.pending_cancels = keep
+
+    def watch_after_result(self) -> None:
+        """`kill@after_result`: kill the worker once the run's first side-effect
+        result is committed and nothing else is in flight."""
+        from django.db import connection
+
+        waiting = [s.run_id for s in self.specs if s.plan == "kill@after_result" and s.run_id and not s.planned_done
+                   and self.statuses.get(s.run_id) in ("RUNNING", "QUEUED")]
+        if not waiting:
+            return
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT r.id, r.lease_owner FROM runs r WHERE r.id = ANY(%s::uuid[]) AND r.status = 'RUNNING' AND r.lease_owner IS NOT NULL"
+                " AND r.lease_expires_at > now()"
+                " AND EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = r.id AND NOT t.read_only AND t.result IS NOT NULL)"
+                " AND NOT EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = r.id AND NOT t.read_only AND t.status IN ('authorized', 'executing'))",
+                [waiting],
+            )
+            rows = cur.fetchall()
+        for run_id, owner in rows:
+            try:
+                pid = int(owner.split(":")[1])
+            except (IndexError, ValueError):
+                continue
+            if pid not in self.pid_cluster:
+                continue
+            spec = self.by_run[str(run_id)]
+            spec.planned_done = True
+            if self.inject(pid, "kill", "planned", plan=spec.plan) is None:
+                spec.planned_done = False  # it moved on; try again
+
+    def busy_workers(self) -> list[int]:
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute("SELECT lease_owner FROM runs WHERE status = 'RUNNING' AND lease_owner IS NOT NULL AND lease_expires_at > now()")
+            owners = [r[0] for r in cur.fetchall()]
+        pids = set()
+        for owner in owners:
+            try:
+                pid = int(owner.split(":")[1])
+            except (IndexError, ValueError):
+                continue
+            if pid in self.pid_cluster and pid not in self.stopped:
+                pids.add(pid)
+        return sorted(pids)
+
+    def random_fault(self, kind: str) -> None:
+        pids = self.busy_workers()
+        if not pids:
+            return
+        self.inject(self.rng.choice(pids), kind, "random")
+
+    def release_stopped(self, force: bool = False) -> None:
+        now = time.time()
+        for pid, entry in list(self.stopped.items()):
+            if force or now >= entry["cont_at"]:
+                self.cont(pid)
+                entry["fault"]["t_cont"] = now
+                del self.stopped[pid]
+
+    def random_cancels(self) -> None:
+        from runs.lifecycle import run_cancel
+        from runs.models import Run
+
+        now = time.time()
+        for spec in self.specs:
+            if spec.cancel_after is None or spec.run_id is None or now < spec.submitted_at + spec.cancel_after:
+                continue
+            spec.cancel_after = None
+            if self.statuses.get(spec.run_id) in TERMINAL:
+                continue
+            try:
+                after = run_cancel(run=Run.objects.get(id=spec.run_id), by="chaos")
+            except Exception as exc:
+                after = type(exc).__name__
+            self.record({"kind": "cancel", "source": "random", "run": spec.run_id, "t": now, "at": iso(now), "status_after": after})
+
+    def operate(self) -> None:
+        """The operator: decide every pending approval of a waiting run."""
+        from approvals.models import Approval
+
+        now = time.time()
+        pending = Approval.objects.filter(status="pending", run__status="WAITING_FOR_APPROVAL").values("id", "run_id", "request_hash", "kind")
+        for a in pending:
+            aid = str(a["id"])
+            if aid in self.pending_decisions:
+                continue
+            spec = self.by_run.get(str(a["run_id"]))
+            k = spec.approvals_seen if spec else 0
+            if spec:
+                spec.approvals_seen += 1
+            rng = random.Random(f"{self.seed}:approval:{spec.index if spec else aid}:{k}")
+            self.pending_decisions[aid] = {
+                "approval": aid, "run": str(a["run_id"]), "hash": a["request_hash"], "kind": a["kind"],
+                "at": now + rng.uniform(0.1, 1.0), "approve": rng.random() < self.args.approve_rate,
+                "wrong_hash_first": rng.random() < 0.1, "twice": rng.random() < 0.2, "done": False,
+            }
+        for item in self.pending_decisions.values():
+            if item["done"] or now < item["at"]:
+                continue
+            item["done"] = True
+            if item["wrong_hash_first"]:
+                self.decide(item, item["approve"], "0" * 64, expect="refused", why="wrong-hash")
+            self.decide(item, item["approve"], item["hash"], expect="ok", why="decision")
+            if item["twice"]:
+                self.decide(item, not item["approve"], item["hash"], expect="refused", why="second")
+
+    def decide(self, item: dict, approve: bool, digest: str, *, expect: str, why: str) -> None:
+        from approvals.services import approval_decide
+
+        entry = {"approval": item["approval"], "run": item["run"], "kind": item["kind"], "decision": "approve" if approve else "reject",
+                 "expect": expect, "why": why, "t": time.time()}
+        try:
+            approval_decide(user=self.operator, approval_id=item["approval"], approve=approve, request_hash=digest, reason=f"chaos {why}", via="api")
+            entry["ok"] = True
+        except Exception as exc:
+            entry["ok"] = False
+            entry["error"] = getattr(exc, "code", type(exc).__name__)
+        self.decisions.append(entry)
+
+    # -- run -------------------------------------------------------------------------
+    def run(self) -> int:
+        self.out.mkdir(parents=True, exist_ok=True)
+        log(f"artifacts in {self.out}")
+        self.setup_database()
+        try:
+            self.start_sink()
+            self.seed_tenant()
+            self.start_processes()
+            self.t_start = time.time()
+            self.loop()
+        except BaseException:
+            traceback.print_exc()
+            self.release_stopped(force=True)
+            self.shutdown()
+            raise
+        self.shutdown()
+        return self.finish()
+
+    def loop(self) -> None:
+        a = self.args
+        next_kill = time.time() + self.rng.uniform(*self.kill_every) if self.kill_every else None
+        next_stop = time.time() + self.rng.uniform(*self.stop_every) if self.stop_every else None
+        last_status = last_ops = last_print = 0.0
+        cap_at = None
+        while True:
+            now = time.time()
+            if now - self._workers_at > 1.0:
+                self.refresh_workers()
+            if now - last_status > 0.25:
+                self.poll_statuses()
+                last_status = now
+            submitted = [s for s in self.specs if s.run_id]
+            unfinished = sum(1 for s in submitted if self.statuses.get(s.run_id) not in TERMINAL)
+            if len(submitted) < len(self.specs):
+                self.submit_more(unfinished)
+                cap_at = cap_at or (self.t_first_submit + a.duration_cap)
+            if not a.no_faults:
+                self.handle_markers()
+                self.release_cancels()
+                self.watch_after_result()
+                self.random_cancels()
+                if next_kill and now >= next_kill:
+                    self.random_fault("kill")
+                    next_kill = now + self.rng.uniform(*self.kill_every)
+                if next_stop and now >= next_stop:
+                    self.random_fault("stop")
+                    next_stop = now + self.rng.uniform(*self.stop_every)
+                self.release_stopped()
+            if now - last_ops > 0.2:
+                self.operate()
+                last_ops = now
+            if now - last_print > 10:
+                last_print = now
+                counts = Counter(self.statuses.get(s.run_id, "-") for s in submitted)
+                kinds = Counter(f["kind"] for f in self.faults)
+                log(f"t={now - self.t_start:5.0f}s submitted {len(submitted)}/{len(self.specs)} {dict(counts)} faults {dict(kinds)} "
+                    f"decisions {sum(1 for d in self.decisions if d.get('ok'))}")
+            if len(submitted) == len(self.specs) and unfinished == 0 and not self.stopped:
+                log("every run is terminal")
+                break
+            if cap_at and now > cap_at:
+                log(f"duration cap of {a.duration_cap}s reached with {unfinished} unfinished runs")
+                break
+            time.sleep(0.02)
+        self.t_end = time.time()
+
+    def shutdown(self) -> None:
+        self.release_stopped(force=True)
+        for name in os.listdir(self.fault_dir) if self.fault_dir.exists() else []:
+            if name.endswith(".paused"):
+                (self.fault_dir / (name[: -len(".paused")] + ".go")).touch()
+        time.sleep(1.5)  # let released zombies record run.fenced
+        for p in self.clusters + ([self.maintenance] if self.maintenance else []):
+            p.stop()
+        if self.sink is not None and self.sink.poll() is None:
+            self.sink.terminate()
+            try:
+                self.sink.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.sink.kill()
+
+    # -- the snapshot and the report -------------------------------------------------
+    def snapshot(self) -> dict:
+        from django.db import connection
+
+        def val(x):
+            if isinstance(x, datetime):
+                return x.timestamp()
+            if hasattr(x, "hex") and type(x).__name__ == "UUID":
+                return str(x)
+            return x
+
+        def js(x):
+            return json.loads(x) if isinstance(x, str) else x
+
+        def rows(sql, names, json_cols=()):
+            with connection.cursor() as cur:
+                cur.execute(sql)
+                out = []
+                for row in cur.fetchall():
+                    d = {n: val(v) for n, v in zip(names, row)}
+                    for c in json_cols:
+                        d[c] = js(d[c])
+                    out.append(d)
+                return out
+
+        with connection.cursor() as cur:
+            cur.execute("SET statement_timeout = 0")
+        runs = rows("SELECT id, status, session_id, lease_owner, lease_epoch, lease_expires_at, lease_expirations, attempts, failure,"
+                    " cancel_requested_at, created_at, updated_at FROM runs",
+                    ["id", "status", "session_id", "lease_owner", "lease_epoch", "lease_expires_at", "lease_expirations", "attempts",
+                     "failure", "cancel_requested_at", "created_at", "updated_at"], ["failure"])
+        for r in runs:
+            spec = self.by_run.get(r["id"])
+            if spec:
+                r.update(index=spec.index, plan=spec.plan, agent=spec.agent, posts=spec.posts, submitted_at=spec.submitted_at)
+        return {
+            "runs": runs,
+            "sessions": rows("SELECT id, event_seq FROM sessions", ["id", "event_seq"]),
+            "events": rows("SELECT session_id, sequence, run_id, type, payload, lease_epoch, occurred_at FROM events",
+                           ["session_id", "sequence", "run_id", "type", "payload", "lease_epoch", "occurred_at"], ["payload"]),
+            "invocations": rows("SELECT id, run_id, step_number, call_index, tool_name, read_only, status, effect_sent_at, attempt,"
+                                " result IS NOT NULL, idempotency_key, lease_epoch, suspended_kind FROM tool_invocations",
+                                ["id", "run_id", "step_number", "call_index", "tool_name", "read_only", "status", "effect_sent_at",
+                                 "attempt", "has_result", "idempotency_key", "lease_epoch", "suspended_kind"]),
+            "model_calls": rows("SELECT run_id, step_number, attempt_number, status, lease_epoch FROM model_calls",
+                                ["run_id", "step_number", "attempt_number", "status", "lease_epoch"]),
+            "checkpoints": rows("SELECT run_id, version, \"trigger\", lease_epoch FROM checkpoints", ["run_id", "version", "trigger", "lease_epoch"]),
+            "approvals": [
+                {**a, "attempt": (a.pop("presentation") or {}).get("attempt")}
+                for a in rows("SELECT id, run_id, invocation_id, kind, status, decided_at, decided_via, presentation, created_at FROM approvals",
+                              ["id", "run_id", "invocation_id", "kind", "status", "decided_at", "decided_via", "presentation", "created_at"],
+                              ["presentation"])
+            ],
+            "meta": {
+                "runs_submitted": sum(1 for s in self.specs if s.run_id), "runs_planned": len(self.specs), "seed": self.seed,
+                "t_first_submit": self.t_first_submit, "t_end": getattr(self, "t_end", None), "lease_seconds": LEASE,
+            },
+        }
+
+    def finish(self) -> int:
+        from tests.chaos.checker import check
+
+        snap = self.snapshot()
+        sink = [json.loads(line) for line in (self.out / "sink.jsonl").read_text().splitlines() if line.strip()] if (self.out / "sink.jsonl").exists() else []
+        (self.out / "snapshot.json").write_text(json.dumps(snap, default=str))
+        with open(self.out / "faults.jsonl", "w") as fh:
+            for f in self.faults:
+                fh.write(json.dumps(f, default=str) + "\n")
+        with open(self.out / "decisions.jsonl", "w") as fh:
+            for d in self.decisions:
+                fh.write(json.dumps(d, default=str) + "\n")
+        report = check(snap, sink, self.faults, self.decisions)
+        report["config"] = {
+            "command": "python -m tests.chaos.soak " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("soak.py") else None,
+            "runs": self.args.runs, "seed": self.seed, "workers": self.workers, "clusters": self.n_clusters,
+            "lease_seconds": LEASE, "max_inflight": self.max_inflight, "planned_fraction": self.args.planned_fraction,
+            "kill_every": self.kill_every, "stop_every": self.stop_every, "cancel_rate": self.args.cancel_rate,
+            "approve_rate": self.args.approve_rate, "no_faults": self.args.no_faults, "database": self.db_url,
+            "duration_cap": self.args.duration_cap, "wall_s": round(self.t_end - self.t_start, 1), "artifacts": str(self.out),
+            "plans": dict(Counter(s.plan for s in self.specs)),
+        }
+        report["planned"] = self.planned_summary()
+        report["logs"] = self.log_summary()
+        (self.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+        md = render_markdown(report)
+        (self.out / "report.md").write_text(md)
+        if self.args.report:
+            Path(self.args.report).write_text(md)
+        log(f"report: {self.out / 'report.md'}")
+        print(md)
+        if report["violations"]:
+            return 1
+        if self.args.require_windows and not all(report["kill_windows_hit"].values()):
+            return 3
+        return 0
+
+    def planned_summary(self) -> dict:
+        landed = Counter()
+        for f in self.faults:
+            if f.get("source") == "planned" and f["kind"] in ("kill", "stop", "cancel"):
+                landed[f["plan"]] += 1
+        wanted = Counter(s.plan for s in self.specs if s.plan != "none" and s.run_id)
+        return {plan: {"runs": wanted[plan], "landed": landed[plan]} for plan in sorted(wanted)}
+
+    def log_summary(self) -> dict:
+        out = {}
+        for p in self.clusters + ([self.maintenance] if self.maintenance else []):
+            try:
+                text = p.log_path.read_text(errors="replace")
+            except OSError:
+                continue
+            lines = text.splitlines()
+            out[p.name] = {
+                "tracebacks": sum(1 for line in lines if line.startswith("Traceback")),
+                "errors": sum(1 for line in lines if " ERROR " in line or " CRITICAL " in line),
+                "unhandled_run_errors": sum(1 for line in lines if "unhandled error" in line),
+                "reincarnated": sum(1 for line in lines if "reincarnated" in line),
+            }
+        return out
+
+
+def render_markdown(r: dict) -> str:
+    c = r["config"]
+    f = r["faults"]
+    i8 = r["i8"]
+    lat = r["takeover_latency_s"]
+    lines = [
+        "# Chaos soak report",
+        "",
+        f"- command: `{c.get('command') or 'python -m tests.chaos.soak --runs %s --workers %s --seed %s' % (c['runs'], c['workers'], c['seed'])}`",
+        f"- N = {c['runs']} runs, seed {c['seed']}, {c['workers']} workers in {c['clusters']} qcluster(s) + 1 run_maintenance, "
+        f"lease {c['lease_seconds']} s, max in flight {c['max_inflight']}, wall {c['wall_s']} s",
+        f"- random kills every U{tuple(c['kill_every']) if c['kill_every'] else 'off'} s, stops every U{tuple(c['stop_every']) if c['stop_every'] else 'off'} s "
+        f"for U(L, 3L); cancel rate {c['cancel_rate']}; approve rate {c['approve_rate']}; planned fraction {c['planned_fraction']}"
+        + (" — **baseline, no faults**" if c["no_faults"] else ""),
+        f"- artifacts: `{c['artifacts']}` (snapshot.json, sink.jsonl, faults.jsonl, decisions.jsonl, process logs; "
+        f"re-check with `python -m tests.chaos.checker <dir>`)",
+        "",
+        f"## Verdict: {'PASS — 0 violations' if not r['violations'] else 'FAIL — %d violation(s)' % len(r['violations'])}",
+        "",
+        "## Faults",
+        "",
+        f"- SIGKILL: {f['kills']}, SIGSTOP: {f['stops']} (planned {f['planned']}, random {f['random']}); "
+        f"operator cancels: {f['cancels']}; freezes aborted (worker held no lease): {f['aborted_freezes']}",
+        "",
+        "| window | kills | stops | total |",
+        "|---|---|---|---|",
+    ]
+    for w in ("before_watermark", "watermark_to_result", "after_result", "no_effect", "idle"):
+        lines.append(f"| {w} | {f['kill_by_window'][w]} | {f['stop_by_window'][w]} | {f['by_window'][w]} |")
+    lines += ["", f"Kills landed in every window: {all(r['kill_windows_hit'].values())} {r['kill_windows_hit']}", ""]
+    if r.get("planned"):
+        lines += ["Planned faults (plan: runs → landed): " + ", ".join(f"{k}: {v['runs']}→{v['landed']}" for k, v in r["planned"].items()), ""]
+    lines += [
+        "## Runs",
+        "",
+        f"- terminal statuses: {r['statuses']}",
+        f"- failure reasons: {r['failure_reasons']}",
+        f"- approvals (kind:status): {r['approvals']['by_kind_status']}",
+        f"- operator decisions accepted: {r['approvals']['decisions_ok']}; wrong-hash / second decisions refused as expected: "
+        f"{r['approvals']['decisions_refused_as_expected']}; decisions that failed unexpectedly: {len(r['approvals']['decisions_failed_unexpectedly'])}",
+        f"- effect sink: {r['sends']}",
+        f"- takeovers: {r['takeovers']}",
+        f"- throughput: {r['throughput']}",
+        f"- per-run latency (submit → terminal, s): {r['run_latency_s']}",
+        f"- takeover latency (worker frozen → `lease.taken_over`, s) after SIGKILL: {lat['kill']}",
+        f"- takeover while a worker was SIGSTOPped (s): {lat['stop_during_stop']}",
+        "",
+        "## I8 — interrupted_side_effect approvals vs faults in the watermark window",
+        "",
+        f"- interrupted_side_effect approvals: **{i8['interrupted_side_effect_approvals']}**",
+        f"- faults that landed in [watermark, result): **{i8['faults_in_watermark_window']}** "
+        f"(SIGKILL {i8['faults_in_watermark_window_kill']}, SIGSTOP {i8['faults_in_watermark_window_stop']})",
+        f"- equal: **{i8['equal']}**; of those faults, {i8['expected_parks']} should have parked and {i8['matched']} did",
+        f"- faults in the window that legitimately did not park: {len(i8['faults_without_park_explained'])}",
+    ]
+    for item in i8["faults_without_park_explained"][:20]:
+        lines.append(f"  - fault {item['fault']} ({item['kind']}), run {item['run'][:8]}: {item['why']}")
+    lines.append(f"- faults in the window that did not park, unexplained: {len(i8['faults_without_park_unexplained'])}")
+    for item in i8["faults_without_park_unexplained"][:20]:
+        lines.append(f"  - fault {item['fault']} ({item['kind']}), run {item['run'][:8]}: {item['why']}")
+    lines.append(f"- parks without a fault in the window: {len(i8['parks_without_watermark_fault'])}")
+    for item in i8["parks_without_watermark_fault"][:20]:
+        lines.append(f"  - run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}")
+    lines += ["", "## Violations", ""]
+    if not r["violations"]:
+        lines.append("None (I1–I7 hold; I8 as above).")
+    for x in r["violations"][:200]:
+        lines.append(f"- **{x['invariant']}** run {x.get('run')}: {x['detail']}")
+    lines += ["", "## Process logs", "", f"{r.get('logs')}", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    return Soak(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

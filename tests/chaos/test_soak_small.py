@@ -1,0 +1,125 @@
+"""CI version of the chaos soak: a small, seeded run of the real command
+(`python -m tests.chaos.soak`) against its own database (`<DATABASE_URL's
+name>_chaos_ci`), with real qcluster / run_maintenance processes, an HTTP
+effect sink, SIGKILL / SIGSTOP / cancels and an operator deciding approvals.
+
+Every run carries a planned fault (`--planned-fraction 1` cycles through
+every plan, twice for 18 runs), so faults land in each window —
+before the watermark, between watermark and result, after the result — by
+construction; the test still fails if a window got no kill, rather than pass
+vacuously. Plus a few tests that plant violations in a synthetic snapshot to
+prove the checker can fail.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from tests.chaos.checker import WINDOWS, check
+from tests.chaos.soak import PLAN_NAMES
+from tests.conftest import ROOT
+
+SEED = 20240611
+RUNS = 18
+
+
+def chaos_database_url() -> str:
+    parts = urlsplit(os.environ["DATABASE_URL"])
+    name = parts.path.lstrip("/") or "agentrt"
+    return urlunsplit(parts._replace(path=f"/{name}_chaos_ci"))
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(480)
+def test_seeded_small_soak_holds_every_invariant_and_hits_every_window(tmp_path):
+    out = tmp_path / "soak"
+    cmd = [
+        sys.executable, "-m", "tests.chaos.soak", "--runs", str(RUNS), "--workers", "4", "--seed", str(SEED),
+        "--database-url", chaos_database_url(), "--planned-fraction", "1", "--kill-every", "3,6", "--stop-every", "10,20",
+        "--duration-cap", "240", "--out", str(out), "--require-windows",
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=450)
+    tail = f"\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
+    assert (out / "report.json").exists(), f"the soak wrote no report (exit {proc.returncode}){tail}"
+    report = json.loads((out / "report.json").read_text())
+
+    assert report["violations"] == [], json.dumps(report["violations"][:20], indent=1) + tail
+    assert report["runs"] == RUNS
+    assert sum(report["statuses"].get(s, 0) for s in ("COMPLETED", "FAILED", "CANCELLED")) == RUNS, report["statuses"]
+    for window in WINDOWS:  # never vacuous: a window with no kill fails the test
+        assert report["faults"]["kill_by_window"][window] >= 1, f"no SIGKILL landed in {window}: {report['faults']}"
+    for plan in PLAN_NAMES:
+        assert report["planned"][plan]["landed"] >= 1, f"planned fault {plan} never landed: {report['planned']}"
+    i8 = report["i8"]
+    assert i8["faults_in_watermark_window"] >= 3 and i8["interrupted_side_effect_approvals"] >= 3, i8
+    assert i8["expected_parks"] == i8["matched"], i8
+    assert not i8["faults_without_park_unexplained"], i8
+    assert report["approvals"]["decisions_ok"] >= 3
+    assert report["takeover_latency_s"]["kill"]["max"] <= 2 * 2.0 + 1.5, report["takeover_latency_s"]  # L + S + P with slack
+    assert proc.returncode == 0, f"exit {proc.returncode}{tail}"
+
+
+# -- the oracle can fail: planted violations in a synthetic snapshot ---------------
+
+def _snapshot():
+    run, sess, inv = "r1", "s1", "i1"
+    ev = lambda seq, typ, epoch, **p: {"session_id": sess, "sequence": seq, "run_id": run, "type": typ, "payload": p,  # noqa: E731
+                                       "lease_epoch": epoch, "occurred_at": 100.0 + seq}
+    return {
+        "runs": [{"id": run, "status": "COMPLETED", "session_id": sess, "lease_owner": None, "lease_epoch": 2, "lease_expires_at": None,
+                  "lease_expirations": 1, "attempts": 2, "failure": None, "cancel_requested_at": None, "submitted_at": 100.0}],
+        "sessions": [{"id": sess, "event_seq": 6}],
+        "events": [
+            ev(1, "run.created", 0), ev(2, "run.claimed", 1), ev(3, "tool.call.started", 1),
+            ev(4, "lease.taken_over", 2, previous_epoch=1, lease_epoch=2, via="sweep"), ev(5, "run.requeued", 2, reason="resume"),
+            ev(6, "run.completed", 2),
+        ],
+        "invocations": [{"id": inv, "run_id": run, "step_number": 1, "call_index": 0, "tool_name": "http_post", "read_only": False,
+                         "status": "completed", "effect_sent_at": 101.0, "attempt": 1, "has_result": True, "idempotency_key": "r1:1:call_1_0",
+                         "lease_epoch": 2, "suspended_kind": None}],
+        "model_calls": [{"run_id": run, "step_number": 1, "attempt_number": 1, "status": "completed", "lease_epoch": 1}],
+        "checkpoints": [{"run_id": run, "version": 2, "trigger": "final", "lease_epoch": 2}],
+        "approvals": [],
+        "meta": {"runs_submitted": 1, "t_first_submit": 100.0},
+    }
+
+
+def test_checker_passes_a_clean_history():
+    report = check(_snapshot(), [{"key": "r1:1:call_1_0", "attempt": "1"}], [])
+    assert report["violations"] == []
+
+
+def test_checker_flags_an_unapproved_duplicate_and_a_lost_effect():
+    dup = check(_snapshot(), [{"key": "r1:1:call_1_0", "attempt": "1"}, {"key": "r1:1:call_1_0", "attempt": "2"}], [])
+    assert [v["invariant"] for v in dup["violations"]] == ["I2"]
+    lost = check(_snapshot(), [], [])
+    assert [v["invariant"] for v in lost["violations"]] == ["I2"]
+
+
+def test_checker_flags_stale_epochs_gaps_leases_and_lost_runs():
+    snap = _snapshot()
+    snap["events"].append({**snap["events"][2], "sequence": 8, "type": "tool.call.completed"})  # epoch 1 after epoch 2, and a gap at 7
+    snap["sessions"][0]["event_seq"] = 8
+    snap["checkpoints"].append({"run_id": "r1", "version": 3, "trigger": "x", "lease_epoch": 3})
+    snap["runs"][0].update(status="RUNNING", lease_owner="h:1:x")
+    got = {v["invariant"] for v in check(snap, [{"key": "r1:1:call_1_0", "attempt": "1"}], [])["violations"]}
+    assert {"I1", "I3", "I4"} <= got
+
+
+def test_checker_flags_a_takeover_that_continues_past_an_unknown_effect():
+    snap = _snapshot()
+    snap["events"].insert(4, {"session_id": "s1", "sequence": 5, "run_id": "r1", "type": "step.interrupted", "lease_epoch": 2,
+                              "occurred_at": 104.5, "payload": {"phase": "executing", "read_only": False, "invocation": "i1"}})
+    for i, e in enumerate(snap["events"]):
+        e["sequence"] = i + 1
+    snap["sessions"][0]["event_seq"] = len(snap["events"])
+    fault = {"id": 1, "kind": "kill", "source": "planned", "t_freeze": 102.0,
+             "held": [{"run": "r1", "epoch": 1, "window": "watermark_to_result", "invocation": "i1", "attempt": 1}]}
+    report = check(snap, [{"key": "r1:1:call_1_0", "attempt": "1"}], [fault])
+    assert any(v["invariant"] == "I8" for v in report["violations"])
+    assert report["faults"]["kill_by_window"]["watermark_to_result"] == 1
