@@ -1,4 +1,8 @@
-"""ASGI entry point: HTTP (admin, API, pages) and WebSockets."""
+"""ASGI entry point: HTTP (admin, API, pages) and WebSockets.
+
+WebSocket routes are wrapped in AllowedHostsOriginValidator (a cross-site
+page cannot open a socket with the operator's cookie) and in the session +
+token authentication stack."""
 import os
 
 from django.core.asgi import get_asgi_application
@@ -6,15 +10,15 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-websocket_urlpatterns = []
+from runs.routing import websocket_urlpatterns  # noqa: E402
+from runs.ws_auth import TokenAuthMiddlewareStack  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": AllowedHostsOriginValidator(TokenAuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -4,6 +4,7 @@
 SQLite file in WAL mode with a busy timeout, so `make run` needs nothing but
 Python and make.
 """
+import json
 import os
 from pathlib import Path
 
@@ -39,6 +40,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "rest_framework.authtoken",
+    "drf_spectacular",
     "channels",
     "django_q",
     "runs",
@@ -142,15 +144,53 @@ if os.environ.get("REDIS_URL"):
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# Wake sockets through the channel layer after each commit. Across processes
+# only Redis carries it; without Redis the consumers' poll delivers.
+AGENTRT_NOTIFY_LIVE = os.environ.get("AGENTRT_NOTIFY_LIVE", "1" if os.environ.get("REDIS_URL") else "0") == "1"
 
 # --- DRF ------------------------------------------------------------------
+# The API of DESIGN §16 (runs/api/): strict JSON in, JSON out, one error body.
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["runs.api.parsers.StrictJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "runs.api.errors.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": [],
+    "DEFAULT_THROTTLE_RATES": {
+        scope: os.environ.get(f"AGENTRT_THROTTLE_{scope.upper()}", "600/min")
+        for scope in ("runs_create", "runs_cancel", "runs_resume", "runs_input", "approvals_decide", "agents_create")
+    },
     "STRICT_JSON": True,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "agentrt API",
+    "DESCRIPTION": (
+        "Durable runtime for LLM agent runs (DESIGN §16). Authenticate with `Authorization: Token <key>` "
+        "(`manage.py drf_create_token USER`) or a session. Everything is scoped to your tenant; another "
+        "tenant's object is 404. Errors are `{code, message, fields?, request_id}`. Writes take "
+        "`application/json` only (UTF-8, at most DATA_UPLOAD_MAX_MEMORY_SIZE bytes, nesting ≤ 32, no NaN/Infinity, "
+        "no NUL or lone surrogates, unknown fields refused)."
+    ),
+    "VERSION": "1.0.0",
+    "OAS_VERSION": "3.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": "/api/",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "runs.api.schema.refuse_additional_properties",
+    ],
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "runs.domain.values.RunStatus",
+        "ApprovalStatusEnum": ["pending", "approved", "rejected", "expired", "invalidated", "cancelled"],
+    },
 }
 
 # --- agentrt runtime --------------------------------------------------------
@@ -165,6 +205,9 @@ AGENTRT_ENABLE_FAULTPOINTS = os.environ.get("AGENTRT_ENABLE_FAULTPOINTS", "0") =
 AGENTRT_FAULTPOINTS = os.environ.get("AGENTRT_FAULTPOINTS", "")
 AGENTRT_FAULTPOINT_DIR = os.environ.get("AGENTRT_FAULTPOINT_DIR", str(BASE_DIR / "var" / "faultpoints"))
 AGENTRT_CODE_VERSION = os.environ.get("AGENTRT_CODE_VERSION", "dev")
+# Per-model prices, USD per million tokens, e.g.
+# {"llama3.1:8b": {"input_per_mtok": 0, "output_per_mtok": 0}}; unset = the built-in table.
+AGENTRT_MODEL_PRICES = json.loads(os.environ["AGENTRT_MODEL_PRICES"]) if os.environ.get("AGENTRT_MODEL_PRICES") else None
 AGENTRT_DEFAULT_LIMITS = {
     "max_steps": 32,
     "max_model_calls": 24,

@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.http import HttpResponseRedirect, JsonResponse
-from django.urls import path
+from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
@@ -19,7 +19,9 @@ def demo_hook(request):
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/", include("runs.api.urls")),
     path("healthz", healthz),
     path("demo/hook", demo_hook),
-    path("", lambda request: HttpResponseRedirect("/admin/")),
+    path("", include("runs.urls")),
+    path("", lambda request: HttpResponseRedirect("/runs/")),
 ]

@@ -119,6 +119,13 @@ class AgentDefinition(Strict):
     policy: Policy = Field(default_factory=Policy)
     limits: Limits = Field(default_factory=Limits)
 
+    @model_validator(mode="after")
+    def _priced(self):
+        from .providers.prices import check_model_priced
+
+        check_model_priced(self.model)  # a model with no price is never counted as free
+        return self
+
     @field_validator("tools")
     @classmethod
     def _tools(cls, tools):

@@ -265,7 +265,8 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
                                                     capability=capability, presentation=presentation, expires_at=_expiry(run), created_at=now))
         work.invocation_updates.append(InvocationUpdate(id=inv.id, status="interrupted", suspended_kind=kind, updated_at=now))
         work.events.append(EventWrite("approval.requested", {"approval": str(approval_id), "invocation": str(inv.id), "kind": kind,
-                                                             "tool": inv.tool_name, "request_hash": digest, "step": inv.step_number}, now))
+                                                             "tool": inv.tool_name, "request_hash": digest, "step": inv.step_number,
+                                                             "presentation": presentation}, now))
         approval_ids.append(approval_id)
         inv_ids.append(inv.id)
     state = checkpoint_latest(run.id) or seed_state(run)

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Iterable
 from uuid import UUID
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from .domain.errors import WorkerFenced
@@ -51,6 +52,24 @@ class _Fenced(Exception):
     pass
 
 
+def _notify(run_id, tenant_id) -> None:
+    """Wake live sockets after commit (a hint only: consumers read the table)."""
+    try:
+        from asgiref.sync import async_to_sync
+        from channels.layers import get_channel_layer
+
+        from .consumers import run_group, tenant_group
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        if run_id is not None:
+            async_to_sync(layer.group_send)(run_group(run_id), {"type": "run.wake"})
+        async_to_sync(layer.group_send)(tenant_group(tenant_id), {"type": "run.wake"})
+    except Exception:  # at-most-once by design; the poll delivers anyway
+        pass
+
+
 def append_events(cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, events: Iterable[EventWrite]) -> list[int]:
     """Append events with sequences from the session counter, inside the
     caller's transaction: the counter row lock is held to commit, so commit
@@ -58,6 +77,8 @@ def append_events(cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | N
     events = list(events)
     if not events:
         return []
+    if settings.AGENTRT_NOTIFY_LIVE:
+        transaction.on_commit(lambda: _notify(run_id, tenant_id))
     n = len(events)
     if is_pg():
         rows = [

@@ -70,6 +70,9 @@ def _loop(ctx: RunContext) -> RunOutcome:
         ctx.token.raise_if_cancelled()
         step_number, pending = reopened
         ctx.current_step = step_number
+        if not ctx.pending.is_empty():  # run.resumed lands before any watermark of the batch
+            ctx.store.commit(ctx.pending)
+            ctx.pending = UnitOfWork()
         batch = resume_batch(ctx, step_number, pending)
         work, ctx.pending = ctx.pending, batch.work
         ctx.pending.merge_front(work)

@@ -170,7 +170,8 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
                                              arguments=entry.arguments, kind="policy", at=now)
             work.approval_inserts.append(approval)
             work.event("approval.requested", {"approval": str(approval.id), "invocation": str(entry.invocation_id), "kind": "policy",
-                                              "tool": spec.name, "request_hash": approval.request_hash, "step": step_number}, now)
+                                              "tool": spec.name, "request_hash": approval.request_hash, "step": step_number,
+                                              "presentation": approval.presentation}, now)
         elif stop is not None:
             entry.authorized = False
             entry.result = _error_result("cancelled", "the run was cancelled before this call ran")
@@ -404,7 +405,8 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
                                              arguments=entry.arguments, kind="policy", at=now)
             results.approval_inserts.append(approval)
             results.event("approval.requested", {"approval": str(approval.id), "invocation": str(entry.invocation_id), "kind": "policy",
-                                                 "tool": entry.spec.name, "request_hash": approval.request_hash, "step": step_number}, now)
+                                                 "tool": entry.spec.name, "request_hash": approval.request_hash, "step": step_number,
+                                                 "presentation": approval.presentation}, now)
         return BatchResult(work=results, suspension=Suspension(
             kind=SuspensionKind.APPROVAL, invocation_ids=[e.invocation_id for e, _ in invalidated],
             approval_ids=[a.id for a in results.approval_inserts], details={"reason": "invalidated"}))

@@ -197,6 +197,9 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         if r["status"] in PARKED | TERMINAL and (r["lease_owner"] is not None or r["lease_expires_at"] is not None):
             v.add("I5", f"{r['status']} run holds a lease ({r['lease_owner']})", r["id"])
 
+    for obs in meta.get("observed_waiting_with_lease") or []:  # the soak's live polls
+        v.add("I5", f"observed {obs['status']} holding a lease ({obs['lease_owner']}) during the soak", obs["run"])
+
     # ---- I6 cancellation never abandons an effect -------------------------
     for inv in invs.values():
         r = runs.get(inv["run_id"])

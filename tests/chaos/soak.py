@@ -9,7 +9,7 @@ What it does
    sets Django up in this process against it (for seeding, observing the
    database and deciding approvals through `approvals.services.approval_decide`).
 2. Creates a tenant, an operator holding `approvals.resolve_approval`, and
-   one scripted agent per run (seeded: 3–6 tool steps mixing read-only
+   one scripted agent per run (seeded: 2–7 tool steps mixing read-only
    `echo` / `http_get` calls with 1–3 `http_post` side effects to the sink,
    `delay_ms` on every turn so faults can land mid-step).
 3. Starts the effect sink (`tests/sink.py`, in its own process, logging every
@@ -95,6 +95,8 @@ PLANS = {
     "stop@after_execute": ("tool.after_execute", "stop"),
     "cancel@before_watermark": ("tool.before_watermark", "cancel"),
     "cancel@after_watermark": ("tool.after_watermark", "cancel"),
+    # killed after the watermark; the operator approves the re-run and cancels the run at once (F12 after a park)
+    "approve+cancel@after_watermark": ("tool.after_watermark", "kill"),
 }
 PLAN_NAMES = list(PLANS)
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
@@ -136,6 +138,7 @@ def parse_args(argv):
     p.add_argument("--max-inflight", type=int, default=None, help="unfinished runs at a time (default 2 x workers)")
     p.add_argument("--planned-fraction", type=float, default=0.5,
                    help="share of runs with a planned fault; >= 1 cycles through every plan (CI)")
+    p.add_argument("--plans", default="all", help="comma-separated plan names to draw from (default: all of them)")
     p.add_argument("--kill-every", default="3,10", help="random SIGKILL every U(a,b) s ('off' to disable)")
     p.add_argument("--stop-every", default="20,60", help="random SIGSTOP every U(a,b) s ('off' to disable)")
     p.add_argument("--cancel-rate", type=float, default=0.1, help="share of the runs without a plan cancelled at a random moment")
@@ -144,6 +147,7 @@ def parse_args(argv):
     p.add_argument("--out", default=None, help="artifact folder (default artifacts/chaos/seed-S-<time>)")
     p.add_argument("--report", default=None, help="also write the markdown report here")
     p.add_argument("--require-windows", action="store_true", help="exit 3 unless kills landed in every window")
+    p.add_argument("--baseline", default=None, help="a --no-faults run's report.json: compare throughput with it")
     return p.parse_args(argv)
 
 
@@ -244,10 +248,10 @@ def proc_state(pid: int) -> str | None:
 # -- the agents --------------------------------------------------------------------
 
 def agent_definition(index: int, rng: random.Random, host: str, plan: str) -> tuple[dict, int]:
-    """A seeded scripted agent: 3–6 tool steps, 1–3 http_post side effects
+    """A seeded scripted agent: 2–7 tool steps, 1–3 http_post side effects
     among echo / http_get calls, then a final text turn. Returns it and the
     number of side-effect calls it makes."""
-    steps = rng.randint(3, 6)
+    steps = rng.randint(2, 7)  # tool steps; with the final text turn, 3–8 steps (RELIABILITY §4)
     posts = [rng.randint(1, steps) for _ in range(rng.randint(1, 3))]
     if plan != "none":
         posts[0] = rng.randint(1, min(2, steps))  # the planned point comes early
@@ -321,6 +325,8 @@ class Soak:
         self.decisions: list[dict] = []
         self.statuses: dict[str, str] = {}
         self.t_first_submit: float | None = None
+        self.polls = 0
+        self.waiting_with_lease: list[dict] = []
 
     # -- setup ---------------------------------------------------------------------
     def env(self, **extra) -> dict:
@@ -391,11 +397,15 @@ class Soak:
         if self.args.no_faults:
             return ["none"] * n
         rng = random.Random(f"{self.seed}:plans")
+        names = PLAN_NAMES if self.args.plans == "all" else [p.strip() for p in self.args.plans.split(",") if p.strip()]
+        unknown = [p for p in names if p not in PLANS]
+        if unknown or not names:
+            raise SystemExit(f"unknown plan(s) {unknown}; known: {', '.join(PLAN_NAMES)}")
         if self.args.planned_fraction >= 1:
-            order = PLAN_NAMES[:]
+            order = names[:]
             rng.shuffle(order)
             return [order[i % len(order)] for i in range(n)]
-        return [rng.choice(PLAN_NAMES) if rng.random() < self.args.planned_fraction else "none" for _ in range(n)]
+        return [rng.choice(names) if rng.random() < self.args.planned_fraction else "none" for _ in range(n)]
 
     def start_processes(self) -> None:
         self.fault_dir.mkdir(parents=True, exist_ok=True)
@@ -538,8 +548,13 @@ class Soak:
         from django.db import connection
 
         with connection.cursor() as cur:
-            cur.execute("SELECT id, status FROM runs")
-            self.statuses = {str(i): s for i, s in cur.fetchall()}
+            cur.execute("SELECT id, status, lease_owner, lease_expires_at FROM runs")
+            rows = cur.fetchall()
+        self.statuses = {str(i): s for i, s, _, _ in rows}
+        self.polls += 1
+        for i, s, owner, expires in rows:  # I5 observed live, not only at the end
+            if s.startswith("WAITING") and (owner is not None or expires is not None):
+                self.waiting_with_lease.append({"run": str(i), "status": s, "lease_owner": owner, "t": time.time()})
 
     def handle_markers(self) -> None:
         try:
@@ -571,6 +586,21 @@ class Soak:
             go.touch()  # a stopped worker goes on at SIGCONT; a killed one never reads it
             if fault is None:
                 self.record({"kind": "missed", "plan": plan, "point": point, "pid": pid, "run": run_id, "t": time.time()})
+
+    def clean_markers(self) -> None:
+        """Drop the fault-point files of finished runs (they never execute
+        again), so the folder polled every tick stays small."""
+        try:
+            names = os.listdir(self.fault_dir)
+        except FileNotFoundError:
+            return
+        for name in names:
+            run_id = name.split(".")[2] if name.count(".") >= 2 else ""
+            if self.statuses.get(run_id) in TERMINAL:
+                try:
+                    (self.fault_dir / name).unlink()
+                except FileNotFoundError:
+                    pass
 
     def planned_cancel(self, spec: RunSpec, go: Path, pid: int, point: str) -> None:
         from runs.lifecycle import run_cancel
@@ -694,8 +724,10 @@ class Soak:
             self.pending_decisions[aid] = {
                 "approval": aid, "run": str(a["run_id"]), "hash": a["request_hash"], "kind": a["kind"],
                 "at": now + rng.uniform(0.1, 1.0), "approve": rng.random() < self.args.approve_rate,
-                "wrong_hash_first": rng.random() < 0.1, "twice": rng.random() < 0.2, "done": False,
+                "wrong_hash_first": rng.random() < 0.1, "twice": rng.random() < 0.2, "done": False, "cancel_after": False,
             }
+            if spec and spec.plan == "approve+cancel@after_watermark" and k == 0:
+                self.pending_decisions[aid].update(approve=True, wrong_hash_first=False, twice=False, cancel_after=True)
         for item in self.pending_decisions.values():
             if item["done"] or now < item["at"]:
                 continue
@@ -703,8 +735,21 @@ class Soak:
             if item["wrong_hash_first"]:
                 self.decide(item, item["approve"], "0" * 64, expect="refused", why="wrong-hash")
             self.decide(item, item["approve"], item["hash"], expect="ok", why="decision")
+            if item["cancel_after"]:
+                self.cancel_now(item["run"], plan="approve+cancel@after_watermark", point="after_approval")
             if item["twice"]:
                 self.decide(item, not item["approve"], item["hash"], expect="refused", why="second")
+
+    def cancel_now(self, run_id: str, *, plan: str, point: str) -> None:
+        from runs.lifecycle import run_cancel
+        from runs.models import Run
+
+        try:
+            after = run_cancel(run=Run.objects.get(id=run_id), by="chaos")
+        except Exception as exc:
+            after = type(exc).__name__
+        self.record({"kind": "cancel", "source": "planned", "plan": plan, "point": point, "run": run_id, "t": time.time(),
+                     "at": iso(time.time()), "status_after": after})
 
     def decide(self, item: dict, approve: bool, digest: str, *, expect: str, why: str) -> None:
         from approvals.services import approval_decide
@@ -742,7 +787,7 @@ class Soak:
         a = self.args
         next_kill = time.time() + self.rng.uniform(*self.kill_every) if self.kill_every else None
         next_stop = time.time() + self.rng.uniform(*self.stop_every) if self.stop_every else None
-        last_status = last_ops = last_print = 0.0
+        last_status = last_ops = last_print = last_watch = last_clean = 0.0
         cap_at = None
         while True:
             now = time.time()
@@ -759,7 +804,12 @@ class Soak:
             if not a.no_faults:
                 self.handle_markers()
                 self.release_cancels()
-                self.watch_after_result()
+                if now - last_watch > 0.05:
+                    self.watch_after_result()
+                    last_watch = now
+                if now - last_clean > 5:
+                    self.clean_markers()
+                    last_clean = now
                 self.random_cancels()
                 if next_kill and now >= next_kill:
                     self.random_fault("kill")
@@ -857,6 +907,7 @@ class Soak:
             "meta": {
                 "runs_submitted": sum(1 for s in self.specs if s.run_id), "runs_planned": len(self.specs), "seed": self.seed,
                 "t_first_submit": self.t_first_submit, "t_end": getattr(self, "t_end", None), "lease_seconds": LEASE,
+                "status_polls": self.polls, "observed_waiting_with_lease": self.waiting_with_lease[:100],
             },
         }
 
@@ -883,6 +934,11 @@ class Soak:
             "plans": dict(Counter(s.plan for s in self.specs)),
         }
         report["planned"] = self.planned_summary()
+        if self.args.baseline:
+            base = json.loads(Path(self.args.baseline).read_text())
+            b, t = (base.get("throughput") or {}).get("runs_per_min"), (report.get("throughput") or {}).get("runs_per_min")
+            report["baseline"] = {"report": self.args.baseline, "runs": base.get("runs"), "runs_per_min": b,
+                                  "ratio": round(t / b, 2) if b and t else None, "run_latency_s": base.get("run_latency_s")}
         report["logs"] = self.log_summary()
         (self.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         md = render_markdown(report)
@@ -955,6 +1011,20 @@ def render_markdown(r: dict) -> str:
     if r.get("planned"):
         lines += ["Planned faults (plan: runs → landed): " + ", ".join(f"{k}: {v['runs']}→{v['landed']}" for k, v in r["planned"].items()), ""]
     lines += [
+        "## Method",
+        "",
+        "- Planned faults: the cluster pauses every run once at `tool.before_watermark`, `tool.after_watermark` and "
+        "`tool.after_execute` (fault points, action `pause`); the soak applies the run's plan there (SIGKILL / SIGSTOP / cancel) "
+        "or releases it. `kill@after_result` watches the database for the run's first committed side-effect result and kills "
+        "during the next (700 ms) model call. Random faults: SIGKILL / SIGSTOP of a random worker holding a live lease.",
+        "- Window of every kill/stop (freeze, classify, act): SIGSTOP the worker, wait for /proc state T + 80 ms, read the run "
+        "whose `lease_owner` names its pid and that run's side-effect invocations (frozen, so exact): `executing` → "
+        "watermark_to_result, `authorized` → before_watermark, a result → after_result, none → no_effect; then SIGKILL, "
+        "or SIGCONT after U(L, 3L). A worker found holding no lease is SIGCONTed and counted as aborted (never killed idle: "
+        "an idle django-q2 worker holds the task queue's read lock).",
+        "- I8 pairs each watermark-window fault (invocation, attempt) with the takeover from that epoch (its `step.interrupted` "
+        "events and its decision) and with the `interrupted_side_effect` approval (presentation attempt).",
+        "",
         "## Runs",
         "",
         f"- terminal statuses: {r['statuses']}",
@@ -964,7 +1034,9 @@ def render_markdown(r: dict) -> str:
         f"{r['approvals']['decisions_refused_as_expected']}; decisions that failed unexpectedly: {len(r['approvals']['decisions_failed_unexpectedly'])}",
         f"- effect sink: {r['sends']}",
         f"- takeovers: {r['takeovers']}",
-        f"- throughput: {r['throughput']}",
+        f"- throughput: {r['throughput']}"
+        + (f"; no-fault baseline {r['baseline']['runs_per_min']} runs/min ({r['baseline']['runs']} runs) → ratio **{r['baseline']['ratio']}** "
+           f"(gate ≥ 0.5)" if r.get("baseline") else ""),
         f"- per-run latency (submit → terminal, s): {r['run_latency_s']}",
         f"- takeover latency (worker frozen → `lease.taken_over`, s) after SIGKILL: {lat['kill']}",
         f"- takeover while a worker was SIGSTOPped (s): {lat['stop_during_stop']}",

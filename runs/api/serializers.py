@@ -1,0 +1,284 @@
+"""Request serializers (strict: unknown and server-owned fields are refused,
+strings must be strings, limits are checked by the pydantic model in strict
+mode) and output serializers (their fields document the shapes for the
+OpenAPI schema; the rendering itself is the selectors' REST shapes)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from uuid import UUID
+
+from drf_spectacular.utils import extend_schema_field
+from pydantic import ValidationError as PydanticValidationError
+from rest_framework import serializers
+
+from approvals.models import Approval
+from runs.agent_schema import AgentDefinition, Limits
+from runs.domain.values import RunStatus
+from runs.selectors import event_to_dict, run_to_dict
+
+# Columns the server owns: a client that sends one is told so (never honoured).
+SERVER_OWNED = frozenset({
+    "id", "tenant", "tenant_id", "status", "lease_owner", "lease_epoch", "lease_expires_at", "lease_expirations",
+    "attempts", "request_hash", "idempotency_key", "effect_sent_at", "usage", "step_count", "failure", "result",
+    "final_message", "agent_version", "deadline_at", "cancel_requested_at", "created_at", "updated_at",
+    "decided_by", "decided_at", "decided_via", "priority", "scheduled_for",
+})
+
+
+def pydantic_fields(exc: PydanticValidationError, prefix: str = "") -> dict[str, list[str]]:
+    """A pydantic error as `{"dotted.path": [messages]}` (union tags left out)."""
+    tags = {"ScriptedModel", "OpenAIModel", "scripted", "openai"}
+    fields: dict[str, list[str]] = {}
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in tags))
+        fields.setdefault(prefix + loc if loc else (prefix[:-1] or "(root)"), []).append(err["msg"])
+    return fields
+
+
+def agent_definition_check(data: Any) -> None:
+    """Validate an agent definition in pydantic's strict mode ("10" is not 10)."""
+    if not isinstance(data, Mapping):
+        raise serializers.ValidationError({"(root)": ["the agent definition must be a JSON object"]})
+    try:
+        AgentDefinition.model_validate(dict(data), strict=True)
+    except PydanticValidationError as exc:
+        raise serializers.ValidationError(pydantic_fields(exc)) from None
+
+
+class StrictCharField(serializers.CharField):
+    """A CharField that takes only strings (DRF's also takes numbers) and keeps whitespace."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+@extend_schema_field({"type": "string", "format": "uuid"})
+class StrictUUIDField(serializers.Field):
+    """A UUID given as a string (DRF's UUIDField also takes integers)."""
+
+    default_error_messages = {"invalid": "must be a UUID string"}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        try:
+            return UUID(data)
+        except ValueError:
+            self.fail("invalid")
+
+    def to_representation(self, value):
+        return str(value)
+
+
+@extend_schema_field(Limits)
+class LimitsField(serializers.Field):
+    """Run limits, validated by `runs.agent_schema.Limits` in strict mode."""
+
+    default_error_messages = {"invalid": "must be an object"}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, Mapping):
+            self.fail("invalid")
+        try:
+            return Limits.model_validate(dict(data), strict=True).given()
+        except PydanticValidationError as exc:
+            raise serializers.ValidationError(pydantic_fields(exc)) from None
+
+    def to_representation(self, value):
+        return value
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses keys it does not declare; server-owned ones are named as such."""
+
+    def to_internal_value(self, data):
+        unknown: dict[str, list[str]] = {}
+        if isinstance(data, Mapping):
+            for key in data:
+                field = self.fields.get(key)
+                if field is None or field.read_only:
+                    unknown[key] = ["read-only: set by the server" if key in SERVER_OWNED or key.startswith("lease_") else "unknown field"]
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if unknown and isinstance(exc.detail, dict):
+                raise serializers.ValidationError({**exc.detail, **unknown}) from None
+            raise
+        if unknown:
+            raise serializers.ValidationError(unknown)
+        return value
+
+
+class Empty(StrictSerializer):
+    """No fields: the body may be absent or `{}`."""
+
+
+class RunCreate(StrictSerializer):
+    """A run to submit: the agent's name, the user's input, optionally a session and tighter limits."""
+
+    agent = StrictCharField(max_length=100, help_text="The agent's name.")
+    input = StrictCharField(max_length=100_000, help_text="The user's message.")
+    session = StrictUUIDField(required=False, allow_null=True, help_text="Continue this session (default: a new one).")
+    limits = LimitsField(required=False, allow_null=True, help_text="May only tighten the agent's limits.")
+
+    def validate_input(self, value):
+        if not value.strip():
+            raise serializers.ValidationError("must not be empty")
+        return value
+
+
+class InputText(StrictSerializer):
+    """The user's answer to a run that waits for the user."""
+
+    text = StrictCharField(max_length=100_000, help_text="The answer to the run's question.")
+
+    def validate_text(self, value):
+        if not value.strip():
+            raise serializers.ValidationError("must not be empty")
+        return value
+
+
+class ApprovalDecision(StrictSerializer):
+    """A decision, bound to the request_hash that was shown."""
+
+    request_hash = StrictCharField(max_length=128, help_text="The request_hash that was shown (approve what was shown).")
+    reason = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+# -- outputs (schema documentation; rendered from the selectors) -------------------
+
+class UsageOut(serializers.Serializer):
+    input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    cache_read_input_tokens = serializers.IntegerField()
+    cache_creation_input_tokens = serializers.IntegerField()
+    reasoning_tokens = serializers.IntegerField()
+    cost_usd = serializers.FloatField()
+    model_calls = serializers.IntegerField()
+    tool_calls = serializers.IntegerField()
+    steps = serializers.IntegerField()
+
+
+class FailureOut(serializers.Serializer):
+    reason = serializers.CharField(allow_null=True)
+    error_class = serializers.CharField(allow_null=True)
+    message = serializers.CharField(allow_null=True)
+    step_number = serializers.IntegerField(allow_null=True)
+    attempt_number = serializers.IntegerField(allow_null=True)
+    occurred_at = serializers.CharField(allow_null=True)
+
+
+class RunOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    session = serializers.UUIDField()
+    agent = serializers.CharField(help_text="The agent's name.")
+    agent_version = serializers.CharField()
+    status = serializers.ChoiceField(choices=[s.value for s in RunStatus])
+    failure = FailureOut(allow_null=True)
+    usage = UsageOut()
+    step_count = serializers.IntegerField()
+    final_message = serializers.CharField(allow_null=True)
+    result = serializers.JSONField(allow_null=True, help_text="A reconciler's completed result, else null.")
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+    def to_representation(self, instance):
+        return run_to_dict(instance)
+
+
+class RoutedOut(serializers.Serializer):
+    run = serializers.UUIDField(help_text="The session's run that was waiting for the user.")
+    routed = serializers.ChoiceField(choices=["input"])
+
+
+class EventOut(serializers.Serializer):
+    sequence = serializers.IntegerField()
+    type = serializers.CharField()
+    run = serializers.UUIDField(allow_null=True)
+    payload = serializers.DictField()
+    occurred_at = serializers.DateTimeField()
+
+    def to_representation(self, instance):
+        return event_to_dict(instance)
+
+
+class EventsPageOut(serializers.Serializer):
+    results = EventOut(many=True)
+    next_after = serializers.IntegerField(allow_null=True, help_text="Pass as `after` for the next page; null when there is none.")
+
+
+class ResumeOut(serializers.Serializer):
+    outcome = serializers.CharField(help_text="continue, waiting, completed, failed or fenced.")
+
+
+class AgentVersionOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    agent = serializers.CharField(help_text="The agent's name.")
+    version = serializers.CharField(help_text="SHA-256 of the canonical definition.")
+    policy_version = serializers.CharField()
+    latest = serializers.BooleanField(help_text="Whether new runs of the agent use this version.")
+    definition = serializers.DictField()
+    created_at = serializers.DateTimeField()
+
+    def to_representation(self, av):
+        return {
+            "id": str(av.id),
+            "agent": av.agent.name,
+            "version": av.version,
+            "policy_version": av.policy_version,
+            "latest": av.agent.latest_version == av.version,
+            "definition": av.definition,
+            "created_at": _iso(av.created_at),
+        }
+
+
+class ApprovalOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    run = serializers.UUIDField()
+    invocation = serializers.UUIDField(allow_null=True)
+    kind = serializers.ChoiceField(choices=[k for k, _ in Approval.KINDS])
+    status = serializers.ChoiceField(choices=[s for s, _ in Approval.STATUSES])
+    request_hash = serializers.CharField(help_text="Send it back with the decision.")
+    presentation = serializers.DictField(help_text="What the operator is shown: tool, arguments, side-effect class, notice.")
+    expires_at = serializers.DateTimeField(allow_null=True)
+    decided_by = serializers.CharField(allow_null=True, help_text="Username of the decider.")
+    decided_at = serializers.DateTimeField(allow_null=True)
+    decided_via = serializers.ChoiceField(choices=[s for s, _ in Approval.SURFACES], allow_null=True)
+    reason = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField()
+
+    def to_representation(self, a):
+        return {
+            "id": str(a.id),
+            "run": str(a.run_id),
+            "invocation": str(a.invocation_id) if a.invocation_id else None,
+            "kind": a.kind,
+            "status": a.status,
+            "request_hash": a.request_hash,
+            "presentation": a.presentation,
+            "expires_at": _iso(a.expires_at),
+            "decided_by": a.decided_by.get_username() if a.decided_by_id else None,
+            "decided_at": _iso(a.decided_at),
+            "decided_via": a.decided_via,
+            "reason": a.reason,
+            "created_at": _iso(a.created_at),
+        }
+
+
+class ErrorOut(serializers.Serializer):
+    code = serializers.CharField(help_text="Stable machine-readable code, e.g. invalid, not_found, run_terminal.")
+    message = serializers.CharField()
+    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()), required=False,
+                                   help_text="Field path → messages, when fields are at fault.")
+    request_id = serializers.CharField(help_text="Echoes a sane X-Request-ID, else generated.")
+
+
+def _iso(dt) -> str | None:
+    return dt.isoformat().replace("+00:00", "Z") if dt else None

@@ -1,0 +1,438 @@
+"""The REST API of DESIGN §16. Each view parses, authorizes (tenant scope,
+permission), calls one service and renders the selectors' shapes; status and
+lease columns are written only by the services.
+
+Tenancy: the caller acts in `tenant_of(user)`; every query is scoped to it
+and another tenant's object is 404. A superuser sees every tenant (reads and
+acts on existing objects) but creates only in its own.
+"""
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework import exceptions, generics, status
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from approvals.models import Approval
+from approvals.services import approval_decide, approval_for, can_resolve
+from runs.agent_schema import AgentDefinition
+from runs.domain.values import RunStatus
+from runs.inputs import run_input
+from runs.lifecycle import run_cancel
+from runs.models import AgentVersion, Run
+from runs.resume import run_resume
+from runs.selectors import run_events
+from runs.services import agent_load, run_get, run_submit, tenant_of
+
+from . import serializers as s
+from .errors import REQUEST_ID_HEADER, request_id
+from .throttles import WriteScopedRateThrottle
+
+
+MAX_SEQUENCE = 2**63 - 1
+EVENTS_DEFAULT_LIMIT = 100
+EVENTS_MAX_LIMIT = 500
+
+
+# -- building blocks ---------------------------------------------------------------
+
+class HasTenant(BasePermission):
+    """The caller belongs to a tenant (a superuser may read without one)."""
+
+    message = "you are not a member of any tenant"
+    code = "no_tenant"
+
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        if not (user and user.is_authenticated):
+            return False
+        return caller_tenant(request) is not None or bool(user.is_superuser)
+
+
+def caller_tenant(request):
+    """The caller's tenant, looked up once per request."""
+    django_request = getattr(request, "_request", request)
+    if not hasattr(django_request, "agentrt_tenant"):
+        django_request.agentrt_tenant = tenant_of(request.user)
+    return django_request.agentrt_tenant
+
+
+def acting_tenant(request):
+    """The tenant a create happens in: the caller's own, never another."""
+    tenant = caller_tenant(request)
+    if tenant is None:
+        raise exceptions.PermissionDenied("you are not a member of any tenant; creates happen in your own tenant", code="no_tenant")
+    return tenant
+
+
+def visible_tenant(request):
+    """None (every tenant) for a superuser, else the caller's tenant."""
+    if request.user.is_superuser:
+        return None
+    return acting_tenant(request)
+
+
+class Pagination(PageNumberPagination):
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 200
+
+
+def errors(*codes: int) -> dict[int, OpenApiResponse]:
+    described = {
+        400: "Invalid input (`fields` names the fields), unparseable JSON (`parse_error`) or nesting too deep (`depth_exceeded`).",
+        401: "Not authenticated.",
+        403: "Not a tenant member, CSRF failure for session auth, or missing permission.",
+        404: "No such object in your tenant.",
+        409: "Conflict with the object's state.",
+        413: "Body larger than DATA_UPLOAD_MAX_MEMORY_SIZE.",
+        415: "Writes take application/json only.",
+        429: "Throttled (see Retry-After).",
+    }
+    return {code: OpenApiResponse(s.ErrorOut, description=described.get(code, "")) for code in codes}
+
+
+READ_ERRORS = (401, 403)
+WRITE_ERRORS = (400, 401, 403, 413, 415, 429)
+ID_PARAM = OpenApiParameter("id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+
+
+class ApiView(APIView):
+    # Base of every view: tenant-member permission, X-Request-ID on every answer.
+    # (A comment, not a docstring: the schema would show it on every operation.)
+
+    permission_classes = [IsAuthenticated, HasTenant]
+    throttle_classes = [WriteScopedRateThrottle]
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        response[REQUEST_ID_HEADER] = request_id(request)
+        return response
+
+
+class ApiListView(ApiView, generics.GenericAPIView):
+    pagination_class = Pagination
+
+    def page(self, queryset: QuerySet, serializer_class) -> Response:
+        page = self.paginate_queryset(queryset)
+        return self.get_paginated_response(serializer_class(page, many=True).data)
+
+
+def parse(serializer_class, data: Any) -> dict[str, Any]:
+    serializer = serializer_class(data=data if data is not None else {})
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def query_choice(request, name: str, choices) -> str | None:
+    value = request.query_params.get(name)
+    if value is None:
+        return None
+    if value not in choices:
+        raise exceptions.ValidationError({name: [f"must be one of {', '.join(choices)}"]})
+    return value
+
+
+def query_uuid(request, name: str) -> UUID | None:
+    value = request.query_params.get(name)
+    if value is None:
+        return None
+    try:
+        return UUID(value)
+    except ValueError:
+        raise exceptions.ValidationError({name: ["must be a UUID"]}) from None
+
+
+def query_int(request, name: str, default: int, minimum: int, maximum: int) -> int:
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    if not value.isascii() or not value.isdigit() or len(value) > 19:
+        raise exceptions.ValidationError({name: [f"must be an integer from {minimum} to {maximum}"]})
+    number = int(value)
+    if not minimum <= number <= maximum:
+        raise exceptions.ValidationError({name: [f"must be an integer from {minimum} to {maximum}"]})
+    return number
+
+
+def visible_run(request, run_id: str) -> Run:
+    return run_get(tenant=visible_tenant(request), run_id=run_id)
+
+
+# -- agents -----------------------------------------------------------------------
+
+class AgentListCreate(ApiListView):
+    """List agent versions; create or update an agent."""
+
+    throttle_scope = "agents_create"
+
+    def get_queryset(self):
+        qs = AgentVersion.objects.select_related("agent").order_by("-created_at", "id")
+        tenant = visible_tenant(self.request)
+        if tenant is not None:
+            qs = qs.filter(tenant=tenant)
+        name = self.request.query_params.get("name")
+        if name is not None:
+            qs = qs.filter(agent__name=name)
+        return qs
+
+    @extend_schema(operation_id="agents_list", tags=["agents"], summary="Agent versions of your tenant, newest first",
+                   parameters=[OpenApiParameter("name", str, description="Only this agent's versions.")],
+                   responses={200: s.AgentVersionOut(many=True), **errors(*READ_ERRORS)})
+    def get(self, request):
+        return self.page(self.get_queryset(), s.AgentVersionOut)
+
+    @extend_schema(operation_id="agents_create", tags=["agents"], summary="Create or update an agent (DESIGN §16 definition)",
+                   request=AgentDefinition, responses={201: s.AgentVersionOut, **errors(*WRITE_ERRORS)})
+    def post(self, request):
+        tenant = acting_tenant(request)
+        s.agent_definition_check(request.data)
+        version = agent_load(tenant=tenant, definition=dict(request.data))
+        version = AgentVersion.objects.select_related("agent").get(id=version.id)
+        return Response(s.AgentVersionOut(version).data, status=status.HTTP_201_CREATED)
+
+
+# -- runs -------------------------------------------------------------------------
+
+class RunListCreate(ApiListView):
+    """List runs; submit a run."""
+
+    throttle_scope = "runs_create"
+
+    def get_queryset(self):
+        qs = Run.objects.select_related("agent").order_by("-created_at", "id")
+        tenant = visible_tenant(self.request)
+        if tenant is not None:
+            qs = qs.filter(tenant=tenant)
+        wanted = query_choice(self.request, "status", [st.value for st in RunStatus])
+        if wanted:
+            qs = qs.filter(status=wanted)
+        session = query_uuid(self.request, "session")
+        if session:
+            qs = qs.filter(session_id=session)
+        return qs
+
+    @extend_schema(operation_id="runs_list", tags=["runs"], summary="Runs of your tenant, newest first",
+                   parameters=[OpenApiParameter("status", str, enum=[st.value for st in RunStatus]),
+                               OpenApiParameter("session", OpenApiTypes.UUID)],
+                   responses={200: s.RunOut(many=True), **errors(400, *READ_ERRORS)})
+    def get(self, request):
+        return self.page(self.get_queryset(), s.RunOut)
+
+    @extend_schema(
+        operation_id="runs_create", tags=["runs"], summary="Submit a run",
+        description=("201 with the new run. Replaying the same `Idempotency-Key` with the same body answers 200 with the "
+                     "original run; with another body 409 `idempotency_key_reused`. 409 `session_busy` when the session "
+                     "has another active run, except that text sent to a session whose run waits for the user is routed "
+                     "to that run's input: 202 `{\"run\": id, \"routed\": \"input\"}`."),
+        request=s.RunCreate,
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, description="At most 200 characters.")],
+        responses={201: s.RunOut, 200: OpenApiResponse(s.RunOut, description="Idempotent replay: the original run."),
+                   202: OpenApiResponse(s.RoutedOut, description="Routed to the waiting run's input."),
+                   **errors(*WRITE_ERRORS, 409)},
+    )
+    def post(self, request):
+        tenant = acting_tenant(request)
+        data = parse(s.RunCreate, request.data)
+        run, created = run_submit(
+            tenant=tenant, agent=data["agent"], input=data["input"], session=data.get("session"),
+            limits=data.get("limits"), idempotency_key=request.headers.get("Idempotency-Key"),
+        )
+        if getattr(run, "routed", False):
+            return Response({"run": str(run.id), "routed": "input"}, status=status.HTTP_202_ACCEPTED)
+        run = Run.objects.select_related("agent").get(id=run.id)
+        return Response(s.RunOut(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class RunDetail(ApiView):
+    """One run."""
+
+    @extend_schema(operation_id="runs_retrieve", tags=["runs"], parameters=[ID_PARAM],
+                   responses={200: s.RunOut, **errors(*READ_ERRORS, 404)})
+    def get(self, request, id):
+        return Response(s.RunOut(visible_run(request, id)).data)
+
+
+class RunEvents(ApiView):
+    """The run's events after a cursor (`after` exclusive)."""
+
+    @extend_schema(
+        operation_id="runs_events", tags=["runs"], summary="The run's events after a cursor",
+        parameters=[ID_PARAM,
+                    OpenApiParameter("after", OpenApiTypes.INT, description="Exclusive sequence cursor (default 0)."),
+                    OpenApiParameter("limit", OpenApiTypes.INT, description=f"1–{EVENTS_MAX_LIMIT} (default {EVENTS_DEFAULT_LIMIT}).")],
+        responses={200: s.EventsPageOut, **errors(400, *READ_ERRORS, 404)},
+    )
+    def get(self, request, id):
+        run = visible_run(request, id)
+        after = query_int(request, "after", 0, 0, MAX_SEQUENCE)
+        limit = query_int(request, "limit", EVENTS_DEFAULT_LIMIT, 1, EVENTS_MAX_LIMIT)
+        results, next_after = run_events(run=run, after=after, limit=limit)
+        return Response({"results": results, "next_after": next_after})
+
+
+class RunCancel(ApiView):
+    """Cancel a run."""
+
+    throttle_scope = "runs_cancel"
+
+    @extend_schema(operation_id="runs_cancel", tags=["runs"], summary="Cancel a run",
+                   description="202 with the run: a queued or waiting run ends CANCELLED at once, a running one is asked to "
+                               "stop. A second cancel is 202 again; 409 `run_terminal` on a finished run.",
+                   parameters=[ID_PARAM], request=s.Empty,
+                   responses={202: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)})
+    def post(self, request, id):
+        run = visible_run(request, id)
+        parse(s.Empty, request.data)
+        run_cancel(run=run, by=request.user.get_username())
+        return Response(s.RunOut(run_get(tenant=None, run_id=run.id)).data, status=status.HTTP_202_ACCEPTED)
+
+
+class RunResume(ApiView):
+    """Resume a RUNNING run whose lease expired."""
+
+    throttle_scope = "runs_resume"
+
+    @extend_schema(operation_id="runs_resume", tags=["runs"], summary="Resume a run whose worker died",
+                   description="200 `{\"outcome\": ...}` once taken over; 409 `run_leased` while its lease is live, "
+                               "409 `run_not_running` when it is not RUNNING.",
+                   parameters=[ID_PARAM], request=s.Empty,
+                   responses={200: s.ResumeOut, **errors(*WRITE_ERRORS, 404, 409)})
+    def post(self, request, id):
+        run = visible_run(request, id)
+        parse(s.Empty, request.data)
+        outcome = run_resume(run_id=run.id, via="api")
+        return Response({"outcome": outcome})
+
+
+class RunInput(ApiView):
+    """Answer a run that waits for the user."""
+
+    throttle_scope = "runs_input"
+
+    @extend_schema(operation_id="runs_input", tags=["runs"], summary="Answer a run that waits for the user",
+                   description="202 with the run (back to QUEUED); 409 unless the run is WAITING_FOR_USER.",
+                   parameters=[ID_PARAM], request=s.InputText,
+                   responses={202: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)})
+    def post(self, request, id):
+        run = visible_run(request, id)
+        data = parse(s.InputText, request.data)
+        run_input(run=run, text=data["text"], by=request.user.get_username())
+        return Response(s.RunOut(run_get(tenant=None, run_id=run.id)).data, status=status.HTTP_202_ACCEPTED)
+
+
+# -- approvals --------------------------------------------------------------------
+
+class ApprovalList(ApiListView):
+    """List approvals."""
+
+    def get_queryset(self):
+        qs = Approval.objects.select_related("decided_by").order_by("-created_at", "id")
+        tenant = visible_tenant(self.request)
+        if tenant is not None:
+            qs = qs.filter(tenant_id=tenant.id)
+        wanted = query_choice(self.request, "status", [st for st, _ in Approval.STATUSES])
+        if wanted:
+            qs = qs.filter(status=wanted)
+        run = query_uuid(self.request, "run")
+        if run:
+            qs = qs.filter(run_id=run)
+        return qs
+
+    @extend_schema(operation_id="approvals_list", tags=["approvals"], summary="Approvals of your tenant, newest first",
+                   parameters=[OpenApiParameter("status", str, enum=[st for st, _ in Approval.STATUSES]),
+                               OpenApiParameter("run", OpenApiTypes.UUID)],
+                   responses={200: s.ApprovalOut(many=True), **errors(400, *READ_ERRORS)})
+    def get(self, request):
+        return self.page(self.get_queryset(), s.ApprovalOut)
+
+
+class ApprovalDetail(ApiView):
+    """One approval."""
+
+    @extend_schema(operation_id="approvals_retrieve", tags=["approvals"], parameters=[ID_PARAM],
+                   responses={200: s.ApprovalOut, **errors(*READ_ERRORS, 404)})
+    def get(self, request, id):
+        return Response(s.ApprovalOut(approval_for(user=request.user, approval_id=id)).data)
+
+
+class ApprovalDecide(ApiView):
+    """Approve or reject one approval (through the approval service)."""
+
+    throttle_scope = "approvals_decide"
+    approve = True
+
+    def post(self, request, id):
+        approval_for(user=request.user, approval_id=id)  # 404 before 403: no enumeration
+        if not can_resolve(request.user):
+            raise exceptions.PermissionDenied("you do not have permission to resolve approvals")
+        data = parse(s.ApprovalDecision, request.data)
+        approval = approval_decide(user=request.user, approval_id=id, approve=self.approve,
+                                   request_hash=data["request_hash"], reason=data["reason"], via="api")
+        return Response(s.ApprovalOut(approval).data)
+
+
+DECIDE_DOC = ("Needs `approvals.resolve_approval` (403 otherwise). `request_hash` must be the one shown. "
+              "409 `approval_decided` / `approval_stale` (hash differs) / `approval_expired`.")
+
+
+class ApprovalApprove(ApprovalDecide):
+    """Approve."""
+
+    approve = True
+
+    @extend_schema(operation_id="approvals_approve", tags=["approvals"], summary="Approve", description=DECIDE_DOC,
+                   parameters=[ID_PARAM], request=s.ApprovalDecision,
+                   responses={200: s.ApprovalOut, **errors(*WRITE_ERRORS, 404, 409)})
+    def post(self, request, id):
+        return super().post(request, id)
+
+
+class ApprovalReject(ApprovalDecide):
+    """Reject."""
+
+    approve = False
+
+    @extend_schema(operation_id="approvals_reject", tags=["approvals"], summary="Reject", description=DECIDE_DOC,
+                   parameters=[ID_PARAM], request=s.ApprovalDecision,
+                   responses={200: s.ApprovalOut, **errors(*WRITE_ERRORS, 404, 409)})
+    def post(self, request, id):
+        return super().post(request, id)
+
+
+# -- schema and docs -------------------------------------------------------------------
+
+class JsonErrors:
+    """Errors of the schema and docs pages are the API's JSON error body too."""
+
+    def handle_exception(self, exc):
+        response = super().handle_exception(exc)
+        self.request.accepted_renderer = JSONRenderer()
+        self.request.accepted_media_type = JSONRenderer.media_type
+        return response
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        response[REQUEST_ID_HEADER] = request_id(request)
+        return response
+
+
+class SchemaView(JsonErrors, SpectacularAPIView):
+    """The OpenAPI 3 document (YAML; `?format=json` for JSON)."""
+
+
+class SwaggerView(JsonErrors, SpectacularSwaggerView):
+    """Swagger UI over the schema."""
+
+
+class RedocView(JsonErrors, SpectacularRedocView):
+    """Redoc over the schema."""

@@ -1,0 +1,178 @@
+"""WebSocket consumers (DESIGN §14): the events table is the truth.
+
+`ws/runs/{id}/?after=N` replays the run's events after N from the table, then
+streams new ones in sequence order. One sender loop per socket reads from the
+table past its cursor, so a dropped channel-layer message, or the embedded
+default without Redis, still delivers every event exactly once: the layer
+only wakes the loop early; a short poll is the fallback.
+`ws/runs/` streams the status changes of the caller's tenant.
+"""
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import parse_qs
+from uuid import UUID
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.db import close_old_connections
+
+from .models import Event, Membership, Run
+from .selectors import event_to_dict
+
+POLL_SECONDS = 0.5
+BATCH = 200
+STATUS_EVENTS = (
+    "run.created", "run.claimed", "run.started", "run.resumed", "run.requeued", "run.completed", "run.failed",
+    "run.cancelled", "run.waiting_for_approval", "run.waiting_for_user", "lease.taken_over", "approval.resolved",
+)
+
+
+def run_group(run_id) -> str:
+    return f"run.{UUID(str(run_id)).hex}"
+
+
+def tenant_group(tenant_id) -> str:
+    return f"tenant.{UUID(str(tenant_id)).hex}"
+
+
+@database_sync_to_async
+def _tenant_of(user):
+    if not user or not user.is_authenticated:
+        return None
+    membership = Membership.objects.filter(user=user).first()
+    return membership.tenant_id if membership else None
+
+
+class _Streaming(AsyncJsonWebsocketConsumer):
+    """Shared loop: wake on a group message or every POLL_SECONDS, then read
+    the table past the cursor and send in order."""
+
+    group = ""
+
+    async def start_streaming(self):
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._pump())
+
+    async def disconnect(self, code):
+        task = getattr(self, "_task", None)
+        if task:
+            task.cancel()
+        if self.group and self.channel_layer is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive_json(self, content, **kwargs):
+        """Clients send nothing but an optional ping; anything is ignored."""
+
+    async def run_wake(self, message):
+        self._wake.set()
+
+    async def _pump(self):
+        try:
+            while True:
+                sent = await self.send_new()
+                if sent:
+                    continue  # drain a backlog before sleeping
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
+                except asyncio.TimeoutError:
+                    pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            await self.close(code=1011)
+
+
+class RunEventsConsumer(_Streaming):
+    async def connect(self):
+        user = self.scope.get("user")
+        tenant_id = await _tenant_of(user)
+        run_id = self.scope["url_route"]["kwargs"]["run_id"]
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        try:
+            self.cursor = max(0, int((query.get("after") or ["0"])[0]))
+        except ValueError:
+            self.cursor = -1
+        run = await self._run(run_id, tenant_id, getattr(user, "is_superuser", False))
+        if run is None or self.cursor < 0:
+            await self.close(code=4404 if run is None else 4400)  # before any frame: the handshake is refused
+            return
+        self.run_id = run.id
+        self.group = run_group(run.id)
+        if self.channel_layer is not None:
+            await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self.start_streaming()
+
+    @database_sync_to_async
+    def _run(self, run_id, tenant_id, superuser):
+        if tenant_id is None and not superuser:
+            return None
+        qs = Run.objects.filter(id=run_id)
+        if not superuser:
+            qs = qs.filter(tenant_id=tenant_id)
+        return qs.only("id").first()
+
+    @database_sync_to_async
+    def _fetch(self):
+        close_old_connections()
+        rows = list(Event.objects.filter(run_id=self.run_id, sequence__gt=self.cursor).order_by("sequence")[:BATCH])
+        return [event_to_dict(e) for e in rows]
+
+    async def send_new(self) -> int:
+        events = await self._fetch()
+        for event in events:
+            if event["sequence"] <= self.cursor:
+                continue
+            await self.send_json(event)
+            self.cursor = event["sequence"]
+        return len(events)
+
+
+class RunsConsumer(_Streaming):
+    """Status changes of every run in the caller's tenant."""
+
+    async def connect(self):
+        user = self.scope.get("user")
+        tenant_id = await _tenant_of(user)
+        if tenant_id is None:
+            await self.close(code=4403)
+            return
+        self.tenant_id = tenant_id
+        self.cursor = await self._start_cursor()
+        self.group = tenant_group(tenant_id)
+        if self.channel_layer is not None:
+            await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self.start_streaming()
+
+    @database_sync_to_async
+    def _start_cursor(self):
+        last = Event.objects.filter(tenant_id=self.tenant_id).order_by("-id").values_list("id", flat=True).first()
+        return last or 0
+
+    @database_sync_to_async
+    def _fetch(self):
+        close_old_connections()
+        rows = list(
+            Event.objects.filter(tenant_id=self.tenant_id, id__gt=self.cursor, type__in=STATUS_EVENTS)
+            .select_related("run", "run__agent").order_by("id")[:BATCH]
+        )
+        out = []
+        for e in rows:
+            frame = event_to_dict(e)
+            if e.run is not None:
+                frame["run_status"] = e.run.status
+                frame["agent"] = e.run.agent.name
+                frame["step_count"] = e.run.step_count
+                frame["cost_usd"] = (e.run.usage or {}).get("cost_usd", 0)
+            out.append((e.id, frame))
+        return out
+
+    async def send_new(self) -> int:
+        rows = await self._fetch()
+        for event_id, frame in rows:
+            await self.send_json(frame)
+            self.cursor = event_id
+        return len(rows)

@@ -1,0 +1,8 @@
+from django.urls import path
+
+from .consumers import RunEventsConsumer, RunsConsumer
+
+websocket_urlpatterns = [
+    path("ws/runs/<uuid:run_id>/", RunEventsConsumer.as_asgi()),
+    path("ws/runs/", RunsConsumer.as_asgi()),
+]

@@ -1,0 +1,95 @@
+"""Live pages: adapters that read through selectors and decide through the
+services (the approval service with `via="live"`, the lifecycle service)."""
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from approvals.errors import ApprovalError
+from approvals.models import Approval
+from approvals.services import approval_decide, can_resolve
+
+from .errors import RunError
+from .lifecycle import run_cancel
+from .models import Run
+from .selectors import run_to_dict
+from .services import tenant_of
+
+
+def _runs_for(user):
+    qs = Run.objects.select_related("agent")
+    if user.is_superuser:
+        return qs
+    tenant = tenant_of(user)
+    return qs.filter(tenant=tenant) if tenant else qs.none()
+
+
+def _run_or_404(user, run_id) -> Run:
+    run = _runs_for(user).filter(id=run_id).first()
+    if run is None:
+        raise Http404("no such run")
+    return run
+
+
+@login_required
+def runs_list(request):
+    runs = list(_runs_for(request.user).order_by("-created_at")[:100])
+    waiting = {a["run_id"]: a["kind"] for a in Approval.objects.filter(run__in=runs, status="pending").values("run_id", "kind")}
+    rows = [{**run_to_dict(r), "waiting": waiting.get(r.id, "")} for r in runs]
+    return render(request, "runs/list.html", {"runs": rows})
+
+
+@login_required
+def run_detail(request, run_id):
+    run = _run_or_404(request.user, run_id)
+    pending = list(Approval.objects.filter(run=run, status="pending").values("id", "kind", "request_hash", "presentation", "expires_at"))
+    return render(request, "runs/detail.html", {
+        "run": run_to_dict(run),
+        "run_json": json.dumps(run_to_dict(run)),
+        "pending_json": json.dumps([{**p, "id": str(p["id"]), "expires_at": p["expires_at"].isoformat() if p["expires_at"] else None} for p in pending]),
+        "can_resolve": can_resolve(request.user),
+    })
+
+
+@login_required
+@require_POST
+def run_decide(request, run_id):
+    run = _run_or_404(request.user, run_id)
+    approval = Approval.objects.filter(run=run, id=request.POST.get("approval", "")).first() if _is_uuid(request.POST.get("approval")) else None
+    if approval is None:
+        raise Http404("no such approval")
+    try:
+        approval_decide(user=request.user, approval_id=approval.id, approve=request.POST.get("decision") == "approve",
+                        request_hash=request.POST.get("request_hash", ""), reason=request.POST.get("reason", ""), via="live")
+        messages.success(request, "Decision recorded.")
+    except (ApprovalError, RunError) as exc:
+        messages.error(request, exc.message)
+    return HttpResponseRedirect(reverse("run-detail", args=[run.id]))
+
+
+@login_required
+@require_POST
+def run_cancel_view(request, run_id):
+    run = _run_or_404(request.user, run_id)
+    try:
+        run_cancel(run=run, by=request.user.get_username())
+        messages.success(request, "Cancel requested.")
+    except RunError as exc:
+        messages.error(request, exc.message)
+    return HttpResponseRedirect(reverse("run-detail", args=[run.id]))
+
+
+def _is_uuid(value) -> bool:
+    from uuid import UUID
+
+    try:
+        UUID(str(value))
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,145 @@
+"""The IDOR matrix (RELIABILITY §5): every route under /api/, enumerated from
+the URL resolver, × {anonymous, another tenant, staff without
+approvals.resolve_approval, the owning tenant}. Nothing leaks: another
+tenant's object is 404 and stays unchanged, anonymous is 401, a member
+without the permission cannot decide, lists and filters show only the
+caller's tenant, and a create lands in the caller's own tenant."""
+from __future__ import annotations
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from approvals.models import Approval
+from runs.models import AgentVersion, Event, Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOT_ROUTES = {"not-found"}  # the catch-all that answers 404 for every other path
+DOCS = {"schema", "docs", "redoc"}
+
+
+def api_routes() -> list[tuple[str, str, str]]:
+    """(name, path template, method) for every route mounted under /api/."""
+    found = []
+    for entry in get_resolver().url_patterns:
+        if isinstance(entry, URLResolver) and str(entry.pattern) == "api/":
+            for sub in entry.url_patterns:
+                assert isinstance(sub, URLPattern)
+                if sub.name in NOT_ROUTES:
+                    continue
+                cls = getattr(sub.callback, "cls", None) or getattr(sub.callback, "view_class", None)
+                template = "/api/" + str(sub.pattern).replace("<str:id>", "{id}")
+                for method in ("get", "post", "put", "patch", "delete"):
+                    if hasattr(cls, method):
+                        found.append((sub.name, template, method.upper()))
+    return found
+
+
+# What each route acts on in the owning tenant, and a body that would succeed there.
+TARGETS = {
+    "agent-list": (None, lambda w: {"name": "intruder", "model": {"provider": "scripted", "turns": []}, "tools": []}),
+    "run-list": (None, lambda w: {"agent": "bot", "input": "x"}),
+    "run-detail": ("done", None),
+    "run-events": ("done", None),
+    "run-cancel": ("queued", lambda w: {}),
+    "run-resume": ("queued", lambda w: {}),
+    "run-input": ("asking", lambda w: {"text": "eu-west"}),
+    "approval-list": (None, None),
+    "approval-detail": ("approval", None),
+    "approval-approve": ("approval", lambda w: {"request_hash": w.approval.request_hash}),
+    "approval-reject": ("approval", lambda w: {"request_hash": w.approval.request_hash}),
+    "schema": (None, None),
+    "docs": (None, None),
+    "redoc": (None, None),
+}
+DECISIONS = {"approval-approve", "approval-reject"}
+ROUTES = api_routes()
+
+
+def test_every_api_route_is_in_the_matrix():
+    assert {name for name, _, _ in ROUTES} == set(TARGETS)
+    assert len(ROUTES) == 16  # 13 operations of DESIGN §16 + schema, docs, redoc
+
+
+def snapshot(tenant):
+    return (
+        sorted(Run.objects.filter(tenant=tenant).values_list("id", "status", "cancel_requested_at", "lease_epoch")),
+        sorted(Approval.objects.filter(tenant=tenant).values_list("id", "status", "decided_by_id")),
+        Event.objects.filter(tenant=tenant).count(),
+        sorted(AgentVersion.objects.filter(tenant=tenant).values_list("id", flat=True)),
+    )
+
+
+def owned_ids(world) -> list[str]:
+    ids = [str(r.id) for r in Run.objects.filter(tenant=world.tenant)]
+    ids += [str(r.session_id) for r in Run.objects.filter(tenant=world.tenant)]
+    ids += [str(a.id) for a in Approval.objects.filter(tenant=world.tenant)]
+    ids += [str(v.id) for v in AgentVersion.objects.filter(tenant=world.tenant)]
+    ids += [a.request_hash for a in Approval.objects.filter(tenant=world.tenant)]
+    return ids
+
+
+def call(client, method, path, body):
+    if method == "GET":
+        return client.get(path)
+    return client.generic(method, path, "" if body is None else __import__("json").dumps(body), content_type="application/json")
+
+
+@pytest.mark.parametrize("name, template, method", ROUTES, ids=[f"{m} {t}" for _, t, m in ROUTES])
+def test_idor_matrix(world, other_world, alice, operator, bob, as_user, anon, name, template, method):
+    attr, make_body = TARGETS[name]
+    target = getattr(world, attr) if attr else None
+    path = template.format(id=target.id) if target is not None else template
+    body = make_body(world) if make_body else None
+    secret = owned_ids(world)
+
+    # anonymous: 401 before anything is looked up
+    before = snapshot(world.tenant)
+    response = call(anon, method, path, body)
+    assert response.status_code == 401, (name, response.content)
+    assert response.json()["code"] == "not_authenticated"
+    assert snapshot(world.tenant) == before
+
+    # another tenant's operator (who holds the permission in its own tenant)
+    response = call(as_user(bob), method, path, body)
+    text = response.content.decode()
+    if target is not None:
+        assert response.status_code == 404, (name, response.content)
+        assert response.json()["code"] == "not_found"
+    elif name in DOCS:
+        assert response.status_code == 200
+    elif method == "GET":
+        assert response.status_code == 200
+        assert not any(s in text for s in secret), f"{name} leaks tenant acme's ids to globex"
+    else:  # a create lands in the caller's own tenant
+        assert response.status_code == 201, response.content
+        created = response.json()["id"]
+        model = AgentVersion if name == "agent-list" else Run
+        assert model.objects.get(id=created).tenant_id == other_world.tenant.id
+    assert snapshot(world.tenant) == before, f"{method} {path} by another tenant changed acme's objects"
+
+    # a member without approvals.resolve_approval
+    if name in DECISIONS:
+        response = call(as_user(alice), method, path, body)
+        assert response.status_code == 403 and response.json()["code"] == "permission_denied"
+        assert snapshot(world.tenant) == before
+        assert Approval.objects.get(id=world.approval.id).status == "pending"
+    elif method == "GET":
+        assert call(as_user(alice), method, path, body).status_code == 200
+
+    # the owning tenant: the route works (or answers the state's conflict)
+    response = call(as_user(operator), method, path, body)
+    assert response.status_code < 300 or response.status_code == 409, (name, response.content)
+    if target is not None and method == "GET" and name not in DOCS:
+        assert str(target.id) in response.content.decode()
+
+
+def test_filters_cannot_reach_another_tenants_objects(world, other_world, bob, as_user):
+    client = as_user(bob)
+    assert client.get("/api/runs/", {"session": str(world.done.session_id)}).json()["count"] == 0
+    assert client.get("/api/approvals/", {"run": str(world.waiting.id)}).json()["count"] == 0
+    assert client.get("/api/agents/", {"name": "bot"}).json()["count"] == 1  # globex's own "bot"
+    own = {r["id"] for r in client.get("/api/runs/", {"page_size": 200}).json()["results"]}
+    assert own == {str(r.id) for r in Run.objects.filter(tenant=other_world.tenant)}
+    response = client.post("/api/runs/", {"agent": "bot", "input": "x", "session": str(world.done.session_id)}, format="json")
+    assert response.status_code == 400 and response.json()["fields"]["session"] == ["unknown session"]
