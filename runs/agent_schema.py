@@ -16,6 +16,7 @@ class Strict(BaseModel):
 
 class ScriptedModel(Strict):
     provider: Literal["scripted"]
+    context_window: int | None = Field(None, ge=256, le=10_000_000)
     turns: list[dict[str, Any]] = Field(default_factory=list, max_length=10000)
 
     @field_validator("turns")
@@ -46,6 +47,7 @@ class OpenAIModel(Strict):
     base_url: str = Field(min_length=1, max_length=500)
     model: str = Field(min_length=1, max_length=200)
     api_key_env: str = Field("OPENAI_API_KEY", pattern=r"^[A-Z_][A-Z0-9_]*$")
+    context_window: int | None = Field(128_000, ge=256, le=10_000_000)
 
 
 class When(Strict):

@@ -97,7 +97,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         attempts=run.attempts,
         lease_epoch=claim.epoch,
     )
-    return RunContext(
+    ctx = RunContext(
         run=snapshot,
         agent=AgentSpec(
             name=run.agent.name,
@@ -132,6 +132,52 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         resumed=state.version > 1 or run.attempts > 1,
         approvals=ApprovalGate(run=run, clock=clock, ids=ids),
     )
+    if definition["model"].get("provider") != "scripted":
+        ctx.provider = provider_for(definition["model"], on_delta=DeltaBatcher(ctx))
+    return ctx
+
+
+class DeltaBatcher:
+    """Text deltas of a streaming model call become `model.response.delta`
+    events, batched (at most ~4 a second, or per 1 KiB), each in its own short
+    fenced transaction — never a transaction held across the stream. A fenced
+    flush sets the token, which aborts the stream."""
+
+    MIN_INTERVAL = 0.25
+    MAX_BUFFER = 1024
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+        self.buffer: list[str] = []
+        self.size = 0
+        self.last = ctx.clock.monotonic()
+        self.key: tuple | None = None
+        self.index = 0
+
+    def __call__(self, text: str) -> None:
+        key = (self.ctx.current_step, self.ctx.current_attempt)
+        if key != self.key:
+            self.key, self.index, self.buffer, self.size = key, 0, [], 0
+        self.buffer.append(text)
+        self.size += len(text)
+        now = self.ctx.clock.monotonic()
+        if self.size >= self.MAX_BUFFER or now - self.last >= self.MIN_INTERVAL:
+            self.flush(now)
+
+    def flush(self, now: float) -> None:
+        if not self.buffer:
+            return
+        text, self.buffer, self.size, self.last = "".join(self.buffer), [], 0, now
+        self.index += 1
+        work = UnitOfWork()
+        work.event("model.response.delta", {"step": self.key[0], "attempt": self.key[1], "index": self.index, "text": text},
+                   self.ctx.clock.now())
+        try:
+            self.ctx.store.commit(work)
+        except WorkerFenced:
+            from .domain.values import CancelReason
+
+            self.ctx.token.cancel(CancelReason.FENCED)
 
 
 def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:

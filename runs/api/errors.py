@@ -17,7 +17,6 @@ from django.http import Http404, HttpResponsePermanentRedirect, JsonResponse
 from django.urls import Resolver404, resolve
 from rest_framework import exceptions, status
 from rest_framework.response import Response
-from rest_framework.views import set_rollback
 
 from runs.clock import IDS
 from runs.errors import RunError
@@ -115,6 +114,8 @@ def _code_of(exc: exceptions.APIException) -> str:
 
 def exception_handler(exc: Exception, context: dict) -> Response:
     """Map every exception a view raises to the one error body."""
+    from rest_framework.views import set_rollback  # not at import time: views imports the parser, which imports this module
+
     request = context.get("request")
     headers: dict[str, str] = {}
     if isinstance(exc, RunError):

@@ -154,6 +154,11 @@ class ApprovalDecision(StrictSerializer):
 
 # -- outputs (schema documentation; rendered from the selectors) -------------------
 
+@extend_schema_field({})
+class AnyJSON(serializers.JSONField):
+    """Any JSON value, null included (documented as an unconstrained schema)."""
+
+
 class UsageOut(serializers.Serializer):
     input_tokens = serializers.IntegerField()
     output_tokens = serializers.IntegerField()
@@ -185,7 +190,7 @@ class RunOut(serializers.Serializer):
     usage = UsageOut()
     step_count = serializers.IntegerField()
     final_message = serializers.CharField(allow_null=True)
-    result = serializers.JSONField(allow_null=True, help_text="A reconciler's completed result, else null.")
+    result = AnyJSON(help_text="A reconciler's completed result (any JSON), else null.")
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 

@@ -82,9 +82,31 @@ def visible_tenant(request):
 
 
 class Pagination(PageNumberPagination):
+    """DRF's page numbers, strict: a page or page size that is not a positive integer is 400
+    (DRF would silently fall back); a page size above the maximum is clamped to it."""
+
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 200
+
+    def paginate_queryset(self, queryset, request, view=None):
+        page = request.query_params.get(self.page_query_param)
+        if page is not None and page not in self.last_page_strings:
+            query_int(request, self.page_query_param, 1, 1, MAX_SEQUENCE)
+        return super().paginate_queryset(queryset, request, view)
+
+    def get_page_size(self, request):
+        if request.query_params.get(self.page_size_query_param) is not None:
+            return min(query_int(request, self.page_size_query_param, self.page_size, 1, MAX_SEQUENCE), self.max_page_size)
+        return self.page_size
+
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            parameter["schema"]["minimum"] = 1
+            if parameter["name"] == self.page_size_query_param:
+                parameter["description"] = f"Results per page (default {self.page_size}; above {self.max_page_size} is clamped to it)."
+        return parameters
 
 
 def errors(*codes: int) -> dict[int, OpenApiResponse]:
@@ -92,7 +114,7 @@ def errors(*codes: int) -> dict[int, OpenApiResponse]:
         400: "Invalid input (`fields` names the fields), unparseable JSON (`parse_error`) or nesting too deep (`depth_exceeded`).",
         401: "Not authenticated.",
         403: "Not a tenant member, CSRF failure for session auth, or missing permission.",
-        404: "No such object in your tenant.",
+        404: "No such object in your tenant (for lists: no such page).",
         409: "Conflict with the object's state.",
         413: "Body larger than DATA_UPLOAD_MAX_MEMORY_SIZE.",
         415: "Writes take application/json only.",
@@ -102,8 +124,11 @@ def errors(*codes: int) -> dict[int, OpenApiResponse]:
 
 
 READ_ERRORS = (401, 403)
+LIST_ERRORS = (400, 401, 403, 404)  # 404: a page past the end
 WRITE_ERRORS = (400, 401, 403, 413, 415, 429)
 ID_PARAM = OpenApiParameter("id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+# An optional body that, if sent, must be an empty JSON object.
+NO_FIELDS = {"application/json": {"type": "object", "properties": {}, "additionalProperties": False}}
 
 
 class ApiView(APIView):
@@ -112,6 +137,14 @@ class ApiView(APIView):
 
     permission_classes = [IsAuthenticated, HasTenant]
     throttle_classes = [WriteScopedRateThrottle]
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        # A NUL reaches PostgreSQL as a DataError (a 500) from any filter: refuse it here, once.
+        bad = {name: ["NUL characters are not allowed"] for name, values in request.query_params.lists()
+               if "\x00" in name or any("\x00" in value for value in values)}
+        if bad:
+            raise exceptions.ValidationError(bad)
 
     def finalize_response(self, request, response, *args, **kwargs):
         response = super().finalize_response(request, response, *args, **kwargs)
@@ -182,12 +215,14 @@ class AgentListCreate(ApiListView):
             qs = qs.filter(tenant=tenant)
         name = self.request.query_params.get("name")
         if name is not None:
+            if len(name) > 100:
+                raise exceptions.ValidationError({"name": ["at most 100 characters"]})
             qs = qs.filter(agent__name=name)
         return qs
 
     @extend_schema(operation_id="agents_list", tags=["agents"], summary="Agent versions of your tenant, newest first",
                    parameters=[OpenApiParameter("name", str, description="Only this agent's versions.")],
-                   responses={200: s.AgentVersionOut(many=True), **errors(*READ_ERRORS)})
+                   responses={200: s.AgentVersionOut(many=True), **errors(*LIST_ERRORS)})
     def get(self, request):
         return self.page(self.get_queryset(), s.AgentVersionOut)
 
@@ -224,7 +259,7 @@ class RunListCreate(ApiListView):
     @extend_schema(operation_id="runs_list", tags=["runs"], summary="Runs of your tenant, newest first",
                    parameters=[OpenApiParameter("status", str, enum=[st.value for st in RunStatus]),
                                OpenApiParameter("session", OpenApiTypes.UUID)],
-                   responses={200: s.RunOut(many=True), **errors(400, *READ_ERRORS)})
+                   responses={200: s.RunOut(many=True), **errors(*LIST_ERRORS)})
     def get(self, request):
         return self.page(self.get_queryset(), s.RunOut)
 
@@ -288,7 +323,7 @@ class RunCancel(ApiView):
     @extend_schema(operation_id="runs_cancel", tags=["runs"], summary="Cancel a run",
                    description="202 with the run: a queued or waiting run ends CANCELLED at once, a running one is asked to "
                                "stop. A second cancel is 202 again; 409 `run_terminal` on a finished run.",
-                   parameters=[ID_PARAM], request=s.Empty,
+                   parameters=[ID_PARAM], request=NO_FIELDS,
                    responses={202: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)})
     def post(self, request, id):
         run = visible_run(request, id)
@@ -305,7 +340,7 @@ class RunResume(ApiView):
     @extend_schema(operation_id="runs_resume", tags=["runs"], summary="Resume a run whose worker died",
                    description="200 `{\"outcome\": ...}` once taken over; 409 `run_leased` while its lease is live, "
                                "409 `run_not_running` when it is not RUNNING.",
-                   parameters=[ID_PARAM], request=s.Empty,
+                   parameters=[ID_PARAM], request=NO_FIELDS,
                    responses={200: s.ResumeOut, **errors(*WRITE_ERRORS, 404, 409)})
     def post(self, request, id):
         run = visible_run(request, id)
@@ -351,7 +386,7 @@ class ApprovalList(ApiListView):
     @extend_schema(operation_id="approvals_list", tags=["approvals"], summary="Approvals of your tenant, newest first",
                    parameters=[OpenApiParameter("status", str, enum=[st for st, _ in Approval.STATUSES]),
                                OpenApiParameter("run", OpenApiTypes.UUID)],
-                   responses={200: s.ApprovalOut(many=True), **errors(400, *READ_ERRORS)})
+                   responses={200: s.ApprovalOut(many=True), **errors(*LIST_ERRORS)})
     def get(self, request):
         return self.page(self.get_queryset(), s.ApprovalOut)
 

@@ -6,7 +6,8 @@ It never transitions the run, releases a lease or writes a terminal event:
 from __future__ import annotations
 
 
-from .context import RunContext, build_request
+from .context import RunContext
+from .context_engine import SynthesisReserveViolation, build_with_pressure
 from .errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCancelled, WorkerFenced
 from .pipeline import dispatch, open_batch, resume_batch
 from .values import BudgetScope, CancelReason, FailureReason, ModelTurn, OutcomeKind, RunFailure, RunOutcome, StopReason
@@ -35,7 +36,8 @@ def run_loop(ctx: RunContext) -> RunOutcome:
     except RunCancelled as exc:
         return stop_outcome(ctx, exc.cancel_reason)
     except BudgetExceeded as exc:
-        return failed(ctx, exc.reason, "BudgetExceeded", str(exc), details=exc.details)
+        error_class = "BudgetExceeded" if type(exc) is BudgetExceeded else type(exc).__name__
+        return failed(ctx, exc.reason, error_class, str(exc), details=exc.details)
     except EmptyModelTurn:
         return failed(ctx, FailureReason.EMPTY_MODEL_TURN, "EmptyModelTurn", "the model returned empty turns on every attempt of the step")
     except _ModelFailure as exc:
@@ -150,6 +152,15 @@ def checkpoint(ctx: RunContext, trigger: str, *, force_full: bool = False) -> No
     ctx.pending.event("run.checkpointed", {"version": row.version, "trigger": trigger, "full": row.full}, at)
 
 
+def _compacted(ctx: RunContext, info: dict) -> None:
+    """A compaction is a write: a full checkpoint the loop adopts, in its own
+    transaction, with `context.compacted`."""
+    checkpoint(ctx, "compaction", force_full=True)
+    ctx.pending.event("context.compacted", info, ctx.clock.now())
+    ctx.store.commit(ctx.pending)
+    ctx.pending = UnitOfWork()
+
+
 def _start_model_call(ctx: RunContext, step_number: int, attempt: int) -> None:
     at = ctx.clock.now()
     call_id = ctx.ids.new_id()
@@ -211,7 +222,7 @@ def _invoke_model(ctx: RunContext, step_number: int) -> ModelTurn:
         ctx.prepared_call = None
         ctx.fault("model.before_call")
         ctx.token.raise_if_cancelled()  # observation point 2
-        request, prefix = build_request(ctx, step_number, attempt)
+        request, prefix, synthesis = build_with_pressure(ctx, step_number, attempt, lambda info: _compacted(ctx, info))
         try:
             turn = ctx.provider.complete(request, ctx.token)
         except ModelError as exc:
@@ -242,6 +253,9 @@ def _invoke_model(ctx: RunContext, step_number: int) -> ModelTurn:
         if turn.stop_reason is StopReason.CANCELLED or ctx.token.reason is not None:
             _finish(ctx, "failed", turn, prefix, {"error_class": "Cancelled", "transient": False})
             raise RunCancelled(ctx.token.reason or CancelReason.REQUESTED)
+        if synthesis and turn.tool_calls:
+            _finish(ctx, "failed", turn, prefix, {"error_class": "SynthesisReserveViolation", "transient": False})
+            raise SynthesisReserveViolation(synthesis)
         if turn.is_empty:
             _finish(ctx, "failed", turn, prefix, {"error_class": "EmptyModelTurn", "transient": True})
             ctx.pending.event(

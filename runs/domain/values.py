@@ -6,7 +6,7 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Frozen(BaseModel):
@@ -109,6 +109,21 @@ class RunLimits(Frozen):
     synthesis_reserve_model_calls: int = Field(2, ge=0)
     synthesis_reserve_tool_calls: int = Field(4, ge=0)
     synthesis_reserve_cost_usd: float = Field(0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reserves_below_limits(cls, data):
+        """A reserve as large as its limit would forbid tools from the first call: it is dropped."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for reserve, limit in (("synthesis_reserve_model_calls", "max_model_calls"), ("synthesis_reserve_tool_calls", "max_tool_calls"),
+                               ("synthesis_reserve_steps", "max_steps")):
+            r = data.get(reserve, cls.model_fields[reserve].default)
+            lim = data.get(limit, cls.model_fields[limit].default)
+            if isinstance(r, int) and isinstance(lim, int) and r and r >= lim:
+                data[reserve] = 0
+        return data
 
 
 class BudgetScope(StrEnum):

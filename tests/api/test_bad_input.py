@@ -170,6 +170,8 @@ CASES = [
                                      '{"name": "n", "model": {"provider": "scripted", "turns": [{"text": "a\\u0000"}]}}'),
      400, "invalid", "model.turns.0.text"),
     ("B17-nul-in-key", lambda c: raw(c.client, "POST", "/api/runs/", '{"agent": "bot", "input": "x", "a\\u0000": 1}'), 400, "invalid", None),
+    ("B17-nul-in-query", lambda c: c.client.get("/api/agents/", {"name": "a\x00b"}), 400, "invalid", "name"),
+    ("B17-nul-in-path", lambda c: c.client.get("/api/runs/%00/"), 404, "not_found", None),
     ("B17-invalid-utf8", lambda c: raw(c.client, "POST", "/api/runs/", b'{"agent": "bot", "input": "\xff"}'), 400, "parse_error", None),
     ("B18-no-permission", b18, 403, "permission_denied", None),
     ("B19-expired", b19, 409, "approval_expired", None),

@@ -110,7 +110,7 @@ def test_max_steps_fails_the_run_and_it_is_never_requeued(load_agent, submit):
 
 
 def test_model_call_budget_fails_before_the_attempt(load_agent, submit):
-    load_agent(turns=[echo_step("a")], limits={"max_model_calls": 2, "max_steps": 10})
+    load_agent(turns=[echo_step("a")], limits={"max_model_calls": 2, "max_steps": 10, "synthesis_reserve_model_calls": 0})
     run = submit()
     run_drive(run_id=run.id)
     run = reload(run)

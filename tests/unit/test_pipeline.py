@@ -207,10 +207,14 @@ def test_tool_call_budget_already_spent_refuses_the_whole_batch():
         limits=RunLimits(max_tool_calls=1),
     )
 
-    run_loop(h.ctx)
+    outcome = run_loop(h.ctx)
 
+    # An exhausted tool-call budget puts the next request into synthesis-only
+    # mode; a model that calls a tool anyway fails closed and nothing runs.
     assert h.tools.count("echo") == 1
-    assert [error_code(e) if e["is_error"] else None for e in tool_entries(h)] == [None, "tool.budget_exhausted"]
+    assert outcome.kind is OutcomeKind.FAILED
+    assert outcome.failure.error_class == "SynthesisReserveViolation"
+    assert outcome.failure.details["dimension"] == "tool_calls_exhausted"
     assert h.ctx.run.usage.tool_calls == 1
 
 
