@@ -123,8 +123,8 @@ def errors(*codes: int) -> dict[int, OpenApiResponse]:
     return {code: OpenApiResponse(s.ErrorOut, description=described.get(code, "")) for code in codes}
 
 
-READ_ERRORS = (401, 403)
-LIST_ERRORS = (400, 401, 403, 404)  # 404: a page past the end
+READ_ERRORS = (400, 401, 403)  # 400: a NUL in the query string
+LIST_ERRORS = (*READ_ERRORS, 404)  # 404: a page past the end
 WRITE_ERRORS = (400, 401, 403, 413, 415, 429)
 ID_PARAM = OpenApiParameter("id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 # An optional body that, if sent, must be an empty JSON object.
@@ -305,7 +305,7 @@ class RunEvents(ApiView):
         parameters=[ID_PARAM,
                     OpenApiParameter("after", OpenApiTypes.INT, description="Exclusive sequence cursor (default 0)."),
                     OpenApiParameter("limit", OpenApiTypes.INT, description=f"1–{EVENTS_MAX_LIMIT} (default {EVENTS_DEFAULT_LIMIT}).")],
-        responses={200: s.EventsPageOut, **errors(400, *READ_ERRORS, 404)},
+        responses={200: s.EventsPageOut, **errors(*READ_ERRORS, 404)},
     )
     def get(self, request, id):
         run = visible_run(request, id)

@@ -1,0 +1,83 @@
+"""The openai provider end to end through a real qcluster, against a local
+server that speaks the chat-completions protocol."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runs.models import Event, ModelCall, Run, ToolInvocation
+from tests.conftest import wait_for
+from tests.providers.conftest import KEY, PRICES
+from tests.providers.fake_openai import answer, chunk, stream, text_stream, tool_delta, usage_chunk
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def agent(load_agent, fake, **extra):
+    return load_agent(
+        name="gpt-bot",
+        model={"provider": "openai", "base_url": fake.base_url, "model": "test-model", "api_key_env": "AGENTRT_TEST_OPENAI_KEY"},
+        tools=("echo",), **extra,
+    )
+
+
+def status(run):
+    return Run.objects.filter(id=run.id).values_list("status", flat=True).get()
+
+
+def test_retries_malformed_arguments_cut_stream_empty_turn_and_streamed_deltas(load_agent, submit, fake, settings, cluster):
+    settings.AGENTRT_MODEL_PRICES = PRICES
+    agent(load_agent, fake)
+    fake.push(
+        answer(429, {"error": {"message": "slow down, key sk-leaked-1234567890abcdef"}}, {"Retry-After": "0"}),
+        stream([chunk("", role="assistant"), chunk(tool_calls=[tool_delta(0, id="c1", name="echo", arguments='{"text": ')]),
+                chunk(tool_calls=[tool_delta(0, arguments="oops")]), chunk(finish="tool_calls"), usage_chunk(40, 8)]),
+        stream([chunk("", role="assistant"), chunk("I will "), chunk("say")], cut_after=3, done=False),
+        text_stream(finish="stop", usage=(50, 0)),
+        text_stream(*[f"word{i} " for i in range(8)], usage=(60, 16), delay=0.1),
+    )
+    cluster(AGENTRT_MODEL_PRICES=json.dumps(PRICES), AGENTRT_TEST_OPENAI_KEY=KEY, AGENTRT_LEASE_SECONDS=5)
+    run = submit(agent="gpt-bot", text="hi")
+    wait_for(lambda: status(run) in ("COMPLETED", "FAILED"), timeout=60, message="the run to end")
+    row = Run.objects.get(id=run.id)
+    assert row.status == "COMPLETED", row.failure
+    assert row.final_message.startswith("word0 word1")
+    assert len(fake.requests) == 5
+    assert all(r["headers"]["authorization"] == f"Bearer {KEY}" for r in fake.requests)
+    # The malformed arguments became a tool result the model saw on the next request.
+    inv = ToolInvocation.objects.get(run=run)
+    assert inv.status == "failed" and inv.result["error"] == "invalid_arguments"
+    second = fake.requests[2]["body"]["messages"]
+    assert any(m.get("role") == "tool" and "invalid_arguments" in m.get("content", "") for m in second)
+    calls = list(ModelCall.objects.filter(run=run).order_by("step_number", "attempt_number").values_list("step_number", "attempt_number", "status", "stream_had_output"))
+    assert calls == [(1, 1, "completed", False), (2, 1, "failed", True), (2, 2, "failed", False), (2, 3, "completed", False)]
+    failed = list(Event.objects.filter(run=run, type="model.response.failed").values_list("payload", flat=True))
+    assert [f["error_class"] for f in failed] == ["StreamCutAfterOutput", "EmptyModelTurn"]
+    deltas = list(Event.objects.filter(run=run, type="model.response.delta", payload__attempt=3).order_by("sequence").values_list("payload", flat=True))
+    assert 1 <= len(deltas) < 8  # batched, not one row per token
+    assert "".join(d["text"] for d in deltas).startswith("word0")
+    assert row.usage["input_tokens"] >= 150 and row.usage["cost_usd"] > 0
+    everything = json.dumps(list(Event.objects.filter(run=run).values_list("payload", flat=True))) + json.dumps(row.failure)
+    assert KEY not in everything and "sk-leaked" not in everything and "slow down" not in everything
+
+
+def test_a_missing_api_key_fails_the_run_without_a_secret_in_the_log(load_agent, submit, fake, settings, cluster):
+    settings.AGENTRT_MODEL_PRICES = PRICES
+    agent(load_agent, fake)
+    c = cluster(AGENTRT_MODEL_PRICES=json.dumps(PRICES), AGENTRT_LEASE_SECONDS=5)
+    run = submit(agent="gpt-bot", text="hi")
+    wait_for(lambda: status(run) == "FAILED", timeout=60, message="the run to fail")
+    row = Run.objects.get(id=run.id)
+    assert row.failure["reason"] == "model_permanent_error" and row.failure["error_class"] == "MissingApiKey"
+    assert fake.requests == []
+    assert KEY not in c.output()
+
+
+def test_an_unpriced_model_is_refused_when_the_agent_is_loaded(load_agent, fake, settings):
+    from runs.errors import InvalidInput
+
+    settings.AGENTRT_MODEL_PRICES = {}
+    with pytest.raises(InvalidInput) as exc:
+        agent(load_agent, fake)
+    assert "no price" in exc.value.message
