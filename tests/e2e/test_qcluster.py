@@ -69,6 +69,16 @@ def test_slices_yield_the_run_back_to_queued_and_it_still_completes(cluster, loa
     assert types.count("run.requeued") >= 2
     assert types.count("run.claimed") == types.count("run.requeued") + 1
     assert Run.objects.get(id=run.id).lease_epoch == types.count("run.claimed")
+    # Figure for the notes (not an assertion): yield → next claim.
+    import json
+
+    from tests.conftest import ROOT
+
+    rows = list(Event.objects.filter(run=run, type__in=("run.requeued", "run.claimed")).order_by("sequence").values_list("type", "occurred_at"))
+    gaps = [(b[1] - a[1]).total_seconds() * 1000 for a, b in zip(rows, rows[1:]) if a[0] == "run.requeued" and b[0] == "run.claimed"]
+    (ROOT / "artifacts").mkdir(exist_ok=True)
+    with open(ROOT / "artifacts" / "yield_to_claim_ms.json", "w") as fh:
+        json.dump({"gaps_ms": [round(g, 1) for g in gaps], "poll_s": 0.02}, fh)
 
 
 def test_sigterm_drains_the_cluster_and_yields_the_run_for_another_node(cluster, load_agent, submit):

@@ -57,10 +57,11 @@ class Command(BaseCommand):
         release, _ = run_submit(tenant=tenant, agent="release-bot", input="Ship release 1.4.2.")
         base = f"http://127.0.0.1:{port}"
         self.stdout.write(self.style.SUCCESS("\nagentrt is running on the embedded default (SQLite)."))
-        self.stdout.write(f"  admin:     {base}/admin/   login operator / operator")
-        self.stdout.write(f"  runs:      {base}/admin/runs/run/")
+        self.stdout.write(f"  live runs: {base}/runs/            login operator / operator")
+        self.stdout.write(f"  waiting:   {base}/runs/{release.id}/   (release-bot asks approval for its http_post)")
         self.stdout.write(f"  approvals: {base}/admin/approvals/approval/")
-        self.stdout.write(f"  demo runs: reader {reader.id}\n             release-bot {release.id} (asks for approval of its http_post)")
+        self.stdout.write(f"  API:       {base}/api/docs/")
+        self.stdout.write(f"  demo runs: reader {reader.id}\n             release-bot {release.id}")
         self.stdout.write(f"  CLI:       .venv/bin/python manage.py show_run {release.id} --events")
         self.stdout.write("Ctrl-C stops web, worker and maintenance.\n")
         if not procs:
