@@ -144,6 +144,10 @@ if os.environ.get("REDIS_URL"):
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# Shared cache (DRF throttles count across processes only with Redis).
+if os.environ.get("REDIS_URL"):
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": os.environ["REDIS_URL"]}}
+
 # Wake sockets through the channel layer after each commit. Across processes
 # only Redis carries it; without Redis the consumers' poll delivers.
 AGENTRT_NOTIFY_LIVE = os.environ.get("AGENTRT_NOTIFY_LIVE", "1" if os.environ.get("REDIS_URL") else "0") == "1"

@@ -31,15 +31,16 @@ def can_resolve(user) -> bool:
     return bool(user and user.is_authenticated and user.has_perm("approvals.resolve_approval"))
 
 
-def approval_for(*, user, approval_id: Any) -> Approval:
+def approval_for(*, user, approval_id: Any, acting: bool = False) -> Approval:
     """The approval, if `user` may see it (a superuser sees every tenant)."""
     try:
         aid = UUID(str(approval_id))
     except ValueError:
         raise ApprovalNotFound("no such approval") from None
     qs = Approval.objects.select_related("run", "invocation")
-    if not user.is_superuser:
-        membership = Membership.objects.filter(user=user).first()
+    membership = Membership.objects.filter(user=user).first()
+    if acting or not user.is_superuser:
+        # A superuser sees every tenant but acts only in its own.
         if membership is None:
             raise ApprovalNotFound("no such approval")
         qs = qs.filter(tenant_id=membership.tenant_id)
@@ -53,11 +54,13 @@ def approval_decide(*, user, approval_id: Any, approve: bool, request_hash: str,
     """Approve or reject one pending approval, bound to the hash that was shown."""
     if via not in SURFACES:
         raise ValueError(f"unknown surface {via!r}")
-    approval = approval_for(user=user, approval_id=approval_id)
+    approval = approval_for(user=user, approval_id=approval_id, acting=True)
     if not can_resolve(user):
         raise ApprovalForbidden("you do not have permission to resolve approvals")
     if not isinstance(request_hash, str) or not request_hash:
-        raise ApprovalStale("request_hash is required", fields={"request_hash": ["required"]})
+        from runs.errors import InvalidInput
+
+        raise InvalidInput("request_hash is required", fields={"request_hash": ["required"]})
     if not isinstance(reason, str) or "\x00" in reason or len(reason) > 2000:
         from runs.errors import InvalidInput
 

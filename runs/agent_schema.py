@@ -11,7 +11,7 @@ from .domain.values import RunLimits
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ScriptedModel(Strict):

@@ -132,6 +132,7 @@ def run_submit(
     session: UUID | str | None = None,
     limits: dict | None = None,
     idempotency_key: str | None = None,
+    by: str = "",
 ) -> tuple[Run, bool]:
     """Create a run and ring `drive_run` in the same transaction.
 
@@ -143,7 +144,7 @@ def run_submit(
     if limits is not None and not isinstance(limits, dict):
         raise InvalidInput("limits must be an object", fields={"limits": ["must be an object"]})
     try:
-        requested = Limits.model_validate(limits or {}).given()
+        requested = Limits.model_validate(limits or {}, strict=True).given()
     except ValidationError as exc:
         fields = _pydantic_fields(exc, "limits.")
         raise InvalidInput(f"invalid limits: {next(iter(fields))}", fields=fields) from None
@@ -208,7 +209,7 @@ def run_submit(
                 # Text sent to a session whose run waits for the user is its input.
                 from .inputs import run_input
 
-                routed = run_input(run=active, text=input)
+                routed = run_input(run=active, text=input, by=by)
                 routed.routed = True
                 return routed, False
             raise ActiveRunExists("the session already has an active run", fields={"session": ["has an active run"]}) from None

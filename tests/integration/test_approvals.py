@@ -202,3 +202,30 @@ def test_ask_user_waits_for_input_and_text_to_the_session_is_routed_to_it(load_a
     answer = ToolInvocation.objects.get(run=run)
     assert answer.status == "completed" and answer.result == {"answer": "eu-west"}
     assert Event.objects.get(run=run, type="run.input_received").payload["text"] == "eu-west"
+
+
+def test_a_question_nobody_answers_fails_input_deadline_exceeded(load_agent, submit, settings):
+    from maintenance.sweeps.expiry import sweep_expiry
+
+    load_agent(turns=[{"tool_calls": [{"name": "ask_user", "arguments": {"question": "?"}}]}, {"text": "x"}], tools=("ask_user",))
+    run = submit()
+    run_drive(run_id=run.id)
+    assert sweep_expiry()["input_deadline_exceeded"] == 0
+    settings.AGENTRT_INPUT_TTL_SECONDS = 0
+    assert sweep_expiry()["input_deadline_exceeded"] == 1
+    assert reload(run).failure["reason"] == "input_deadline_exceeded"
+
+
+def test_prune_keeps_only_the_final_snapshot_of_a_terminal_run(load_agent, submit):
+    from checkpoints.models import Checkpoint
+    from maintenance.sweeps.prune import sweep_prune
+
+    load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}]} for i in range(4)] + [{"text": "end"}])
+    run = submit()
+    run_drive(run_id=run.id)
+    before = Checkpoint.objects.filter(run=run).count()
+    assert before > 2
+    result = sweep_prune()
+    left = list(Checkpoint.objects.filter(run=run).values_list("version", "full", "trigger"))
+    assert result["deleted"] == before - 1 and len(left) == 1 and left[0][1] and left[0][2] == "final"
+    assert checkpoint_latest(run.id).conversation[-1]["content"] == "end"
