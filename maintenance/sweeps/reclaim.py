@@ -25,18 +25,30 @@ log = logging.getLogger("agentrt.maintenance")
 BATCH = 100
 
 
-def pending_doorbells() -> set[str]:
-    """Run ids with a drive_run task still in django-q2's ORM queue."""
+def pending_doorbells(now, grace_seconds: float) -> set[str]:
+    """Run ids with a drive_run task that will still be delivered: waiting in
+    django-q2's ORM queue, or taken by a worker less than `grace_seconds` ago.
+
+    A row a worker took longer ago than that, for a run that is still QUEUED,
+    is a lost doorbell: the worker died with it (django-q2 hands it out again
+    only after `retry`, minutes later), so it does not count."""
+    from datetime import timedelta
+
+    from django.conf import settings
     from django_q.models import OrmQ
 
+    retry = timedelta(seconds=settings.Q_CLUSTER["retry"])
     ids = set()
     for row in OrmQ.objects.all()[:5000]:
         try:
             task = row.task
-            if task.get("func") == "runs.tasks.drive_run" and task.get("args"):
-                ids.add(str(task["args"][0]))
+            if task.get("func") != "runs.tasks.drive_run" or not task.get("args"):
+                continue
         except Exception:  # an unreadable package is not ours to judge
             continue
+        taken_at = row.lock - retry if row.lock and row.lock > now else None
+        if taken_at is None or (now - taken_at).total_seconds() < grace_seconds:
+            ids.add(str(task["args"][0]))
     return ids
 
 
@@ -65,7 +77,7 @@ def sweep_reclaim(*, queued_grace_seconds: float = 5.0) -> dict:
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     rung = 0
     if stale_queued:
-        waiting = pending_doorbells()
+        waiting = pending_doorbells(db_now(), queued_grace_seconds)
         for run_id in stale_queued:
             if str(run_id) not in waiting:
                 enqueue_drive(run_id)

@@ -126,6 +126,12 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     if expected is not None and expected != len(runs):
         v.add("I1", f"{expected} runs submitted but {len(runs)} in the database")
     pending_by_run = Counter(a["run_id"] for a in approvals if a["status"] == "pending")
+    t_end = meta.get("t_end") or 0
+    doorbells: dict[str, list[str]] = defaultdict(list)
+    for d in snapshot.get("doorbells") or []:  # django-q2 ORM broker rows left at the end
+        lock = d.get("lock")
+        state = "waiting in the queue" if lock is None or lock <= t_end else f"dequeued by a pusher, locked until +{lock - t_end:.0f}s"
+        doorbells[d.get("run")].append(state)
     for r in runs.values():
         if r["status"] in TERMINAL:
             continue
@@ -133,7 +139,8 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
             continue  # parked, waiting for an operator
         if r["status"] == "WAITING_FOR_USER":
             continue
-        v.add("I1", f"run is {r['status']} at the end (lease_owner={r['lease_owner']}, epoch={r['lease_epoch']})", r["id"])
+        v.add("I1", f"run is {r['status']} at the end (lease_owner={r['lease_owner']}, epoch={r['lease_epoch']}; "
+                    f"drive_run doorbells: {doorbells.get(r['id']) or 'none'})", r["id"])
 
     # ---- I2 no unapproved duplicate effect --------------------------------
     approved_reruns = Counter(a["invocation_id"] for a in approvals if a["kind"] in RERUN_KINDS and a["status"] == "approved")

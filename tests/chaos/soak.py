@@ -556,11 +556,19 @@ class Soak:
             if s.startswith("WAITING") and (owner is not None or expires is not None):
                 self.waiting_with_lease.append({"run": str(i), "status": s, "lease_owner": owner, "t": time.time()})
 
-    def handle_markers(self) -> None:
-        try:
-            names = os.listdir(self.fault_dir)
-        except FileNotFoundError:
-            return
+    def handle_markers(self, full: bool = True) -> None:
+        """Act on every `<point>.<run>.paused` file (DESIGN §16's `pause`).
+        Marker files are never deleted: they are what makes a point fire
+        once per run, also for a zombie that resumes after its run ended."""
+        if full:
+            try:
+                names = os.listdir(self.fault_dir)
+            except FileNotFoundError:
+                return
+        else:
+            names = [f"{p}.{s.run_id}.paused" for s in self.specs if s.run_id and self.statuses.get(s.run_id) not in TERMINAL
+                     for p in POINTS]
+            names = [n for n in names if n not in self.handled_markers and (self.fault_dir / n).exists()]
         for name in names:
             if not name.endswith(".paused") or name in self.handled_markers:
                 continue
@@ -586,21 +594,6 @@ class Soak:
             go.touch()  # a stopped worker goes on at SIGCONT; a killed one never reads it
             if fault is None:
                 self.record({"kind": "missed", "plan": plan, "point": point, "pid": pid, "run": run_id, "t": time.time()})
-
-    def clean_markers(self) -> None:
-        """Drop the fault-point files of finished runs (they never execute
-        again), so the folder polled every tick stays small."""
-        try:
-            names = os.listdir(self.fault_dir)
-        except FileNotFoundError:
-            return
-        for name in names:
-            run_id = name.split(".")[2] if name.count(".") >= 2 else ""
-            if self.statuses.get(run_id) in TERMINAL:
-                try:
-                    (self.fault_dir / name).unlink()
-                except FileNotFoundError:
-                    pass
 
     def planned_cancel(self, spec: RunSpec, go: Path, pid: int, point: str) -> None:
         from runs.lifecycle import run_cancel
@@ -787,7 +780,7 @@ class Soak:
         a = self.args
         next_kill = time.time() + self.rng.uniform(*self.kill_every) if self.kill_every else None
         next_stop = time.time() + self.rng.uniform(*self.stop_every) if self.stop_every else None
-        last_status = last_ops = last_print = last_watch = last_clean = 0.0
+        last_status = last_ops = last_print = last_watch = last_scan = 0.0
         cap_at = None
         while True:
             now = time.time()
@@ -802,14 +795,16 @@ class Soak:
                 self.submit_more(unfinished)
                 cap_at = cap_at or (self.t_first_submit + a.duration_cap)
             if not a.no_faults:
-                self.handle_markers()
+                # the unfinished runs' pause files every tick; the whole folder every second
+                # (a zombie may pause at a point of a run that has ended meanwhile)
+                full = now - last_scan > 1.0
+                self.handle_markers(full=full)
+                last_scan = now if full else last_scan
                 self.release_cancels()
                 if now - last_watch > 0.05:
                     self.watch_after_result()
                     last_watch = now
-                if now - last_clean > 5:
-                    self.clean_markers()
-                    last_clean = now
+
                 self.random_cancels()
                 if next_kill and now >= next_kill:
                     self.random_fault("kill")
@@ -886,7 +881,20 @@ class Soak:
             spec = self.by_run.get(r["id"])
             if spec:
                 r.update(index=spec.index, plan=spec.plan, agent=spec.agent, posts=spec.posts, submitted_at=spec.submitted_at)
+        doorbells = []
+        try:
+            from django_q.models import OrmQ
+
+            for q in OrmQ.objects.all():
+                try:
+                    task = q.task
+                    doorbells.append({"run": str(task.get("args", [None])[0]), "lock": val(q.lock), "func": task.get("func")})
+                except Exception:
+                    continue
+        except Exception:
+            pass
         return {
+            "doorbells": doorbells,
             "runs": runs,
             "sessions": rows("SELECT id, event_seq FROM sessions", ["id", "event_seq"]),
             "events": rows("SELECT session_id, sequence, run_id, type, payload, lease_epoch, occurred_at FROM events",

@@ -229,3 +229,28 @@ def test_prune_keeps_only_the_final_snapshot_of_a_terminal_run(load_agent, submi
     left = list(Checkpoint.objects.filter(run=run).values_list("version", "full", "trigger"))
     assert result["deleted"] == before - 1 and len(left) == 1 and left[0][1] and left[0][2] == "final"
     assert checkpoint_latest(run.id).conversation[-1]["content"] == "end"
+
+
+def test_the_sweep_rings_again_for_a_queued_run_whose_doorbell_a_dead_worker_took(load_agent, submit):
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django_q.models import OrmQ
+
+    from maintenance.sweeps.reclaim import sweep_reclaim
+
+    load_agent()
+    run = submit()
+    assert OrmQ.objects.count() == 1
+    with connection.cursor() as cur:
+        cur.execute("UPDATE runs SET updated_at = now() - interval '10 seconds' WHERE id = %s", [run.id])
+    # Waiting in the queue: a doorbell that will be delivered; nothing to do.
+    assert sweep_reclaim()["requeued_doorbells"] == 0
+    # A worker took it 10 s ago and died with it: django-q2 would hand it out
+    # again only after `retry`. The sweep rings again.
+    from runs.queue import db_now
+
+    taken = db_now() - timedelta(seconds=10)
+    OrmQ.objects.update(lock=taken + timedelta(seconds=settings.Q_CLUSTER["retry"]))
+    assert sweep_reclaim()["requeued_doorbells"] == 1
+    assert OrmQ.objects.count() == 2
