@@ -212,51 +212,11 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
         if stop_after is not None:
             _cancel(ctx, results, entry, stop_after)
             continue
-        spec = entry.spec
-        assert spec is not None
-        if not spec.read_only:
-            ctx.fault("tool.before_watermark")
-            if ctx.token.reason is not None:  # a cancel seen here stops cleanly
-                stop_after = ctx.token.reason
-                _cancel(ctx, results, entry, stop_after)
-                continue
-            try:
-                ctx.store.mark_effect_sent(
-                    entry.invocation_id,
-                    1,
-                    {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": spec.name, "attempt": 1, "idempotency_key": entry.key},
-                    ctx.clock.now(),
-                )
-            except WorkerFenced as exc:
-                exc.late = {"calls": late} if late else None
-                raise
-            ctx.fault("tool.after_watermark")
-            if not ctx.lease.may_start_effect():
-                raise WorkerFenced("self-fence: no successful heartbeat within lease - interval", late={"calls": late} if late else None)
-        elif ctx.token.reason is not None:  # observation point 4 for read-only calls
-            stop_after = ctx.token.reason
-            _cancel(ctx, results, entry, stop_after)
-            continue
-        _execute(ctx, entry, step_number)
-        executed += 1
-        if not spec.read_only:
-            ctx.fault("tool.after_execute")
-            late.append({"invocation": str(entry.invocation_id), "tool": spec.name, "is_error": entry.is_error, "result": entry.result})
-        fp = _call_fingerprint(entry.call.name, entry.arguments)
-        ctx.state.identical_calls[fp] = ctx.state.identical_calls.get(fp, 0) + 1
-        at = ctx.clock.now()
-        status = "failed" if entry.is_error else "completed"
-        results.invocation_updates.append(
-            InvocationUpdate(id=entry.invocation_id, status=status, result=entry.result, error=entry.result if entry.is_error else None, updated_at=at)
-        )
-        results.event(
-            "tool.call.failed" if entry.is_error else "tool.call.completed",
-            {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": spec.name, "result": entry.result, "executed": True},
-            at,
-        )
-        # 13: observation point 5 — the call has finished; its result is kept.
-        if ctx.token.reason is not None:
-            stop_after = ctx.token.reason
+        ran, stop_after = _run_one(ctx, entry, step_number, 1, results, late)
+        if ran:
+            executed += 1
+            fp = _call_fingerprint(entry.call.name, entry.arguments)
+            ctx.state.identical_calls[fp] = ctx.state.identical_calls.get(fp, 0) + 1
 
     if executed:
         run.usage = run.usage.model_copy(update={"tool_calls": run.usage.tool_calls + executed})
@@ -271,6 +231,51 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
             kind=SuspensionKind.USER, invocation_ids=[question_entry.invocation_id], question=question))
     _append_results(ctx, entries)
     return BatchResult(work=results, stop=stop_after, late=late, all_denied=bool(entries) and len(denied) == len(entries))
+
+
+def _run_one(ctx: RunContext, entry: _Entry, step_number: int, attempt: int, results: UnitOfWork,
+             late: list[dict[str, Any]]) -> tuple[bool, CancelReason | None]:
+    """Steps 7 and 9–14 for one authorized call: the cancellation check, the
+    watermark alone in its fenced transaction (side effects only), the
+    self-fence, the call, and its result into `results`. Return whether the
+    call ran and the cancel reason seen (before it: clean stop; after it:
+    the result is kept)."""
+    spec = entry.spec
+    if not spec.read_only:
+        ctx.fault("tool.before_watermark")
+    if ctx.token.reason is not None:  # observation point 4
+        _cancel(ctx, results, entry, ctx.token.reason)
+        return False, ctx.token.reason
+    if not spec.read_only:
+        try:
+            ctx.store.mark_effect_sent(
+                entry.invocation_id, attempt,
+                {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": spec.name, "attempt": attempt,
+                 "idempotency_key": entry.key},
+                ctx.clock.now(),
+            )
+        except WorkerFenced as exc:
+            exc.late = {"calls": late} if late else None
+            raise
+        ctx.fault("tool.after_watermark")
+        if not ctx.lease.may_start_effect():
+            raise WorkerFenced("self-fence: no successful heartbeat within lease - interval", late={"calls": late} if late else None)
+    _execute(ctx, entry, step_number, attempt)
+    if not spec.read_only:
+        ctx.fault("tool.after_execute")
+        late.append({"invocation": str(entry.invocation_id), "tool": spec.name, "is_error": entry.is_error, "result": entry.result})
+    at = ctx.clock.now()
+    results.invocation_updates.append(
+        InvocationUpdate(id=entry.invocation_id, status="failed" if entry.is_error else "completed", result=entry.result,
+                         error=entry.result if entry.is_error else None, attempt=attempt, updated_at=at)
+    )
+    results.event(
+        "tool.call.failed" if entry.is_error else "tool.call.completed",
+        {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": spec.name, "result": entry.result,
+         "executed": True, "attempt": attempt},
+        at,
+    )
+    return True, ctx.token.reason  # observation point 5: the call has finished; its result is kept
 
 
 def _cancel(ctx: RunContext, work: UnitOfWork, entry: _Entry, reason: CancelReason) -> None:
@@ -415,44 +420,11 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
     executed = 0
     stop: CancelReason | None = None
     for entry, row in to_run:
-        req = entry.call
-        if stop is not None or ctx.token.reason is not None:
-            stop = stop or ctx.token.reason
+        if stop is not None:
             _cancel(ctx, results, entry, stop)
             continue
-        attempt = (row["attempt"] or 0) + 1
-        if not entry.spec.read_only:
-            ctx.fault("tool.before_watermark")
-            if ctx.token.reason is not None:
-                stop = ctx.token.reason
-                _cancel(ctx, results, entry, stop)
-                continue
-            try:
-                ctx.store.mark_effect_sent(
-                    entry.invocation_id, attempt,
-                    {"invocation": str(entry.invocation_id), "call_id": req.call_id, "tool": req.name, "attempt": attempt, "idempotency_key": entry.key},
-                    ctx.clock.now(),
-                )
-            except WorkerFenced as exc:
-                exc.late = {"calls": late} if late else None
-                raise
-            ctx.fault("tool.after_watermark")
-            if not ctx.lease.may_start_effect():
-                raise WorkerFenced("self-fence: no successful heartbeat within lease - interval", late={"calls": late} if late else None)
-        _execute(ctx, entry, step_number, attempt)
-        executed += 1
-        if not entry.spec.read_only:
-            ctx.fault("tool.after_execute")
-            late.append({"invocation": str(entry.invocation_id), "tool": req.name, "is_error": entry.is_error, "result": entry.result})
-        at = ctx.clock.now()
-        results.invocation_updates.append(
-            InvocationUpdate(id=entry.invocation_id, status="failed" if entry.is_error else "completed", result=entry.result,
-                             error=entry.result if entry.is_error else None, attempt=attempt, updated_at=at)
-        )
-        results.event("tool.call.failed" if entry.is_error else "tool.call.completed",
-                      {"invocation": str(entry.invocation_id), "call_id": req.call_id, "tool": req.name, "result": entry.result, "executed": True, "attempt": attempt}, at)
-        if ctx.token.reason is not None:
-            stop = ctx.token.reason
+        ran, stop = _run_one(ctx, entry, step_number, (row["attempt"] or 0) + 1, results, late)
+        executed += ran
     if executed:
         ctx.run.usage = ctx.run.usage.model_copy(update={"tool_calls": ctx.run.usage.tool_calls + executed})
         results.usage = ctx.run.usage.model_dump(mode="json")
