@@ -17,41 +17,11 @@ from runs.models import Event, ModelCall, Run, ToolInvocation
 from runs.queue import run_claim
 from runs.resume import RunLeased, RunNotRunning, run_resume, take_over
 
+from tests.crash import Crash, crash_at, die_at, expire  # noqa: E402
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class Crash(BaseException):
-    """The process died here."""
-
-
-def crash_at(monkeypatch, point):
-    import runs.faults
-
-    real = runs.faults.fire
-
-    def fire(p, run_id):
-        if p == point:
-            raise Crash(p)
-        return real(p, run_id)
-
-    monkeypatch.setattr(runs.faults, "fire", fire)
-    monkeypatch.setattr("runs.resume.fire", fire)
-    return lambda: (monkeypatch.setattr(runs.faults, "fire", real), monkeypatch.setattr("runs.resume.fire", real))
-
-
-def expire(run):
-    with connection.cursor() as cur:
-        cur.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [run.id])
-
-
-def die_at(monkeypatch, run, point):
-    undo = crash_at(monkeypatch, point)
-    claim = run_claim(run_id=run.id, owner="dying-worker")
-    with pytest.raises(Crash):
-        execute_run(claim)
-    undo()
-    expire(run)
-    return claim
 
 
 def post_agent(load_agent, sink, before=0, **kw):
