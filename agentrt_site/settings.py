@@ -106,7 +106,8 @@ if os.environ.get("DATABASE_URL"):
                 ),
             }
         )
-        _db["CONN_HEALTH_CHECKS"] = True
+        # Off by default: with it django-q2's broker pings before every poll (~2x idle commits).
+        _db["CONN_HEALTH_CHECKS"] = os.environ.get("AGENTRT_CONN_HEALTH_CHECKS", "0") == "1"
     DATABASES = {"default": _db}
 else:
     DATABASES = {

@@ -19,6 +19,7 @@ from django.db import connection, transaction
 
 from .domain.errors import WorkerFenced
 from .domain.writes import EventWrite, UnitOfWork
+from .store_pg import can_batch, unit_statement, watermark_statement
 
 
 def is_pg() -> bool:
@@ -152,6 +153,8 @@ class DjangoRunStore:
         fragment only `finalize` passes (the terminal writer). `after(cursor)`
         runs last inside the transaction (the drive_run enqueue joins it)."""
         at = work.events[0].occurred_at if work.events else None
+        if is_pg() and can_batch(work):
+            return self._commit_one_statement(work, at or _latest(work), transition_sql, transition_params, after)
         try:
             with transaction.atomic(durable=True):
                 with connection.cursor() as cursor:
@@ -167,6 +170,36 @@ class DjangoRunStore:
         self.commits += 1
         return seqs
 
+    def _commit_one_statement(self, work: UnitOfWork, at: datetime, transition_sql: str, transition_params, after) -> list[int]:
+        sql, params = unit_statement(
+            work, run_id=self.run_id, tenant_id=self.tenant_id, session_id=self.session_id, owner=self.owner, epoch=self.epoch,
+            at=at, code_version=self.code_version,
+            checkpoint_id=_checkpoint_id(self.run_id, work.checkpoint.version) if work.checkpoint is not None else None,
+            transition_sql=transition_sql, transition_params=transition_params,
+        )
+        if after is None and connection.get_autocommit():
+            with connection.cursor() as cursor:  # the statement is its own transaction
+                cursor.execute(sql, params)
+                fenced_rows, seqs = cursor.fetchone()
+            if fenced_rows != 1:
+                raise WorkerFenced("the fenced update affected zero rows")
+        else:
+            try:
+                with transaction.atomic(durable=True):
+                    with connection.cursor() as cursor:
+                        cursor.execute(sql, params)
+                        fenced_rows, seqs = cursor.fetchone()
+                        if fenced_rows != 1:
+                            raise _Fenced()
+                        if after is not None:
+                            after(cursor)
+            except _Fenced:
+                raise WorkerFenced("the fenced update affected zero rows") from None
+        if work.events and settings.AGENTRT_NOTIFY_LIVE:
+            _notify(self.run_id, self.tenant_id)
+        self.commits += 1
+        return list(seqs or [])
+
     def invocations_for_step(self, step_number: int) -> list[dict[str, Any]]:
         """Read the invocation rows of one step (to re-enter an open batch)."""
         from .models import ToolInvocation
@@ -179,6 +212,18 @@ class DjangoRunStore:
         )
 
     def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
+        if is_pg() and connection.get_autocommit():
+            sql, params = watermark_statement(run_id=self.run_id, session_id=self.session_id, tenant_id=self.tenant_id, owner=self.owner,
+                                              epoch=self.epoch, invocation_id=invocation_id, attempt=attempt, at=at, event_payload=event_payload)
+            with connection.cursor() as cursor:  # alone, in its own one-statement transaction
+                cursor.execute(sql, params)
+                fenced_rows, updated = cursor.fetchone()
+            if fenced_rows != 1 or updated != 1:
+                raise WorkerFenced("the watermark's fenced update affected zero rows")
+            if settings.AGENTRT_NOTIFY_LIVE:
+                _notify(self.run_id, self.tenant_id)
+            self.commits += 1
+            return
         try:
             with transaction.atomic(durable=True):
                 with connection.cursor() as cursor:

@@ -29,12 +29,15 @@ class CheckpointState:
     last_full_version: int = 0
     saved_len: int = 0  # conversation items already persisted in the chain
     needs_full: bool = False  # rebuilt without a chain: the next write must be full
+    _written: dict = field(default_factory=dict)  # identical-call counts as of the last write
+
+    def count_call(self, fingerprint: str) -> None:
+        self.identical_calls[fingerprint] = self.identical_calls.get(fingerprint, 0) + 1
 
     def scalars(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "pending_tool_calls": self.pending_tool_calls,
-            "identical_calls": self.identical_calls,
             "denials": self.denials,
         }
 
@@ -46,11 +49,15 @@ class CheckpointState:
         state = self.scalars()
         if full:
             state["conversation"] = list(self.conversation)
+            state["identical_calls"] = dict(self.identical_calls)
             base = None
             self.last_full_version = version
         else:
+            # A delta carries only what changed since the previous version.
             state["items"] = self.conversation[self.saved_len:]
+            state["identical_calls_changed"] = {k: v for k, v in self.identical_calls.items() if self._written.get(k) != v}
             base = self.last_full_version
+        self._written = dict(self.identical_calls)
         self.version = version
         self.saved_len = len(self.conversation)
         return CheckpointInsert(version=version, full=full, base_version=base, trigger=trigger, state=state, created_at=at)
@@ -62,20 +69,24 @@ class CheckpointState:
         if not rows or not rows[0][1]:
             return None
         conversation = list(rows[0][2].get("conversation", []))
+        identical = dict(rows[0][2].get("identical_calls", {}))
         expected = rows[0][0]
         for version, full, state in rows[1:]:
             expected += 1
             if version != expected or full:
                 return None
             conversation.extend(state.get("items", []))
+            identical.update(state.get("identical_calls_changed", {}))
+            identical.update(state.get("identical_calls", {}))  # deltas written before the change-only form
         last_version, _, last = rows[-1]
         return cls(
             conversation=conversation,
             step=last.get("step", 0),
             pending_tool_calls=list(last.get("pending_tool_calls", [])),
-            identical_calls=dict(last.get("identical_calls", {})),
+            identical_calls=identical,
             denials=last.get("denials", 0),
             version=last_version,
             last_full_version=rows[0][0],
             saved_len=len(conversation),
+            _written=dict(identical),
         )

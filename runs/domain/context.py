@@ -89,9 +89,7 @@ def build_request(ctx: RunContext, step_number: int, attempt_number: int, *, too
     checkpoint are byte-identical. Return it with its `prefix_sha256`."""
     tools = tool_schemas(ctx) if tool_choice != "none" else []
     messages = ctx.state.conversation
-    prefix = hashlib.sha256(
-        canonical_json({"instructions": ctx.agent.instructions, "tools": tools, "messages": messages}).encode()
-    ).hexdigest()
+    prefix = prefix_sha256(ctx, tools, messages)
     request = ModelRequest.model_construct(
         run_id=ctx.run.id,
         step_number=step_number,
@@ -102,3 +100,21 @@ def build_request(ctx: RunContext, step_number: int, attempt_number: int, *, too
         tool_choice=tool_choice,
     )
     return request, prefix
+
+
+def prefix_sha256(ctx: RunContext, tools: list[dict[str, Any]], messages: list[dict[str, Any]]) -> str:
+    """SHA-256 over the instructions, the tools and each message in order (a
+    separator after each). A function of the content only; the running hash
+    is kept between steps because the conversation only grows (compaction
+    replaces the list, which starts a new one)."""
+    head = canonical_json({"instructions": ctx.agent.instructions, "tools": tools})
+    cache = ctx.extra.get("prefix")
+    if cache is None or cache[0] is not messages or cache[1] != head or cache[2] > len(messages):
+        hasher = hashlib.sha256(head.encode() + b"\x1e")
+        done = 0
+    else:
+        _, _, done, hasher = cache
+    for message in messages[done:]:
+        hasher.update(canonical_json(message).encode() + b"\x1e")
+    ctx.extra["prefix"] = (messages, head, len(messages), hasher)
+    return hasher.copy().hexdigest()

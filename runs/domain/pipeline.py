@@ -215,8 +215,7 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
         ran, stop_after = _run_one(ctx, entry, step_number, 1, results, late)
         if ran:
             executed += 1
-            fp = _call_fingerprint(entry.call.name, entry.arguments)
-            ctx.state.identical_calls[fp] = ctx.state.identical_calls.get(fp, 0) + 1
+            ctx.state.count_call(_call_fingerprint(entry.call.name, entry.arguments))
 
     if executed:
         run.usage = run.usage.model_copy(update={"tool_calls": run.usage.tool_calls + executed})

@@ -360,6 +360,7 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         "decisions_ok": sum(1 for d in decisions if d.get("ok")),
         "decisions_refused_as_expected": sum(1 for d in decisions if d.get("expect") == "refused" and not d.get("ok")),
         "decisions_failed_unexpectedly": [d for d in decisions if d.get("expect") == "ok" and not d.get("ok")],
+        "decisions_skipped_not_pending": sum(1 for d in decisions if d.get("expect") == "skip"),
     }
     sends = {"total": len(sink), "keys": len(sends_by_key), "authorized_resends": dup_sends,
              "by_attempt": dict(sorted(Counter(str(s.get("attempt")) for s in sink).items()))}

@@ -71,7 +71,6 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -82,23 +81,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.chaos.procs import ROOT, Proc, descendants, proc_state, proc_table, recreate_database
+from tests.chaos.plans import PLAN_NAMES, PLANS, POINTS, RunSpec, agent_definition
+from tests.chaos.report import render_markdown
+
 LEASE = 2.0
-POINTS = ("tool.before_watermark", "tool.after_watermark", "tool.after_execute")
-PLANS = {
-    "kill@before_watermark": ("tool.before_watermark", "kill"),
-    "kill@after_watermark": ("tool.after_watermark", "kill"),
-    "kill@after_execute": ("tool.after_execute", "kill"),
-    "kill@after_result": (None, "kill"),
-    "stop@before_watermark": ("tool.before_watermark", "stop"),
-    "stop@after_watermark": ("tool.after_watermark", "stop"),
-    "stop@after_execute": ("tool.after_execute", "stop"),
-    "cancel@before_watermark": ("tool.before_watermark", "cancel"),
-    "cancel@after_watermark": ("tool.after_watermark", "cancel"),
-    # killed after the watermark; the operator approves the re-run and cancels the run at once (F12 after a park)
-    "approve+cancel@after_watermark": ("tool.after_watermark", "kill"),
-}
-PLAN_NAMES = list(PLANS)
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 SINK_SCRIPT = """
 import sys, time
@@ -158,140 +145,6 @@ def default_db_url(arg: str | None) -> str:
     if env.startswith(("postgres://", "postgresql://")):
         return urlunsplit(urlsplit(env)._replace(path="/agentrt_chaos"))
     return "postgres://postgres@127.0.0.1:5432/agentrt_chaos"
-
-
-def recreate_database(url: str) -> None:
-    import psycopg
-
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    if not name or '"' in name:
-        raise SystemExit(f"bad database name in {url!r}")
-    server = urlunsplit(parts._replace(path="/postgres"))
-    with psycopg.connect(server, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-
-# -- processes -------------------------------------------------------------------
-
-class Proc:
-    """A child process in its own session (so its whole group can be signalled)."""
-
-    def __init__(self, name: str, argv: list[str], env: dict, log_path: Path):
-        self.name = name
-        self.log_path = log_path
-        self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.pid = self.proc.pid
-
-    def group(self, sig) -> None:
-        try:
-            os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc.poll() is None:
-            self.group(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        self.group(signal.SIGKILL)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        self.log.close()
-
-
-def proc_table() -> dict[int, tuple[int, str]]:
-    """pid -> (ppid, state) for every process, from /proc/<pid>/stat."""
-    out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as fh:
-                data = fh.read()
-        except OSError:
-            continue
-        rest = data.rpartition(")")[2].split()
-        if len(rest) >= 2:
-            out[int(name)] = (int(rest[1]), rest[0])
-    return out
-
-
-def descendants(root: int, table: dict[int, tuple[int, str]]) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    out, stack = set(), [root]
-    while stack:
-        for c in children.get(stack.pop(), []):
-            if c not in out:
-                out.add(c)
-                stack.append(c)
-    return out
-
-
-def proc_state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-# -- the agents --------------------------------------------------------------------
-
-def agent_definition(index: int, rng: random.Random, host: str, plan: str) -> tuple[dict, int]:
-    """A seeded scripted agent: 2–7 tool steps, 1–3 http_post side effects
-    among echo / http_get calls, then a final text turn. Returns it and the
-    number of side-effect calls it makes."""
-    steps = rng.randint(2, 7)  # tool steps; with the final text turn, 3–8 steps (RELIABILITY §4)
-    posts = [rng.randint(1, steps) for _ in range(rng.randint(1, 3))]
-    if plan != "none":
-        posts[0] = rng.randint(1, min(2, steps))  # the planned point comes early
-    first_post = min(posts)
-    turns = []
-    for s in range(1, steps + 1):
-        calls = []
-        for k in range(posts.count(s)):
-            calls.append({"name": "http_post", "arguments": {"url": f"http://{host}/effect", "json": {"run": index, "step": s, "n": k}}})
-        for k in range(rng.randint(0 if calls else 1, 2)):
-            if rng.random() < 0.5:
-                calls.append({"name": "echo", "arguments": {"text": f"run {index} step {s} look {k}"}})
-            else:
-                calls.append({"name": "http_get", "arguments": {"url": f"http://{host}/get/{index}/{s}/{k}"}})
-        rng.shuffle(calls)
-        turns.append({"tool_calls": calls, "delay_ms": rng.randint(50, 250)})
-    turns.append({"text": f"run {index} done", "delay_ms": rng.randint(50, 250)})
-    if plan == "kill@after_result":
-        turns[first_post]["delay_ms"] = 700  # the model call after the first result: the after-result window
-    definition = {
-        "name": f"chaos-{index:04d}",
-        "instructions": "chaos soak agent",
-        "model": {"provider": "scripted", "turns": turns},
-        "tools": ["echo", "http_get", "http_post"],
-        "policy": {"default": "allow"},
-    }
-    return definition, len(posts)
-
-
-class RunSpec:
-    def __init__(self, index: int, plan: str, agent: str, posts: int, cancel_after: float | None):
-        self.index = index
-        self.plan = plan
-        self.agent = agent
-        self.posts = posts
-        self.cancel_after = cancel_after
-        self.run_id: str | None = None
-        self.submitted_at: float | None = None
-        self.planned_done = False
-        self.approvals_seen = 0
 
 
 # -- the soak ------------------------------------------------------------------------
@@ -725,6 +578,11 @@ class Soak:
             if item["done"] or now < item["at"]:
                 continue
             item["done"] = True
+            status = Approval.objects.filter(id=item["approval"]).values_list("status", flat=True).first()
+            if status != "pending":  # e.g. another approval of the batch was rejected, or the run was cancelled
+                self.decisions.append({"approval": item["approval"], "run": item["run"], "kind": item["kind"], "expect": "skip",
+                                       "why": f"no longer pending ({status})", "ok": None, "t": now})
+                continue
             if item["wrong_hash_first"]:
                 self.decide(item, item["approve"], "0" * 64, expect="refused", why="wrong-hash")
             self.decide(item, item["approve"], item["hash"], expect="ok", why="decision")
@@ -984,94 +842,6 @@ class Soak:
                 "reincarnated": sum(1 for line in lines if "reincarnated" in line),
             }
         return out
-
-
-def render_markdown(r: dict) -> str:
-    c = r["config"]
-    f = r["faults"]
-    i8 = r["i8"]
-    lat = r["takeover_latency_s"]
-    lines = [
-        "# Chaos soak report",
-        "",
-        f"- command: `{c.get('command') or 'python -m tests.chaos.soak --runs %s --workers %s --seed %s' % (c['runs'], c['workers'], c['seed'])}`",
-        f"- N = {c['runs']} runs, seed {c['seed']}, {c['workers']} workers in {c['clusters']} qcluster(s) + 1 run_maintenance, "
-        f"lease {c['lease_seconds']} s, max in flight {c['max_inflight']}, wall {c['wall_s']} s",
-        f"- random kills every U{tuple(c['kill_every']) if c['kill_every'] else 'off'} s, stops every U{tuple(c['stop_every']) if c['stop_every'] else 'off'} s "
-        f"for U(L, 3L); cancel rate {c['cancel_rate']}; approve rate {c['approve_rate']}; planned fraction {c['planned_fraction']}"
-        + (" — **baseline, no faults**" if c["no_faults"] else ""),
-        f"- artifacts: `{c['artifacts']}` (snapshot.json, sink.jsonl, faults.jsonl, decisions.jsonl, process logs; "
-        f"re-check with `python -m tests.chaos.checker <dir>`)",
-        "",
-        f"## Verdict: {'PASS — 0 violations' if not r['violations'] else 'FAIL — %d violation(s)' % len(r['violations'])}",
-        "",
-        "## Faults",
-        "",
-        f"- SIGKILL: {f['kills']}, SIGSTOP: {f['stops']} (planned {f['planned']}, random {f['random']}); "
-        f"operator cancels: {f['cancels']}; freezes aborted (worker held no lease): {f['aborted_freezes']}",
-        "",
-        "| window | kills | stops | total |",
-        "|---|---|---|---|",
-    ]
-    for w in ("before_watermark", "watermark_to_result", "after_result", "no_effect", "idle"):
-        lines.append(f"| {w} | {f['kill_by_window'][w]} | {f['stop_by_window'][w]} | {f['by_window'][w]} |")
-    lines += ["", f"Kills landed in every window: {all(r['kill_windows_hit'].values())} {r['kill_windows_hit']}", ""]
-    if r.get("planned"):
-        lines += ["Planned faults (plan: runs → landed): " + ", ".join(f"{k}: {v['runs']}→{v['landed']}" for k, v in r["planned"].items()), ""]
-    lines += [
-        "## Method",
-        "",
-        "- Planned faults: the cluster pauses every run once at `tool.before_watermark`, `tool.after_watermark` and "
-        "`tool.after_execute` (fault points, action `pause`); the soak applies the run's plan there (SIGKILL / SIGSTOP / cancel) "
-        "or releases it. `kill@after_result` watches the database for the run's first committed side-effect result and kills "
-        "during the next (700 ms) model call. Random faults: SIGKILL / SIGSTOP of a random worker holding a live lease.",
-        "- Window of every kill/stop (freeze, classify, act): SIGSTOP the worker, wait for /proc state T + 80 ms, read the run "
-        "whose `lease_owner` names its pid and that run's side-effect invocations (frozen, so exact): `executing` → "
-        "watermark_to_result, `authorized` → before_watermark, a result → after_result, none → no_effect; then SIGKILL, "
-        "or SIGCONT after U(L, 3L). A worker found holding no lease is SIGCONTed and counted as aborted (never killed idle: "
-        "an idle django-q2 worker holds the task queue's read lock).",
-        "- I8 pairs each watermark-window fault (invocation, attempt) with the takeover from that epoch (its `step.interrupted` "
-        "events and its decision) and with the `interrupted_side_effect` approval (presentation attempt).",
-        "",
-        "## Runs",
-        "",
-        f"- terminal statuses: {r['statuses']}",
-        f"- failure reasons: {r['failure_reasons']}",
-        f"- approvals (kind:status): {r['approvals']['by_kind_status']}",
-        f"- operator decisions accepted: {r['approvals']['decisions_ok']}; wrong-hash / second decisions refused as expected: "
-        f"{r['approvals']['decisions_refused_as_expected']}; decisions that failed unexpectedly: {len(r['approvals']['decisions_failed_unexpectedly'])}",
-        f"- effect sink: {r['sends']}",
-        f"- takeovers: {r['takeovers']}",
-        f"- throughput: {r['throughput']}"
-        + (f"; no-fault baseline {r['baseline']['runs_per_min']} runs/min ({r['baseline']['runs']} runs) → ratio **{r['baseline']['ratio']}** "
-           f"(gate ≥ 0.5)" if r.get("baseline") else ""),
-        f"- per-run latency (submit → terminal, s): {r['run_latency_s']}",
-        f"- takeover latency (worker frozen → `lease.taken_over`, s) after SIGKILL: {lat['kill']}",
-        f"- takeover while a worker was SIGSTOPped (s): {lat['stop_during_stop']}",
-        "",
-        "## I8 — interrupted_side_effect approvals vs faults in the watermark window",
-        "",
-        f"- interrupted_side_effect approvals: **{i8['interrupted_side_effect_approvals']}**",
-        f"- faults that landed in [watermark, result): **{i8['faults_in_watermark_window']}** "
-        f"(SIGKILL {i8['faults_in_watermark_window_kill']}, SIGSTOP {i8['faults_in_watermark_window_stop']})",
-        f"- equal: **{i8['equal']}**; of those faults, {i8['expected_parks']} should have parked and {i8['matched']} did",
-        f"- faults in the window that legitimately did not park: {len(i8['faults_without_park_explained'])}",
-    ]
-    for item in i8["faults_without_park_explained"][:20]:
-        lines.append(f"  - fault {item['fault']} ({item['kind']}), run {item['run'][:8]}: {item['why']}")
-    lines.append(f"- faults in the window that did not park, unexplained: {len(i8['faults_without_park_unexplained'])}")
-    for item in i8["faults_without_park_unexplained"][:20]:
-        lines.append(f"  - fault {item['fault']} ({item['kind']}), run {item['run'][:8]}: {item['why']}")
-    lines.append(f"- parks without a fault in the window: {len(i8['parks_without_watermark_fault'])}")
-    for item in i8["parks_without_watermark_fault"][:20]:
-        lines.append(f"  - run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}")
-    lines += ["", "## Violations", ""]
-    if not r["violations"]:
-        lines.append("None (I1–I7 hold; I8 as above).")
-    for x in r["violations"][:200]:
-        lines.append(f"- **{x['invariant']}** run {x.get('run')}: {x['detail']}")
-    lines += ["", "## Process logs", "", f"{r.get('logs')}", ""]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,92 @@
+"""The chaos soak's markdown report (a pure function of the checker's report
+plus the soak's configuration)."""
+from __future__ import annotations
+
+
+def render_markdown(r: dict) -> str:
+    c = r["config"]
+    f = r["faults"]
+    i8 = r["i8"]
+    lat = r["takeover_latency_s"]
+    lines = [
+        "# Chaos soak report",
+        "",
+        f"- command: `{c.get('command') or 'python -m tests.chaos.soak --runs %s --workers %s --seed %s' % (c['runs'], c['workers'], c['seed'])}`",
+        f"- N = {c['runs']} runs, seed {c['seed']}, {c['workers']} workers in {c['clusters']} qcluster(s) + 1 run_maintenance, "
+        f"lease {c['lease_seconds']} s, max in flight {c['max_inflight']}, wall {c['wall_s']} s",
+        f"- random kills every U{tuple(c['kill_every']) if c['kill_every'] else 'off'} s, stops every U{tuple(c['stop_every']) if c['stop_every'] else 'off'} s "
+        f"for U(L, 3L); cancel rate {c['cancel_rate']}; approve rate {c['approve_rate']}; planned fraction {c['planned_fraction']}"
+        + (" — **baseline, no faults**" if c["no_faults"] else ""),
+        f"- artifacts: `{c['artifacts']}` (snapshot.json, sink.jsonl, faults.jsonl, decisions.jsonl, process logs; "
+        f"re-check with `python -m tests.chaos.checker <dir>`)",
+        "",
+        f"## Verdict: {'PASS — 0 violations' if not r['violations'] else 'FAIL — %d violation(s)' % len(r['violations'])}",
+        "",
+        "## Faults",
+        "",
+        f"- SIGKILL: {f['kills']}, SIGSTOP: {f['stops']} (planned {f['planned']}, random {f['random']}); "
+        f"operator cancels: {f['cancels']}; freezes aborted (worker held no lease): {f['aborted_freezes']}",
+        "",
+        "| window | kills | stops | total |",
+        "|---|---|---|---|",
+    ]
+    for w in ("before_watermark", "watermark_to_result", "after_result", "no_effect", "idle"):
+        lines.append(f"| {w} | {f['kill_by_window'][w]} | {f['stop_by_window'][w]} | {f['by_window'][w]} |")
+    lines += ["", f"Kills landed in every window: {all(r['kill_windows_hit'].values())} {r['kill_windows_hit']}", ""]
+    if r.get("planned"):
+        lines += ["Planned faults (plan: runs → landed): " + ", ".join(f"{k}: {v['runs']}→{v['landed']}" for k, v in r["planned"].items()), ""]
+    lines += [
+        "## Method",
+        "",
+        "- Planned faults: the cluster pauses every run once at `tool.before_watermark`, `tool.after_watermark` and "
+        "`tool.after_execute` (fault points, action `pause`); the soak applies the run's plan there (SIGKILL / SIGSTOP / cancel) "
+        "or releases it. `kill@after_result` watches the database for the run's first committed side-effect result and kills "
+        "during the next (700 ms) model call. Random faults: SIGKILL / SIGSTOP of a random worker holding a live lease.",
+        "- Window of every kill/stop (freeze, classify, act): SIGSTOP the worker, wait for /proc state T + 80 ms, read the run "
+        "whose `lease_owner` names its pid and that run's side-effect invocations (frozen, so exact): `executing` → "
+        "watermark_to_result, `authorized` → before_watermark, a result → after_result, none → no_effect; then SIGKILL, "
+        "or SIGCONT after U(L, 3L). A worker found holding no lease is SIGCONTed and counted as aborted (never killed idle: "
+        "an idle django-q2 worker holds the task queue's read lock).",
+        "- I8 pairs each watermark-window fault (invocation, attempt) with the takeover from that epoch (its `step.interrupted` "
+        "events and its decision) and with the `interrupted_side_effect` approval (presentation attempt).",
+        "",
+        "## Runs",
+        "",
+        f"- terminal statuses: {r['statuses']}",
+        f"- failure reasons: {r['failure_reasons']}",
+        f"- approvals (kind:status): {r['approvals']['by_kind_status']}",
+        f"- operator decisions accepted: {r['approvals']['decisions_ok']}; wrong-hash / second decisions refused as expected: "
+        f"{r['approvals']['decisions_refused_as_expected']}; skipped (approval no longer pending): "
+        f"{r['approvals'].get('decisions_skipped_not_pending', 0)}; decisions that failed unexpectedly: {len(r['approvals']['decisions_failed_unexpectedly'])}",
+        f"- effect sink: {r['sends']}",
+        f"- takeovers: {r['takeovers']}",
+        f"- throughput: {r['throughput']}"
+        + (f"; no-fault baseline {r['baseline']['runs_per_min']} runs/min ({r['baseline']['runs']} runs) → ratio **{r['baseline']['ratio']}** "
+           f"(gate ≥ 0.5)" if r.get("baseline") else ""),
+        f"- per-run latency (submit → terminal, s): {r['run_latency_s']}",
+        f"- takeover latency (worker frozen → `lease.taken_over`, s) after SIGKILL: {lat['kill']}",
+        f"- takeover while a worker was SIGSTOPped (s): {lat['stop_during_stop']}",
+        "",
+        "## I8 — interrupted_side_effect approvals vs faults in the watermark window",
+        "",
+        f"- interrupted_side_effect approvals: **{i8['interrupted_side_effect_approvals']}**",
+        f"- faults that landed in [watermark, result): **{i8['faults_in_watermark_window']}** "
+        f"(SIGKILL {i8['faults_in_watermark_window_kill']}, SIGSTOP {i8['faults_in_watermark_window_stop']})",
+        f"- equal: **{i8['equal']}**; of those faults, {i8['expected_parks']} should have parked and {i8['matched']} did",
+        f"- faults in the window that legitimately did not park: {len(i8['faults_without_park_explained'])}",
+    ]
+    for item in i8["faults_without_park_explained"][:20]:
+        lines.append(f"  - fault {item['fault']} ({item['kind']}), run {item['run'][:8]}: {item['why']}")
+    lines.append(f"- faults in the window that did not park, unexplained: {len(i8['faults_without_park_unexplained'])}")
+    for item in i8["faults_without_park_unexplained"][:20]:
+        lines.append(f"  - fault {item['fault']} ({item['kind']}), run {item['run'][:8]}: {item['why']}")
+    lines.append(f"- parks without a fault in the window: {len(i8['parks_without_watermark_fault'])}")
+    for item in i8["parks_without_watermark_fault"][:20]:
+        lines.append(f"  - run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}")
+    lines += ["", "## Violations", ""]
+    if not r["violations"]:
+        lines.append("None (I1–I7 hold; I8 as above).")
+    for x in r["violations"][:200]:
+        lines.append(f"- **{x['invariant']}** run {x.get('run')}: {x['detail']}")
+    lines += ["", "## Process logs", "", f"{r.get('logs')}", ""]
+    return "\n".join(lines) + "\n"
