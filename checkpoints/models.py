@@ -6,8 +6,8 @@ from runs.clock import new_uuid, utcnow
 
 class Checkpoint(models.Model):
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
-    tenant = models.ForeignKey("runs.Tenant", on_delete=models.CASCADE)
-    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="checkpoints")
+    tenant = models.ForeignKey("runs.Tenant", on_delete=models.CASCADE, db_index=False)
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="checkpoints", db_index=False)  # (run, version) serves
     version = models.IntegerField()
     full = models.BooleanField(default=True)
     base_version = models.IntegerField(null=True, blank=True)

@@ -131,11 +131,15 @@ class Run(models.Model):
 
 
 class ModelCall(models.Model):
-    """One row per model attempt: every step's persisted identity."""
+    """One row per model attempt: every step's persisted identity.
+
+    Hot-path tables carry no single-column FK indexes: the composite unique
+    index that starts with `run` serves every lookup, and each index costs
+    a write on every step."""
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="model_calls")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="model_calls", db_index=False)
     step_number = models.IntegerField()
     attempt_number = models.IntegerField()
     status = models.CharField(max_length=16, default="started")  # started | completed | failed | interrupted | abandoned
@@ -171,8 +175,8 @@ class ToolInvocation(models.Model):
     ]
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="invocations")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="invocations", db_index=False)
     step_number = models.IntegerField()
     call_index = models.IntegerField()
     call_id = models.CharField(max_length=200)
@@ -203,10 +207,10 @@ class Event(models.Model):
     """The session-scoped append-only log; `sequence` is the stream cursor."""
 
     id = models.BigAutoField(primary_key=True)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events", db_index=False)
     sequence = models.BigIntegerField()
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, null=True, related_name="events")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, null=True, related_name="events", db_index=False)
     type = models.CharField(max_length=64)
     payload = models.JSONField(default=dict)
     lease_epoch = models.BigIntegerField(default=0)
@@ -215,4 +219,7 @@ class Event(models.Model):
     class Meta:
         db_table = "events"
         constraints = [models.UniqueConstraint(fields=["session", "sequence"], name="event_session_sequence_unique")]
-        indexes = [models.Index(fields=["run", "sequence"], name="events_run_sequence_idx")]
+        indexes = [
+            models.Index(fields=["run", "sequence"], name="events_run_sequence_idx"),
+            models.Index(fields=["tenant", "id"], name="events_tenant_id_idx"),
+        ]
