@@ -99,3 +99,22 @@ def test_sigterm_drains_the_cluster_and_yields_the_run_for_another_node(cluster,
     cluster(AGENTRT_LEASE_SECONDS=30, AGENTRT_WORKERS=1)
     wait_for(lambda: status(run.id) == "COMPLETED", timeout=60, message="another node to finish the run")
     assert not Event.objects.filter(run=run, type="lease.taken_over").exists()
+
+
+def test_a_long_conversation_is_compacted_on_a_real_cluster(cluster, load_agent, submit):
+    turns = [{"tool_calls": [{"name": "echo", "arguments": {"text": f"{i}:" + "x" * 400}}]} for i in range(12)] + [{"text": "all read"}]
+    load_agent(model={"provider": "scripted", "turns": turns, "context_window": 2000}, limits={"max_steps": 20, "max_tool_calls": 30})
+    cluster(AGENTRT_LEASE_SECONDS=5)
+    run = submit()
+    wait_for(lambda: status(run.id) in ("COMPLETED", "FAILED"), timeout=60, message="the run to end")
+    row = Run.objects.get(id=run.id)
+    assert row.status == "COMPLETED" and row.final_message == "all read"
+    compacted = Event.objects.filter(run=run, type="context.compacted")
+    assert compacted.exists()
+    from checkpoints.models import Checkpoint
+
+    assert Checkpoint.objects.filter(run=run, trigger="compaction", full=True).count() == compacted.count()
+    from runs.models import ModelCall
+
+    hashes = list(ModelCall.objects.filter(run=run).values_list("prefix_sha256", flat=True))
+    assert len(hashes) == len(set(hashes)) == 13 and all(hashes)

@@ -33,6 +33,11 @@ def test_retries_malformed_arguments_cut_stream_empty_turn_and_streamed_deltas(l
         answer(429, {"error": {"message": "slow down, key sk-leaked-1234567890abcdef"}}, {"Retry-After": "0"}),
         stream([chunk("", role="assistant"), chunk(tool_calls=[tool_delta(0, id="c1", name="echo", arguments='{"text": ')]),
                 chunk(tool_calls=[tool_delta(0, arguments="oops")]), chunk(finish="tool_calls"), usage_chunk(40, 8)]),
+        answer(500, {"error": {"message": "internal"}}),
+        stream([chunk("", role="assistant"),
+                chunk(tool_calls=[tool_delta(0, id="p1", name="echo", arguments='{"text": "left"}'),
+                                  tool_delta(1, id="p2", name="echo", arguments='{"text": "right"}')]),
+                chunk(finish="tool_calls"), usage_chunk(45, 9)]),
         stream([chunk("", role="assistant"), chunk("I will "), chunk("say")], cut_after=3, done=False),
         text_stream(finish="stop", usage=(50, 0)),
         text_stream(*[f"word{i} " for i in range(8)], usage=(60, 16), delay=0.1),
@@ -43,18 +48,21 @@ def test_retries_malformed_arguments_cut_stream_empty_turn_and_streamed_deltas(l
     row = Run.objects.get(id=run.id)
     assert row.status == "COMPLETED", row.failure
     assert row.final_message.startswith("word0 word1")
-    assert len(fake.requests) == 5
+    assert len(fake.requests) == 7  # 429 and 500 retried by the provider before any output
     assert all(r["headers"]["authorization"] == f"Bearer {KEY}" for r in fake.requests)
     # The malformed arguments became a tool result the model saw on the next request.
-    inv = ToolInvocation.objects.get(run=run)
-    assert inv.status == "failed" and inv.result["error"] == "invalid_arguments"
+    bad = ToolInvocation.objects.get(run=run, step_number=1)
+    assert bad.status == "failed" and bad.result["error"] == "invalid_arguments"
     second = fake.requests[2]["body"]["messages"]
     assert any(m.get("role") == "tool" and "invalid_arguments" in m.get("content", "") for m in second)
+    # Parallel tool calls of one turn both ran.
+    parallel = list(ToolInvocation.objects.filter(run=run, step_number=2).order_by("call_index").values_list("status", "result"))
+    assert parallel == [("completed", "left"), ("completed", "right")]
     calls = list(ModelCall.objects.filter(run=run).order_by("step_number", "attempt_number").values_list("step_number", "attempt_number", "status", "stream_had_output"))
-    assert calls == [(1, 1, "completed", False), (2, 1, "failed", True), (2, 2, "failed", False), (2, 3, "completed", False)]
+    assert calls == [(1, 1, "completed", False), (2, 1, "completed", False), (3, 1, "failed", True), (3, 2, "failed", False), (3, 3, "completed", False)]
     failed = list(Event.objects.filter(run=run, type="model.response.failed").values_list("payload", flat=True))
     assert [f["error_class"] for f in failed] == ["StreamCutAfterOutput", "EmptyModelTurn"]
-    deltas = list(Event.objects.filter(run=run, type="model.response.delta", payload__attempt=3).order_by("sequence").values_list("payload", flat=True))
+    deltas = list(Event.objects.filter(run=run, type="model.response.delta", payload__step=3, payload__attempt=3).order_by("sequence").values_list("payload", flat=True))
     assert 1 <= len(deltas) < 8  # batched, not one row per token
     assert "".join(d["text"] for d in deltas).startswith("word0")
     assert row.usage["input_tokens"] >= 150 and row.usage["cost_usd"] > 0
