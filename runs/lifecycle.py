@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import connection, transaction
 
 from .clock import CLOCK
+from .domain.pipeline import UNKNOWN_OUTCOME
 from .domain.writes import EventWrite
 from .errors import RunTerminal
 from .models import Run
@@ -29,6 +30,12 @@ def run_cancel(*, run: Run, by: str = "") -> str:
                 cursor.execute(
                     "UPDATE approvals SET status = 'cancelled', decided_at = %s WHERE run_id = %s AND status = 'pending'",
                     [sql_dt(now), sql_uuid(run.id)],
+                )
+                # A granted re-run that never ran keeps its first attempt's record: outcome unknown (I6).
+                cursor.execute(
+                    f"UPDATE tool_invocations SET status = 'interrupted', error = {jp()}, updated_at = %s"
+                    " WHERE run_id = %s AND effect_sent_at IS NOT NULL AND result IS NULL AND status IN ('authorized', 'executing')",
+                    [sql_json(UNKNOWN_OUTCOME), sql_dt(now), sql_uuid(run.id)],
                 )
                 append_events(cursor, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=run.lease_epoch,
                               events=[EventWrite("run.cancelled", {"by": by, "direct": True}, now)])

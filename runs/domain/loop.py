@@ -68,8 +68,7 @@ def stop_outcome(ctx: RunContext, reason: CancelReason, late=None) -> RunOutcome
 def _loop(ctx: RunContext) -> RunOutcome:
     run = ctx.run
     reopened = open_batch(ctx)
-    if reopened is not None:  # resume re-enters the pipeline for the open batch
-        ctx.token.raise_if_cancelled()
+    if reopened is not None:  # resume re-enters the pipeline for the open batch (it observes the token per call)
         step_number, pending = reopened
         ctx.current_step = step_number
         if not ctx.pending.is_empty():  # run.resumed lands before any watermark of the batch

@@ -233,7 +233,7 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
 
 
 def _run_one(ctx: RunContext, entry: _Entry, step_number: int, attempt: int, results: UnitOfWork,
-             late: list[dict[str, Any]]) -> tuple[bool, CancelReason | None]:
+             late: list[dict[str, Any]], *, effect_sent: bool = False) -> tuple[bool, CancelReason | None]:
     """Steps 7 and 9–14 for one authorized call: the cancellation check, the
     watermark alone in its fenced transaction (side effects only), the
     self-fence, the call, and its result into `results`. Return whether the
@@ -243,9 +243,11 @@ def _run_one(ctx: RunContext, entry: _Entry, step_number: int, attempt: int, res
     if not spec.read_only:
         ctx.fault("tool.before_watermark")
     if ctx.token.reason is not None:  # observation point 4
-        _cancel(ctx, results, entry, ctx.token.reason)
+        _cancel(ctx, results, entry, ctx.token.reason, effect_sent=effect_sent)
         return False, ctx.token.reason
     if not spec.read_only:
+        if not ctx.lease.may_start_effect():  # a stale worker writes no watermark for a call it will not make
+            raise WorkerFenced("self-fence before the watermark", late={"calls": late} if late else None)
         try:
             ctx.store.mark_effect_sent(
                 entry.invocation_id, attempt,
@@ -277,12 +279,23 @@ def _run_one(ctx: RunContext, entry: _Entry, step_number: int, attempt: int, res
     return True, ctx.token.reason  # observation point 5: the call has finished; its result is kept
 
 
-def _cancel(ctx: RunContext, work: UnitOfWork, entry: _Entry, reason: CancelReason) -> None:
+UNKNOWN_OUTCOME = {"outcome": "unknown", "message": "the call started and the process stopped before its outcome was recorded"}
+
+
+def _cancel(ctx: RunContext, work: UnitOfWork, entry: _Entry, reason: CancelReason, *, effect_sent: bool = False) -> None:
+    """Cancel a call that has not run (now). A call whose earlier attempt set
+    a watermark keeps its record: `interrupted`, outcome unknown — never a
+    cancelled call with an effect that may have happened (I6)."""
     at = ctx.clock.now()
-    entry.result = _error_result("cancelled", "the run was cancelled before this call ran")
     entry.is_error = True
-    work.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="cancelled", updated_at=at))
-    work.event("tool.run_cancelled", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": entry.call.name, "reason": str(reason)}, at)
+    if effect_sent:
+        entry.result = _error_result("interrupted", "an earlier attempt of this call started; its outcome is unknown")
+        work.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="interrupted", error=UNKNOWN_OUTCOME, updated_at=at))
+    else:
+        entry.result = _error_result("cancelled", "the run was cancelled before this call ran")
+        work.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="cancelled", updated_at=at))
+    work.event("tool.run_cancelled", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": entry.call.name,
+                                      "reason": str(reason), **({"outcome": "unknown"} if effect_sent else {})}, at)
 
 
 def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1) -> None:
@@ -419,10 +432,11 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
     executed = 0
     stop: CancelReason | None = None
     for entry, row in to_run:
+        effect_sent = row["effect_sent_at"] is not None
         if stop is not None:
-            _cancel(ctx, results, entry, stop)
+            _cancel(ctx, results, entry, stop, effect_sent=effect_sent)
             continue
-        ran, stop = _run_one(ctx, entry, step_number, (row["attempt"] or 0) + 1, results, late)
+        ran, stop = _run_one(ctx, entry, step_number, (row["attempt"] or 0) + 1, results, late, effect_sent=effect_sent)
         executed += ran
     if executed:
         ctx.run.usage = ctx.run.usage.model_copy(update={"tool_calls": ctx.run.usage.tool_calls + executed})

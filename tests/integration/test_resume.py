@@ -285,3 +285,17 @@ def test_a_sweep_racing_a_completion_leaves_the_run_completed(settings, tmp_path
     assert row.status == "COMPLETED" and row.lease_epoch == 1
     assert result["expired"] == 1 and result["resumed"] == 0
     assert "lease.taken_over" not in types(run)
+
+
+def test_cancelling_right_after_approving_a_rerun_keeps_the_outcome_unknown(monkeypatch, load_agent, submit, sink, operator):
+    post_agent(load_agent, sink)
+    run = submit()
+    die_at(monkeypatch, run, "tool.after_watermark")
+    run_resume(run_id=run.id)
+    approval = Approval.objects.get(run=run)
+    approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash)
+    assert run_cancel(run=reload(run)) == "CANCELLED"
+    inv = ToolInvocation.objects.get(run=run)
+    # Never a cancelled run with a watermarked call and neither result nor "unknown" (I6).
+    assert inv.status == "interrupted" and inv.error["outcome"] == "unknown" and inv.effect_sent_at is not None
+    assert sink.count() == 0

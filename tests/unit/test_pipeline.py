@@ -334,8 +334,19 @@ def test_lease_monitor_refusing_the_effect_raises_worker_fenced_and_skips_the_ca
         run_loop(h.ctx)
 
     assert h.tools.calls == []
-    assert len(h.store.watermarks) == 1  # the new owner will find it and ask
+    assert h.store.watermarks == []  # a stale worker writes no watermark for a call it will not make
     assert h.lease.asked == 1
+
+
+def test_a_lease_lost_between_the_watermark_and_the_call_skips_the_call_and_leaves_the_watermark():
+    h = build_context([{"tool_calls": [post_call(1)]}, {"text": "never"}], lease=FakeLease([True, False]))
+
+    with pytest.raises(WorkerFenced):
+        run_loop(h.ctx)
+
+    assert h.tools.calls == []
+    assert len(h.store.watermarks) == 1  # the new owner will find it and ask
+    assert h.lease.asked == 2
 
 
 def test_fenced_watermark_raises_worker_fenced_and_skips_the_call():
@@ -360,14 +371,10 @@ def test_read_only_calls_do_not_ask_the_lease_monitor():
 @pytest.mark.parametrize("how", ["self-fence", "fenced-watermark"])
 def test_fence_after_a_finished_side_effect_keeps_its_outcome_as_late(how):
     """DESIGN §10: a worker that loses its lease after a side effect it started
-    has finished writes that call's outcome into its `run.fenced` event.
-
-    KNOWN FAILURE (product bug): `dispatch` raises `WorkerFenced` for the
-    second call without attaching the first call's finished outcome, so
-    `execute_run` records `run.fenced` with no `late` and the result of an
-    effect that really happened is lost."""
+    has finished writes that call's outcome into its `run.fenced` event."""
     if how == "self-fence":
-        h = build_context([{"tool_calls": [post_call(1), post_call(2)]}, {"text": "x"}], lease=FakeLease([True, False]))
+        # The lease is asked before and after each watermark: the second call's first check fails.
+        h = build_context([{"tool_calls": [post_call(1), post_call(2)]}, {"text": "x"}], lease=FakeLease([True, True, False]))
     else:
         h = build_context([{"tool_calls": [post_call(1), post_call(2)]}, {"text": "x"}], store=FakeStore(fence_on_watermark=2))
 
