@@ -94,7 +94,8 @@ if os.environ.get("DATABASE_URL"):
         _db.setdefault("OPTIONS", {})
         _db["OPTIONS"].update(
             {
-                "connect_timeout": max(1, min(3, int(AGENTRT_LEASE_SECONDS / 3) or 1)),
+                # libpq's floor is 2 s: leases under ~9 s cannot get one below the heartbeat.
+                "connect_timeout": max(2, min(3, int(AGENTRT_LEASE_SECONDS / 3) - 1)),
                 "keepalives": 1,
                 "keepalives_idle": 5,
                 "keepalives_interval": 2,
@@ -102,7 +103,7 @@ if os.environ.get("DATABASE_URL"):
                 "options": (
                     f"-c statement_timeout={_stmt_ms} "
                     f"-c lock_timeout={_stmt_ms} "
-                    f"-c idle_in_transaction_session_timeout={max(_hb_ms, 10000)}"
+                    f"-c idle_in_transaction_session_timeout={max(500, _hb_ms - 100)}"
                 ),
             }
         )
