@@ -133,13 +133,17 @@ class Run(models.Model):
 class ModelCall(models.Model):
     """One row per model attempt: every step's persisted identity.
 
-    Hot-path tables carry no single-column FK indexes: the composite unique
-    index that starts with `run` serves every lookup, and each index costs
-    a write on every step."""
+    Hot-path tables (model_calls, tool_invocations, events, checkpoints)
+    carry no single-column FK indexes — the composite unique index that
+    starts with `run` serves every lookup — and no database FK constraints:
+    their rows are written only by the fenced statement, which writes
+    nothing unless the run row (and so its tenant and session) exists, and
+    Django still cascades deletes. Each index and each deferred FK check
+    costs work on every step."""
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="model_calls", db_index=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False, db_constraint=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="model_calls", db_index=False, db_constraint=False)
     step_number = models.IntegerField()
     attempt_number = models.IntegerField()
     status = models.CharField(max_length=16, default="started")  # started | completed | failed | interrupted | abandoned
@@ -175,8 +179,8 @@ class ToolInvocation(models.Model):
     ]
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="invocations", db_index=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False, db_constraint=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="invocations", db_index=False, db_constraint=False)
     step_number = models.IntegerField()
     call_index = models.IntegerField()
     call_id = models.CharField(max_length=200)
@@ -207,10 +211,10 @@ class Event(models.Model):
     """The session-scoped append-only log; `sequence` is the stream cursor."""
 
     id = models.BigAutoField(primary_key=True)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events", db_index=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False, db_constraint=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False)
     sequence = models.BigIntegerField()
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, null=True, related_name="events", db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, null=True, related_name="events", db_index=False, db_constraint=False)
     type = models.CharField(max_length=64)
     payload = models.JSONField(default=dict)
     lease_epoch = models.BigIntegerField(default=0)
