@@ -9,6 +9,8 @@ run whose checkpoints were all deleted still reaches the same end.
 """
 from __future__ import annotations
 
+import json
+
 from django.db.models import Max
 
 from runs.domain.checkpoint import CheckpointState
@@ -72,8 +74,6 @@ def seed_state(run) -> CheckpointState:
             if call_id in answered:
                 continue
             answered.add(call_id)
-            import json
-
             result = payload.get("result")
             conversation.append(
                 {

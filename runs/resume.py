@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from approvals.hashing import INTERRUPTED_NOTICE, request_hash, tool_spec_dict
 
 from .clock import CLOCK, IDS
+from .domain.pipeline import UNKNOWN_OUTCOME
 from .domain.values import FailureReason, OutcomeKind, RunFailure, RunOutcome, Suspension, SuspensionKind
 from .domain.writes import ApprovalInsert, EventWrite, InvocationUpdate, UnitOfWork
 from .errors import RunError, RunNotFound
@@ -40,7 +41,6 @@ INTERRUPTED_OBSERVATION = {
     "error": "interrupted",
     "message": "the process stopped while this call was in flight; its result was not recorded. You may ask for it again.",
 }
-UNKNOWN = {"outcome": "unknown", "message": "the call started and the process stopped before its outcome was recorded"}
 
 
 class RunLeased(RunError):
@@ -151,7 +151,7 @@ def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeove
             cursor.execute(
                 f"UPDATE tool_invocations SET status = 'interrupted', error = {jp()}, updated_at = %s, lease_epoch = %s"
                 " WHERE run_id = %s AND status = 'executing' RETURNING id, step_number, call_id, tool_name",
-                [sql_json(UNKNOWN), sql_dt(now), epoch, sql_uuid(run_id)],
+                [sql_json(UNKNOWN_OUTCOME), sql_dt(now), epoch, sql_uuid(run_id)],
             )
             for inv, step, call_id, tool in cursor.fetchall():
                 events.append(EventWrite("step.interrupted", {"step": step, "phase": "executing", "invocation": str(_uuid(inv)),

@@ -75,8 +75,7 @@ def _loop(ctx: RunContext) -> RunOutcome:
             ctx.store.commit(ctx.pending)
             ctx.pending = UnitOfWork()
         batch = resume_batch(ctx, step_number, pending)
-        work, ctx.pending = ctx.pending, batch.work
-        ctx.pending.merge_front(work)
+        ctx.pending = batch.work
         if batch.suspension is not None:
             return RunOutcome(kind=OutcomeKind.SUSPENDED, suspension=batch.suspension, pending=ctx.pending)
         if batch.stop is not None:

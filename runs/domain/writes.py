@@ -121,34 +121,3 @@ class UnitOfWork:
             or self.approval_inserts
             or self.events
         )
-
-    def merge_front(self, earlier: "UnitOfWork") -> "UnitOfWork":
-        """Put `earlier`'s writes (and events) before this unit's."""
-        self.model_call_inserts = earlier.model_call_inserts + self.model_call_inserts
-        self.model_call_finishes = earlier.model_call_finishes + self.model_call_finishes
-        self.invocation_inserts = earlier.invocation_inserts + self.invocation_inserts
-        self.invocation_updates = earlier.invocation_updates + self.invocation_updates
-        self.approval_inserts = earlier.approval_inserts + self.approval_inserts
-        self.events = earlier.events + self.events
-        if self.usage is None:
-            self.usage = earlier.usage
-        if self.step_count is None:
-            self.step_count = earlier.step_count
-        if self.checkpoint is None:
-            self.checkpoint = earlier.checkpoint
-        return self
-
-    def merge(self, other: "UnitOfWork") -> "UnitOfWork":
-        if other.usage is not None:
-            self.usage = other.usage
-        if other.step_count is not None:
-            self.step_count = other.step_count
-        self.model_call_inserts += other.model_call_inserts
-        self.model_call_finishes += other.model_call_finishes
-        self.invocation_inserts += other.invocation_inserts
-        self.invocation_updates += other.invocation_updates
-        if other.checkpoint is not None:
-            self.checkpoint = other.checkpoint
-        self.approval_inserts += other.approval_inserts
-        self.events += other.events
-        return self
