@@ -96,6 +96,12 @@ if os.environ.get("DATABASE_URL"):
             {
                 # libpq's floor is 2 s: leases under ~9 s cannot get one below the heartbeat.
                 "connect_timeout": max(2, min(3, int(AGENTRT_LEASE_SECONDS / 3) - 1)),
+                # Django's ORM keeps client-side binding (never prepared); the
+                # runtime's few fenced statement shapes run on a server-binding
+                # cursor and are prepared once per connection: planning was about
+                # half of their server time. 0 turns it off (transaction-mode
+                # poolers that cannot carry prepared statements).
+                "prepare_threshold": (None if os.environ.get("AGENTRT_PG_PREPARE", "1") == "0" else 1),
                 "keepalives": 1,
                 "keepalives_idle": 5,
                 "keepalives_interval": 2,

@@ -53,6 +53,27 @@ class _Fenced(Exception):
     pass
 
 
+def statement_cursor():
+    """A cursor for the runtime's own single-statement transactions.
+
+    Django's cursor binds parameters on the client, so PostgreSQL plans every
+    execution anew; the fenced statements are a handful of shapes whose
+    planning cost about as much as running them. On PostgreSQL with
+    `prepare_threshold` set (settings: on unless AGENTRT_PG_PREPARE=0) this is
+    a server-binding cursor, and psycopg prepares each shape once per
+    connection. It goes through Django's wrappers (error translation,
+    execute_wrapper, query logging) like any other cursor."""
+    if is_pg():
+        connection.ensure_connection()
+        raw = connection.connection
+        if raw.prepare_threshold is not None:
+            from django.db.backends.postgresql.base import ServerBindingCursor
+
+            with connection.wrap_database_errors:
+                return connection._prepare_cursor(ServerBindingCursor(raw))
+    return connection.cursor()
+
+
 def _notify(run_id, tenant_id) -> None:
     """Wake live sockets after commit (a hint only: consumers read the table)."""
     try:
@@ -178,7 +199,7 @@ class DjangoRunStore:
             transition_sql=transition_sql, transition_params=transition_params,
         )
         if after is None and connection.get_autocommit():
-            with connection.cursor() as cursor:  # the statement is its own transaction
+            with statement_cursor() as cursor:  # the statement is its own transaction
                 cursor.execute(sql, params)
                 fenced_rows, seqs = cursor.fetchone()
             if fenced_rows != 1:
@@ -215,7 +236,7 @@ class DjangoRunStore:
         if is_pg() and connection.get_autocommit():
             sql, params = watermark_statement(run_id=self.run_id, session_id=self.session_id, tenant_id=self.tenant_id, owner=self.owner,
                                               epoch=self.epoch, invocation_id=invocation_id, attempt=attempt, at=at, event_payload=event_payload)
-            with connection.cursor() as cursor:  # alone, in its own one-statement transaction
+            with statement_cursor() as cursor:  # alone, in its own one-statement transaction
                 cursor.execute(sql, params)
                 fenced_rows, updated = cursor.fetchone()
             if fenced_rows != 1 or updated != 1:
