@@ -75,21 +75,11 @@ def statement_cursor():
 
 
 def _notify(run_id, tenant_id) -> None:
-    """Wake live sockets after commit (a hint only: consumers read the table)."""
-    try:
-        from asgiref.sync import async_to_sync
-        from channels.layers import get_channel_layer
+    """Wake live sockets after commit (a hint only: consumers read the table);
+    sent by runs.wake's thread, never on the step's path."""
+    from .wake import waker
 
-        from .consumers import run_group, tenant_group
-
-        layer = get_channel_layer()
-        if layer is None:
-            return
-        if run_id is not None:
-            async_to_sync(layer.group_send)(run_group(run_id), {"type": "run.wake"})
-        async_to_sync(layer.group_send)(tenant_group(tenant_id), {"type": "run.wake"})
-    except Exception:  # at-most-once by design; the poll delivers anyway
-        pass
+    waker.wake(run_id, tenant_id)
 
 
 def append_events(cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, events: Iterable[EventWrite]) -> list[int]:
