@@ -237,6 +237,10 @@ AGENTRT_DEFAULT_LIMITS = {
 # --- django-q2: a doorbell, never the source of truth (DESIGN §5) -----------
 Q_WORKERS = env_int("AGENTRT_WORKERS", 2)
 Q_TIMEOUT = int(AGENTRT_SLICE_SECONDS + AGENTRT_MAX_CALL_SECONDS + 60)
+# The doorbell: on PostgreSQL an enqueue NOTIFYs and an idle pusher LISTENs,
+# re-checking the queue at least every AGENTRT_Q_FALLBACK_POLL seconds.
+AGENTRT_Q_DOORBELL = os.environ.get("AGENTRT_Q_DOORBELL", "1") == "1"
+AGENTRT_Q_FALLBACK_POLL = env_float("AGENTRT_Q_FALLBACK_POLL", 0.5)
 Q_CLUSTER = {
     "name": "agentrt",
     "orm": "default",
@@ -248,6 +252,8 @@ Q_CLUSTER = {
     "queue_limit": Q_WORKERS,
     "bulk": 1,
     "poll": env_float("AGENTRT_Q_POLL", 0.02),
+    # On PostgreSQL the pusher waits on LISTEN instead of polling (runs/doorbell.py).
+    "broker_class": "runs.doorbell.DoorbellORM",
     "catch_up": False,
     "save_limit": 100,
     "label": "Django Q2",

@@ -1,0 +1,105 @@
+"""django-q2's ORM broker with a real doorbell on PostgreSQL.
+
+The stock ORM broker polls its queue table every `poll` seconds: at the 0.02 s
+a run needs to start promptly, that is 50 queries and commits a second per
+idle cluster, on the same cores as the workers. Here `enqueue` also sends
+`NOTIFY` in the enqueueing transaction (PostgreSQL delivers it at commit, so
+a pusher never wakes for a task it cannot see yet), and an empty `dequeue`
+waits on `LISTEN` for up to `AGENTRT_Q_FALLBACK_POLL` seconds instead of
+sleeping. The fallback still finds what no notification announces: a task
+whose `retry` lock lapsed, or one enqueued while the listener reconnected.
+
+On SQLite, or with AGENTRT_Q_DOORBELL=0, it is the stock broker polling
+every `AGENTRT_Q_POLL` seconds.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from django.conf import settings
+from django.db import connections
+from django_q.brokers.orm import ORM
+from django_q.conf import Conf
+
+log = logging.getLogger("agentrt.doorbell")
+
+CHANNEL = "agentrt_q"
+
+
+def enabled() -> bool:
+    return settings.AGENTRT_Q_DOORBELL and connections[Conf.ORM].vendor == "postgresql"
+
+
+class DoorbellORM(ORM):
+    def __init__(self, list_key: str | None = None):
+        super().__init__(list_key=list_key)
+        self._listener = None  # made in the pusher process, on its first wait
+
+    def enqueue(self, task):
+        pk = super().enqueue(task)
+        if enabled():
+            with connections[Conf.ORM].cursor() as cursor:
+                cursor.execute(f"NOTIFY {CHANNEL}")
+        return pk
+
+    def dequeue(self):
+        if not enabled():
+            return super().dequeue()
+        # LISTEN before reading: whatever commits after this read is announced.
+        listener = self._listen()
+        tasks = self._take()
+        if tasks:
+            return tasks
+        if listener is None:
+            time.sleep(Conf.POLL)  # no listener: the stock poll until it reconnects
+        else:
+            self._wait(listener, settings.AGENTRT_Q_FALLBACK_POLL)
+        return None
+
+    def _take(self):
+        """The stock dequeue without its sleep: claim up to BULK due tasks."""
+        from django.utils import timezone
+
+        due = self.get_connection().filter(key=self.list_key, lock__lt=timezone.now())[0:Conf.BULK]
+        taken = []
+        for task in due:
+            if self.get_connection().filter(id=task.id, lock=task.lock).update(lock=self.timeout(task)):
+                taken.append((task.pk, task.payload))
+        return taken
+
+    def _listen(self):
+        if self._listener is not None and not self._listener.closed:
+            return self._listener
+        try:
+            import psycopg
+
+            params = connections[Conf.ORM].get_connection_params()
+            params.pop("cursor_factory", None)
+            params.pop("prepare_threshold", None)
+            self._listener = psycopg.connect(**params, autocommit=True)
+            self._listener.execute(f"LISTEN {CHANNEL}")
+        except Exception as exc:
+            log.warning("doorbell: cannot LISTEN (%s); polling", exc)
+            self._close()
+        return self._listener
+
+    def _wait(self, listener, seconds: float) -> None:
+        """Block until a NOTIFY arrives or `seconds` pass. Notifications that
+        arrived since LISTEN wait in the socket: none is missed."""
+        try:
+            for _ in listener.notifies(timeout=seconds, stop_after=1):
+                break
+            for _ in listener.notifies(timeout=0):  # several enqueues: one wake-up
+                pass
+        except Exception as exc:  # reconnects on the next dequeue
+            log.warning("doorbell: listener lost (%s)", exc)
+            self._close()
+
+    def _close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            try:
+                listener.close()
+            except Exception:
+                pass
