@@ -15,12 +15,13 @@ every `AGENTRT_Q_POLL` seconds.
 from __future__ import annotations
 
 import logging
-import time
 
 from django.conf import settings
 from django.db import connections
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
+
+from .clock import CLOCK
 
 log = logging.getLogger("agentrt.doorbell")
 
@@ -52,16 +53,14 @@ class DoorbellORM(ORM):
         if tasks:
             return tasks
         if listener is None:
-            time.sleep(Conf.POLL)  # no listener: the stock poll until it reconnects
+            CLOCK.sleep(Conf.POLL)  # no listener: the stock poll until it reconnects
         else:
             self._wait(listener, settings.AGENTRT_Q_FALLBACK_POLL)
         return None
 
     def _take(self):
         """The stock dequeue without its sleep: claim up to BULK due tasks."""
-        from django.utils import timezone
-
-        due = self.get_connection().filter(key=self.list_key, lock__lt=timezone.now())[0:Conf.BULK]
+        due = self.get_connection().filter(key=self.list_key, lock__lt=CLOCK.now())[0:Conf.BULK]
         taken = []
         for task in due:
             if self.get_connection().filter(id=task.id, lock=task.lock).update(lock=self.timeout(task)):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 
 # Wake-ups are batched at most this often per process: a page learns of new
 # events within this interval, and a busy worker sends a few batches a second
@@ -50,6 +49,8 @@ class Waker:
     def _serve(self) -> None:
         from channels.layers import get_channel_layer
 
+        from .clock import CLOCK
+
         loop = asyncio.new_event_loop()
         while True:
             self._ready.wait()
@@ -63,7 +64,7 @@ class Waker:
                     self.sent += 1
                 except Exception:  # at most once by design; the consumers' poll delivers anyway
                     pass
-            time.sleep(MIN_INTERVAL_SECONDS)  # let the next hints pile up: one batch covers them all
+            CLOCK.sleep(MIN_INTERVAL_SECONDS)  # let the next hints pile up: one batch covers them all
 
 
 waker = Waker()
