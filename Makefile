@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentrt
 
-.PHONY: run test venv smoke bench clean
+.PHONY: run test venv browser smoke bench clean
 
 $(VENV)/.installed: requirements.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3)"; exit 1; }
@@ -20,7 +20,18 @@ venv: $(VENV)/.installed
 run: venv
 	$(PY) manage.py demo
 
-test: venv
+# The browser test drives Debian's chromium (Playwright's own download is not
+# reachable everywhere): install it when it is missing and we may.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium for the browser test"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
+	  else \
+	    echo "the browser test needs chromium at /usr/bin/chromium: sudo apt-get install -y chromium"; exit 1; \
+	  fi; }
+
+test: venv browser
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest $(PYTEST_ARGS)
 
 smoke: venv
