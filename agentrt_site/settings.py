@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "django_q",
     "runs",
@@ -51,6 +52,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files straight from the app's finders (no collectstatic step):
+    # the admin's CSS and the API docs' assets under daphne, DEBUG or not.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -138,7 +142,11 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+# Only for `collectstatic` (a CDN or another web server in front): unset, the
+# app serves its files from the finders below.
+STATIC_ROOT = os.environ.get("AGENTRT_STATIC_ROOT") or None
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
 LOGIN_URL = "/admin/login/"
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 
@@ -181,6 +189,9 @@ REST_FRAMEWORK = {
 }
 
 SPECTACULAR_SETTINGS = {
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "TITLE": "agentrt API",
     "DESCRIPTION": (
         "Durable runtime for LLM agent runs (DESIGN §16). Authenticate with `Authorization: Token <key>` "
