@@ -35,7 +35,7 @@ def enabled() -> bool:
 class DoorbellORM(ORM):
     def __init__(self, list_key: str | None = None):
         super().__init__(list_key=list_key)
-        self._listener = None  # made in the pusher process, on its first wait
+        self._listener = None  # connected in the pusher process, on its first dequeue
 
     def enqueue(self, task):
         pk = super().enqueue(task)
