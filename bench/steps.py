@@ -16,7 +16,8 @@ What it does (see bench/README.md for how to read the output):
    commits per run_submit), then starts a real `manage.py qcluster`
    (AGENTRT_WORKERS=W) which drains them: the cluster is then warm;
 3. waits until the idle workers have flushed their statistics, measures the idle
-   cluster's commit rate (django-q2 polls its tables every AGENTRT_Q_POLL seconds);
+   cluster's commit rate (django-q2's pusher waits on LISTEN and re-reads its
+   table every AGENTRT_Q_FALLBACK_POLL seconds; AGENTRT_Q_DOORBELL=0: polls every AGENTRT_Q_POLL);
 4. snapshots pg_stat_database, submits K runs through runs.services.run_submit
    (the path users take), polls the runs table until all K are COMPLETED,
    stops the cluster (so every backend flushes its counters) and snapshots again;
@@ -661,7 +662,9 @@ def main(argv=None) -> dict:
         "versions": {"python": platform.python_version(), **{k: md.version(k) for k in ("django", "django-q2", "psycopg")}},
         "loadavg_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
         "params": {"K": args.runs, "N": args.steps, "W": args.workers, "database": db_name(url),
-                   "poll_s": float(os.environ.get("AGENTRT_Q_POLL", "0.02")), "cluster_ready_s": round(ready_s, 2)},
+                   "poll_s": float(os.environ.get("AGENTRT_Q_POLL", "0.02")),
+                   "doorbell": os.environ.get("AGENTRT_Q_DOORBELL", "1") == "1",
+                   "fallback_poll_s": float(os.environ.get("AGENTRT_Q_FALLBACK_POLL", "0.5")), "cluster_ready_s": round(ready_s, 2)},
         "results": {
             "total_steps": steps_total,
             "wall_s": round(wall, 3),
