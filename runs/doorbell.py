@@ -26,6 +26,7 @@ from .clock import CLOCK
 log = logging.getLogger("agentrt.doorbell")
 
 CHANNEL = "agentrt_q"
+LISTEN_RETRY_SECONDS = 5.0
 
 
 def enabled() -> bool:
@@ -36,6 +37,7 @@ class DoorbellORM(ORM):
     def __init__(self, list_key: str | None = None):
         super().__init__(list_key=list_key)
         self._listener = None  # connected in the pusher process, on its first dequeue
+        self._retry_at = 0.0  # after a failed LISTEN: poll until then, then try again
 
     def enqueue(self, task):
         pk = super().enqueue(task)
@@ -70,6 +72,8 @@ class DoorbellORM(ORM):
     def _listen(self):
         if self._listener is not None and not self._listener.closed:
             return self._listener
+        if CLOCK.monotonic() < self._retry_at:
+            return None
         try:
             import psycopg
 
@@ -79,8 +83,9 @@ class DoorbellORM(ORM):
             self._listener = psycopg.connect(**params, autocommit=True)
             self._listener.execute(f"LISTEN {CHANNEL}")
         except Exception as exc:
-            log.warning("doorbell: cannot LISTEN (%s); polling", exc)
+            log.warning("doorbell: cannot LISTEN (%s); polling for %.0f s", exc, LISTEN_RETRY_SECONDS)
             self._close()
+            self._retry_at = CLOCK.monotonic() + LISTEN_RETRY_SECONDS
         return self._listener
 
     def _wait(self, listener, seconds: float) -> None:
