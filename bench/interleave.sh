@@ -12,11 +12,18 @@ PY=${BENCH_PY:-/tmp/bench-venv/bin/python}
 export BENCH_DSN=${BENCH_DSN:-postgresql://postgres:postgres@127.0.0.1:5432/bench} BENCH_TRACE=0 BENCH_REPEATS=${BENCH_REPEATS:-5}
 mkdir -p "$OUT"
 ckpt() { "$PY" -c "import os, psycopg; psycopg.connect(os.environ['BENCH_DSN'], autocommit=True).execute('CHECKPOINT')" || true; sleep 5; }
+# Each peer starts on an empty database, as bench/steps.py does for agentrt.
+fresh() { "$PY" -c "
+import os, psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+name = conninfo_to_dict(os.environ['BENCH_DSN'])['dbname']
+with psycopg.connect(make_conninfo(os.environ['BENCH_DSN'], dbname='postgres'), autocommit=True) as c:
+    c.execute(f'DROP DATABASE IF EXISTS {name} WITH (FORCE)'); c.execute(f'CREATE DATABASE {name}')"; }
 ours() { (cd "$ROOT" && .venv/bin/python bench/steps.py "$@"); }
 for r in $(seq "$ROUNDS"); do
-  ckpt; (cd "$PEERS" && "$PY" dbos_steps.py > "$OUT/dbos_$r.json" 2> "$OUT/dbos_$r.log")
+  fresh; ckpt; (cd "$PEERS" && "$PY" dbos_steps.py > "$OUT/dbos_$r.json" 2> "$OUT/dbos_$r.log")
   ckpt; ours --single > "$OUT/ours_a_$r.txt" 2>&1
-  ckpt; (cd "$PEERS" && "$PY" langgraph_steps.py > "$OUT/lg_$r.json" 2> "$OUT/lg_$r.log")
+  fresh; ckpt; (cd "$PEERS" && "$PY" langgraph_steps.py > "$OUT/lg_$r.json" 2> "$OUT/lg_$r.log")
   ckpt; ours --single > "$OUT/ours_b_$r.txt" 2>&1
 done
 ckpt; ours --runs 20 --steps 50 > "$OUT/ours_batch.txt" 2>&1
