@@ -15,12 +15,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_without_a_listener_the_broker_polls_and_retries_listen_only_after_a_pause(monkeypatch):
     attempts = []
+    real_connect = psycopg.connect
 
-    def refuse(*args, **kwargs):
+    def refuse_the_listener(*args, **kwargs):
+        if "cursor_factory" in kwargs:  # Django's own connections still open
+            return real_connect(*args, **kwargs)
         attempts.append(kwargs.get("dbname"))
         raise psycopg.OperationalError("too many clients already")
 
-    monkeypatch.setattr(psycopg, "connect", refuse)
+    monkeypatch.setattr(psycopg, "connect", refuse_the_listener)
     broker = DoorbellORM(list_key="doorbell-test")
     broker.enqueue("first")
     assert [payload for _, payload in broker.dequeue()] == ["first"]
