@@ -49,6 +49,25 @@ def jp() -> str:
     return "%s::jsonb" if is_pg() else "%s"
 
 
+def fence_assignments(work: UnitOfWork | None, at: datetime, extra_set: str = "", extra_params: list | None = None) -> tuple[str, list]:
+    """The SET list of the fenced UPDATE of the run row and its parameters:
+    `updated_at`, the usage and step count the unit carries, and finalize's
+    transition fragment. Both write paths (statement by statement, and the
+    one-statement CTE on PostgreSQL) use it."""
+    sets = ["updated_at = %s"]
+    params: list[Any] = [sql_dt(at)]
+    if work is not None and work.usage is not None:
+        sets.append(f"usage = {jp()}")
+        params.append(sql_json(work.usage))
+    if work is not None and work.step_count is not None:
+        sets.append("step_count = %s")
+        params.append(work.step_count)
+    if extra_set:
+        sets.append(extra_set)
+        params.extend(extra_params or [])
+    return ", ".join(sets), params
+
+
 class _Fenced(Exception):
     pass
 
@@ -141,19 +160,9 @@ class DjangoRunStore:
 
     # -- the fence ---------------------------------------------------------
     def _fence(self, cursor, work: UnitOfWork | None, at: datetime, extra_set: str = "", extra_params: list | None = None) -> None:
-        sets = ["updated_at = %s"]
-        params: list[Any] = [sql_dt(at)]
-        if work is not None and work.usage is not None:
-            sets.append(f"usage = {jp()}")
-            params.append(sql_json(work.usage))
-        if work is not None and work.step_count is not None:
-            sets.append("step_count = %s")
-            params.append(work.step_count)
-        if extra_set:
-            sets.append(extra_set)
-            params.extend(extra_params or [])
+        sets, params = fence_assignments(work, at, extra_set, extra_params)
         cursor.execute(
-            f"UPDATE runs SET {', '.join(sets)} WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'",
+            f"UPDATE runs SET {sets} WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'",
             params + [sql_uuid(self.run_id), self.owner, self.epoch],
         )
         if cursor.rowcount != 1:
@@ -184,9 +193,9 @@ class DjangoRunStore:
     def _commit_one_statement(self, work: UnitOfWork, at: datetime, transition_sql: str, transition_params, after) -> list[int]:
         sql, params = unit_statement(
             work, run_id=self.run_id, tenant_id=self.tenant_id, session_id=self.session_id, owner=self.owner, epoch=self.epoch,
-            at=at, code_version=self.code_version,
+            code_version=self.code_version,
             checkpoint_id=_checkpoint_id(self.run_id, work.checkpoint.version) if work.checkpoint is not None else None,
-            transition_sql=transition_sql, transition_params=transition_params,
+            fence=fence_assignments(work, at, transition_sql, transition_params),
         )
         if after is None and connection.get_autocommit():
             with statement_cursor() as cursor:  # the statement is its own transaction

@@ -38,25 +38,17 @@ def can_batch(work: UnitOfWork) -> bool:
 
 
 def unit_statement(
-    work: UnitOfWork, *, run_id: UUID, tenant_id: UUID, session_id: UUID, owner: str, epoch: int, at: datetime,
-    code_version: str, checkpoint_id: UUID | None, transition_sql: str = "", transition_params: list | None = None,
+    work: UnitOfWork, *, run_id: UUID, tenant_id: UUID, session_id: UUID, owner: str, epoch: int,
+    code_version: str, checkpoint_id: UUID | None, fence: tuple[str, list],
 ) -> tuple[str, list]:
-    """The statement and its parameters; it returns (fence rows, sequences)."""
+    """The statement and its parameters; it returns (fence rows, sequences).
+    `fence` is the run row's SET list and its parameters
+    (store.fence_assignments, shared with the statement-by-statement path)."""
     ctes: list[str] = []
     params: list[Any] = []
-    sets = ["updated_at = %s"]
-    fence_params: list[Any] = [at]
-    if work.usage is not None:
-        sets.append("usage = %s::jsonb")
-        fence_params.append(_j(work.usage))
-    if work.step_count is not None:
-        sets.append("step_count = %s")
-        fence_params.append(work.step_count)
-    if transition_sql:
-        sets.append(transition_sql)
-        fence_params.extend(transition_params or [])
+    sets, fence_params = fence
     ctes.append(
-        f"f AS (UPDATE runs SET {', '.join(sets)} WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
+        f"f AS (UPDATE runs SET {sets} WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
         " AND status = 'RUNNING' RETURNING id)"
     )
     params += fence_params + [run_id, owner, epoch]
