@@ -70,7 +70,11 @@ class Sink:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                pass  # a client that gave up on a delayed answer: expected, not news
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.host = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.host}/effect"

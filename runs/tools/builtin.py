@@ -148,7 +148,7 @@ def _request(method: str, url: str, headers: dict, body: bytes | None, timeout: 
                     raise OutcomeUnknown("cancelled", "the run was cancelled while the request was in flight; "
                                                       "whether it took effect is unknown") from exc
                 if isinstance(exc, (socket.timeout, TimeoutError)):
-                    raise OutcomeUnknown("timeout", f"no answer within {timeout:g} s after the request was sent; "
+                    raise OutcomeUnknown("timeout", f"no answer within {timeout:.3g} s after the request was sent; "
                                                     "whether it took effect is unknown") from exc
                 raise OutcomeUnknown("connection_lost", f"the connection failed after the request was sent ({type(exc).__name__}); "
                                                         "whether it took effect is unknown") from exc
