@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,28 +25,35 @@ IDENTICAL_CALL_LIMIT = 3
 MAX_ARGUMENT_BYTES = 64 * 1024
 
 
+_NEVER = threading.Event()  # never set: a plain bounded wait
+
+
 class CancelSignal:
     """The run's cancellation as a tool sees it: true once the run is
-    cancelled (operator, deadline, lost lease); `wait(seconds)` blocks until
-    then or the timeout and returns whether it was cancelled."""
+    cancelled by an operator or its deadline passes; `wait(seconds)` blocks
+    until then or the timeout and returns whether it was cancelled. A worker
+    that lost its lease (`fenced`) is not a cancelled run: its running tool
+    finishes and the outcome is recorded late (seed 000), so the signal stays
+    clear for it."""
 
     __slots__ = ("_token",)
 
     def __init__(self, token: Any):
         self._token = token
 
-    def __bool__(self) -> bool:
-        return self._token.reason is not None
-
     def is_set(self) -> bool:
-        return self._token.reason is not None
+        return self._token.reason not in (None, CancelReason.FENCED)
+
+    __bool__ = is_set
 
     @property
     def reason(self) -> Any:
-        return self._token.reason
+        return self._token.reason if self.is_set() else None
 
     def wait(self, seconds: float | None = None) -> bool:
-        return self._token.wait(seconds) is not None
+        if self._token.wait(seconds) is CancelReason.FENCED:
+            _NEVER.wait(seconds)
+        return self.is_set()
 
 
 @dataclass

@@ -133,3 +133,15 @@ def test_the_tool_context_carries_deadline_cancellation_and_the_design_names():
     assert seen["deadline"] == START + timedelta(seconds=90)
     assert seen["left"] == 90.0 and seen["budget"] == 90.0  # the tool's 300 s are bounded by the deadline
     assert seen["cancelled"] is False and seen["principal"] is None
+
+
+def test_the_cancel_signal_is_the_runs_cancellation_not_a_lost_lease():
+    from runs.domain.cancellation import Token
+    from runs.domain.pipeline import CancelSignal
+
+    for reason, expected in ((CancelReason.REQUESTED, True), (CancelReason.DEADLINE, True), (CancelReason.FENCED, False)):
+        token = Token()
+        signal = CancelSignal(token)
+        assert not signal and signal.wait(0) is False
+        token.cancel(reason)
+        assert bool(signal) is expected and signal.wait(0.01) is expected
