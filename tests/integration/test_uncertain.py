@@ -333,3 +333,24 @@ def test_the_live_page_offers_confirm_and_records_it(client, operator, uncertain
     assert (approval.status, approval.decided_via) == ("confirmed", "live")
     assert Event.objects.get(run=run, type="approval.resolved").payload["took_effect"] is False
     assert reload(run).status == "QUEUED"
+
+
+def test_an_approved_rerun_of_an_interrupted_call_leaves_one_consistent_record(monkeypatch, load_agent, submit, sink, operator):
+    """Item 7: before, the row said `completed` with the first attempt's
+    "outcome unknown" still in `error`; now every attempt is in `attempts`
+    and a completed call carries no error."""
+    load_agent(turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "paid"}],
+               tools=("http_post",))
+    run = submit()
+    die_at(monkeypatch, run, "tool.after_watermark")
+    assert run_resume(run_id=run.id, via="test") == "waiting"
+    assert ToolInvocation.objects.get(run=run).error["outcome"] == "unknown"
+    approval = Approval.objects.get(run=run)
+    approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash, via="api")
+    run_drive(run_id=run.id)
+    assert reload(run).status == "COMPLETED" and sink.count() == 1
+    inv = ToolInvocation.objects.get(run=run)
+    assert (inv.status, inv.outcome, inv.error, inv.attempt) == ("completed", "succeeded", None, 2)
+    assert [(a["attempt"], a["outcome"]) for a in inv.attempts] == [(1, "uncertain"), (2, "succeeded")]
+    completed = Event.objects.get(run=run, type="tool.call.completed").payload
+    assert (completed["attempt"], completed["outcome"]) == (2, "succeeded")
