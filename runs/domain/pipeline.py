@@ -400,8 +400,8 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1)
     `failed` (the call definitely did not take effect: refused before
     sending, connection refused, an answer that says so, bad arguments)
     unless it says `uncertain` (`OutcomeUnknown`: sent and unanswered, timed
-    out, cancelled while running); a tool that was cancelled while it ran is
-    `uncertain` too. Any other exception is `failed` for a read-only tool
+    out, cancelled while running); a failure after the run's cancellation
+    reached the running tool is `uncertain` too. Any other exception is `failed` for a read-only tool
     and `uncertain` for one with a side effect: nobody can tell whether the
     bug struck before or after the effect."""
     spec = entry.spec
@@ -418,19 +418,23 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1)
         principal=getattr(ctx.run, "principal", None),
         clock=ctx.clock,
     )
+    cancelled_before = tctx.cancelled.is_set()
     try:
         value = ctx.tools.execute(spec.name, entry.arguments, tctx)
         entry.result, truncated = bound(value)
         entry.outcome = "succeeded"
     except ToolFailure as exc:
-        uncertain = bool(exc.uncertain)
+        # A failure that follows a cancellation reaching the running tool is
+        # not a definite answer (seed 000: observed as unknown).
+        uncertain = bool(exc.uncertain) or (not cancelled_before and tctx.cancelled.is_set())
         entry.result = {"error": exc.code, "message": scrub_text(str(exc))[:2000], "uncertain": uncertain}
         entry.is_error = True
         entry.outcome = "uncertain" if uncertain else "failed"
     except Exception as exc:  # a tool bug is a failed result, never a worker crash
-        entry.result = {"error": "tool_error", "message": f"the tool raised {type(exc).__name__}", "uncertain": not spec.read_only}
+        uncertain = not spec.read_only or (not cancelled_before and tctx.cancelled.is_set())
+        entry.result = {"error": "tool_error", "message": f"the tool raised {type(exc).__name__}", "uncertain": uncertain}
         entry.is_error = True
-        entry.outcome = "failed" if spec.read_only else "uncertain"
+        entry.outcome = "uncertain" if uncertain else "failed"
 
 
 def _append_results(ctx: RunContext, entries: list[_Entry]) -> None:

@@ -145,3 +145,33 @@ def test_the_cancel_signal_is_the_runs_cancellation_not_a_lost_lease():
         assert not signal and signal.wait(0) is False
         token.cancel(reason)
         assert bool(signal) is expected and signal.wait(0.01) is expected
+
+
+def test_a_side_effect_failing_because_the_cancellation_reached_it_is_uncertain_not_failed():
+    h = build_context([{"tool_calls": [post_call(1)]}, {"text": "never"}])
+
+    def post(arguments, context):
+        context.token.cancel(CancelReason.REQUESTED)  # the cancel reaches the running tool
+        raise ToolFailure("aborted", "stopped halfway")  # a plain failure: the tool does not say whether it acted
+
+    h.tools.add(POST, post)
+    outcome = run_loop(h.ctx)
+
+    assert outcome.kind is OutcomeKind.CANCELLED
+    assert [(u.status, u.outcome) for u in outcome.pending.invocation_updates] == [("uncertain", "uncertain")]
+
+
+def test_a_tool_refusing_because_the_run_was_already_cancelled_is_failed():
+    h = build_context([{"tool_calls": [post_call(1)]}, {"text": "never"}])
+    calls = []
+
+    def post(arguments, context):
+        calls.append(1)
+        raise ToolFailure("cancelled", "not sent")
+
+    h.tools.add(POST, post)
+    h.ctx.fault = lambda point: h.ctx.token.cancel(CancelReason.REQUESTED) if point == "tool.after_watermark" else None
+    outcome = run_loop(h.ctx)
+
+    assert calls == [1] and outcome.kind is OutcomeKind.CANCELLED
+    assert [(u.status, u.outcome) for u in outcome.pending.invocation_updates] == [("failed", "failed")]
