@@ -52,6 +52,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Content-Security-Policy on every response (django-csp; CONTENT_SECURITY_POLICY below).
+    "agentrt_site.csp.CSPMiddleware",
     # Static files straight from the app's finders (no collectstatic step):
     # the admin's CSS and the API docs' assets under daphne, DEBUG or not.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -149,6 +151,27 @@ WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 LOGIN_URL = "/admin/login/"
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
+# --- Content-Security-Policy (django-csp 4) ---------------------------------
+# No inline script anywhere: the live pages load their code from static files and their data from
+# json_script blocks, the admin has none, Swagger UI gets its init script as a file (SwaggerView).
+# Where a page cannot help inline styles (the admin's change lists, Swagger UI, ReDoc), its view or
+# area adds `style-src 'unsafe-inline'` only there (agentrt_site/csp.py, runs/api/views.py).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        # 'self' covers the live pages' ws:/wss: to the same host.
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
 
 # --- Channels -------------------------------------------------------------
 if os.environ.get("REDIS_URL"):

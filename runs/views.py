@@ -2,8 +2,6 @@
 services (the approval service with `via="live"`, the lifecycle service)."""
 from __future__ import annotations
 
-import json
-
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponseRedirect
@@ -49,10 +47,10 @@ def runs_list(request):
 def run_detail(request, run_id):
     run = _run_or_404(request.user, run_id)
     pending = list(Approval.objects.filter(run=run, status="pending").values("id", "kind", "request_hash", "presentation", "expires_at"))
+    # Plain data: the template hands it to the page's script only through `json_script` (never `|safe` in a <script>).
     return render(request, "runs/detail.html", {
         "run": run_to_dict(run),
-        "run_json": json.dumps(run_to_dict(run)),
-        "pending_json": json.dumps([{**p, "id": str(p["id"]), "expires_at": p["expires_at"].isoformat() if p["expires_at"] else None} for p in pending]),
+        "pending": [{**p, "id": str(p["id"]), "expires_at": p["expires_at"].isoformat() if p["expires_at"] else None} for p in pending],
         "can_resolve": can_resolve(request.user),
     })
 
