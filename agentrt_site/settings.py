@@ -53,7 +53,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Content-Security-Policy on every response (django-csp; CONTENT_SECURITY_POLICY below).
-    "agentrt_site.csp.CSPMiddleware",
+    "csp.middleware.CSPMiddleware",
     # Static files straight from the app's finders (no collectstatic step):
     # the admin's CSS and the API docs' assets under daphne, DEBUG or not.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -153,10 +153,10 @@ LOGIN_URL = "/admin/login/"
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 
 # --- Content-Security-Policy (django-csp 4) ---------------------------------
-# No inline script anywhere: the live pages load their code from static files and their data from
-# json_script blocks, the admin has none, Swagger UI gets its init script as a file (SwaggerView).
-# Where a page cannot help inline styles (the admin's change lists, Swagger UI, ReDoc), its view or
-# area adds `style-src 'unsafe-inline'` only there (agentrt_site/csp.py, runs/api/views.py).
+# No inline script or style anywhere: the live pages load code and styles from static files and their
+# data from json_script blocks, the admin has none, Swagger UI gets its init script as a file. Only
+# the API docs (Swagger UI, ReDoc style themselves inline) add `style-src 'unsafe-inline'`, on their
+# own views (runs/api/views.py, django-csp's csp_update).
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": ["'self'"],

@@ -47,7 +47,7 @@ def runs_list(request):
 def run_detail(request, run_id):
     run = _run_or_404(request.user, run_id)
     pending = list(Approval.objects.filter(run=run, status="pending").values("id", "kind", "request_hash", "presentation", "expires_at"))
-    # Plain data: the template hands it to the page's script only through `json_script` (never `|safe` in a <script>).
+    # Plain data: the template hands it to the page's script only through `json_script`, never raw inside a <script>.
     return render(request, "runs/detail.html", {
         "run": run_to_dict(run),
         "pending": [{**p, "id": str(p["id"]), "expires_at": p["expires_at"].isoformat() if p["expires_at"] else None} for p in pending],
