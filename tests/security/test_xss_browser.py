@@ -160,7 +160,8 @@ def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(server, 
         event.save(update_fields=["payload"])
 
         # Every page again, now rendered from the server (json_script, template text) and replayed over the socket.
-        for url in ("/runs/", f"/runs/{waiting.id}/", f"/runs/{answered.id}/", f"/runs/{broken.id}/"):
+        for shot, url in (("list", "/runs/"), ("waiting", f"/runs/{waiting.id}/"), ("completed", f"/runs/{answered.id}/"),
+                          ("failed", f"/runs/{broken.id}/")):
             view = b.new_page()
             response = view.goto(server + url)
             assert response.status == 200
@@ -184,7 +185,7 @@ def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(server, 
                 assert FAILURE_PAYLOAD in view.inner_text("#failure")
             assert_inert(view)
             SHOTS.mkdir(parents=True, exist_ok=True)
-            view.screenshot(path=str(SHOTS / f"xss-{url.strip('/').replace('/', '-')[:20] or 'list'}.png"), full_page=True)
+            view.screenshot(path=str(SHOTS / f"xss-{shot}.png"), full_page=True)
 
         # The admin shows the same text: the approval's page, the run's events, the action's confirmation page.
         approval = Approval.objects.get(run_id=waiting.id)
