@@ -2,6 +2,7 @@
 services (the approval service with `via="live"`, the lifecycle service)."""
 from __future__ import annotations
 
+from csp.decorators import csp_update
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponseRedirect
@@ -20,6 +21,11 @@ from .selectors import run_to_dict
 from .services import tenant_of
 
 
+# The live pages' own scripts build nodes and set text only, so the browser may refuse every string-to-markup
+# sink there (Trusted Types): an innerHTML with data, added later by mistake, throws instead of rendering.
+LIVE_PAGE_CSP = {"require-trusted-types-for": ["'script'"], "trusted-types": ["'none'"]}
+
+
 def _runs_for(user):
     qs = Run.objects.select_related("agent")
     if user.is_superuser:
@@ -35,6 +41,7 @@ def _run_or_404(user, run_id) -> Run:
     return run
 
 
+@csp_update(LIVE_PAGE_CSP)
 @login_required
 def runs_list(request):
     runs = list(_runs_for(request.user).order_by("-created_at")[:100])
@@ -43,6 +50,7 @@ def runs_list(request):
     return render(request, "runs/list.html", {"runs": rows})
 
 
+@csp_update(LIVE_PAGE_CSP)
 @login_required
 def run_detail(request, run_id):
     run = _run_or_404(request.user, run_id)

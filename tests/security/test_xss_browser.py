@@ -172,9 +172,9 @@ def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(server, 
                 assert view.inner_text(f"tr[data-run='{answered.id}'] td:nth-child(2)") == NAME_PAYLOAD
             elif url.endswith(f"{waiting.id}/"):
                 view.wait_for_selector("#approvals button[value=approve]")
-                assert view.locator("#approvals .approval").count() == 1   # the server's card; the replay adds none
                 assert PAYLOAD in view.inner_text("#approvals")
                 view.wait_for_selector("#timeline li:has-text('run.waiting_for_approval')", timeout=15000)
+                assert view.locator("#approvals .approval").count() == 1   # the server's card; the replay added none
             elif url.endswith(f"{answered.id}/"):
                 view.wait_for_selector("#status:text('COMPLETED')", timeout=15000)
                 view.wait_for_selector("#answer .final", timeout=15000)
@@ -212,6 +212,12 @@ def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(server, 
         # Not confirmed: the page alone must change nothing.
 
         assert not [e for e in b.errors if "Content Security Policy" in e or "pageerror" in e], b.errors
+        # Defence in depth: on the live pages the browser itself refuses to turn a string into markup.
+        probe = b.new_page()
+        probe.goto(f"{server}/runs/{waiting.id}/")
+        refused = probe.evaluate("() => { try { document.body.insertAdjacentHTML('beforeend', '<b>x</b>'); return 'allowed'; }"
+                                 " catch (e) { return e.name; } }")
+        assert refused == "TypeError"
         b.close()
         connections.close_all()  # the ORM reads above ran on a connection of their own (Playwright's loop context)
 

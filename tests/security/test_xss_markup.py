@@ -77,6 +77,9 @@ def test_every_html_page_has_a_policy_without_inline_script(operator_client, hos
         response = anon.get(url)
         assert response.status_code == status, url
         assert script_src(response) == "'self'", url
+    # The live pages also refuse every string-to-markup sink in the browser (Trusted Types).
+    for url in ("/runs/", f"/runs/{waiting.id}/"):
+        assert "require-trusted-types-for 'script'" in operator_client.get(url)["Content-Security-Policy"]
     # Only the API docs may style inline (Swagger UI and ReDoc need it); nothing else may.
     assert "'unsafe-inline'" not in operator_client.get("/runs/")["Content-Security-Policy"]
     assert "'unsafe-inline'" not in operator_client.get("/admin/")["Content-Security-Policy"]
