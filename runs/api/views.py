@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from django.db.models import QuerySet
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from csp.constants import UNSAFE_INLINE
 from csp.decorators import csp_update
+from django.db.models import QuerySet
 from django.utils.decorators import method_decorator
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 from rest_framework import exceptions, generics, status
 from rest_framework.pagination import PageNumberPagination
@@ -480,6 +480,7 @@ class SwaggerView(JsonErrors, SpectacularSwaggerSplitView):
 
 @method_decorator(csp_update({**DOCS_CSP, "worker-src": ["blob:"]}), name="dispatch")
 class RedocView(JsonErrors, SpectacularRedocView):
-    """Redoc over the schema (fonts from this server: no third-party stylesheet)."""
+    """Redoc over the schema. Its page links no third-party stylesheet (the stock one pulls Google Fonts);
+    ReDoc's search runs in a blob: worker."""
 
     template_name = "api/redoc.html"
