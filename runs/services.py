@@ -18,6 +18,7 @@ from .agent_schema import AgentDefinition, Limits, forbidden_model_keys, resolve
 from .clock import CLOCK, IDS
 from .domain.checkpoint import CheckpointState
 from .domain.context import canonical_json
+from .domain.scrub import scrub_text
 from .domain.values import TERMINAL_STATUSES, RunStatus
 from .domain.writes import EventWrite
 from .errors import ActiveRunExists, AgentNotFound, IdempotencyConflict, InvalidInput, RunNotFound, TenantNotFound
@@ -155,6 +156,7 @@ def run_submit(
     if idempotency_key is not None:
         check_text(idempotency_key, "Idempotency-Key", max_length=200)
     request_hash = _request_hash(agent, input, session, requested)
+    input = scrub_text(input)  # secrets never reach the run, its events or its checkpoints
     if idempotency_key:
         existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
         if existing is not None:

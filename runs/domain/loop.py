@@ -10,7 +10,7 @@ from .context import RunContext
 from .context_engine import SynthesisReserveViolation, build_with_pressure
 from .errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCancelled, WorkerFenced
 from .pipeline import dispatch, open_batch, resume_batch
-from .scrub import scrub_text
+from .scrub import scrub_text, scrub_turn
 from .values import BudgetScope, CancelReason, FailureReason, ModelTurn, OutcomeKind, RunFailure, RunOutcome, StopReason
 from .writes import ModelCallFinish, ModelCallInsert, UnitOfWork
 
@@ -244,6 +244,7 @@ def _invoke_model(ctx: RunContext, step_number: int) -> ModelTurn:
             # The adapter's own words (never provider text, a URL or a variable name).
             raise _ModelFailure(FailureReason.MODEL_PERMANENT_ERROR, exc.error_class,
                                 f"the model provider refused the request: {scrub_text(str(exc))[:300]}")
+        turn = scrub_turn(turn)  # before anything of it is persisted: text, calls, final message, checkpoints
         ctx.fault("model.after_call")
         try:
             run.usage = ctx.budgets.record_model_usage(run.usage, turn.usage)
