@@ -83,10 +83,9 @@ class OpenAIModel(Strict):
     def _endpoint(cls, name, info):
         from .providers.endpoints import configured
 
-        endpoints = configured()
-        endpoint = endpoints.get(name)
+        endpoint = configured().get(name)
         if endpoint is None:
-            raise ValueError(f"no model endpoint named {name!r} (configured: {', '.join(sorted(endpoints))})")
+            raise ValueError(f"no model endpoint named {name!r} is configured (endpoints are set by the operator)")
         provider = info.data.get("provider")
         if provider is not None and endpoint.provider != provider:
             raise ValueError(f"endpoint {name!r} serves provider {endpoint.provider!r}, not {provider!r}")

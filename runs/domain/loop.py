@@ -226,7 +226,7 @@ def _invoke_model(ctx: RunContext, step_number: int) -> ModelTurn:
             turn = ctx.provider.complete(request, ctx.token)
         except ModelError as exc:
             run.usage = run.usage.model_copy(update={"model_calls": run.usage.model_calls + 1})
-            error = {"error_class": exc.error_class, "transient": exc.retryable, "message": str(exc)[:500]}
+            error = {"error_class": exc.error_class, "transient": exc.retryable, "message": scrub_text(str(exc))[:500]}
             _finish(ctx, "failed", None, prefix, error, exc.stream_had_output)
             ctx.pending.event(
                 "model.response.failed",

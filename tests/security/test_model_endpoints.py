@@ -163,6 +163,24 @@ def test_a_stored_legacy_definition_is_not_honoured(tenant, submit, load_agent, 
     assert attacker.received == []
 
 
+@pytest.mark.django_db(transaction=True)
+def test_an_endpoint_the_worker_does_not_know_fails_the_run_without_a_request(tenant, submit, load_agent, fake, settings):
+    """The operator removed an endpoint an agent names: the run fails
+    permanently, nothing is sent, and the message names only the endpoint."""
+    from runs.executor import run_drive
+
+    settings.AGENTRT_MODEL_PRICES = PRICES
+    settings.AGENTRT_MODEL_ENDPOINTS = {"local": {"provider": "openai", "base_url": fake.base_url, "api_key_env": "AGENTRT_SEC_KEY"}}
+    load_agent(name="orphan", model={"provider": "openai", "endpoint": "local", "model": "test-model"})
+    settings.AGENTRT_MODEL_ENDPOINTS = {}
+    run = submit(agent="orphan", text="hi")
+    run_drive(run_id=run.id)
+    row = Run.objects.get(id=run.id)
+    assert row.status == "FAILED" and row.failure["error_class"] == "EndpointNotConfigured"
+    assert "'local'" in row.failure["message"] and "AGENTRT_SEC_KEY" not in json.dumps(row.failure)
+    assert fake.requests == []
+
+
 # -- end to end: the configured key goes only to the configured URL --------------------------------------
 
 
