@@ -329,7 +329,7 @@ def test_the_live_page_offers_confirm_and_records_it(client, operator, uncertain
     run, approval = uncertain_run
     client.force_login(operator)
     page = client.get(f"/runs/{run.id}/")
-    assert page.status_code == 200 and b"took_effect" in page.content
+    assert page.status_code == 200 and b"uncertain_side_effect" in page.content  # the pending card's data; detail.js draws the buttons
     client.post(f"/runs/{run.id}/decide/", {"approval": str(approval.id), "request_hash": approval.request_hash, "decision": "not_taken"})
     approval.refresh_from_db()
     assert (approval.status, approval.decided_via) == ("confirmed", "live")
