@@ -21,10 +21,10 @@ def authtoken_to_knox(apps, schema_editor):
         rows = cursor.fetchall()
     ttl = knox_settings.TOKEN_TTL
     for key, user_id in rows:
-        AuthToken.objects.create(
+        AuthToken(
             user_id=user_id, token_key=key[: CONSTANTS.TOKEN_KEY_LENGTH], digest=hash_token(key),
             expiry=timezone.now() + ttl if ttl else None,
-        )
+        ).save(force_insert=True)
     schema_editor.execute("DROP TABLE authtoken_token")
     schema_editor.execute("DELETE FROM django_migrations WHERE app = 'authtoken'")
 

@@ -123,6 +123,8 @@ async def test_a_revoked_or_expired_tokens_socket_is_closed(alice):
         assert await comm.receive_nothing(timeout=0.7)
         await sync_to_async(revoke)(row)
         assert await closed_with(comm) == 4401
+        _, ok, _ = await connect((b"authorization", f"Token {token}".encode()))
+        assert not ok  # and the handshake refuses it from now on
 
 
 async def test_losing_the_membership_or_deactivation_closes_the_socket(alice, tenant):
