@@ -54,6 +54,8 @@ def test_debug_off_without_a_secret_key_refuses_to_start(argv):
     out = run([sys.executable, *argv], base_env())
     assert out.returncode != 0
     assert "DJANGO_SECRET_KEY is not set" in out.stderr
+    if argv[0] == "manage.py":
+        assert out.stderr.startswith("agentrt: DJANGO_SECRET_KEY is not set")  # the message, no traceback
 
 
 def test_debug_on_may_start_without_a_key():
