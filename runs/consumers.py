@@ -55,13 +55,14 @@ def _still_allowed(kind, key, user_id, tenant_id) -> bool:
     not revoked or expired, user active) and the user still has the access:
     a member of the same tenant, or still a superuser."""
     close_old_connections()
-    if not credential_still_valid(kind, key, user_id):
-        return False
-    if tenant_id is not None:
-        return Membership.objects.filter(user_id=user_id, tenant_id=tenant_id).exists()
-    from django.contrib.auth import get_user_model
+    if tenant_id is not None:  # the user and its membership in one query
+        membership = Membership.objects.filter(user_id=user_id, tenant_id=tenant_id).select_related("user").first()
+        user = membership.user if membership else None
+    else:
+        from django.contrib.auth import get_user_model
 
-    return get_user_model().objects.filter(pk=user_id, is_superuser=True).exists()
+        user = get_user_model().objects.filter(pk=user_id, is_superuser=True).first()
+    return credential_still_valid(kind, key, user)
 
 
 def _frame_problem(text_data, bytes_data) -> str | None:

@@ -56,21 +56,20 @@ def credential_of(scope) -> tuple[str, str | None]:
     return "session", getattr(session, "session_key", None)
 
 
-def credential_still_valid(kind: str, key: str | None, user_id) -> bool:
-    """Synchronous (call through database_sync_to_async): is the credential
-    still live and the user still active?"""
-    from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
+def credential_still_valid(kind: str, key: str | None, user) -> bool:
+    """Synchronous (call through database_sync_to_async), one query: is the
+    credential still live for this (freshly read, active) user?"""
+    from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
     from django.utils.crypto import constant_time_compare
 
     from .clock import CLOCK
 
-    user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
-    if user is None or not key:
+    if user is None or not user.is_active or not key:
         return False
     if kind == "token":
         from knox.models import AuthToken
 
-        token = AuthToken.objects.filter(digest=key, user_id=user_id).only("expiry").first()
+        token = AuthToken.objects.filter(digest=key, user_id=user.pk).only("expiry").first()
         return token is not None and (token.expiry is None or token.expiry > CLOCK.now())
     from importlib import import_module
 
