@@ -10,7 +10,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from rest_framework.authtoken.models import Token as ApiToken
+from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from approvals.models import Approval
@@ -220,7 +220,7 @@ def test_the_reconciler_waiting_pauses_on_a_reconcile_approval(settings, load_ag
 @pytest.fixture
 def api(operator):
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {ApiToken.objects.get_or_create(user=operator)[0].key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {AuthToken.objects.create(user=operator)[1]}")
     return client
 
 
@@ -261,7 +261,7 @@ def test_confirm_needs_the_permission(uncertain_run, tenant):
 
     _, viewer = tenant_create(name=tenant.name, username="viewer", password="pw")
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {ApiToken.objects.get_or_create(user=viewer)[0].key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {AuthToken.objects.create(user=viewer)[1]}")
     _, approval = uncertain_run
     r = client.post(f"/api/approvals/{approval.id}/confirm/", {"request_hash": approval.request_hash, "took_effect": True}, format="json")
     assert r.status_code == 403 and Approval.objects.get(id=approval.id).status == "pending"
