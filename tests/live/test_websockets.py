@@ -75,9 +75,29 @@ async def test_anonymous_other_tenant_and_foreign_origin_sockets_are_refused(fin
     assert not ok
     comm, ok = await connect("/ws/runs/")
     assert not ok
-    bad = WebsocketCommunicator(application, f"/ws/runs/{finished_run.id}/", headers=[(b"origin", b"http://evil.example")])
-    ok, _ = await bad.connect(timeout=5)
-    assert not ok
+
+
+@pytest.mark.parametrize("credential", ["session cookie", "token"])
+async def test_a_foreign_origin_is_refused_even_with_valid_credentials(finished_run, alice, credential):
+    """Cross-site WebSocket hijacking: a page on another site opens the socket
+    with the victim's credentials. The credentials are valid (the same socket
+    from our own origin is accepted), so only the origin check can refuse it."""
+    from rest_framework.authtoken.models import Token
+
+    if credential == "token":
+        key = await sync_to_async(lambda: Token.objects.get_or_create(user=alice)[0].key)()
+        auth = (b"authorization", f"Token {key}".encode())
+    else:
+        auth = await sync_to_async(cookie_for)(alice)
+    path = f"/ws/runs/{finished_run.id}/?after=0"
+    comm, ok = await connect(path, auth)  # our origin: accepted, and it streams
+    assert ok
+    assert (await comm.receive_json_from(timeout=5))["sequence"] == 1
+    await comm.disconnect()
+    for origin in (b"http://evil.example", b"http://localhost.evil.example", b"null"):
+        bad = WebsocketCommunicator(application, path, headers=[(b"origin", origin), auth])
+        ok, _ = await bad.connect(timeout=5)
+        assert not ok, f"a socket from origin {origin!r} with a valid {credential} was accepted"
 
 
 async def test_token_authentication_in_the_handshake(finished_run, alice):
