@@ -11,9 +11,15 @@ Inputs
 ------
 snapshot: {"runs", "sessions", "events", "invocations", "model_calls",
            "checkpoints", "approvals", "meta"} — rows as dicts, UUIDs as
-           strings, timestamps as POSIX seconds (floats).
+           strings, timestamps as POSIX seconds (floats). Rows of events,
+           invocations, model_calls and checkpoints carry `xid` (PostgreSQL
+           xmin: the transaction that wrote the row's current version).
+           meta may say `reconciler` (a reconciler was configured) and
+           `max_lease_expirations`.
 sink:     one dict per POST the sink received, in arrival order:
-           {"key": Idempotency-Key, "attempt": X-Agentrt-Attempt, ...}.
+           {"key": Idempotency-Key, "attempt": X-Agentrt-Attempt, "path",
+           "body", "body_sha256", "t_ns": CLOCK_REALTIME ns, "mono_ns":
+           CLOCK_MONOTONIC ns} (tests/sink.py).
 faults:   one dict per fault the soak injected (`kind` kill | stop; others
            such as `cancel` or `aborted` are context). A kill/stop names the
            runs the worker held when it was frozen, each with the window the
@@ -28,6 +34,15 @@ not committed), `watermark_to_result` (status `executing`: watermark
 committed, no result), `after_result` (the run's latest side-effect result is
 committed and no other one is in flight), `no_effect` (no side-effect call
 yet: model or read-only phases), `idle` (the worker held no lease).
+
+What is judged (beyond "is every run terminal"): I1 every end against what
+the run's plan and the recorded faults and decisions allow
+(`_judge_outcomes`); I2 deliveries by content, ordered against the
+decisions that permit a re-send (`_check_effects`, clock domains there); I3
+every row against the epoch in force at its transaction
+(`_check_rows_against_epochs`); I8 every fault in the watermark window
+ends in a recorded decision and every park comes from a takeover ("equal"
+is that accounting, checked).
 """
 from __future__ import annotations
 
