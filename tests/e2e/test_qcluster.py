@@ -31,17 +31,18 @@ def test_a_run_submitted_from_python_completes_on_a_real_cluster(cluster, load_a
 
 
 def test_the_heartbeat_renews_the_lease_while_a_long_step_runs(cluster, load_agent, submit, tmp_path):
-    """A 4.5 s model call under a 1.5 s lease, with a real `run_maintenance`
+    """A 6 s model call under a 2 s lease, with a real `run_maintenance`
     sweeping expired leases: only renewal keeps the run from being taken
     over. Without it the sweep takes the run (lease.taken_over, epoch 2) and
-    the worker fences itself (run.fenced), so every assertion below fails."""
+    the worker fences itself (run.fenced): the test fails (checked by
+    disabling renewal in runs/supervisor.py)."""
     import subprocess
     import sys
 
     from tests.conftest import ROOT, subprocess_env
 
-    load_agent(turns=[{"text": "slow", "delay_ms": 4500}])
-    env = dict(AGENTRT_LEASE_SECONDS=1.5)
+    load_agent(turns=[{"text": "slow", "delay_ms": 6000}])
+    env = dict(AGENTRT_LEASE_SECONDS=2)
     c = cluster(**env)
     log = open(tmp_path / "maintenance.log", "wb")
     maintenance = subprocess.Popen([sys.executable, "manage.py", "run_maintenance"], cwd=ROOT, env=subprocess_env(**env),
