@@ -313,3 +313,30 @@ def test_i8_an_operator_cancel_before_the_takeover_is_a_recorded_decision():
     assert report["i8"]["accounting"]["decided_otherwise"] == 1
     snapshot["runs"][0]["cancel_requested_at"] = 200.0  # asked after the takeover decided: not the cause
     assert "I8" in invariants(run_check(snapshot, sink, faults, decisions))
+
+
+# -- the sink's records carry what I2 needs ---------------------------------------------------
+
+def test_the_sink_stamps_arrivals_and_hashes_bodies_by_content(tmp_path):
+    import json
+    import time
+    import urllib.request
+
+    from tests.sink import Sink
+
+    sink = Sink(tmp_path / "sink.jsonl")
+    try:
+        before = time.time_ns()
+        for key, raw in (("k1", b'{"a": 1, "b": [2, 3]}'), ("k2", b'{"b":[2,3],"a":1}'), ("k3", b"not json")):
+            req = urllib.request.Request(sink.url, data=raw, method="POST",
+                                         headers={"Idempotency-Key": key, "Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=10).read()
+        after = time.time_ns()
+    finally:
+        sink.close()
+    logged = [json.loads(line) for line in (tmp_path / "sink.jsonl").read_text().splitlines()]
+    assert logged == sink.sends and [r["key"] for r in logged] == ["k1", "k2", "k3"]
+    assert all(before <= r["t_ns"] <= after for r in logged)
+    assert logged[0]["mono_ns"] < logged[1]["mono_ns"] < logged[2]["mono_ns"]
+    assert logged[0]["body_sha256"] == logged[1]["body_sha256"] != logged[2]["body_sha256"]  # same content, other key order
+    assert logged[2]["body"] == "not json"
