@@ -367,6 +367,12 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         state = "waiting in the queue" if lock is None or lock <= t_end else f"dequeued by a pusher, locked until +{lock - t_end:.0f}s"
         doorbells[d.get("run")].append(state)
     outcomes = _judge_outcomes(runs, approvals, faults, decisions, meta, doorbells, v)
+    for name, counts in sorted((meta.get("process_logs") or {}).items()):
+        # the plan kills and stops processes; it never makes one raise: an unhandled error is a failure it did not cause
+        n = counts.get("unhandled_run_errors", 0)
+        t = counts.get("tracebacks", 0)
+        if n or t:
+            v.add("I1", f"{name}'s log shows {n} unhandled run error(s) and {t} traceback(s) (no fault of the soak causes an exception)")
 
     # ---- I2 no unapproved duplicate effect (by content, ordered against decisions) ----
     sends_by_key, dup_sends, effects = _check_effects(sink, invs, inv_by_key, approvals, v)

@@ -786,6 +786,7 @@ class Soak:
         from tests.chaos.checker import check
 
         snap = self.snapshot()
+        snap["meta"]["process_logs"] = self.log_summary()  # the checker judges unhandled errors too
         sink = [json.loads(line) for line in (self.out / "sink.jsonl").read_text().splitlines() if line.strip()] if (self.out / "sink.jsonl").exists() else []
         (self.out / "snapshot.json").write_text(json.dumps(snap, default=str))
         with open(self.out / "faults.jsonl", "w") as fh:
@@ -810,7 +811,7 @@ class Soak:
             b, t = (base.get("throughput") or {}).get("runs_per_min"), (report.get("throughput") or {}).get("runs_per_min")
             report["baseline"] = {"report": self.args.baseline, "runs": base.get("runs"), "runs_per_min": b,
                                   "ratio": round(t / b, 2) if b and t else None, "run_latency_s": base.get("run_latency_s")}
-        report["logs"] = self.log_summary()
+        report["logs"] = snap["meta"]["process_logs"]
         (self.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         md = render_markdown(report)
         (self.out / "report.md").write_text(md)

@@ -340,3 +340,12 @@ def test_the_sink_stamps_arrivals_and_hashes_bodies_by_content(tmp_path):
     assert logged[0]["mono_ns"] < logged[1]["mono_ns"] < logged[2]["mono_ns"]
     assert logged[0]["body_sha256"] == logged[1]["body_sha256"] != logged[2]["body_sha256"]  # same content, other key order
     assert logged[2]["body"] == "not json"
+
+
+def test_i1_an_unhandled_error_in_a_worker_log_is_a_failure_no_fault_caused():
+    snapshot, sink, faults, decisions = history()
+    snapshot["meta"]["process_logs"] = {"qcluster-0": {"tracebacks": 0, "errors": 3, "unhandled_run_errors": 0, "reincarnated": 3}}
+    assert run_check(snapshot, sink, faults, decisions)["violations"] == []  # reincarnations after SIGKILL are the plan's
+    snapshot["meta"]["process_logs"]["qcluster-0"].update(tracebacks=1, unhandled_run_errors=1)
+    report = run_check(snapshot, sink, faults, decisions)
+    assert invariants(report) == ["I1"] and "qcluster-0" in report["violations"][0]["detail"]
