@@ -257,7 +257,7 @@ def _check_effects(sink: list[dict], invs: dict, inv_by_key: dict, approvals: li
             lost += 1
             v.add("I2", f"side-effect invocation {inv['id']} is completed but the sink never received it (lost effect)", inv["run_id"])
     return sends_by_key, dup_sends, {"effects": sum(1 for g in groups if g[0] is not None), "delivered_more_than_once": multi,
-                                     "unordered_sends": sum(1 for s in sink if s.get("t_ns") is None)}
+                                     "unordered_sends": sum(1 for s in sink if s.get("t_ns") is None), "lost_effects": lost}
 
 
 def _sha(body) -> str:
