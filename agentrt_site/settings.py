@@ -52,6 +52,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Content-Security-Policy on every response (django-csp; CONTENT_SECURITY_POLICY below).
+    "csp.middleware.CSPMiddleware",
     # Static files straight from the app's finders (no collectstatic step):
     # the admin's CSS and the API docs' assets under daphne, DEBUG or not.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -150,6 +152,27 @@ WHITENOISE_AUTOREFRESH = DEBUG
 LOGIN_URL = "/admin/login/"
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 
+# --- Content-Security-Policy (django-csp 4) ---------------------------------
+# No inline script or style anywhere: the live pages load code and styles from static files and their
+# data from json_script blocks, the admin has none, Swagger UI gets its init script as a file. Only
+# the API docs (Swagger UI, ReDoc style themselves inline) add `style-src 'unsafe-inline'`, on their
+# own views (runs/api/views.py, django-csp's csp_update).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        # 'self' covers the live pages' ws:/wss: to the same host.
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
+
 # --- Channels -------------------------------------------------------------
 if os.environ.get("REDIS_URL"):
     CHANNEL_LAYERS = {
@@ -231,6 +254,23 @@ AGENTRT_CODE_VERSION = os.environ.get("AGENTRT_CODE_VERSION", "dev")
 # Per-model prices, USD per million tokens, e.g.
 # {"llama3.1:8b": {"input_per_mtok": 0, "output_per_mtok": 0}}; unset = the built-in table.
 AGENTRT_MODEL_PRICES = json.loads(os.environ["AGENTRT_MODEL_PRICES"]) if os.environ.get("AGENTRT_MODEL_PRICES") else None
+# Model endpoints (operator configuration; agents name one, never a URL or a
+# key variable): {"<name>": {"provider": "openai", "base_url": "...",
+# "api_key_env": "...", "models": [...]?}}. The built-in `openai` endpoint
+# (api.openai.com, OPENAI_API_KEY) exists unless overridden. Validated here so
+# a bad value stops the process with the bad key named.
+def _model_endpoints():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from runs.providers.endpoints import EndpointConfigError, parse_endpoints
+
+    try:
+        return parse_endpoints(os.environ.get("AGENTRT_MODEL_ENDPOINTS"))
+    except EndpointConfigError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+
+
+AGENTRT_MODEL_ENDPOINTS = _model_endpoints()
 AGENTRT_DEFAULT_LIMITS = {
     "max_steps": 32,
     "max_model_calls": 24,
