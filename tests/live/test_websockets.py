@@ -94,10 +94,10 @@ async def test_a_foreign_origin_is_refused_even_with_valid_credentials(finished_
     """Cross-site WebSocket hijacking: a page on another site opens the socket
     with the victim's credentials. The credentials are valid (the same socket
     from our own origin is accepted), so only the origin check can refuse it."""
-    from rest_framework.authtoken.models import Token
+    from knox.models import AuthToken
 
     if credential == "token":
-        key = await sync_to_async(lambda: Token.objects.get_or_create(user=alice)[0].key)()
+        key = await sync_to_async(lambda: AuthToken.objects.create(user=alice)[1])()
         auth = (b"authorization", f"Token {key}".encode())
     else:
         auth = await sync_to_async(cookie_for)(alice)
