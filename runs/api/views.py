@@ -114,7 +114,7 @@ def errors(*codes: int) -> dict[int, OpenApiResponse]:
         409: "Conflict with the object's state.",
         413: "Body larger than DATA_UPLOAD_MAX_MEMORY_SIZE.",
         415: "Writes take application/json only.",
-        429: "Throttled (see Retry-After).",
+        429: "Throttled (see Retry-After), or `quota_exceeded`: the tenant's active-run quota is reached.",
     }
     return {code: OpenApiResponse(s.ErrorOut, description=described.get(code, "")) for code in codes}
 

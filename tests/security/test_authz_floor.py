@@ -81,3 +81,16 @@ def test_staff_without_change_tenant_cannot_edit_the_floor():
     response = admin_post_floor(client, acme, '{"default": "allow"}')
     assert response.status_code == 403
     assert Tenant.objects.get(id=acme.id).policy_floor == {}
+
+
+def test_side_effect_is_an_optional_rule_key_that_leaves_older_definitions_unchanged():
+    from runs.services import agent_load
+
+    user("acme", "alice")
+    acme = tenant_get(name="acme")
+    plain = {"name": "a", "model": {"provider": "scripted", "turns": []}, "tools": ["echo"],
+             "policy": {"rules": [{"tool": "echo", "decision": "allow"}]}}
+    version = agent_load(tenant=acme, definition=plain)
+    assert version.definition["policy"]["rules"] == [{"tool": "echo", "decision": "allow", "when": None}]
+    marked = agent_load(tenant=acme, definition={**plain, "policy": {"rules": [{"tool": "*", "side_effect": True, "decision": "deny"}]}})
+    assert marked.definition["policy"]["rules"][0]["side_effect"] is True
