@@ -147,7 +147,7 @@ STATIC_URL = "static/"
 STATIC_ROOT = os.environ.get("AGENTRT_STATIC_ROOT") or None
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"  # the live pages' login: members are not staff
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 
 # --- Channels -------------------------------------------------------------

@@ -73,3 +73,14 @@ def test_the_demo_operator_can_do_the_first_five_minutes():
     client = login("operator")
     assert client.get("/admin/approvals/approval/").status_code == 200
     assert client.get("/runs/").status_code == 200
+
+
+def test_a_member_logs_in_to_the_live_pages_without_admin_access():
+    call_command("create_tenant", "acme", "--user", "alice", "--password", "correct horse")
+    client = Client()
+    assert client.get("/runs/")["Location"].startswith("/accounts/login/")
+    assert client.post("/accounts/login/", {"username": "alice", "password": "wrong"}).status_code == 200
+    response = client.post("/accounts/login/", {"username": "alice", "password": "correct horse", "next": "/runs/"})
+    assert response.status_code == 302 and response["Location"] == "/runs/"
+    assert client.get("/runs/").status_code == 200
+    assert client.get("/admin/").status_code == 302  # still no admin
