@@ -5,7 +5,7 @@ tenant's object is 404 and stays unchanged, anonymous is 401, a member
 without the permission cannot decide, lists and filters show only the
 caller's tenant, and a create lands in the caller's own tenant. The same
 holds on the live pages and the WebSockets (all scoped by runs.scoping),
-and a superuser views another tenant's run but acts on it nowhere (404).
+and a superuser views another tenant's run but acts on it nowhere (404)."""
 from __future__ import annotations
 
 import pytest
