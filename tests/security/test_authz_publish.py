@@ -88,3 +88,20 @@ def test_load_agent_stays_the_operators_shell_command(db, tmp_path, sink):
     call_command("load_agent", str(path), "--tenant", "acme")
     version = AgentVersion.objects.get(tenant__name="acme")
     assert version.published_by_id is None and version.published_at is not None
+
+
+def test_the_admin_shows_who_published_each_version(db, sink):
+    from django.test import Client
+
+    from tests.api.conftest import token_client
+
+    publisher = user("acme", "pub", perms=("publish_agent",))
+    operator = user("acme", "op", operator=True, perms=("view_agentversion",))
+    response = token_client(publisher).post("/api/agents/", release_bot(sink.url), format="json")
+    assert response.status_code == 201, response.content
+    client = Client()
+    client.force_login(operator)
+    page = client.get("/admin/runs/agentversion/").content.decode()
+    assert "published by" in page.lower() and ">pub<" in page
+    detail = client.get(f"/admin/runs/agentversion/{response.json()['id']}/change/").content.decode()
+    assert "pub" in detail and "Published at" in detail
