@@ -11,7 +11,7 @@ from approvals.models import Approval
 from runs.models import Event, Run
 from tests.api.conftest import token_client
 
-from .authz_world import two_tenants  # noqa: F401
+from .authz_world import live_server_url, two_tenants  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,3 +80,19 @@ def test_admin_acts_of_a_superuser_in_another_tenant_are_404(two_tenants):
     assert client.post("/admin/runs/run/", {"action": "cancel_runs", "_selected_action": [str(own.id)]}).status_code == 200
     client.post("/admin/runs/run/", {"action": "cancel_runs", "_selected_action": [str(own.id)], "confirm": "yes"})
     assert Run.objects.get(id=own.id).status == "CANCELLED"
+
+
+@pytest.mark.e2e
+def test_over_a_real_server_a_superusers_cross_tenant_acts_are_404(two_tenants, live_server_url):
+    from .authz_world import http, token_header
+
+    auth = token_header(two_tenants.root)
+    other = two_tenants.globex
+    before = snapshot(other.tenant)
+    code, body = http(live_server_url, "GET", f"/api/runs/{other.waiting.id}/", auth=auth)
+    assert code == 200 and body["id"] == str(other.waiting.id)
+    for path, body in [(f"/api/runs/{other.waiting.id}/cancel/", {}), (f"/api/runs/{other.asking.id}/input/", {"text": "x"}),
+                       (f"/api/approvals/{other.approval.id}/approve/", {"request_hash": other.approval.request_hash})]:
+        code, answer = http(live_server_url, "POST", path, auth=auth, body=body)
+        assert code == 404 and answer["code"] == "not_found", (path, answer)
+    assert snapshot(other.tenant) == before
