@@ -297,8 +297,9 @@ def run_submit(
 def _check_quota(tenant: Tenant) -> None:
     """Refuse a run beyond the tenant's active-run quota. Call inside the submit's
     transaction: the tenant row lock serializes concurrent submits of one tenant,
-    so two cannot both pass at the limit."""
-    limit = Tenant.objects.select_for_update().filter(id=tenant.id).values_list("max_active_runs", flat=True).first()
+    so two cannot both pass at the limit. FOR NO KEY UPDATE: it does not block
+    the FOR KEY SHARE that inserts referencing the tenant take."""
+    limit = Tenant.objects.select_for_update(no_key=True).filter(id=tenant.id).values_list("max_active_runs", flat=True).first()
     if limit is None:
         limit = settings.AGENTRT_MAX_ACTIVE_RUNS or None  # the setting's 0 means no limit
     if limit is None:
