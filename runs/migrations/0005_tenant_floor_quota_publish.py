@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0003_hot_path_no_fk_checks'),
+        ('runs', '0004_authtoken_to_knox'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
