@@ -76,11 +76,25 @@ def test_the_demo_operator_can_do_the_first_five_minutes():
 
 
 def test_a_member_logs_in_to_the_live_pages_without_admin_access():
-    call_command("create_tenant", "acme", "--user", "alice", "--password", "correct horse")
+    call_command("create_tenant", "acme", "--user", "alice", "--password", "correct-Horse-battery-9")
     client = Client()
     assert client.get("/runs/")["Location"].startswith("/accounts/login/")
     assert client.post("/accounts/login/", {"username": "alice", "password": "wrong"}).status_code == 200
-    response = client.post("/accounts/login/", {"username": "alice", "password": "correct horse", "next": "/runs/"})
+    response = client.post("/accounts/login/", {"username": "alice", "password": "correct-Horse-battery-9", "next": "/runs/"})
     assert response.status_code == 302 and response["Location"] == "/runs/"
     assert client.get("/runs/").status_code == 200
     assert client.get("/admin/").status_code == 302  # still no admin
+
+
+def test_the_live_pages_login_is_throttled_like_the_admins():
+    from runs.services import tenant_create
+
+    tenant_create(name="acme", username="alice", password="correct-Horse-battery-9")
+
+    def attempt(password):
+        return Client(REMOTE_ADDR="127.0.0.1").post("/accounts/login/", {"username": "alice", "password": password})
+
+    for _ in range(4):
+        assert attempt("wrong-guess").status_code == 200
+    assert attempt("wrong-guess").status_code == 429
+    assert attempt("correct-Horse-battery-9").status_code == 429
