@@ -105,7 +105,7 @@ class PolicyEngine:
             read_only = None
         decision = evaluate(self.policy, tool_name, arguments, read_only=read_only)
         decision = decision if decision in DECISIONS else "require_approval"
-        if self.floor is None:
+        if self.floor is None or decision == "deny":  # nothing is stricter than deny: no need to read the floor
             return decision
         try:
             floor = self.floor()
