@@ -19,7 +19,7 @@ def test_an_operator_confirms_an_unknown_outcome_on_the_live_page(server, cluste
 
     from runs.services import tenant_create
 
-    _, user = tenant_create(name=tenant.name, username="oncall", password="s3cret-pass")
+    _, user = tenant_create(name=tenant.name, username="oncall", password="s3cret-pass", operator=True)
     user.user_permissions.add(*Permission.objects.filter(codename__in=["resolve_approval", "view_run", "view_approval"]))
     sink.behaviours = ["close"]
     load_agent(turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "Paid."}],

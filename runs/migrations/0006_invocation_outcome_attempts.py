@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0004_authtoken_to_knox'),
+        ('runs', '0005_tenant_floor_quota_publish'),
     ]
 
     operations = [
