@@ -9,7 +9,7 @@ from __future__ import annotations
 from .context import RunContext
 from .context_engine import SynthesisReserveViolation, build_with_pressure
 from .errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCancelled, WorkerFenced
-from .pipeline import dispatch, open_batch, resume_batch
+from .pipeline import RerunConflict, dispatch, open_batch, resume_batch
 from .values import BudgetScope, CancelReason, FailureReason, ModelTurn, OutcomeKind, RunFailure, RunOutcome, StopReason
 from .writes import ModelCallFinish, ModelCallInsert, UnitOfWork
 
@@ -42,6 +42,10 @@ def run_loop(ctx: RunContext) -> RunOutcome:
         return failed(ctx, FailureReason.EMPTY_MODEL_TURN, "EmptyModelTurn", "the model returned empty turns on every attempt of the step")
     except _ModelFailure as exc:
         return failed(ctx, exc.reason, exc.error_class, str(exc))
+    except RerunConflict as exc:  # seed 000: the approved re-run cannot run as approved
+        ctx.pending.invocation_updates.extend(exc.work.invocation_updates)
+        ctx.pending.events.extend(exc.work.events)
+        return failed(ctx, FailureReason.RECONCILE_CONFLICT, exc.error_class, str(exc), details=exc.details)
 
 
 def failed(ctx: RunContext, reason: FailureReason, error_class: str, message: str, **kw) -> RunOutcome:
