@@ -242,7 +242,7 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
     """Pause the interrupted side effects on hash-bound approvals: finalize
     writes them, a full checkpoint, WAITING_FOR_APPROVAL and the lease release
     in one transaction."""
-    from checkpoints.repository import checkpoint_latest, seed_state
+    from checkpoints.repository import checkpoint_current
 
     now = CLOCK.now()
     work = UnitOfWork()
@@ -275,7 +275,7 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
                                                              "presentation": presentation}, now))
         approval_ids.append(approval_id)
         inv_ids.append(inv.id)
-    state = checkpoint_latest(run.id) or seed_state(run)
+    state = checkpoint_current(run)
     state.pending_tool_calls = [{"invocation": str(i.id), "call_id": i.call_id, "name": i.tool_name} for i in invocations]
     row = state.next_checkpoint("suspension", now, force_full=True)
     work.checkpoint = row
