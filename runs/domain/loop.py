@@ -10,7 +10,7 @@ from .context import RunContext
 from .context_engine import SynthesisReserveViolation, build_with_pressure
 from .errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCancelled, WorkerFenced
 from .pipeline import RerunConflict, dispatch, open_batch, resume_batch
-from .values import BudgetScope, CancelReason, FailureReason, ModelTurn, OutcomeKind, RunFailure, RunOutcome, StopReason
+from .values import BudgetScope, CancelReason, FailureReason, ModelTurn, ModelUsage, OutcomeKind, RunFailure, RunOutcome, StopReason
 from .writes import ModelCallFinish, ModelCallInsert, UnitOfWork
 
 MAX_STEP_FAILURES = 3
@@ -193,12 +193,14 @@ def _prepare_next_step(ctx: RunContext, step_number: int) -> None:
     ctx.prepared_call = (step_number, 1)
 
 
-def _finish(ctx: RunContext, status: str, turn: ModelTurn | None, prefix: str | None, error: dict | None = None, stream_had_output: bool = False) -> None:
+def _finish(ctx: RunContext, status: str, turn: ModelTurn | None, prefix: str | None, error: dict | None = None, stream_had_output: bool = False,
+            usage: ModelUsage | None = None) -> None:
+    spent = turn.usage if turn else usage
     ctx.pending.model_call_finishes.append(
         ModelCallFinish(
             id=ctx.prepared_id,
             status=status,
-            usage=turn.usage.model_dump(mode="json") if turn else {},
+            usage=spent.model_dump(mode="json") if spent else {},
             stop_reason=str(turn.stop_reason) if turn else None,
             stream_had_output=stream_had_output,
             error=error,
@@ -228,16 +230,26 @@ def _invoke_model(ctx: RunContext, step_number: int) -> ModelTurn:
         try:
             turn = ctx.provider.complete(request, ctx.token)
         except ModelError as exc:
-            run.usage = run.usage.model_copy(update={"model_calls": run.usage.model_calls + 1})
+            # Every attempt is charged ("after" means record): a failed attempt's
+            # tokens and cost go into the ledger like a completed one's.
+            spent = exc.usage or ModelUsage()
+            over: BudgetExceeded | None = None
+            try:
+                run.usage = ctx.budgets.record_model_usage(run.usage, spent)
+            except BudgetExceeded as err:
+                run.usage, over = err.usage, err
             error = {"error_class": exc.error_class, "transient": exc.retryable, "message": str(exc)[:500]}
-            _finish(ctx, "failed", None, prefix, error, exc.stream_had_output)
+            _finish(ctx, "failed", None, prefix, error, exc.stream_had_output, usage=spent)
             ctx.pending.event(
                 "model.response.failed",
-                {"step": step_number, "attempt": attempt, "error_class": exc.error_class, "transient": exc.retryable, "stream_had_output": exc.stream_had_output},
+                {"step": step_number, "attempt": attempt, "error_class": exc.error_class, "transient": exc.retryable,
+                 "stream_had_output": exc.stream_had_output, "usage": spent.model_dump(mode="json")},
                 ctx.clock.now(),
             )
             if ctx.token.reason is not None:
                 raise RunCancelled(ctx.token.reason)
+            if over is not None:
+                raise over
             step_failures += 1
             if exc.retryable and step_failures < MAX_STEP_FAILURES:
                 attempt += 1
