@@ -474,6 +474,7 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
         for entry, decision in invalidated:
             results.event("approval.invalidated", {"approval": str(decision["id"]), "invocation": str(entry.invocation_id),
                                                    "reason": "the tool, its schema or the arguments changed since approval"}, now)
+            results.approval_invalidations.append(decision["id"])
             if entry.spec is None or ctx.tools.validate(entry.call.name, entry.arguments):
                 raise UnknownOutcome("an approved call can no longer run and cannot be asked again")
             kind = decision["kind"]

@@ -110,6 +110,7 @@ def test_a_tool_spec_changed_after_a_rerun_grant_invalidates_it_and_asks_again_w
     assert fresh.presentation["tool"] == "http_post" and fresh.presentation["arguments"] == {"url": sink.url, "json": {"amount": 5}}
     assert fresh.presentation["side_effect"] == REGISTRY.spec("http_post").side_effect
     assert "unknown" in fresh.presentation["notice"]
+    assert Approval.objects.get(id=approval.id).status == "invalidated"  # never the old grant
     inv = ToolInvocation.objects.get(run=run)
     assert inv.status == "interrupted" and inv.suspended_kind == "interrupted_side_effect" and inv.result is None
     # The new grant, approved, runs the call once with the same key.
