@@ -361,6 +361,11 @@ class RerunConflict(Exception):
         self.details = details
 
 
+def _unknown_status(kind: str) -> str:
+    """The status of a call whose outcome is unknown, by the approval kind it waits on."""
+    return "uncertain" if kind == "uncertain_side_effect" else "interrupted"
+
+
 def _recheck_grant(ctx: RunContext, step_number: int, entry: _Entry, row: dict, decision: dict) -> bool:
     """DESIGN §8 for a re-run grant: before the approved call runs again, the
     tool must still be registered, the recorded arguments must pass its
@@ -369,8 +374,8 @@ def _recheck_grant(ctx: RunContext, step_number: int, entry: _Entry, row: dict, 
     again), and policy is evaluated again — a deny is a `RerunConflict`; a
     require_approval is satisfied by the grant itself."""
     now = ctx.clock.now()
-    unknown = UnitOfWork()  # the grant is not used: the call stays interrupted, its outcome unknown
-    unknown.invocation_updates.append(InvocationUpdate(id=row["id"], status="interrupted", error=UNKNOWN_OUTCOME, updated_at=now))
+    unknown = UnitOfWork()  # the grant is not used: the call stays as it was, its outcome unknown
+    unknown.invocation_updates.append(InvocationUpdate(id=row["id"], status=_unknown_status(decision["kind"]), updated_at=now))
     if entry.spec is None:
         raise RerunConflict(f"tool {row['tool_name']!r} is no longer registered; the approved re-run cannot run",
                             work=unknown, invocation=str(row["id"]))
@@ -481,7 +486,8 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
             if kind in RERUN_KINDS:  # a new approval of the same kind, showing the current spec
                 approval = ctx.approvals.request_again(step_number=step_number, invocation_id=entry.invocation_id, tool=entry.spec,
                                                        arguments=entry.arguments, previous=decision, at=now)
-                results.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="interrupted", suspended_kind=kind, updated_at=now))
+                results.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status=_unknown_status(kind), suspended_kind=kind,
+                                                                   updated_at=now))
             else:
                 approval = ctx.approvals.request(step_number=step_number, invocation_id=entry.invocation_id, tool=entry.spec,
                                                  arguments=entry.arguments, kind="policy", at=now)
