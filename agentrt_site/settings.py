@@ -231,6 +231,23 @@ AGENTRT_CODE_VERSION = os.environ.get("AGENTRT_CODE_VERSION", "dev")
 # Per-model prices, USD per million tokens, e.g.
 # {"llama3.1:8b": {"input_per_mtok": 0, "output_per_mtok": 0}}; unset = the built-in table.
 AGENTRT_MODEL_PRICES = json.loads(os.environ["AGENTRT_MODEL_PRICES"]) if os.environ.get("AGENTRT_MODEL_PRICES") else None
+# Model endpoints (operator configuration; agents name one, never a URL or a
+# key variable): {"<name>": {"provider": "openai", "base_url": "...",
+# "api_key_env": "...", "models": [...]?}}. The built-in `openai` endpoint
+# (api.openai.com, OPENAI_API_KEY) exists unless overridden. Validated here so
+# a bad value stops the process with the bad key named.
+def _model_endpoints():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from runs.providers.endpoints import EndpointConfigError, parse_endpoints
+
+    try:
+        return parse_endpoints(os.environ.get("AGENTRT_MODEL_ENDPOINTS"))
+    except EndpointConfigError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+
+
+AGENTRT_MODEL_ENDPOINTS = _model_endpoints()
 AGENTRT_DEFAULT_LIMITS = {
     "max_steps": 32,
     "max_model_calls": 24,

@@ -42,12 +42,65 @@ class ScriptedModel(Strict):
         return turns
 
 
+# Keys by which a definition could choose where a request goes or which
+# secret it carries. Endpoints are operator configuration
+# (AGENTRT_MODEL_ENDPOINTS); a definition carrying one of these is refused.
+FORBIDDEN_MODEL_KEYS = ("base_url", "api_key_env")
+FORBIDDEN_MESSAGE = ("not allowed in an agent definition: model endpoints are operator configuration "
+                     "(AGENTRT_MODEL_ENDPOINTS); name one with model.endpoint")
+
+
+def forbidden_model_keys(definition: Any) -> dict[str, list[str]]:
+    """`{"model.<path>": [message]}` for every base_url / api_key_env anywhere in the model block."""
+    found: dict[str, list[str]] = {}
+
+    def walk(value: Any, path: str, depth: int) -> None:
+        if depth > 32:
+            return
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                where = f"{path}.{key}"
+                if key in FORBIDDEN_MODEL_KEYS:
+                    found[where] = [FORBIDDEN_MESSAGE]
+                walk(sub, where, depth + 1)
+        elif isinstance(value, list):
+            for i, sub in enumerate(value):
+                walk(sub, f"{path}.{i}", depth + 1)
+
+    if isinstance(definition, dict):
+        walk(definition.get("model"), "model", 0)
+    return found
+
+
 class OpenAIModel(Strict):
     provider: Literal["openai"]
-    base_url: str = Field(min_length=1, max_length=500)
+    endpoint: str = Field("openai", min_length=1, max_length=100)
     model: str = Field(min_length=1, max_length=200)
-    api_key_env: str = Field("OPENAI_API_KEY", pattern=r"^[A-Z_][A-Z0-9_]*$")
     context_window: int | None = Field(128_000, ge=256, le=10_000_000)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, name, info):
+        from .providers.endpoints import configured
+
+        endpoint = configured().get(name)
+        if endpoint is None:
+            raise ValueError(f"no model endpoint named {name!r} is configured (endpoints are set by the operator)")
+        provider = info.data.get("provider")
+        if provider is not None and endpoint.provider != provider:
+            raise ValueError(f"endpoint {name!r} serves provider {endpoint.provider!r}, not {provider!r}")
+        return name
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, model, info):
+        from .providers.endpoints import endpoint_for
+
+        name = info.data.get("endpoint")
+        endpoint = endpoint_for(name) if name else None
+        if endpoint is not None and not endpoint.allows(model):
+            raise ValueError(f"endpoint {name!r} serves only: {', '.join(endpoint.models)}")
+        return model
 
 
 class When(Strict):

@@ -25,6 +25,7 @@ from .domain.cancellation import Token
 from .domain.context import AgentSpec, RunContext, RunSnapshot
 from .domain.errors import BudgetExceeded, WorkerFenced
 from .domain.loop import run_loop
+from .domain.scrub import scrub_stream
 from .domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunLimits, RunOutcome, RunUsage
 from .domain.writes import EventWrite, ModelCallFinish, UnitOfWork
 from .faults import hook_for
@@ -146,8 +147,9 @@ class DeltaBatcher:
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
-        self.buffer: list[str] = []
-        self.size = 0
+        self.raw: list[str] = []  # every delta of this attempt, as received
+        self.shown = ""  # the scrubbed text already written as deltas
+        self.size = 0  # characters received since the last flush
         self.last = ctx.clock.monotonic()
         self.key: tuple | None = None
         self.index = 0
@@ -155,17 +157,23 @@ class DeltaBatcher:
     def __call__(self, text: str) -> None:
         key = (self.ctx.current_step, self.ctx.current_attempt)
         if key != self.key:
-            self.key, self.index, self.buffer, self.size = key, 0, [], 0
-        self.buffer.append(text)
+            self.key, self.index, self.raw, self.shown, self.size = key, 0, [], "", 0
+        self.raw.append(text)
         self.size += len(text)
         now = self.ctx.clock.monotonic()
         if self.size >= self.MAX_BUFFER or now - self.last >= self.MIN_INTERVAL:
             self.flush(now)
 
     def flush(self, now: float) -> None:
-        if not self.buffer:
+        if not self.size:
             return
-        text, self.buffer, self.size, self.last = "".join(self.buffer), [], 0, now
+        self.size, self.last = 0, now
+        # Scrubbed over the whole attempt so far, less a tail that may be a
+        # half-arrived secret (it is shown once whole, or in the final turn).
+        stable = scrub_stream("".join(self.raw))
+        if not stable.startswith(self.shown) or len(stable) == len(self.shown):
+            return  # nothing new that is safe to show (the final turn carries the whole text)
+        text, self.shown = stable[len(self.shown):], stable
         self.index += 1
         work = UnitOfWork()
         work.event("model.response.delta", {"step": self.key[0], "attempt": self.key[1], "index": self.index, "text": text},

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import connection, transaction
 
 from .clock import CLOCK
+from .domain.scrub import scrub_text
 from .domain.writes import EventWrite
 from .errors import RunError
 from .models import Run, ToolInvocation
@@ -22,6 +23,7 @@ class RunNotWaitingForUser(RunError):
 def run_input(*, run: Run, text: str, by: str = "") -> Run:
     """Answer the run's pending question; the run goes back to QUEUED."""
     check_text(text, "text", max_length=100_000)
+    text = scrub_text(text)  # the answer is persisted (invocation result, event, checkpoints): secrets never
     now = CLOCK.now()
     question = ToolInvocation.objects.filter(run_id=run.id, status="awaiting_approval", suspended_kind="user").order_by("-step_number").first()
     with transaction.atomic(durable=True):

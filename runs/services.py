@@ -14,10 +14,11 @@ from pydantic import ValidationError
 from checkpoints.models import Checkpoint
 from checkpoints.repository import session_history
 
-from .agent_schema import AgentDefinition, Limits, resolve_limits
+from .agent_schema import AgentDefinition, Limits, forbidden_model_keys, resolve_limits
 from .clock import CLOCK, IDS
 from .domain.checkpoint import CheckpointState
 from .domain.context import canonical_json
+from .domain.scrub import scrub_text
 from .domain.values import TERMINAL_STATUSES, RunStatus
 from .domain.writes import EventWrite
 from .errors import ActiveRunExists, AgentNotFound, IdempotencyConflict, InvalidInput, RunNotFound, TenantNotFound
@@ -94,12 +95,16 @@ def agent_load(*, tenant: Tenant, definition: Any) -> AgentVersion:
     """Create or update an agent; its version is the hash of its definition."""
     if not isinstance(definition, dict):
         raise InvalidInput("the agent definition must be a JSON object", fields={"(root)": ["must be an object"]})
+    forbidden = forbidden_model_keys(definition)  # a definition never chooses where a key goes
     try:
         parsed = AgentDefinition.model_validate(definition)
     except ValidationError as exc:
-        fields = _pydantic_fields(exc)
-        first = next(iter(fields.items()))
+        fields = {**_pydantic_fields(exc), **forbidden}
+        first = next(iter(forbidden.items())) if forbidden else next(iter(fields.items()))
         raise InvalidInput(f"invalid agent definition: {first[0]}: {first[1][0]}", fields=fields) from None
+    if forbidden:
+        first = next(iter(forbidden.items()))
+        raise InvalidInput(f"invalid agent definition: {first[0]}: {first[1][0]}", fields=forbidden)
     normal = parsed.model_dump(mode="json", exclude_none=False)
     normal["limits"] = parsed.limits.given()
     version = hashlib.sha256(canonical_json(normal).encode()).hexdigest()
@@ -151,6 +156,7 @@ def run_submit(
     if idempotency_key is not None:
         check_text(idempotency_key, "Idempotency-Key", max_length=200)
     request_hash = _request_hash(agent, input, session, requested)
+    input = scrub_text(input)  # secrets never reach the run, its events or its checkpoints
     if idempotency_key:
         existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
         if existing is not None:

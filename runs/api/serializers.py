@@ -13,7 +13,7 @@ from pydantic import ValidationError as PydanticValidationError
 from rest_framework import serializers
 
 from approvals.models import Approval
-from runs.agent_schema import AgentDefinition, Limits
+from runs.agent_schema import AgentDefinition, Limits, forbidden_model_keys
 from runs.domain.values import RunStatus
 from runs.selectors import event_to_dict, run_to_dict
 
@@ -40,10 +40,13 @@ def agent_definition_check(data: Any) -> None:
     """Validate an agent definition in pydantic's strict mode ("10" is not 10)."""
     if not isinstance(data, Mapping):
         raise serializers.ValidationError({"(root)": ["the agent definition must be a JSON object"]})
+    forbidden = forbidden_model_keys(dict(data))  # a definition never chooses where a key goes
     try:
         AgentDefinition.model_validate(dict(data), strict=True)
     except PydanticValidationError as exc:
-        raise serializers.ValidationError(pydantic_fields(exc)) from None
+        raise serializers.ValidationError({**pydantic_fields(exc), **forbidden}) from None
+    if forbidden:
+        raise serializers.ValidationError(forbidden)
 
 
 class StrictCharField(serializers.CharField):

@@ -10,6 +10,7 @@ from .context import RunContext
 from .context_engine import SynthesisReserveViolation, build_with_pressure
 from .errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCancelled, WorkerFenced
 from .pipeline import RerunConflict, dispatch, open_batch, resume_batch
+from .scrub import scrub_text, scrub_turn
 from .values import BudgetScope, CancelReason, FailureReason, ModelTurn, ModelUsage, OutcomeKind, RunFailure, RunOutcome, StopReason
 from .writes import ModelCallFinish, ModelCallInsert, UnitOfWork
 
@@ -238,7 +239,7 @@ def _invoke_model(ctx: RunContext, step_number: int) -> ModelTurn:
                 run.usage = ctx.budgets.record_model_usage(run.usage, spent)
             except BudgetExceeded as err:
                 run.usage, over = err.usage, err
-            error = {"error_class": exc.error_class, "transient": exc.retryable, "message": str(exc)[:500]}
+            error = {"error_class": exc.error_class, "transient": exc.retryable, "message": scrub_text(str(exc))[:500]}
             _finish(ctx, "failed", None, prefix, error, exc.stream_had_output, usage=spent)
             ctx.pending.event(
                 "model.response.failed",
@@ -256,7 +257,10 @@ def _invoke_model(ctx: RunContext, step_number: int) -> ModelTurn:
                 continue
             if exc.retryable:
                 raise _ModelFailure(FailureReason.DEPENDENCY_UNAVAILABLE, exc.error_class, "the model failed transiently on every attempt of the step")
-            raise _ModelFailure(FailureReason.MODEL_PERMANENT_ERROR, exc.error_class, "the model provider refused the request")
+            # The adapter's own words (never provider text, a URL or a variable name).
+            raise _ModelFailure(FailureReason.MODEL_PERMANENT_ERROR, exc.error_class,
+                                f"the model provider refused the request: {scrub_text(str(exc))[:300]}")
+        turn = scrub_turn(turn)  # before anything of it is persisted: text, calls, final message, checkpoints
         ctx.fault("model.after_call")
         try:
             run.usage = ctx.budgets.record_model_usage(run.usage, turn.usage)

@@ -1,4 +1,14 @@
-"""Bound and scrub what a tool or a model returns before it is persisted."""
+"""Bound and scrub what a tool, a model or a person supplies before it is persisted.
+
+Every string a run persists comes from one of a few sources, each scrubbed
+where it enters (issue 10, item 6): the run input (`run_submit`), a user's
+answer (`run_input`), the model's turn (`scrub_turn`, in the loop, before the
+turn reaches an event, the conversation/checkpoint, the final message or an
+invocation row), streamed deltas (the executor's batcher), tool arguments and
+results (the pipeline: `scrub`, `bound`) and error messages (`scrub_text`).
+Everything derived from those (checkpoints, compaction summaries, approvals)
+is then clean by construction.
+"""
 from __future__ import annotations
 
 import json
@@ -25,6 +35,39 @@ def scrub_text(text: str) -> str:
     for pattern in SECRET_PATTERNS:
         text = pattern.sub("[REDACTED]", text)
     return text
+
+
+def scrub_turn(turn):
+    """A model turn with its text, call names and raw arguments scrubbed.
+
+    Raw arguments stay JSON text: a redaction replaces characters inside a
+    JSON string with `[REDACTED]`, which is valid in the same place."""
+    calls = [
+        c.model_copy(update={"name": scrub_text(c.name), "raw_arguments": scrub_text(c.raw_arguments)})
+        for c in turn.tool_calls
+    ]
+    text = scrub_text(turn.text) if turn.text is not None else None
+    return turn.model_copy(update={"text": text, "tool_calls": calls})
+
+
+_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+_KEY_HEADER = 100  # longest "-----BEGIN ... PRIVATE KEY-----" header still arriving
+
+
+def scrub_stream(raw: str) -> str:
+    """The scrubbed part of a text still being streamed that later text
+    cannot change: the trailing run of token characters (a secret may be
+    half-arrived there) and an unfinished private-key header are held back.
+    Deltas shown as they stream are cut from this, so a secret split across
+    two deltas is redacted whole."""
+    clean = scrub_text(raw)
+    cut = len(clean)
+    while cut and clean[cut - 1] in _TOKEN_CHARS:
+        cut -= 1
+    header = clean.rfind("-----BEGIN", max(0, len(clean) - _KEY_HEADER))
+    if header != -1:
+        cut = min(cut, header)
+    return clean[:cut]
 
 
 def scrub(value: Any, depth: int = 0) -> Any:

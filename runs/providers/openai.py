@@ -2,9 +2,12 @@
 chat-completions endpoint with tool calling — OpenAI, vLLM, Ollama,
 llama.cpp server.
 
-Agent block: `{"provider": "openai", "base_url": "https://api.openai.com/v1",
-"model": "gpt-4o-mini", "api_key_env": "OPENAI_API_KEY"}`. One `complete()`
-is one model *attempt* (seed 002, "Retry: three loops, three owners"):
+Agent block: `{"provider": "openai", "endpoint": "openai", "model":
+"gpt-4o-mini"}`. The endpoint (base URL and the variable holding the key) is
+operator configuration (`runs/providers/endpoints.py`,
+`AGENTRT_MODEL_ENDPOINTS`); the adapter is built only from a configured
+`Endpoint`, never from an agent's block. One `complete()` is one model
+*attempt* (seed 002, "Retry: three loops, three owners"):
 
 * It POSTs `{base_url}/chat/completions` with `stream: true` and
   `stream_options.include_usage`, and accumulates text and tool-call deltas
@@ -28,9 +31,12 @@ is one model *attempt* (seed 002, "Retry: three loops, three owners"):
   shuts the socket down when the token is set (or the call outlives
   `max_call_seconds`), so a stalled stream is abandoned at once. Cancelled →
   `ModelTurn(stop_reason=cancelled)` with the usage known so far.
-* The API key is read from `os.environ[api_key_env]` at each call, sent as a
-  Bearer header, never stored, logged or put in a message. Error messages are
-  the adapter's own words: no provider text, no URL.
+* The API key is read from `os.environ[endpoint.api_key_env]` at each call,
+  sent as a Bearer header, never stored, logged or put in a message. Error
+  messages are the adapter's own words: no provider text, no URL, no variable
+  name (a missing key says which *endpoint* lacks one; the worker log names
+  the variable). Every connection-level failure before output is one class,
+  `ConnectionFailed`, with one message; the log has the detail.
 * Usage: `prompt_tokens` → input (cache reads included), `completion_tokens`
   → output (reasoning included), `cached_tokens` → cache read,
   `reasoning_tokens`, cache creation where a compatible server reports it.
@@ -39,8 +45,9 @@ is one model *attempt* (seed 002, "Retry: three loops, three owners"):
   stream, a mid-stream error, a timeout after output) carries its usage on
   the `ModelError`: what the server reported before the cut, else the same
   estimate over the whole prompt and the output received; the loop charges
-  it. A failure before any output is not charged (nothing was generated). Cost comes from `prices.py`; an unpriced
-  model is a permanent `ModelNotPriced` error, never free.
+  it. A failure before any output is not charged (nothing was generated).
+  Cost comes from `prices.py`; an unpriced model is a permanent
+  `ModelNotPriced` error, never free.
 
 `tool_choice` "none": neither `tools` nor `tool_choice` is sent (the loop
 already builds such requests with no tools, and OpenAI refuses a
@@ -60,7 +67,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -70,6 +77,7 @@ from runs.domain.values import ModelRequest, ModelTurn, ModelUsage, StopReason, 
 from runs.clock import CLOCK
 
 from . import prices
+from .endpoints import Endpoint
 
 log = logging.getLogger("agentrt.providers.openai")
 
@@ -243,7 +251,8 @@ class OpenAIProvider:
 
     def __init__(
         self,
-        model: dict,
+        endpoint: Endpoint,
+        model: str,
         *,
         on_delta: Callable[[str], None] | None = None,
         stream: bool = True,
@@ -257,17 +266,19 @@ class OpenAIProvider:
         max_call_seconds: float | None = None,
         watchdog_poll: float = 0.05,
     ):
-        base_url = str(model.get("base_url") or "")
-        parts = urlsplit(base_url)
+        if not isinstance(endpoint, Endpoint):
+            raise TypeError("OpenAIProvider takes a configured Endpoint (runs.providers.endpoints), never an agent's block")
+        parts = urlsplit(endpoint.base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError("the openai model block needs an http(s) base_url")
-        if not model.get("model"):
-            raise ValueError("the openai model block needs a model name")
+            raise ValueError("the endpoint needs an http(s) base_url")
+        if not model:
+            raise ValueError("the openai provider needs a model name")
         if max_tries < 1:
             raise ValueError("max_tries must be at least 1")
-        self.base_url = base_url.rstrip("/")
-        self.model = str(model["model"])
-        self.api_key_env = str(model.get("api_key_env") or "OPENAI_API_KEY")
+        self.endpoint = endpoint
+        self.base_url = endpoint.base_url.rstrip("/")
+        self.model = str(model)
+        self.api_key_env = endpoint.api_key_env
         self.on_delta = on_delta
         self.stream = stream
         self.rng = rng or random.Random()
@@ -280,11 +291,8 @@ class OpenAIProvider:
         self.watchdog_poll = watchdog_poll
 
     def __repr__(self) -> str:
-        parts = urlsplit(self.base_url)
-        host = parts.hostname or ""
-        netloc = f"{host}:{parts.port}" if parts.port else host  # drop any user:password@
-        shown = urlunsplit(parts._replace(netloc=netloc))
-        return f"OpenAIProvider(base_url={shown!r}, model={self.model!r}, api_key_env={self.api_key_env!r}, stream={self.stream})"
+        return (f"OpenAIProvider(endpoint={self.endpoint.name!r}, base_url={self.endpoint.shown_url()!r}, "
+                f"model={self.model!r}, stream={self.stream})")
 
     # -- the request --------------------------------------------------------
 
@@ -336,7 +344,9 @@ class OpenAIProvider:
             )
         key = os.environ.get(self.api_key_env)
         if not key:
-            raise ModelError("MissingApiKey", f"the API key variable {self.api_key_env} is not set", transient=False)
+            # The operator sees which variable; a tenant sees only the endpoint's name.
+            log.warning("model endpoint %r: the API key variable %s is not set in this worker", self.endpoint.name, self.api_key_env)
+            raise ModelError("MissingApiKey", f"the model endpoint {self.endpoint.name!r} has no API key configured", transient=False)
         body = self.build_body(request)
         payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         headers = {
@@ -449,12 +459,14 @@ class OpenAIProvider:
                     transient=True,
                     stream_had_output=True,
                 ) from None
-            elif isinstance(exc, httpx.ConnectTimeout) or isinstance(exc, httpx.ConnectError):
-                raise _Retry("ConnectionFailed", f"could not connect to the model server ({type(exc).__name__})") from None
-            elif isinstance(exc, httpx.TimeoutException):
-                raise _Retry("Timeout", f"the model server did not answer in time ({type(exc).__name__})") from None
             else:
-                raise _Retry("StreamInterrupted", f"the connection broke before any output ({type(exc).__name__})") from None
+                # One class and one message for every connection-level failure
+                # before output (refused, timed out, reset, not HTTP): the
+                # difference is an oracle about the network behind the worker.
+                # The operator finds the detail in the worker log.
+                log.warning("model endpoint %r (%s): connection failed before any output: %s",
+                            self.endpoint.name, self.endpoint.shown_url(), type(exc).__name__)
+                raise _Retry("ConnectionFailed", "could not reach the model server") from None
         finally:
             watchdog.stop()
             client.close()
@@ -472,7 +484,8 @@ class OpenAIProvider:
                 raise ModelError(
                     "StreamCutAfterOutput", "the stream ended after output without a finish reason", transient=True, stream_had_output=True
                 )
-            raise _Retry("StreamInterrupted", "the stream ended before any output")
+            log.warning("model endpoint %r: the stream ended before any output", self.endpoint.name)
+            raise _Retry("ConnectionFailed", "could not reach the model server")
         return self._finish(request, body, turn, price, cancelled=False)
 
     # -- answers -------------------------------------------------------------

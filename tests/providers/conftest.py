@@ -7,6 +7,7 @@ import pytest
 
 from runs.domain.cancellation import Token
 from runs.domain.values import ModelRequest
+from runs.providers.endpoints import Endpoint
 from runs.providers.openai import OpenAIProvider
 
 from .fake_openai import FakeOpenAI
@@ -43,6 +44,11 @@ def priced(settings):
     return settings
 
 
+def endpoints_for(fake, name: str = "test", env: str = "AGENTRT_TEST_OPENAI_KEY", **extra) -> dict:
+    """An `AGENTRT_MODEL_ENDPOINTS` value with one endpoint at the fake server."""
+    return {name: {"provider": "openai", "base_url": fake.base_url, "api_key_env": env, **extra}}
+
+
 @pytest.fixture
 def api_key(monkeypatch):
     monkeypatch.setenv("AGENTRT_TEST_OPENAI_KEY", KEY)
@@ -52,11 +58,11 @@ def api_key(monkeypatch):
 @pytest.fixture
 def make_provider(fake, priced, api_key):
     def make(**kwargs) -> OpenAIProvider:
-        config = {"provider": "openai", "base_url": kwargs.pop("base_url", fake.base_url),
-                  "model": kwargs.pop("model", "test-model"), "api_key_env": "AGENTRT_TEST_OPENAI_KEY"}
+        endpoint = Endpoint(name="test", provider="openai", base_url=kwargs.pop("base_url", fake.base_url),
+                            api_key_env="AGENTRT_TEST_OPENAI_KEY")
         kwargs.setdefault("rng", random.Random(7))
         kwargs.setdefault("backoff_base", 0.01)
-        return OpenAIProvider(config, **kwargs)
+        return OpenAIProvider(endpoint, kwargs.pop("model", "test-model"), **kwargs)
 
     return make
 

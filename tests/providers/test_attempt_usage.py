@@ -14,7 +14,7 @@ from runs.domain.errors import ModelError
 from runs.executor import run_drive
 from runs.models import ModelCall, Run
 
-from .conftest import make_request
+from .conftest import endpoints_for, make_request
 from .fake_openai import chunk, stream, usage_chunk
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,8 +54,8 @@ def test_a_failure_before_any_output_is_not_charged(make_provider, fake):
 
 
 def test_cut_streams_are_charged_and_the_run_stops_at_its_cost_limit(load_agent, submit, fake, priced, api_key):
-    load_agent(name="gpt-bot", model={"provider": "openai", "base_url": fake.base_url, "model": "test-model",
-                                       "api_key_env": "AGENTRT_TEST_OPENAI_KEY"},
+    priced.AGENTRT_MODEL_ENDPOINTS = endpoints_for(fake)
+    load_agent(name="gpt-bot", model={"provider": "openai", "endpoint": "test", "model": "test-model"},
                limits={"max_cost_usd": 0.05})
     fake.push(cut_with_usage())  # every attempt: 0.028 USD, then cut
     run = submit(agent="gpt-bot")

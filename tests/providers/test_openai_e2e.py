@@ -8,16 +8,17 @@ import pytest
 
 from runs.models import Event, ModelCall, Run, ToolInvocation
 from tests.conftest import wait_for
-from tests.providers.conftest import KEY, PRICES
+from tests.providers.conftest import KEY, PRICES, endpoints_for
 from tests.providers.fake_openai import answer, chunk, stream, text_stream, tool_delta, usage_chunk
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
-def agent(load_agent, fake, **extra):
+def agent(load_agent, fake, settings, **extra):
+    settings.AGENTRT_MODEL_ENDPOINTS = endpoints_for(fake)
     return load_agent(
         name="gpt-bot",
-        model={"provider": "openai", "base_url": fake.base_url, "model": "test-model", "api_key_env": "AGENTRT_TEST_OPENAI_KEY"},
+        model={"provider": "openai", "endpoint": "test", "model": "test-model"},
         tools=("echo",), **extra,
     )
 
@@ -28,7 +29,7 @@ def status(run):
 
 def test_retries_malformed_arguments_cut_stream_empty_turn_and_streamed_deltas(load_agent, submit, fake, settings, cluster):
     settings.AGENTRT_MODEL_PRICES = PRICES
-    agent(load_agent, fake)
+    agent(load_agent, fake, settings)
     fake.push(
         answer(429, {"error": {"message": "slow down, key sk-leaked-1234567890abcdef"}}, {"Retry-After": "0"}),
         stream([chunk("", role="assistant"), chunk(tool_calls=[tool_delta(0, id="c1", name="echo", arguments='{"text": ')]),
@@ -42,7 +43,8 @@ def test_retries_malformed_arguments_cut_stream_empty_turn_and_streamed_deltas(l
         text_stream(finish="stop", usage=(50, 0)),
         text_stream(*[f"word{i} " for i in range(8)], usage=(60, 16), delay=0.1),
     )
-    cluster(AGENTRT_MODEL_PRICES=json.dumps(PRICES), AGENTRT_TEST_OPENAI_KEY=KEY, AGENTRT_LEASE_SECONDS=5)
+    cluster(AGENTRT_MODEL_PRICES=json.dumps(PRICES), AGENTRT_MODEL_ENDPOINTS=json.dumps(endpoints_for(fake)),
+            AGENTRT_TEST_OPENAI_KEY=KEY, AGENTRT_LEASE_SECONDS=5)
     run = submit(agent="gpt-bot", text="hi")
     wait_for(lambda: status(run) in ("COMPLETED", "FAILED"), timeout=60, message="the run to end")
     row = Run.objects.get(id=run.id)
@@ -72,12 +74,13 @@ def test_retries_malformed_arguments_cut_stream_empty_turn_and_streamed_deltas(l
 
 def test_a_missing_api_key_fails_the_run_without_a_secret_in_the_log(load_agent, submit, fake, settings, cluster):
     settings.AGENTRT_MODEL_PRICES = PRICES
-    agent(load_agent, fake)
-    c = cluster(AGENTRT_MODEL_PRICES=json.dumps(PRICES), AGENTRT_LEASE_SECONDS=5)
+    agent(load_agent, fake, settings)
+    c = cluster(AGENTRT_MODEL_PRICES=json.dumps(PRICES), AGENTRT_MODEL_ENDPOINTS=json.dumps(endpoints_for(fake)), AGENTRT_LEASE_SECONDS=5)
     run = submit(agent="gpt-bot", text="hi")
     wait_for(lambda: status(run) == "FAILED", timeout=60, message="the run to fail")
     row = Run.objects.get(id=run.id)
     assert row.failure["reason"] == "model_permanent_error" and row.failure["error_class"] == "MissingApiKey"
+    assert "AGENTRT_TEST_OPENAI_KEY" not in json.dumps(row.failure)  # the tenant is not told which variable
     assert fake.requests == []
     assert KEY not in c.output()
 
@@ -87,5 +90,5 @@ def test_an_unpriced_model_is_refused_when_the_agent_is_loaded(load_agent, fake,
 
     settings.AGENTRT_MODEL_PRICES = {}
     with pytest.raises(InvalidInput) as exc:
-        agent(load_agent, fake)
+        agent(load_agent, fake, settings)
     assert "no price" in exc.value.message

@@ -17,6 +17,7 @@ import pytest
 from runs.domain.cancellation import Token
 from runs.domain.errors import ModelError
 from runs.domain.values import CancelReason, StopReason
+from runs.providers.endpoints import Endpoint
 from runs.providers.openai import OpenAIProvider
 
 from .conftest import KEY, RecordingToken, make_request
@@ -362,12 +363,13 @@ def test_context_length_is_classified(fake, make_provider):
     assert info.value.error_class == "ContextLengthExceeded" and not info.value.retryable
 
 
-def test_missing_api_key_is_permanent_and_names_only_the_variable(fake, make_provider, monkeypatch):
+def test_missing_api_key_is_permanent_and_names_only_the_endpoint(fake, make_provider, monkeypatch):
     monkeypatch.delenv("AGENTRT_TEST_OPENAI_KEY")
     with pytest.raises(ModelError) as info:
         make_provider().complete(make_request(), RecordingToken())
     assert info.value.error_class == "MissingApiKey" and not info.value.retryable
-    assert str(info.value) == "the API key variable AGENTRT_TEST_OPENAI_KEY is not set"
+    assert str(info.value) == "the model endpoint 'test' has no API key configured"
+    assert "AGENTRT_TEST_OPENAI_KEY" not in str(info.value)  # a tenant never learns which variables exist
     assert fake.requests == []
 
 
@@ -388,7 +390,8 @@ def test_unpriced_model_fails_before_any_request(fake, make_provider):
 
 
 def test_repr_hides_credentials_in_the_url(priced):
-    provider = OpenAIProvider({"provider": "openai", "base_url": "https://user:pw@llm.internal:8443/v1", "model": "test-model"})
+    endpoint = Endpoint(name="internal", provider="openai", base_url="https://user:pw@llm.internal:8443/v1", api_key_env="K")
+    provider = OpenAIProvider(endpoint, "test-model")
     assert "pw" not in repr(provider) and "llm.internal:8443" in repr(provider)
 
 

@@ -10,14 +10,14 @@ from runs.providers.prices import check_model_priced, price_for
 def test_default_table_prices_known_openai_models(settings):
     if hasattr(settings, "AGENTRT_MODEL_PRICES"):
         del settings.AGENTRT_MODEL_PRICES
-    price = check_model_priced({"provider": "openai", "base_url": "https://api.openai.com/v1", "model": "gpt-4o-mini"})
+    price = check_model_priced({"provider": "openai", "model": "gpt-4o-mini"})
     assert price.input_per_mtok == 0.15 and price.output_per_mtok == 0.60
 
 
 def test_unpriced_model_is_refused_with_a_clear_message(settings):
     settings.AGENTRT_MODEL_PRICES = {"gpt-4o": {"input_per_mtok": 2.5, "output_per_mtok": 10}}
     with pytest.raises(ValueError) as info:
-        check_model_priced({"provider": "openai", "base_url": "http://x/v1", "model": "llama3.1:8b"})
+        check_model_priced({"provider": "openai", "model": "llama3.1:8b"})
     message = str(info.value)
     assert "'llama3.1:8b' has no price" in message and "AGENTRT_MODEL_PRICES" in message
     assert "never counted as free" in message
@@ -38,7 +38,7 @@ def test_accepts_the_pydantic_model_block(settings):
     from runs.agent_schema import OpenAIModel
 
     settings.AGENTRT_MODEL_PRICES = {"m": {"input_per_mtok": 1, "output_per_mtok": 2}}
-    block = OpenAIModel(provider="openai", base_url="http://localhost:11434/v1", model="m")
+    block = OpenAIModel(provider="openai", model="m")
     assert check_model_priced(block).input_per_mtok == 1
 
 

@@ -1,0 +1,136 @@
+"""Model endpoints: where model calls go and which key they carry.
+
+Operator configuration only (issue 10, item 1). An agent definition names an
+endpoint (`"model": {"provider": "openai", "endpoint": "local", ...}`); it can
+never say where a request goes or which environment variable becomes the
+Bearer token. The operator declares endpoints in `AGENTRT_MODEL_ENDPOINTS`:
+
+    {"local": {"provider": "openai", "base_url": "http://127.0.0.1:11434/v1",
+               "api_key_env": "OLLAMA_API_KEY", "models": ["llama3.1:8b"]}}
+
+`models` is optional; when given, an agent may name only those models. The
+built-in endpoint `openai` (https://api.openai.com/v1, `OPENAI_API_KEY`)
+exists unless the setting defines one with that name.
+
+Nothing here imports Django at module level: settings.py validates the
+environment with `parse_endpoints` at startup, so a bad configuration stops
+the process with an error that names the bad key.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+# Providers whose adapters take an endpoint. A provider module registering
+# another such adapter adds its name here.
+ENDPOINT_PROVIDERS = {"openai"}
+
+DEFAULT_ENDPOINT = "openai"
+BUILTIN_ENDPOINTS: dict[str, dict[str, Any]] = {
+    "openai": {"provider": "openai", "base_url": "https://api.openai.com/v1", "api_key_env": "OPENAI_API_KEY"},
+}
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
+_KEYS = {"provider", "base_url", "api_key_env", "models"}
+SETTING = "AGENTRT_MODEL_ENDPOINTS"
+
+
+class EndpointConfigError(ValueError):
+    """`AGENTRT_MODEL_ENDPOINTS` is invalid; the message names the bad key."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    provider: str
+    base_url: str
+    api_key_env: str
+    models: tuple[str, ...] | None = None
+
+    def allows(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+    def shown_url(self) -> str:
+        """The base URL without any user:password@ (for operator logs)."""
+        parts = urlsplit(self.base_url)
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return parts._replace(netloc=netloc).geturl()
+
+
+def _endpoint(name: Any, entry: Any) -> Endpoint:
+    where = f"{SETTING}[{name!r}]"
+    if not isinstance(name, str) or not NAME.match(name):
+        raise EndpointConfigError(f"{where}: an endpoint name is letters, digits, '_', '.', '-' (at most 100)")
+    if not isinstance(entry, Mapping):
+        raise EndpointConfigError(f"{where}: must be an object with provider, base_url, api_key_env")
+    unknown = sorted(set(entry) - _KEYS)
+    if unknown:
+        raise EndpointConfigError(f"{where}: unknown keys {unknown} (allowed: {', '.join(sorted(_KEYS))})")
+    for key in ("provider", "base_url", "api_key_env"):
+        if key not in entry:
+            raise EndpointConfigError(f"{where}.{key}: required")
+        if not isinstance(entry[key], str) or not entry[key]:
+            raise EndpointConfigError(f"{where}.{key}: must be a non-empty string")
+    if entry["provider"] not in ENDPOINT_PROVIDERS:
+        raise EndpointConfigError(f"{where}.provider: must be one of {', '.join(sorted(ENDPOINT_PROVIDERS))}")
+    parts = urlsplit(entry["base_url"])
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise EndpointConfigError(f"{where}.base_url: must be an http(s) URL with a host")
+    if not ENV_NAME.match(entry["api_key_env"]):
+        raise EndpointConfigError(f"{where}.api_key_env: must be an environment variable name")
+    models = entry.get("models")
+    if models is not None:
+        if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
+            raise EndpointConfigError(f"{where}.models: must be a non-empty list of model names")
+        models = tuple(models)
+    return Endpoint(name=name, provider=entry["provider"], base_url=entry["base_url"].rstrip("/"),
+                    api_key_env=entry["api_key_env"], models=models)
+
+
+def parse_endpoints(raw: str | Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Validate the setting (JSON text or an already-decoded object) and
+    return it as plain data; raise EndpointConfigError naming the bad key."""
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise EndpointConfigError(f"{SETTING}: not valid JSON ({exc.msg} at position {exc.pos})") from None
+    if not isinstance(raw, Mapping):
+        raise EndpointConfigError(f"{SETTING}: must be a JSON object of endpoint name -> endpoint")
+    out: dict[str, dict[str, Any]] = {}
+    for name, entry in raw.items():
+        ep = _endpoint(name, entry)
+        out[name] = {"provider": ep.provider, "base_url": ep.base_url, "api_key_env": ep.api_key_env}
+        if ep.models is not None:
+            out[name]["models"] = list(ep.models)
+    return out
+
+
+def configured() -> dict[str, Endpoint]:
+    """Every endpoint: the built-in ones, then the operator's (which override)."""
+    table: Mapping[str, Any] | None = None
+    try:
+        from django.conf import settings
+
+        if settings.configured:
+            table = getattr(settings, SETTING, None)
+    except ImportError:  # pragma: no cover - Django is always installed here
+        pass
+    merged: dict[str, Any] = dict(BUILTIN_ENDPOINTS)
+    merged.update(parse_endpoints(table) if table else {})
+    return {name: _endpoint(name, entry) for name, entry in merged.items()}
+
+
+def endpoint_for(name: str) -> Endpoint | None:
+    return configured().get(name)
+
+
+__all__ = ["Endpoint", "EndpointConfigError", "parse_endpoints", "configured", "endpoint_for", "DEFAULT_ENDPOINT",
+           "BUILTIN_ENDPOINTS", "ENDPOINT_PROVIDERS"]
