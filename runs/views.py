@@ -2,8 +2,7 @@
 services (the approval service with `via="live"`, the lifecycle service)."""
 from __future__ import annotations
 
-import json
-
+from csp.decorators import csp_update
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponseRedirect
@@ -22,6 +21,11 @@ from .selectors import run_to_dict
 from .services import tenant_of
 
 
+# The live pages' own scripts build nodes and set text only, so the browser may refuse every string-to-markup
+# sink there (Trusted Types): an innerHTML with data, added later by mistake, throws instead of rendering.
+LIVE_PAGE_CSP = {"require-trusted-types-for": ["'script'"], "trusted-types": ["'none'"]}
+
+
 def _runs_for(user):
     qs = Run.objects.select_related("agent")
     if user.is_superuser:
@@ -37,6 +41,7 @@ def _run_or_404(user, run_id) -> Run:
     return run
 
 
+@csp_update(LIVE_PAGE_CSP)
 @login_required
 def runs_list(request):
     runs = list(_runs_for(request.user).order_by("-created_at")[:100])
@@ -45,14 +50,15 @@ def runs_list(request):
     return render(request, "runs/list.html", {"runs": rows})
 
 
+@csp_update(LIVE_PAGE_CSP)
 @login_required
 def run_detail(request, run_id):
     run = _run_or_404(request.user, run_id)
     pending = list(Approval.objects.filter(run=run, status="pending").values("id", "kind", "request_hash", "presentation", "expires_at"))
+    # Plain data: the template hands it to the page's script only through `json_script`, never raw inside a <script>.
     return render(request, "runs/detail.html", {
         "run": run_to_dict(run),
-        "run_json": json.dumps(run_to_dict(run)),
-        "pending_json": json.dumps([{**p, "id": str(p["id"]), "expires_at": p["expires_at"].isoformat() if p["expires_at"] else None} for p in pending]),
+        "pending": [{**p, "id": str(p["id"]), "expires_at": p["expires_at"].isoformat() if p["expires_at"] else None} for p in pending],
         "can_resolve": can_resolve(request.user),
     })
 
