@@ -161,6 +161,17 @@ def test_a_rerun_grant_is_re_evaluated_by_policy_and_a_deny_does_not_run_it(monk
     assert sink.count() == 0
 
 
+def test_a_tenant_floor_that_now_denies_stops_an_approved_rerun(monkeypatch, load_agent, submit, sink, operator, tenant):
+    from runs.models import Tenant
+
+    run, _ = _parked(monkeypatch, load_agent, submit, sink, operator)
+    Tenant.objects.filter(id=tenant.id).update(policy_floor={"default": "allow", "rules": [{"tool": "http_post", "decision": "deny"}]})
+    run_drive(run_id=run.id)
+    row = reload(run)
+    assert row.status == "FAILED" and row.failure["reason"] == "reconcile_conflict" and row.failure["error_class"] == "PolicyDenied"
+    assert sink.count() == 0
+
+
 def test_a_rerun_grant_counts_as_the_approval_a_policy_now_requires(monkeypatch, load_agent, submit, sink, operator):
     run, _ = _parked(monkeypatch, load_agent, submit, sink, operator)
     _set_policy(reload(run), {"default": "require_approval"})
