@@ -4,6 +4,7 @@ from django.conf import settings
 from django.db import models
 
 from runs.clock import new_uuid, utcnow
+from runs.domain.pipeline import RERUN_KINDS as _DOMAIN_RERUN_KINDS
 
 
 # Approval kinds (DESIGN §8, §17). A "re-run grant" is an approval whose
@@ -14,7 +15,8 @@ POLICY = "policy"
 INTERRUPTED_SIDE_EFFECT = "interrupted_side_effect"
 UNCERTAIN_SIDE_EFFECT = "uncertain_side_effect"
 RECONCILE = "reconcile"
-RERUN_KINDS = (INTERRUPTED_SIDE_EFFECT, UNCERTAIN_SIDE_EFFECT, RECONCILE)
+RERUN_KINDS = _DOMAIN_RERUN_KINDS  # the one set, defined Django-free where the pipeline re-checks grants
+assert RERUN_KINDS == {INTERRUPTED_SIDE_EFFECT, UNCERTAIN_SIDE_EFFECT, RECONCILE}
 CONFIRMABLE_KINDS = (INTERRUPTED_SIDE_EFFECT, UNCERTAIN_SIDE_EFFECT)
 
 
