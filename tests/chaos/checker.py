@@ -408,11 +408,15 @@ def _check_uncertain(snapshot: dict, runs: dict, invs: dict, inv_by_key: dict, a
         v.add("I8", f"uncertain_side_effect approval {item['approval']} names invocation {item['invocation']} attempt {item['attempt']}, "
                     "which never ended uncertain", item["run"])
     dropped = [s for s in sink if s.get("behaviour")]
-    produced = 0
+    interrupted = {(a["invocation_id"], a.get("attempt")) for a in approvals if a["kind"] in FAULT_PARK_KINDS}
+    produced = overtaken = 0
     for s in dropped:
         inv = inv_by_key.get(s.get("key"))
-        if inv and (inv["id"], int(s["attempt"]) if str(s.get("attempt") or "").isdigit() else s.get("attempt")) in seen:
+        key = (inv["id"] if inv else None, int(s["attempt"]) if str(s.get("attempt") or "").isdigit() else s.get("attempt"))
+        if key in seen:
             produced += 1
+        elif key in interrupted:
+            overtaken += 1  # the worker was killed / stopped while it waited for the answer: parked as interrupted (I8)
     by_status = Counter(a["status"] for a in parks.values())
     return {
         "outcomes": len(outcomes),
@@ -425,6 +429,7 @@ def _check_uncertain(snapshot: dict, runs: dict, invs: dict, inv_by_key: dict, a
         "equal": not unexplained and not orphan_parks,
         "sink_faults": dict(Counter(s["behaviour"].split(":")[0] for s in dropped)),
         "sink_faults_that_ended_uncertain": produced,
+        "sink_faults_overtaken_by_a_process_fault": overtaken,
     }
 
 

@@ -34,7 +34,9 @@ def render_markdown(r: dict) -> str:
         "",
         f"- uncertain outcomes (a live side-effect call sent and not answered, no process death): {u.get('outcomes', 0)} — "
         f"per tool {u.get('by_tool', {})}, per cause {u.get('by_cause', {})}; the sink dropped/delayed {u.get('sink_faults', {})} "
-        f"POSTs, {u.get('sink_faults_that_ended_uncertain', 0)} of them ended uncertain",
+        f"POSTs, {u.get('sink_faults_that_ended_uncertain', 0)} of them ended uncertain, "
+        f"{u.get('sink_faults_overtaken_by_a_process_fault', 0)} were overtaken by a kill/stop while the worker waited "
+        f"(parked interrupted_side_effect, I8)",
         "",
         "| window | kills | stops | uncertain | total |",
         "|---|---|---|---|---|",
@@ -56,7 +58,7 @@ def render_markdown(r: dict) -> str:
         "watermark_to_result, `authorized` → before_watermark, a result → after_result, none → no_effect; then SIGKILL, "
         "or SIGCONT after U(L, 3L). A worker found holding no lease is SIGCONTed and counted as aborted (never killed idle: "
         "an idle django-q2 worker holds the task queue's read lock).",
-        "- Unknown outcomes without a process death: the sink (seeded per Idempotency-Key and attempt) closes the connection "
+        "- Unknown outcomes without a process death: the sink (seeded per effect content and attempt) closes the connection "
         "of some effect POSTs after reading the request, and answers some only after the call's timeout; the call ends "
         "`uncertain` and the run parks on an `uncertain_side_effect` approval, which the operator approves (one re-send, same "
         "key), confirms (took_effect true/false: nothing is sent again) or rejects. I2 treats them like kills in the watermark "

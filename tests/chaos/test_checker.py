@@ -402,6 +402,7 @@ def test_uncertain_a_resend_after_a_prior_approval_passes_and_is_counted():
     assert unc["by_window"]["watermark_to_result"] == 1 and report["faults"]["uncertain_by_window"]["watermark_to_result"] == 1
     assert unc["parked"] == 1 and unc["equal"] is True
     assert unc["sink_faults"] == {"close": 1} and unc["sink_faults_that_ended_uncertain"] == 1
+    assert unc["sink_faults_overtaken_by_a_process_fault"] == 0
     assert report["i8"]["equal"] is True and report["i8"]["interrupted_side_effect_approvals"] == 0  # no process died
 
 
