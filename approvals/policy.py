@@ -88,8 +88,9 @@ def evaluate(policy: dict | None, tool_name: str, arguments: Any, *, read_only: 
 class PolicyEngine:
     """The `PolicyEngine` port over one agent version's policy and its tenant's floor.
 
-    `floor` is called at every evaluation (the floor is read live, so a
-    tightened floor applies to the next call of every run); `read_only_of`
+    `floor` is called at every evaluation that could be tightened by it (the
+    executor's reader reads the tenant row once per step, so a tightened
+    floor applies at the next step of every run); `read_only_of`
     tells whether a tool is read-only (None: unknown)."""
 
     def __init__(self, policy: dict | None, *, floor: Callable[[], dict | None] | None = None,

@@ -74,13 +74,24 @@ def _resume_if_abandoned(run_id: UUID) -> None:
         pass
 
 
-def tenant_floor(tenant_id):
-    """A reader of the tenant's policy floor, called at each policy evaluation (read live)."""
+def tenant_floor(tenant_id, step_of=None):
+    """A reader of the tenant's policy floor. With `step_of` (the current step
+    number) it is read once per step — one SELECT for a whole batch of calls,
+    and a tightened floor applies from the next step; without, at every call.
+    A failed read is not remembered (the engine fails closed and the next
+    evaluation tries again)."""
+    seen: dict = {}
 
     def read() -> dict:
         from .models import Tenant
 
-        return Tenant.objects.filter(id=tenant_id).values_list("policy_floor", flat=True).first() or {}
+        key = step_of() if step_of is not None else None
+        if step_of is not None and seen and seen["step"] == key:
+            return seen["floor"]
+        floor = Tenant.objects.filter(id=tenant_id).values_list("policy_floor", flat=True).first() or {}
+        if step_of is not None:
+            seen.update(step=key, floor=floor)
+        return floor
 
     return read
 
@@ -135,7 +146,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
             code_version=settings.AGENTRT_CODE_VERSION,
         ),
         tools=REGISTRY,
-        policy=PolicyEngine(definition.get("policy"), floor=tenant_floor(run.tenant_id), read_only_of=_read_only_of),
+        policy=PolicyEngine(definition.get("policy"), read_only_of=_read_only_of),
         budgets=Ledger(limits, run.deadline_at),
         token=token,
         lease=lease,
@@ -147,6 +158,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         resumed=state.version > 1 or run.attempts > 1,
         approvals=ApprovalGate(run=run, clock=clock, ids=ids),
     )
+    ctx.policy.floor = tenant_floor(run.tenant_id, step_of=lambda: ctx.state.step)
     if definition["model"].get("provider") != "scripted":
         ctx.provider = provider_for(definition["model"], on_delta=DeltaBatcher(ctx))
     return ctx

@@ -102,7 +102,7 @@ _UNCHANGED = object()
 
 def tenant_configure(*, tenant: Tenant, policy_floor: Any = _UNCHANGED, max_active_runs: Any = _UNCHANGED,
                      name: Any = _UNCHANGED) -> Tenant:
-    """Change a tenant's policy floor (applies to the next evaluated call), quota or name.
+    """Change a tenant's policy floor (applies from the next step of every run), quota or name.
 
     Callers authorize: the admin lets `runs.change_tenant` holders change
     their own tenant's floor and only superusers the quota and name."""

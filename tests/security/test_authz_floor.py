@@ -94,3 +94,46 @@ def test_side_effect_is_an_optional_rule_key_that_leaves_older_definitions_uncha
     assert version.definition["policy"]["rules"] == [{"tool": "echo", "decision": "allow", "when": None}]
     marked = agent_load(tenant=acme, definition={**plain, "policy": {"rules": [{"tool": "*", "side_effect": True, "decision": "deny"}]}})
     assert marked.definition["policy"]["rules"][0]["side_effect"] is True
+
+
+def test_the_floor_is_read_once_per_step_and_a_tightened_floor_applies_at_the_next_step():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from runs.executor import tenant_floor
+
+    user("acme", "alice")
+    acme = tenant_get(name="acme")
+    step = {"n": 1}
+    policy = PolicyEngine({"default": "allow"}, floor=tenant_floor(acme.id, step_of=lambda: step["n"]), read_only_of=READ_ONLY.get)
+
+    with CaptureQueriesContext(connection) as queries:
+        assert [policy.evaluate(tool, {}) for tool in ("http_post", "echo", "http_post")] == ["allow"] * 3
+    assert len(queries) == 1  # one SELECT for the step's whole batch
+
+    Tenant.objects.filter(id=acme.id).update(policy_floor=SIDE_EFFECTS_NEED_APPROVAL)
+    assert policy.evaluate("http_post", {}) == "allow"  # the same step keeps the floor it read
+    step["n"] = 2
+    with CaptureQueriesContext(connection) as queries:
+        assert policy.evaluate("http_post", {}) == "require_approval"  # the next step reads the tightened floor
+        assert policy.evaluate("echo", {}) == "allow"
+    assert len(queries) == 1
+
+
+def test_a_floor_read_that_failed_is_not_remembered():
+    from runs.executor import tenant_floor
+
+    user("acme", "alice")
+    acme = tenant_get(name="acme")
+    Tenant.objects.filter(id=acme.id).update(policy_floor={"default": "deny"})
+    calls = {"n": 0}
+
+    def step_of():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("state unreadable")
+        return 1
+
+    policy = PolicyEngine({"default": "allow"}, floor=tenant_floor(acme.id, step_of=step_of), read_only_of=READ_ONLY.get)
+    assert policy.evaluate("echo", {}) == "require_approval"  # fails closed
+    assert policy.evaluate("echo", {}) == "deny"  # and the next evaluation reads the floor
