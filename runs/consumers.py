@@ -178,7 +178,9 @@ class RunEventsConsumer(_Streaming):
         if run is None or self.cursor < 0:
             await self.close(code=4404 if run is None else 4400)  # before any frame: the handshake is refused
             return
-        if not await self.admit(user, tenant_id):
+        # What keeps the socket open is what let it open: membership of the
+        # run's tenant, or else being a superuser (tenant None in the re-check).
+        if not await self.admit(user, tenant_id if run.tenant_id == tenant_id else None):
             return
         self.run_id = run.id
         self.group = run_group(run.id)
@@ -190,7 +192,7 @@ class RunEventsConsumer(_Streaming):
     @database_sync_to_async
     def _run(self, user, run_id):
         # Reading a run's events is a view: a superuser may watch any tenant's run.
-        return scoping.runs_visible_to(user).select_related(None).filter(id=run_id).only("id").first()
+        return scoping.runs_visible_to(user).select_related(None).filter(id=run_id).only("id", "tenant_id").first()
 
     @database_sync_to_async
     def _fetch(self):

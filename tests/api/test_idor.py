@@ -260,3 +260,28 @@ async def test_websockets_idor_matrix(world, other_world, alice, bob, root, stra
     assert await outsider.receive_nothing(timeout=1.0)
     await owner.disconnect()
     await outsider.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_a_demoted_superuser_stops_watching_another_tenants_run(world, other_world, root):
+    """Watching a foreign tenant's run rests on being a superuser, not on the
+    membership in one's own tenant: losing the flag closes the socket."""
+    from asgiref.sync import sync_to_async
+    from django.contrib.auth import get_user_model
+
+    own, ok_own = await _ws(f"/ws/runs/{world.done.id}/", root)
+    foreign, ok_foreign = await _ws(f"/ws/runs/{other_world.done.id}/", root)
+    assert ok_own and ok_foreign
+    await sync_to_async(lambda: get_user_model().objects.filter(pk=root.pk).update(is_superuser=False))()
+
+    async def close_code(comm):
+        while True:
+            message = await comm.receive_output(timeout=3)
+            if message["type"] == "websocket.close":
+                return message.get("code")
+
+    assert await close_code(foreign) == 4401
+    while (await own.receive_output(timeout=3))["type"] == "websocket.send":
+        if await own.receive_nothing(timeout=1.0):
+            break  # its own tenant's run: still a member, the socket stays open
+    await own.disconnect()
