@@ -19,7 +19,7 @@ from django.utils.timesince import timesince, timeuntil
 
 from runs.admin import TenantScoped
 from runs.clock import CLOCK
-from runs.scoping import approvals_actionable_by
+from runs.scoping import approvals_actionable_by, as_uuid
 
 from .errors import ApprovalError
 from .models import CONFIRMABLE_KINDS, Approval
@@ -190,18 +190,8 @@ class ApprovalAdmin(TenantScoped):
         return HttpResponseRedirect(reverse("admin:approvals_approval_change", args=[obj.id]))
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        acting = approvals_actionable_by(request.user).filter(pk=object_id).exists() if _is_uuid(object_id) else False
+        acting = approvals_actionable_by(request.user).filter(pk=object_id).exists() if as_uuid(object_id) else False
         obj = self.get_object(request, object_id)
         extra_context = {**(extra_context or {}), "can_resolve": can_resolve(request.user) and acting,
                          "can_confirm": obj is not None and obj.kind in CONFIRMABLE_KINDS}
         return super().change_view(request, object_id, form_url, extra_context)
-
-
-def _is_uuid(value) -> bool:
-    from uuid import UUID
-
-    try:
-        UUID(str(value))
-        return True
-    except ValueError:
-        return False

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hmac
 from typing import Any
-from uuid import UUID
 
 from django.db import connection, transaction
 
@@ -32,14 +31,11 @@ def can_resolve(user) -> bool:
 
 def approval_for(*, user, approval_id: Any, acting: bool = False) -> Approval:
     """The approval, if `user` may see it (with `acting`: act on it — its own tenant only, a superuser too)."""
-    from runs.scoping import approvals_actionable_by, approvals_visible_to
+    from runs.scoping import approvals_actionable_by, approvals_visible_to, as_uuid
 
-    try:
-        aid = UUID(str(approval_id))
-    except ValueError:
-        raise ApprovalNotFound("no such approval") from None
+    aid = as_uuid(approval_id)
     qs = approvals_actionable_by(user) if acting else approvals_visible_to(user)
-    approval = qs.filter(id=aid).first()
+    approval = qs.filter(id=aid).first() if aid else None
     if approval is None:
         raise ApprovalNotFound("no such approval")
     return approval

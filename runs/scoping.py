@@ -73,7 +73,8 @@ def approvals_actionable_by(user) -> QuerySet:
     return scope(Approval.objects.select_related("run", "invocation", "decided_by"), user, acting=True)
 
 
-def _uuid(value: Any) -> UUID | None:
+def as_uuid(value: Any) -> UUID | None:
+    """`value` as a UUID, or None when it is not one (never raises)."""
     try:
         return UUID(str(value))
     except (ValueError, TypeError, AttributeError):
@@ -93,7 +94,7 @@ def run_actionable(user, run_id: Any) -> Run:
 def _one(queryset: QuerySet, run_id: Any) -> Run:
     from .errors import RunNotFound
 
-    rid = _uuid(run_id)
+    rid = as_uuid(run_id)
     run = queryset.filter(id=rid).first() if rid else None
     if run is None:
         raise RunNotFound("no such run")

@@ -14,10 +14,10 @@ from approvals.errors import ApprovalError
 from approvals.models import Approval
 from approvals.services import approval_confirm, approval_decide, can_resolve
 
-from .errors import RunError
+from .errors import RunError, RunNotFound
 from .lifecycle import run_cancel
 from .models import Run
-from .scoping import runs_actionable_by, runs_visible_to
+from .scoping import as_uuid, run_actionable, run_visible, runs_actionable_by, runs_visible_to
 from .selectors import run_to_dict
 
 
@@ -28,10 +28,10 @@ LIVE_PAGE_CSP = {"require-trusted-types-for": ["'script'"], "trusted-types": ["'
 
 def _run_or_404(user, run_id, *, acting: bool = False) -> Run:
     """A run `user` may see (with `acting`: act on — its own tenant only); 404 otherwise."""
-    run = (runs_actionable_by(user) if acting else runs_visible_to(user)).filter(id=run_id).first()
-    if run is None:
-        raise Http404("no such run")
-    return run
+    try:
+        return (run_actionable if acting else run_visible)(user, run_id)
+    except RunNotFound:
+        raise Http404("no such run") from None
 
 
 @csp_update(LIVE_PAGE_CSP)
@@ -60,7 +60,7 @@ def run_detail(request, run_id):
 @require_POST
 def run_decide(request, run_id):
     run = _run_or_404(request.user, run_id, acting=True)
-    approval = Approval.objects.filter(run=run, id=request.POST.get("approval", "")).first() if _is_uuid(request.POST.get("approval")) else None
+    approval = Approval.objects.filter(run=run, id=request.POST.get("approval", "")).first() if as_uuid(request.POST.get("approval")) else None
     if approval is None:
         raise Http404("no such approval")
     decision = request.POST.get("decision")
@@ -87,13 +87,3 @@ def run_cancel_view(request, run_id):
     except RunError as exc:
         messages.error(request, exc.message)
     return HttpResponseRedirect(reverse("run-detail", args=[run.id]))
-
-
-def _is_uuid(value) -> bool:
-    from uuid import UUID
-
-    try:
-        UUID(str(value))
-        return True
-    except ValueError:
-        return False
