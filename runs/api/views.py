@@ -458,7 +458,7 @@ class ApprovalConfirm(ApiView):
                    parameters=[ID_PARAM], request=s.ApprovalConfirmation,
                    responses={200: s.ApprovalOut, **errors(*WRITE_ERRORS, 404, 409)})
     def post(self, request, id):
-        approval_for(user=request.user, approval_id=id)  # 404 before 403: no enumeration
+        approval_for(user=request.user, approval_id=id, acting=True)  # 404 before 403: no enumeration
         if not can_resolve(request.user):
             raise exceptions.PermissionDenied("you do not have permission to resolve approvals")
         data = parse(s.ApprovalConfirmation, request.data)

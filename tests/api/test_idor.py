@@ -285,3 +285,12 @@ async def test_a_demoted_superuser_stops_watching_another_tenants_run(world, oth
         if await own.receive_nothing(timeout=1.0):
             break  # its own tenant's run: still a member, the socket stays open
     await own.disconnect()
+
+
+def test_confirm_on_another_tenants_approval_is_404_for_a_superuser_whatever_the_body(other_world, root, as_user):
+    """confirm answers like approve/reject: the acting scope is checked before
+    the body, so a superuser learns nothing from a 400 about a foreign approval."""
+    api = as_user(root)
+    for body in ({}, {"request_hash": other_world.approval.request_hash, "took_effect": "maybe"}):
+        response = api.post(f"/api/approvals/{other_world.approval.id}/confirm/", body, format="json")
+        assert response.status_code == 404 and response.json()["code"] == "not_found", body
