@@ -37,32 +37,27 @@ class ApprovalGate:
                             presentation=presentation)
 
     def request(self, *, step_number: int, invocation_id, tool, arguments, kind: str, at) -> ApprovalInsert:
-        presentation = self.presentation(tool, arguments)
-        return ApprovalInsert(
-            id=self.ids.new_id(),
-            invocation_id=invocation_id,
-            kind=kind,
-            request_hash=self.current_hash(step_number=step_number, invocation_id=invocation_id, tool=tool, arguments=arguments,
-                                           kind=kind, presentation=presentation),
-            capability={"tool": tool.name, "arguments": arguments},
-            presentation=presentation,
-            expires_at=self._expiry(at),
-            created_at=at,
-        )
+        return self._insert(step_number=step_number, invocation_id=invocation_id, tool=tool, arguments=arguments, kind=kind,
+                            presentation=self.presentation(tool, arguments), capability={"tool": tool.name, "arguments": arguments}, at=at)
 
     def request_again(self, *, step_number: int, invocation_id, tool, arguments, previous: dict, at) -> ApprovalInsert:
         """A new approval of a re-run grant's kind after it was invalidated:
         the previous presentation and capability, with what runs (tool,
         arguments, side-effect class) taken from the current spec."""
-        kind = previous["kind"]
-        presentation = {**(previous.get("presentation") or {}), **rerun_shown(tool, arguments)}
+        return self._insert(step_number=step_number, invocation_id=invocation_id, tool=tool, arguments=arguments, kind=previous["kind"],
+                            presentation={**(previous.get("presentation") or {}), **rerun_shown(tool, arguments)},
+                            capability=dict(previous.get("capability") or {}) or {"tool": tool.name, "arguments": arguments}, at=at)
+
+    def _insert(self, *, step_number: int, invocation_id, tool, arguments, kind: str, presentation: dict, capability: dict,
+                at) -> ApprovalInsert:
+        """The row for a new pending approval, its hash bound to exactly what it presents."""
         return ApprovalInsert(
             id=self.ids.new_id(),
             invocation_id=invocation_id,
             kind=kind,
             request_hash=self.current_hash(step_number=step_number, invocation_id=invocation_id, tool=tool, arguments=arguments,
                                            kind=kind, presentation=presentation),
-            capability=dict(previous.get("capability") or {}) or {"tool": tool.name, "arguments": arguments},
+            capability=capability,
             presentation=presentation,
             expires_at=self._expiry(at),
             created_at=at,
