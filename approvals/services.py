@@ -41,21 +41,27 @@ def approval_for(*, user, approval_id: Any, acting: bool = False) -> Approval:
     return approval
 
 
-def approval_decide(*, user, approval_id: Any, approve: bool, request_hash: str, reason: str = "", via: str = "api") -> Approval:
-    """Approve or reject one pending approval, bound to the hash that was shown."""
+def _decision_input(*, user, approval_id: Any, request_hash: Any, reason: Any, via: str) -> Approval:
+    """What every decision checks first, in this order: the surface, the
+    approval in the user's acting scope (404), the permission (403), then the
+    shown hash and the reason (400 naming the field)."""
+    from runs.errors import InvalidInput
+
     if via not in SURFACES:
         raise ValueError(f"unknown surface {via!r}")
     approval = approval_for(user=user, approval_id=approval_id, acting=True)
     if not can_resolve(user):
         raise ApprovalForbidden("you do not have permission to resolve approvals")
     if not isinstance(request_hash, str) or not request_hash:
-        from runs.errors import InvalidInput
-
         raise InvalidInput("request_hash is required", fields={"request_hash": ["required"]})
     if not isinstance(reason, str) or "\x00" in reason or len(reason) > 2000:
-        from runs.errors import InvalidInput
-
         raise InvalidInput("reason must be text of at most 2000 characters", fields={"reason": ["invalid"]})
+    return approval
+
+
+def approval_decide(*, user, approval_id: Any, approve: bool, request_hash: str, reason: str = "", via: str = "api") -> Approval:
+    """Approve or reject one pending approval, bound to the hash that was shown."""
+    approval = _decision_input(user=user, approval_id=approval_id, request_hash=request_hash, reason=reason, via=via)
     now = CLOCK.now()
     status = "approved" if approve else "rejected"
     with transaction.atomic(durable=True):
@@ -113,17 +119,9 @@ def approval_confirm(*, user, approval_id: Any, request_hash: str, took_effect: 
     reconciler owns the question."""
     from runs.errors import InvalidInput
 
-    if via not in SURFACES:
-        raise ValueError(f"unknown surface {via!r}")
-    approval = approval_for(user=user, approval_id=approval_id, acting=True)
-    if not can_resolve(user):
-        raise ApprovalForbidden("you do not have permission to resolve approvals")
-    if not isinstance(request_hash, str) or not request_hash:
-        raise InvalidInput("request_hash is required", fields={"request_hash": ["required"]})
+    approval = _decision_input(user=user, approval_id=approval_id, request_hash=request_hash, reason=reason, via=via)
     if not isinstance(took_effect, bool):
         raise InvalidInput("took_effect must be true or false", fields={"took_effect": ["must be a boolean (true or false)"]})
-    if not isinstance(reason, str) or "\x00" in reason or len(reason) > 2000:
-        raise InvalidInput("reason must be text of at most 2000 characters", fields={"reason": ["invalid"]})
     if approval.kind not in CONFIRMABLE_KINDS:
         raise ApprovalNotConfirmable(f"a {approval.kind} approval cannot be confirmed: approve or reject it")
     now = CLOCK.now()
