@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "approvals",
     "checkpoints",
     "maintenance",
+    "ops",
 ]
 
 MIDDLEWARE = [
@@ -311,11 +312,32 @@ Q_CLUSTER = {
     "guard_cycle": 0.5,
 }
 
+# --- Operations (README, Operations) -----------------------------------------
+# GET /metrics requires `Authorization: Bearer <token>` when set; unset, it is open (it carries no tenant data).
+AGENTRT_METRICS_TOKEN = os.environ.get("AGENTRT_METRICS_TOKEN", "")
+# A worker node (`qcluster`) with AGENTRT_METRICS_PORT serves its per-process histograms there; its forked
+# workers share PROMETHEUS_MULTIPROC_DIR, which must be set before any app imports prometheus_client.
+from ops.worker_metrics import prepare_if_worker_node  # noqa: E402 - no Django imports in that module
+
+prepare_if_worker_node()
+# `json`: one JSON object per line with run, tenant, step, epoch and worker (ops/logs.py).
+AGENTRT_LOG_FORMAT = os.environ.get("AGENTRT_LOG_FORMAT", "plain")
+if AGENTRT_LOG_FORMAT not in ("plain", "json"):
+    raise ValueError(f"AGENTRT_LOG_FORMAT must be plain or json, not {AGENTRT_LOG_FORMAT!r}")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"run_context": {"()": "ops.logs.RunContextFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "ops.logs.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": AGENTRT_LOG_FORMAT, "filters": ["run_context"]}},
     "root": {"handlers": ["console"], "level": os.environ.get("AGENTRT_LOG_LEVEL", "WARNING")},
-    "loggers": {"agentrt": {"level": os.environ.get("AGENTRT_LOG_LEVEL", "INFO")}},
+    "loggers": {
+        "agentrt": {"level": os.environ.get("AGENTRT_LOG_LEVEL", "INFO")},
+        # django-q2 adds its own plain handler unless its logger has one: ours, so every line has one format.
+        "django-q": {"handlers": ["console"], "level": os.environ.get("AGENTRT_LOG_LEVEL", "INFO"), "propagate": False},
+    },
 }

@@ -143,7 +143,7 @@ def build_with_pressure(ctx: RunContext, step_number: int, attempt: int, on_comp
         ctx.state.conversation = folded
         ctx.state.saved_len = 0  # the next checkpoint is full (trigger compaction)
         ctx.extra[("compactions", step_number)] = compactions + 1
-        on_compact({"step": step_number, "tokens_before": tokens, "budget": budget, "items_before": before,
+        on_compact({"reason": "pressure", "step": step_number, "tokens_before": tokens, "budget": budget, "items_before": before,
                     "items_after": len(folded), "compaction": compactions + 1})
 
 

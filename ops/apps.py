@@ -1,0 +1,14 @@
+from django.apps import AppConfig
+
+
+class OpsConfig(AppConfig):
+    """Operations: deployment-wide metrics, per-process worker metrics,
+    structured logs, health and readiness, the fleet at a glance."""
+
+    name = "ops"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from . import worker_metrics
+
+        worker_metrics.start_if_worker_node()
