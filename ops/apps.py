@@ -9,6 +9,6 @@ class OpsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import worker_metrics
+        from . import checks, worker_metrics  # noqa: F401 - checks registers `check --deploy`'s metrics warning
 
         worker_metrics.start_if_worker_node()

@@ -95,23 +95,34 @@ def serve(port: int, addr: str) -> None:
 
 
 def _reap(path: str, interval: float = 30.0) -> None:
-    """Drop the live-gauge files of dead workers (recycled or killed)."""
     import time
 
-    from prometheus_client.multiprocess import mark_process_dead
-
-    main = os.getpid()
     while True:
         time.sleep(interval)
-        pids = set()
-        for f in Path(path).glob("*_*.db"):
-            tail = f.stem.rsplit("_", 1)[-1]
-            if tail.isdigit():
-                pids.add(int(tail))
-        for pid in pids - {main}:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                mark_process_dead(pid, path)
-            except PermissionError:
-                pass
+        try:
+            reap_once(path)
+        except OSError:
+            log.exception("worker metrics: could not reap %s", path)
+
+
+def reap_once(path: str, me: int | None = None) -> list[int]:
+    """Drop the live-gauge files of dead workers (recycled or killed); keep
+    their counters and histograms. Return the dead pids."""
+    from prometheus_client.multiprocess import mark_process_dead
+
+    me = me or os.getpid()
+    pids = set()
+    for f in Path(path).glob("*_*.db"):
+        tail = f.stem.rsplit("_", 1)[-1]
+        if tail.isdigit():
+            pids.add(int(tail))
+    dead = []
+    for pid in sorted(pids - {me}):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            mark_process_dead(pid, path)
+            dead.append(pid)
+        except PermissionError:
+            pass
+    return dead

@@ -34,7 +34,7 @@ class Command(BaseCommand):
         ]
         pending = sum(a["pending"] for a in s["approvals"].values())
         if pending:
-            kinds = ", ".join(f"{k} {a['pending']} (oldest {_age(a['oldest_age_seconds'])})" for k, a in sorted(s["approvals"].items()))
+            kinds = ", ".join(f"{k} {a['pending']} (oldest {_age(a['oldest_age_seconds'])})" for k, a in sorted(s["approvals"].items()) if a["pending"])
             lines.append(f"approvals        {pending} pending: {kinds}")
         else:
             lines.append("approvals        0 pending")
