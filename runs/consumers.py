@@ -10,6 +10,7 @@ only wakes the loop early; a short poll is the fallback.
 from __future__ import annotations
 
 import asyncio
+import json
 from urllib.parse import parse_qs
 from uuid import UUID
 
@@ -17,11 +18,15 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db import close_old_connections
 
+from .clock import CLOCK
 from .models import Event, Membership, Run
 from .selectors import event_to_dict
+from .ws_auth import credential_of, credential_still_valid
+from .ws_limits import RENEW_EVERY_SECONDS, ws_admit, ws_release, ws_renew
 
 POLL_SECONDS = 0.5
 BATCH = 200
+MAX_FRAME_CHARS = 4096  # clients send at most a ping
 STATUS_EVENTS = (
     "run.created", "run.claimed", "run.started", "run.resumed", "run.requeued", "run.completed", "run.failed",
     "run.cancelled", "run.waiting_for_approval", "run.waiting_for_user", "lease.taken_over", "approval.resolved",
@@ -44,11 +49,61 @@ def _tenant_of(user):
     return membership.tenant_id if membership else None
 
 
+@database_sync_to_async
+def _still_allowed(kind, key, user_id, tenant_id) -> bool:
+    """The credential the socket opened with is still live (no logout, token
+    not revoked or expired, user active) and the user still has the access:
+    a member of the same tenant, or still a superuser."""
+    close_old_connections()
+    if tenant_id is not None:  # the user and its membership in one query
+        membership = Membership.objects.filter(user_id=user_id, tenant_id=tenant_id).select_related("user").first()
+        user = membership.user if membership else None
+    else:
+        from django.contrib.auth import get_user_model
+
+        user = get_user_model().objects.filter(pk=user_id, is_superuser=True).first()
+    return credential_still_valid(kind, key, user)
+
+
+def _frame_problem(text_data, bytes_data) -> str | None:
+    """Inbound frames are bounded and parsed without recursion errors."""
+    if text_data is None:
+        return "only text frames are accepted"
+    if len(text_data) > MAX_FRAME_CHARS:
+        return f"frames are at most {MAX_FRAME_CHARS} characters"
+    from .api.parsers import MAX_DEPTH, check_document
+
+    try:
+        content = json.loads(text_data)
+    except RecursionError:
+        return f"the JSON nests deeper than {MAX_DEPTH} levels"
+    except ValueError:
+        return "the frame is not valid JSON"
+    try:
+        check_document(content)
+    except Exception:  # DepthExceeded, TooLarge, ValidationError: all a bad frame
+        return f"the JSON nests deeper than {MAX_DEPTH} levels or holds invalid text"
+    return None
+
+
 class _Streaming(AsyncJsonWebsocketConsumer):
     """Shared loop: wake on a group message or every POLL_SECONDS, then read
     the table past the cursor and send in order."""
 
     group = ""
+    _slot = None
+
+    async def admit(self, user, tenant_id) -> bool:
+        """Before accepting: take one of the user's AGENTRT_WS_MAX_PER_USER
+        slots (refused with 4429 at the cap) and remember the credential and
+        the access to re-check on every poll."""
+        if not await ws_admit(user.pk, self.channel_name):
+            await self.close(code=4429)
+            return False
+        self._slot = (user.pk, self.channel_name)
+        self._access = (*credential_of(self.scope), user.pk, tenant_id)
+        self._checked = self._renewed = CLOCK.monotonic()
+        return True
 
     async def start_streaming(self):
         self._wake = asyncio.Event()
@@ -60,9 +115,32 @@ class _Streaming(AsyncJsonWebsocketConsumer):
             task.cancel()
         if self.group and self.channel_layer is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self._slot is not None:
+            slot, self._slot = self._slot, None
+            await ws_release(*slot)
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        problem = _frame_problem(text_data, bytes_data)
+        if problem is not None:
+            await self.send_json({"code": "invalid_frame", "message": problem})
+            await self.close(code=4400)
+            return
+        await self.receive_json(json.loads(text_data), **kwargs)
 
     async def receive_json(self, content, **kwargs):
         """Clients send nothing but an optional ping; anything is ignored."""
+
+    async def _still_allowed(self) -> bool:
+        now = CLOCK.monotonic()
+        if now - self._checked < POLL_SECONDS:
+            return True
+        self._checked = now
+        if not await _still_allowed(*self._access):
+            return False
+        if self._slot is not None and now - self._renewed >= RENEW_EVERY_SECONDS:
+            self._renewed = now
+            await ws_renew(*self._slot)
+        return True
 
     async def run_wake(self, message):
         self._wake.set()
@@ -70,6 +148,9 @@ class _Streaming(AsyncJsonWebsocketConsumer):
     async def _pump(self):
         try:
             while True:
+                if not await self._still_allowed():
+                    await self.close(code=4401)  # logged out, token revoked, or access lost
+                    return
                 sent = await self.send_new()
                 if sent:
                     continue  # drain a backlog before sleeping
@@ -97,6 +178,8 @@ class RunEventsConsumer(_Streaming):
         run = await self._run(run_id, tenant_id, getattr(user, "is_superuser", False))
         if run is None or self.cursor < 0:
             await self.close(code=4404 if run is None else 4400)  # before any frame: the handshake is refused
+            return
+        if not await self.admit(user, tenant_id):
             return
         self.run_id = run.id
         self.group = run_group(run.id)
@@ -138,6 +221,8 @@ class RunsConsumer(_Streaming):
         tenant_id = await _tenant_of(user)
         if tenant_id is None:
             await self.close(code=4403)
+            return
+        if not await self.admit(user, tenant_id):
             return
         self.tenant_id = tenant_id
         self.cursor = await self._start_cursor()

@@ -314,13 +314,17 @@ def test_a_superuser_without_a_tenant_reads_but_cannot_create(world, as_user):
 # -- auth, schema, docs ----------------------------------------------------------------
 
 def test_drf_create_token_gives_a_working_token(world, alice):
+    from io import StringIO
+
     from django.core.management import call_command
-    from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
 
-    call_command("drf_create_token", "alice")
+    out = StringIO()
+    call_command("drf_create_token", "alice", stdout=out)
+    printed = out.getvalue().split()
+    assert printed[:2] == ["Generated", "token"] and printed[3:] == ["for", "user", "alice"]
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get(user=alice).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {printed[2]}")
     assert client.get("/api/runs/").status_code == 200
     client.credentials(HTTP_AUTHORIZATION="Token not-a-token")
     assert_error(client.get("/api/runs/"), 401, "authentication_failed")

@@ -81,6 +81,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from tests import secret_env  # noqa: F401  (a throw-away DJANGO_SECRET_KEY for this and its processes)
 from tests.chaos.procs import ROOT, Proc, descendants, proc_state, proc_table, recreate_database
 from tests.chaos.plans import PLAN_NAMES, PLANS, POINTS, RunSpec, agent_definition
 from tests.chaos.report import render_markdown

@@ -81,9 +81,9 @@ async def test_anonymous_other_tenant_and_foreign_origin_sockets_are_refused(fin
 
 
 async def test_token_authentication_in_the_handshake(finished_run, alice):
-    from rest_framework.authtoken.models import Token
+    from knox.models import AuthToken
 
-    token = await sync_to_async(lambda: Token.objects.get_or_create(user=alice)[0].key)()
+    token = await sync_to_async(lambda: AuthToken.objects.create(user=alice)[1])()
     comm, ok = await connect(f"/ws/runs/{finished_run.id}/?after=0", (b"authorization", f"Token {token}".encode()))
     assert ok
     assert (await comm.receive_json_from(timeout=5))["sequence"] == 1

@@ -13,6 +13,15 @@ class Command(BaseCommand):
         parser.add_argument("--password", default=None)
 
     def handle(self, *args, **opts):
+        if opts["password"]:
+            from django.contrib.auth import get_user_model
+            from django.contrib.auth.password_validation import validate_password
+            from django.core.exceptions import ValidationError
+
+            try:  # AUTH_PASSWORD_VALIDATORS (only the demo command sets a weak one, on purpose)
+                validate_password(opts["password"], get_user_model()(username=opts["user"]))
+            except ValidationError as exc:
+                raise CommandError("--password: " + " ".join(exc.messages)) from None
         try:
             tenant, user = tenant_create(name=opts["name"], username=opts["user"], password=opts["password"])
         except RunError as exc:
