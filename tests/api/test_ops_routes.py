@@ -88,7 +88,7 @@ import django
 os.environ["DJANGO_SETTINGS_MODULE"] = "agentrt_site.settings"
 django.setup()
 from django.test import Client
-c = Client(raise_request_exception=False)
+c = Client(raise_request_exception=False, HTTP_HOST="127.0.0.1")
 out = {}
 for path in ("/healthz", "/readyz", "/metrics"):
     r = c.get(path)
