@@ -78,8 +78,20 @@ def prepare_dir() -> str:
 
 
 def start_if_worker_node() -> None:
-    if _is_worker_node() and enabled():
-        serve(int(os.environ["AGENTRT_METRICS_PORT"]), os.environ.get("AGENTRT_METRICS_ADDR", "127.0.0.1"))
+    """A node that cannot serve the port it was given stops with the reason
+    (a supervisor restarts it; a scrape target that never answers would hide
+    the node instead)."""
+    if not (_is_worker_node() and enabled()):
+        return
+    from django.core.exceptions import ImproperlyConfigured
+
+    raw, addr = os.environ["AGENTRT_METRICS_PORT"], os.environ.get("AGENTRT_METRICS_ADDR", "127.0.0.1")
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ImproperlyConfigured(f"AGENTRT_METRICS_PORT must be a TCP port number, not {raw!r}")
+    try:
+        serve(int(raw), addr)
+    except OSError as exc:
+        raise ImproperlyConfigured(f"AGENTRT_METRICS_PORT {addr}:{raw} cannot be served: {exc.strerror or exc}") from None
 
 
 def serve(port: int, addr: str) -> None:
