@@ -50,7 +50,9 @@ SECURE_HSTS_SECONDS = env_int("AGENTRT_HSTS_SECONDS", 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = os.environ.get("AGENTRT_HSTS_INCLUDE_SUBDOMAINS", "1") == "1"
 SECURE_HSTS_PRELOAD = os.environ.get("AGENTRT_HSTS_PRELOAD", "0") == "1"
 SECURE_SSL_REDIRECT = os.environ.get("AGENTRT_SSL_REDIRECT", "0") == "1"
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # a load balancer's plain-http probe
+# A load balancer's plain-http probes, and Prometheus scraping each web node directly (a redirect would
+# not protect the bearer token: it is sent with the first, plain request).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 # "X-Forwarded-Proto=https": trust that header from the proxy in front (only behind one that sets it).
 if os.environ.get("AGENTRT_PROXY_SSL_HEADER"):
     _header, _, _value = os.environ["AGENTRT_PROXY_SSL_HEADER"].partition("=")

@@ -125,3 +125,11 @@ def test_agentrt_status_prints_the_fleet(queued_run, capsys):
     assert data["runs_by_status"]["QUEUED"] == 1 and data["live_workers"] == 0
     assert data["approvals"]["policy"]["pending"] == 1
     assert data["oldest_pending_approval_seconds"] >= 0
+
+
+def test_probes_and_scrapes_are_not_redirected_to_https(settings):
+    settings.SECURE_SSL_REDIRECT = True
+    client = Client()
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert client.get(path).status_code == 200, path
+    assert client.get("/runs/").status_code == 301
