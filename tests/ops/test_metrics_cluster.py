@@ -64,10 +64,12 @@ def procs(tmp_path):
 
 
 @pytest.fixture
-def web_nodes(procs):
+def web_nodes(procs, tmp_path):
     """Two web nodes on one database: A open, B behind AGENTRT_METRICS_TOKEN."""
     a, b = free_port(), free_port()
-    procs(["-m", "daphne", "-b", "127.0.0.1", "-p", str(a), "agentrt_site.asgi:application"], "web-a")
+    # daphne writes its access log itself (Common Log Format, not through logging): in JSON mode it goes to its own file.
+    procs(["-m", "daphne", "-b", "127.0.0.1", "-p", str(a), "--access-log", str(tmp_path / "web-a.access.log"),
+           "agentrt_site.asgi:application"], "web-a", AGENTRT_LOG_FORMAT="json", AGENTRT_LOG_LEVEL="INFO")
     procs(["-m", "daphne", "-b", "127.0.0.1", "-p", str(b), "agentrt_site.asgi:application"], "web-b",
           AGENTRT_METRICS_TOKEN=TOKEN)
     wait_for(lambda: listening(a) and listening(b), timeout=30, message="both web nodes to listen")
@@ -200,3 +202,7 @@ def test_metrics_move_with_real_runs_and_every_web_node_shows_the_same_totals(
     mine = [p for p in parsed if p.get("run") == str(payer.id)]
     assert mine and all(p["tenant"] == str(payer.tenant_id) and "worker" in p and "epoch" in p for p in mine)
     assert {p.get("step") for p in mine} >= {1, 2}
+    # ... and so does every other process of the deployment that logs JSON: a web node, maintenance (the takeover).
+    for name in ("web-a", "maintenance"):
+        other = [json.loads(line) for line in (tmp_path / f"{name}.log").read_text().splitlines() if line.strip()]
+        assert other and all({"ts", "level", "logger", "message"} <= set(p) for p in other), name
