@@ -9,6 +9,8 @@ class OpsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks, worker_metrics  # noqa: F401 - checks registers `check --deploy`'s metrics warning
+        from . import checks, tracing, worker_metrics  # noqa: F401 - checks registers `check --deploy`'s metrics warning
+
+        tracing.configure()
 
         worker_metrics.start_if_worker_node()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from . import worker_metrics
+from . import tracing, worker_metrics
 from .logs import log_context_update
 
 
@@ -72,14 +72,55 @@ class StepWatch:
             self.finish()
         self.hook(point)
 
+    def close(self) -> None:
+        """After `finalize`: the last step ends (its checkpoint is in finalize's commit)."""
+        self.finish()
+        self.ctx.tracer.end_step()
+
     def finish(self) -> None:
         if self.started is not None and self.timed:
             worker_metrics.histograms()["step"].observe(time.perf_counter() - self.started)
         self.started = None
 
 
+class TracedPolicy(_Proxy):
+    def evaluate(self, tool_name, arguments):
+        with tracing._tracer().start_as_current_span("policy.evaluate", attributes={"tool.name": tool_name}) as span:
+            decision = self._inner.evaluate(tool_name, arguments)
+            span.set_attribute("policy.decision", str(decision))
+            return decision
+
+
+class TracedTools(_Proxy):
+    def execute(self, name, arguments, context):
+        spec = self._inner.spec(name)
+        attrs = {"tool.name": name}
+        if spec is not None:
+            attrs.update({"tool.side_effect": spec.side_effect, "tool.read_only": spec.read_only})
+        step = getattr(context, "step", None)
+        if step is not None:
+            attrs["step.number"] = step
+        with tracing._tracer().start_as_current_span("tool.execute", attributes=attrs):
+            return self._inner.execute(name, arguments, context)
+
+
+class TracedStore(_Proxy):
+    def commit(self, work, *args, **kwargs):
+        cp = getattr(work, "checkpoint", None)
+        if cp is None:
+            return self._inner.commit(work, *args, **kwargs)
+        attrs = {"checkpoint.version": cp.version, "checkpoint.full": bool(cp.full), "checkpoint.trigger": cp.trigger}
+        with tracing._tracer().start_as_current_span("checkpoint.save", attributes=attrs):
+            return self._inner.commit(work, *args, **kwargs)
+
+
 def instrument(ctx) -> StepWatch:
     """Wrap the context's adapters; return the step watch (finish it after `finalize`)."""
+    if tracing.enabled():
+        ctx.tracer = tracing.RunTracer(run_id=ctx.run.id, epoch=ctx.run.lease_epoch)
+        ctx.policy = TracedPolicy(ctx.policy)
+        ctx.tools = TracedTools(ctx.tools)
+        ctx.store = TracedStore(ctx.store)
     timed = worker_metrics.enabled()
     if timed:
         ctx.provider = TimedProvider(ctx.provider)

@@ -21,6 +21,7 @@ from approvals.policy import PolicyEngine
 
 from ops.instrument import instrument
 from ops.logs import log_context
+from ops.tracing import run_span
 
 from .clock import CLOCK, IDS
 from .domain.budgets import Ledger
@@ -200,7 +201,7 @@ def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
     )
     ctx = None
     watch = None
-    with log_context(run=str(claim.run_id), tenant=str(claim.tenant_id), epoch=claim.epoch, worker=claim.owner):
+    with log_context(run=str(claim.run_id), tenant=str(claim.tenant_id), epoch=claim.epoch, worker=claim.owner), run_span(claim):
         try:
             ctx = build_context(claim, token=token, lease=supervisor, clock=clock, ids=ids)
             watch = instrument(ctx)
@@ -220,7 +221,7 @@ def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
             supervisor.stop()
         result = finalize(ctx, claim, outcome, clock=clock)
         if watch is not None:
-            watch.finish()
+            watch.close()
         log.info("run %s: slice ended %s", claim.run_id, result.kind.value)
         return result
 
