@@ -71,7 +71,12 @@ def run_span(claim):
 
     from runs.models import Event
 
-    created = Event.objects.filter(run_id=claim.run_id, type="run.created").values_list("payload", flat=True).first() or {}
+    from django.db import DatabaseError
+
+    try:
+        created = Event.objects.filter(run_id=claim.run_id, type="run.created").values_list("payload", flat=True).first() or {}
+    except DatabaseError:  # a trace must never stop a run: this slice starts its own trace
+        created = {}
     parent = TraceContextTextMapPropagator().extract({"traceparent": created["traceparent"]}) if created.get("traceparent") else None
     attributes = {"run.id": str(claim.run_id), "run.epoch": claim.epoch, "worker": claim.owner}
     with _tracer().start_as_current_span("agent.run", context=parent, attributes=attributes) as span:
