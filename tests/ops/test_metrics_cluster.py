@@ -182,7 +182,7 @@ def test_metrics_move_with_real_runs_and_every_web_node_shows_the_same_totals(
     assert value(a, "agent_run_waiting_seconds_count", kind="approval") == 2  # the payer's (approved) and the asker's (cancelled)
     assert value(a, "agent_run_waiting_seconds_sum", kind="approval") > 0
     assert value(a, "agent_run_waiting_seconds_bucket", kind="approval", le="+Inf") == 2
-    assert any(name == "agent_tool_uncertain_total" for name, _ in a) or "# TYPE agent_tool_uncertain_total counter" in get(node_a + "/metrics")[1]
+    assert "# TYPE agent_tool_uncertain_total counter" in get(node_a + "/metrics")[1]  # moved by the next test
     assert value(a, "agent_runs", status="COMPLETED") == 3 and value(a, "agent_runs", status="CANCELLED") == 1
     assert value(a, "agent_queue_depth") == 0 and value(a, "agent_approvals_pending", kind="policy") == 0
 
@@ -206,3 +206,22 @@ def test_metrics_move_with_real_runs_and_every_web_node_shows_the_same_totals(
     for name in ("web-a", "maintenance"):
         other = [json.loads(line) for line in (tmp_path / f"{name}.log").read_text().splitlines() if line.strip()]
         assert other and all({"ts", "level", "logger", "message"} <= set(p) for p in other), name
+
+
+def test_an_unanswered_side_effect_moves_agent_tool_uncertain_total(cluster, load_agent, submit, sink):
+    """A POST whose connection closes without an answer: its outcome is unknown (the invocation outcome
+    `uncertain`), the run parks, and the counter says which tool."""
+    from django.test import Client
+
+    sink.behaviours = ["close"]
+    load_agent(name="unsure", tools=("http_post",),
+               turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "paid"}])
+    cluster(AGENTRT_LEASE_SECONDS=3, AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host)
+    run = submit(agent="unsure")
+    wait_for(lambda: status(run) == "WAITING_FOR_APPROVAL", timeout=60, message="the run to park on its unknown outcome")
+    m = samples(Client(HTTP_HOST="127.0.0.1").get("/metrics").content.decode())
+    assert value(m, "agent_tool_uncertain_total", tool="http_post") == 1
+    assert value(m, "agent_approvals_pending", kind="uncertain_side_effect") == 1
+    from runs.selectors import tool_uncertain_counts
+
+    assert tool_uncertain_counts() == {"http_post": 1}  # the same figure the runs app's selector gives
