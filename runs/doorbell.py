@@ -51,7 +51,16 @@ class DoorbellORM(ORM):
             return super().dequeue()
         # LISTEN before reading: whatever commits after this read is announced.
         listener = self._listen()
-        tasks = self._take()
+        try:
+            tasks = self._take()
+        except Exception as exc:
+            # Our backend was terminated or the server restarted: a fresh
+            # connection next time, instead of the stock pusher's exit (and
+            # its 10 s sleep) with the task queue's writer half-way.
+            log.warning("doorbell: cannot read the queue (%s); reconnecting", type(exc).__name__)
+            self._drop_connection()
+            CLOCK.sleep(min(1.0, settings.AGENTRT_Q_FALLBACK_POLL))
+            return None
         if tasks:
             return tasks
         if listener is None:
@@ -68,6 +77,13 @@ class DoorbellORM(ORM):
             if self.get_connection().filter(id=task.id, lock=task.lock).update(lock=self.timeout(task)):
                 taken.append((task.pk, task.payload))
         return taken
+
+    @staticmethod
+    def _drop_connection() -> None:
+        try:
+            connections[Conf.ORM].close()
+        except Exception:
+            pass
 
     def _listen(self):
         if self._listener is not None and not self._listener.closed:

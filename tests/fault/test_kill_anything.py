@@ -10,10 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
-from runs.models import Run
+from django.db import connection
+
+from runs.models import Event, Run
 from tests.conftest import ROOT, subprocess_env, wait_for
 
 pytestmark = [pytest.mark.fault, pytest.mark.django_db(transaction=True)]
@@ -63,6 +67,15 @@ def node_ready(c, workers: int):
     return r if ok else None
 
 
+def wait_or_dump(condition, timeout, message, *nodes):
+    """wait_for, with the nodes' logs in the failure message."""
+    try:
+        return wait_for(condition, timeout=timeout, message=message)
+    except AssertionError as exc:
+        logs = "\n".join(n.output()[-4000:] for n in nodes)
+        raise AssertionError(f"{exc}\n--- node logs ---\n{logs}") from None
+
+
 def status(run_id):
     return Run.objects.filter(id=run_id).values_list("status", flat=True).get()
 
@@ -71,19 +84,154 @@ def all_completed(runs):
     return all(status(r.id) == "COMPLETED" for r in runs)
 
 
-def test_idle_workers_sigkilled_then_new_runs_complete_without_a_restart(cluster, load_agent, submit):
+
+class Supervised:
+    """A process under a minimal supervisor, as systemd's Restart=on-failure:
+    started in its own session, started again whenever it exits non-zero."""
+
+    def __init__(self, name: str, args: list[str], env: dict, log_path: Path):
+        self.name, self.args, self.env, self.log_path = name, args, env, log_path
+        self.exits: list[int] = []
+        self.generations: list[subprocess.Popen] = []
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._start()
+        self._thread = threading.Thread(target=self._watch, name=f"supervise-{name}", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "manage.py", *self.args], cwd=ROOT, env=self.env,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.generations.append(self.proc)
+
+    def _watch(self) -> None:
+        while True:
+            rc = self.proc.wait()
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                self.exits.append(rc)
+                if rc == 0:
+                    return  # a clean exit is a decision, not a failure
+                self._start()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping.set()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.generations:  # whatever a generation left behind
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait()
+
+
+@pytest.fixture
+def deployment(transactional_db, tmp_path):
+    """One worker node and maintenance on the test database, each under a supervisor."""
+    started: list[Supervised] = []
+
+    def start(workers: int = 2, **extra):
+        env = subprocess_env(AGENTRT_LEASE_SECONDS=LEASE, AGENTRT_WORKERS=workers, **extra)
+        node = Supervised("qcluster", ["qcluster"], env, tmp_path / "qcluster.log")
+        started.append(node)
+        maintenance = Supervised("maintenance", ["run_maintenance"], env, tmp_path / "maintenance.log")
+        started.append(maintenance)
+        return node, maintenance
+
+    yield start
+    for s in reversed(started):
+        s.stop()
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes of a session (a supervised generation and its children)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def slow_agent(load_agent, steps: int = 4, delay_ms: int = 300):
+    turns = [{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}], "delay_ms": delay_ms} for i in range(steps)]
+    load_agent(turns=turns + [{"text": "done"}], limits={"max_steps": steps + 4})
+
+
+def busy_worker_pid(run_id) -> int | None:
+    owner = Run.objects.filter(id=run_id).values_list("lease_owner", flat=True).get()
+    return int(owner.split(":")[1]) if owner else None
+
+
+def test_idle_workers_sigkilled_then_new_runs_complete_without_a_restart(deployment, load_agent, submit):
     """The known wedge: an idle worker waits in task_queue.get() holding the
     queue's reader lock; SIGKILLed there it never releases it."""
     load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "hi"}}]}, {"text": "bye"}])
-    c = cluster(AGENTRT_LEASE_SECONDS=LEASE, AGENTRT_WORKERS=2)
+    node, _ = deployment(workers=2)
     warm = submit(text="warm")
-    wait_for(lambda: status(warm.id) == "COMPLETED", timeout=60, message=f"the warm-up run\n{c.output()[-3000:]}")
-    before = wait_for(lambda: node_ready(c, 2), timeout=30, message="the node's processes")
+    wait_or_dump(lambda: status(warm.id) == "COMPLETED", 60, "the warm-up run", node)
+    before = wait_for(lambda: node_ready(node, 2), timeout=30, message="the node's processes")
     for pid in before["qc-worker"]:  # every worker is idle: nothing is running
         os.kill(pid, signal.SIGKILL)
     runs = [submit(text=f"after {i}") for i in range(4)]
-    wait_for(lambda: all_completed(runs), timeout=BOUND,
-             message=f"runs submitted after the idle workers died to complete\n{c.output()[-3000:]}")
-    assert c.proc.poll() is None  # healed in place: nobody restarted the node
-    after = roles(c.proc.pid)
+    wait_or_dump(lambda: all_completed(runs), BOUND, "runs submitted after the idle workers died to complete", node)
+    assert node.exits == [] and node.proc.poll() is None  # healed in place: nobody restarted the node
+    after = roles(node.proc.pid)
     assert not set(after["qc-worker"]) & set(before["qc-worker"])
+
+
+# role killed -> does the node heal in place, or exit non-zero for its supervisor?
+KILLS = {
+    "busy-worker": "heals",
+    "pusher": "heals",
+    "monitor": "heals",
+    "sentinel": "exits",
+    "main": "exits",
+}
+
+
+@pytest.mark.parametrize("victim", list(KILLS))
+def test_sigkill_of_any_cluster_process_under_load_and_every_run_completes(victim, deployment, load_agent, submit):
+    slow_agent(load_agent)
+    node, _ = deployment(workers=2)
+    first = [submit(text=f"before {i}") for i in range(4)]
+    running = wait_or_dump(lambda: next((r for r in first if status(r.id) == "RUNNING"), None), 60, "a run to be claimed", node)
+    r = wait_for(lambda: node_ready(node, 2), timeout=30, message="the node's processes")
+    main = node.proc
+    old_children = [p for role, pids in r.items() if role != "qc-sentinel" for p in pids]
+    if victim == "busy-worker":
+        pid = wait_for(lambda: busy_worker_pid(running.id), timeout=30, message="the busy worker")
+    elif victim == "main":
+        pid = main.pid
+    else:
+        pid = r[f"qc-{victim}"][0]
+    os.kill(pid, signal.SIGKILL)
+    later = [submit(text=f"after {i}") for i in range(4)]
+    wait_or_dump(lambda: all_completed(first + later), BOUND + 30, f"every run to complete after the {victim} was killed", node)
+    if KILLS[victim] == "heals":
+        assert node.exits == [] and node.proc is main, "the node healed in place"
+    else:
+        assert node.exits and node.exits[0] != 0 and node.proc is not main, "the node exited non-zero and was restarted"
+        # Nothing of the killed generation lives on: orphans drain and exit.
+        wait_or_dump(lambda: not session_pids(main.pid), 60, "the old generation's processes to exit", node)
+    # The pusher, monitor and workers of the broken queues are all replaced.
+    wait_or_dump(lambda: not set(old_children) & set(session_pids(main.pid)), 30, "the old queues' processes to be gone", node)
+    if victim == "busy-worker":
+        assert Event.objects.filter(run=running, type="lease.taken_over").exists()
