@@ -235,3 +235,93 @@ def test_sigkill_of_any_cluster_process_under_load_and_every_run_completes(victi
     wait_or_dump(lambda: not set(old_children) & set(session_pids(main.pid)), 30, "the old queues' processes to be gone", node)
     if victim == "busy-worker":
         assert Event.objects.filter(run=running, type="lease.taken_over").exists()
+
+
+def terminate_backends(where: str = "TRUE") -> int:
+    """pg_terminate_backend of the deployment's backends on the test database
+    (never this test's own, never another database's)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            f"WHERE datname = current_database() AND pid <> pg_backend_pid() AND ({where})"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_every_backend_terminated_mid_step_and_every_run_completes(deployment, load_agent, submit):
+    """What a PostgreSQL restart does to our processes: every connection of
+    workers, heartbeats, pusher and doorbell listener, monitor, sentinel and
+    maintenance is cut, twice, while runs are mid-step."""
+    slow_agent(load_agent, steps=5, delay_ms=400)
+    node, maintenance = deployment(workers=2)
+    runs = [submit(text=f"run {i}") for i in range(6)]
+    wait_or_dump(lambda: sum(status(r.id) == "RUNNING" for r in runs) >= 2, 60, "two runs mid-step", node)
+    for round_ in range(2):
+        seen = Event.objects.count()
+        assert terminate_backends() >= 3  # at least the two workers and the listener
+        wait_or_dump(lambda: Event.objects.count() > seen + 3, BOUND, f"progress after cut {round_ + 1}", node, maintenance)
+    wait_or_dump(lambda: all_completed(runs), BOUND + 30, "every run to complete", node, maintenance)
+    assert maintenance.exits == [] and node.exits == []  # both reconnected in place
+
+
+def test_the_doorbell_listener_terminated_then_a_new_run_starts(deployment, load_agent, submit):
+    load_agent()
+    node, _ = deployment(workers=1, AGENTRT_Q_FALLBACK_POLL=30)  # the fallback poll cannot be what finds it
+    warm = submit(text="warm")
+    wait_or_dump(lambda: status(warm.id) == "COMPLETED", 60, "the warm-up run", node)
+    wait_for(lambda: terminate_backends("query ILIKE 'LISTEN%'"), timeout=30, message="the listener's backend")
+    run = submit(text="after")
+    wait_or_dump(lambda: status(run.id) == "COMPLETED", BOUND, "a run submitted after the listener was cut", node)
+    assert node.exits == []
+
+
+def test_run_maintenance_sigkilled_is_restarted_and_reclaims_a_dead_workers_run(deployment, load_agent, submit):
+    slow_agent(load_agent, steps=6, delay_ms=400)
+    node, maintenance = deployment(workers=1)
+    run = submit()
+    wait_or_dump(lambda: status(run.id) == "RUNNING", 60, "the run to be claimed", node)
+    os.kill(maintenance.proc.pid, signal.SIGKILL)
+    os.kill(busy_worker_pid(run.id), signal.SIGKILL)  # the run now needs maintenance to be taken over
+    wait_or_dump(lambda: status(run.id) == "COMPLETED", BOUND + 30, "the run to complete", node, maintenance)
+    assert maintenance.exits == [-signal.SIGKILL]  # restarted once by its supervisor
+    assert Event.objects.filter(run=run, type="lease.taken_over").exists()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_redis_going_away_under_load_and_every_run_completes(deployment, load_agent, submit, tmp_path):
+    """Redis carries only wake-ups (channel layer) and the cache: losing it
+    must cost no run. A redis-server of our own, killed mid-load."""
+    port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import redis as redis_py
+
+        wait_for(lambda: _pings(redis_py, port), timeout=20, message="our redis-server")
+        slow_agent(load_agent, steps=4, delay_ms=300)
+        node, maintenance = deployment(workers=2, REDIS_URL=f"redis://127.0.0.1:{port}/0")
+        runs = [submit(text=f"run {i}") for i in range(4)]
+        wait_or_dump(lambda: any(status(r.id) == "RUNNING" for r in runs), 60, "a run mid-step", node)
+        redis.kill()
+        redis.wait()
+        runs += [submit(text=f"after {i}") for i in range(2)]
+        wait_or_dump(lambda: all_completed(runs), BOUND + 30, "every run to complete without Redis", node, maintenance)
+        assert node.exits == [] and maintenance.exits == []
+    finally:
+        if redis.poll() is None:
+            redis.kill()
+            redis.wait()
+
+
+def _pings(redis_py, port) -> bool:
+    try:
+        return redis_py.Redis(port=port, socket_connect_timeout=0.2).ping()
+    except Exception:
+        return False
