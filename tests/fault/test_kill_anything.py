@@ -101,7 +101,7 @@ class Supervised:
 
     def _start(self) -> None:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "manage.py", *self.args], cwd=ROOT, env=self.env,
+            self.proc = subprocess.Popen([sys.executable, *self.args], cwd=ROOT, env=self.env,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.generations.append(self.proc)
 
@@ -143,9 +143,9 @@ def deployment(transactional_db, tmp_path):
 
     def start(workers: int = 2, **extra):
         env = subprocess_env(AGENTRT_LEASE_SECONDS=LEASE, AGENTRT_WORKERS=workers, **extra)
-        node = Supervised("qcluster", ["qcluster"], env, tmp_path / "qcluster.log")
+        node = Supervised("qcluster", ["manage.py", "qcluster"], env, tmp_path / "qcluster.log")
         started.append(node)
-        maintenance = Supervised("maintenance", ["run_maintenance"], env, tmp_path / "maintenance.log")
+        maintenance = Supervised("maintenance", ["manage.py", "run_maintenance"], env, tmp_path / "maintenance.log")
         started.append(maintenance)
         return node, maintenance
 
@@ -325,3 +325,28 @@ def _pings(redis_py, port) -> bool:
         return redis_py.Redis(port=port, socket_connect_timeout=0.2).ping()
     except Exception:
         return False
+
+
+def test_a_web_node_sigkilled_is_restarted_and_serves_again(transactional_db, tmp_path):
+    import urllib.request
+
+    port = free_port()
+    web = Supervised("web", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentrt_site.asgi:application"],
+                     subprocess_env(), tmp_path / "web.log")
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_or_dump(healthy, 60, "the web node", web)
+        first = web.proc
+        os.kill(first.pid, signal.SIGKILL)
+        wait_or_dump(lambda: web.proc is not first, 30, "the supervisor to restart the web node", web)
+        wait_or_dump(healthy, 60, "the restarted web node", web)
+        assert web.exits == [-signal.SIGKILL]
+    finally:
+        web.stop()
