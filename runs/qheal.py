@@ -278,8 +278,8 @@ def _retire_old(self) -> None:
 
 def rebuild(self, reasons: list[str]) -> None:
     """Replace the shared queues and respawn pusher, monitor and workers."""
-    log.critical("cluster %s: %s; replacing its task and result queues and respawning pusher, monitor and workers",
-                 q_cluster.humanize(self.cluster_id.hex), "; ".join(reasons))
+    log.critical("cluster %s: %s; reincarnated pusher, monitor and %d workers on new task and result queues",
+                 q_cluster.humanize(self.cluster_id.hex), "; ".join(reasons), self.pool_size)
     for proc in (self.pusher, self.monitor):
         if proc is not None and proc.is_alive():
             _kill(proc)
