@@ -44,7 +44,6 @@ import os
 import signal
 import sys
 import threading
-import uuid
 from multiprocessing import Event, RawValue
 from queue import Full
 
@@ -53,7 +52,7 @@ from django_q import cluster as q_cluster
 from django_q.conf import Conf
 from django_q.queues import Queue
 
-from .clock import CLOCK
+from .clock import CLOCK, IDS
 
 log = logging.getLogger("agentrt.qheal")
 
@@ -200,7 +199,7 @@ def _child_main(target, role, parent, *args):
 def spawn_process(self, target, *args):
     """django-q2's spawn_process: each child named after its role and watching its parent."""
     p = q_cluster.get_mp_context().Process(
-        target=_child_main, args=(target, _role(target), os.getpid()) + args, name=f"Process-{uuid.uuid4().hex}"
+        target=_child_main, args=(target, _role(target), os.getpid()) + args, name=f"Process-{IDS.new_id().hex}"
     )
     p.daemon = True
     if target is q_cluster.worker:
