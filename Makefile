@@ -6,19 +6,35 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentrt
 
-.PHONY: run test venv browser smoke bench clean
+.PHONY: run test venv dev browser smoke bench clean
 
+# requirements.txt / requirements-dev.txt are hashed locks compiled from the
+# .in files (README, "Dependencies"); pip refuses anything whose hash differs.
 $(VENV)/.installed: requirements.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -r requirements.txt
+	$(PIP) install -q --require-hashes -r requirements.txt
+	touch $@
+
+# Test tools (pytest, schemathesis, playwright, pip-tools) on top of the runtime lock.
+$(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.installed
+	$(PIP) install -q --require-hashes -r requirements-dev.txt
 	touch $@
 
 venv: $(VENV)/.installed
 
-run: venv
-	$(PY) manage.py demo
+dev: $(VENV)/.dev-installed
+
+# The demo's own secret key: created once, owner-only, kept across restarts
+# (sessions survive); passed to `manage.py demo` only — every other process
+# still refuses to start without DJANGO_SECRET_KEY (DEBUG off).
+var/secret_key:
+	@mkdir -p $(@D)
+	@umask 077 && $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@.tmp && mv $@.tmp $@
+
+run: venv var/secret_key
+	DJANGO_SECRET_KEY="$$(cat var/secret_key)" AGENTRT_DEMO=1 $(PY) manage.py demo
 
 # The browser test drives Debian's chromium (Playwright's own download is not
 # reachable everywhere): install it when it is missing and we may.
@@ -31,10 +47,10 @@ browser:
 	    echo "the browser test needs chromium at /usr/bin/chromium: sudo apt-get install -y chromium"; exit 1; \
 	  fi; }
 
-test: venv browser
+test: dev browser
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest $(PYTEST_ARGS)
 
-smoke: venv
+smoke: dev
 	$(PY) -m pytest tests/smoke -p no:cacheprovider
 
 bench: venv

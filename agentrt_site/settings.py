@@ -6,6 +6,7 @@ Python and make.
 """
 import json
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -25,10 +26,64 @@ def env_list(name, default=""):
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "agentrt-insecure-dev-key-change-me")
+# --- Security (issue 10: items 7, 8, 9, 11, 12) -------------------------------
 DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
-ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+# No built-in key outside DEBUG: every process (web, worker, maintenance, CLI)
+# refuses to start without one. `make run` passes the demo's own key (var/secret_key).
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is not set: agentrt refuses to start without a secret key when DEBUG is off. "
+            "Set DJANGO_SECRET_KEY (e.g. python -c 'import secrets; print(secrets.token_urlsafe(50))'), "
+            "or use `make run` for the demo, which keeps its own key in var/secret_key."
+        )
+    SECRET_KEY = "agentrt-insecure-debug-only-key"
+# Loopback names only unless the environment names the hosts.
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
+# HTTPS: off by default (the demo is plain http on loopback); production turns them on.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = os.environ.get("AGENTRT_SECURE_COOKIES", "0") == "1"
+SECURE_HSTS_SECONDS = env_int("AGENTRT_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = os.environ.get("AGENTRT_HSTS_INCLUDE_SUBDOMAINS", "1") == "1"
+SECURE_HSTS_PRELOAD = os.environ.get("AGENTRT_HSTS_PRELOAD", "0") == "1"
+SECURE_SSL_REDIRECT = os.environ.get("AGENTRT_SSL_REDIRECT", "0") == "1"
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # a load balancer's plain-http probe
+# "X-Forwarded-Proto=https": trust that header from the proxy in front (only behind one that sets it).
+if os.environ.get("AGENTRT_PROXY_SSL_HEADER"):
+    _header, _, _value = os.environ["AGENTRT_PROXY_SSL_HEADER"].partition("=")
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _header.strip().upper().replace("-", "_"), _value.strip() or "https")
+# The demo's unauthenticated /demo/hook exists only under `make run` (manage.py demo sets it).
+AGENTRT_DEMO = os.environ.get("AGENTRT_DEMO", "0") == "1"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# Login throttling (django-axes): the admin login is the session login. Failures
+# are counted per (username, client IP) in the database, so across processes.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("AGENTRT_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = env_float("AGENTRT_LOGIN_COOLOFF_HOURS", 0.25)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+# API tokens (django-rest-knox): stored as SHA-512 digests, expiring, revocable
+# by deleting them in the admin (Knox › Auth tokens). Header: `Authorization: Token <token>`.
+AGENTRT_TOKEN_TTL_DAYS = env_float("AGENTRT_TOKEN_TTL_DAYS", 90)
+REST_KNOX = {
+    "TOKEN_TTL": timedelta(days=AGENTRT_TOKEN_TTL_DAYS) if AGENTRT_TOKEN_TTL_DAYS > 0 else None,
+    "AUTH_HEADER_PREFIX": "Token",
+    "AUTO_REFRESH": False,
+}
+# Hostile-member limits.
+AGENTRT_MAX_SLEEP_SECONDS = env_float("AGENTRT_MAX_SLEEP_SECONDS", 60)
+AGENTRT_WS_MAX_PER_USER = env_int("AGENTRT_WS_MAX_PER_USER", 20)
+AGENTRT_REDIS_URL = os.environ.get("REDIS_URL", "")  # sockets counted across processes (runs/ws_limits.py)
+# --- end Security ------------------------------------------------------------
 
 INSTALLED_APPS = [
     "daphne",
@@ -39,7 +94,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
+    "axes",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
@@ -52,6 +108,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Content-Security-Policy on every response (django-csp; CONTENT_SECURITY_POLICY below).
+    "csp.middleware.CSPMiddleware",
     # Static files straight from the app's finders (no collectstatic step):
     # the admin's CSS and the API docs' assets under daphne, DEBUG or not.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -61,6 +119,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: turns a lockout into its 429 response.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "agentrt_site.urls"
@@ -136,7 +196,6 @@ else:
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-AUTH_PASSWORD_VALIDATORS = []
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
@@ -147,8 +206,29 @@ STATIC_URL = "static/"
 STATIC_ROOT = os.environ.get("AGENTRT_STATIC_ROOT") or None
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"  # the live pages' login: members are not staff
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
+# --- Content-Security-Policy (django-csp 4) ---------------------------------
+# No inline script or style anywhere: the live pages load code and styles from static files and their
+# data from json_script blocks, the admin has none, Swagger UI gets its init script as a file. Only
+# the API docs (Swagger UI, ReDoc style themselves inline) add `style-src 'unsafe-inline'`, on their
+# own views (runs/api/views.py, django-csp's csp_update).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        # 'self' covers the live pages' ws:/wss: to the same host.
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
 
 # --- Channels -------------------------------------------------------------
 if os.environ.get("REDIS_URL"):
@@ -162,7 +242,14 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 # Shared cache (DRF throttles count across processes only with Redis).
 if os.environ.get("REDIS_URL"):
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": os.environ["REDIS_URL"]}}
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": os.environ["REDIS_URL"],
+            # Deployments (or test databases) sharing one Redis keep their counters apart.
+            "KEY_PREFIX": os.environ.get("AGENTRT_CACHE_PREFIX", f"agentrt:{DATABASES['default']['NAME']}"),
+        }
+    }
 
 # Wake sockets through the channel layer after each commit. Across processes
 # only Redis carries it; without Redis the consumers' poll delivers.
@@ -172,7 +259,7 @@ AGENTRT_NOTIFY_LIVE = os.environ.get("AGENTRT_NOTIFY_LIVE", "1" if os.environ.ge
 # The API of DESIGN §16 (runs/api/): strict JSON in, JSON out, one error body.
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "knox.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -224,6 +311,8 @@ AGENTRT_RECONCILE_TIMEOUT = env_float("AGENTRT_RECONCILE_TIMEOUT", 30)
 AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = env_list("AGENTRT_HTTP_TOOL_ALLOWED_HOSTS", "")
 AGENTRT_APPROVAL_TTL_SECONDS = env_float("AGENTRT_APPROVAL_TTL_SECONDS", 86400)
 AGENTRT_INPUT_TTL_SECONDS = env_float("AGENTRT_INPUT_TTL_SECONDS", 86400)
+# Active (non-terminal) runs per tenant unless Tenant.max_active_runs says otherwise; 0 = no limit.
+AGENTRT_MAX_ACTIVE_RUNS = env_int("AGENTRT_MAX_ACTIVE_RUNS", 1000)
 AGENTRT_ENABLE_FAULTPOINTS = os.environ.get("AGENTRT_ENABLE_FAULTPOINTS", "0") == "1"
 AGENTRT_FAULTPOINTS = os.environ.get("AGENTRT_FAULTPOINTS", "")
 AGENTRT_FAULTPOINT_DIR = os.environ.get("AGENTRT_FAULTPOINT_DIR", str(BASE_DIR / "var" / "faultpoints"))

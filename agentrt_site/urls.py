@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 from django.http import HttpResponseRedirect, JsonResponse
 from django.urls import include, path
@@ -21,7 +22,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("runs.api.urls")),
     path("healthz", healthz),
-    path("demo/hook", demo_hook),
     path("", include("runs.urls")),
     path("", lambda request: HttpResponseRedirect("/runs/")),
 ]
+if settings.AGENTRT_DEMO:  # only `make run` (manage.py demo) mounts the unauthenticated stand-in hook
+    urlpatterns.insert(3, path("demo/hook", demo_hook))

@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import re
+import secrets
 import signal
 import statistics
 import subprocess
@@ -264,6 +265,8 @@ def django_setup(url: str) -> None:
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
     os.environ.setdefault("AGENTRT_LOG_LEVEL", "WARNING")
+    # A throw-away key for a throw-away database (settings refuse to start without one).
+    os.environ.setdefault("DJANGO_SECRET_KEY", "bench-" + secrets.token_urlsafe(50))
     sys.path.insert(0, str(ROOT))
     import django
 

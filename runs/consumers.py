@@ -10,6 +10,7 @@ only wakes the loop early; a short poll is the fallback.
 from __future__ import annotations
 
 import asyncio
+import json
 from urllib.parse import parse_qs
 from uuid import UUID
 
@@ -17,11 +18,16 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db import close_old_connections
 
-from .models import Event, Membership, Run
+from . import scoping
+from .clock import CLOCK
+from .models import Event, Membership
 from .selectors import event_to_dict
+from .ws_auth import credential_of, credential_still_valid
+from .ws_limits import RENEW_EVERY_SECONDS, ws_admit, ws_release, ws_renew
 
 POLL_SECONDS = 0.5
 BATCH = 200
+MAX_FRAME_CHARS = 4096  # clients send at most a ping
 STATUS_EVENTS = (
     "run.created", "run.claimed", "run.started", "run.resumed", "run.requeued", "run.completed", "run.failed",
     "run.cancelled", "run.waiting_for_approval", "run.waiting_for_user", "lease.taken_over", "approval.resolved",
@@ -38,10 +44,45 @@ def tenant_group(tenant_id) -> str:
 
 @database_sync_to_async
 def _tenant_of(user):
-    if not user or not user.is_authenticated:
-        return None
-    membership = Membership.objects.filter(user=user).first()
-    return membership.tenant_id if membership else None
+    tenant = scoping.tenant_for(user)
+    return tenant.id if tenant else None
+
+
+@database_sync_to_async
+def _still_allowed(kind, key, user_id, tenant_id) -> bool:
+    """The credential the socket opened with is still live (no logout, token
+    not revoked or expired, user active) and the user still has the access:
+    a member of the same tenant, or still a superuser."""
+    close_old_connections()
+    if tenant_id is not None:  # the user and its membership in one query
+        membership = Membership.objects.filter(user_id=user_id, tenant_id=tenant_id).select_related("user").first()
+        user = membership.user if membership else None
+    else:
+        from django.contrib.auth import get_user_model
+
+        user = get_user_model().objects.filter(pk=user_id, is_superuser=True).first()
+    return credential_still_valid(kind, key, user)
+
+
+def _frame_problem(text_data, bytes_data) -> str | None:
+    """Inbound frames are bounded and parsed without recursion errors."""
+    if text_data is None:
+        return "only text frames are accepted"
+    if len(text_data) > MAX_FRAME_CHARS:
+        return f"frames are at most {MAX_FRAME_CHARS} characters"
+    from .api.parsers import MAX_DEPTH, check_document
+
+    try:
+        content = json.loads(text_data)
+    except RecursionError:
+        return f"the JSON nests deeper than {MAX_DEPTH} levels"
+    except ValueError:
+        return "the frame is not valid JSON"
+    try:
+        check_document(content)
+    except Exception:  # DepthExceeded, TooLarge, ValidationError: all a bad frame
+        return f"the JSON nests deeper than {MAX_DEPTH} levels or holds invalid text"
+    return None
 
 
 class _Streaming(AsyncJsonWebsocketConsumer):
@@ -49,6 +90,19 @@ class _Streaming(AsyncJsonWebsocketConsumer):
     the table past the cursor and send in order."""
 
     group = ""
+    _slot = None
+
+    async def admit(self, user, tenant_id) -> bool:
+        """Before accepting: take one of the user's AGENTRT_WS_MAX_PER_USER
+        slots (refused with 4429 at the cap) and remember the credential and
+        the access to re-check on every poll."""
+        if not await ws_admit(user.pk, self.channel_name):
+            await self.close(code=4429)
+            return False
+        self._slot = (user.pk, self.channel_name)
+        self._access = (*credential_of(self.scope), user.pk, tenant_id)
+        self._checked = self._renewed = CLOCK.monotonic()
+        return True
 
     async def start_streaming(self):
         self._wake = asyncio.Event()
@@ -60,9 +114,32 @@ class _Streaming(AsyncJsonWebsocketConsumer):
             task.cancel()
         if self.group and self.channel_layer is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self._slot is not None:
+            slot, self._slot = self._slot, None
+            await ws_release(*slot)
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        problem = _frame_problem(text_data, bytes_data)
+        if problem is not None:
+            await self.send_json({"code": "invalid_frame", "message": problem})
+            await self.close(code=4400)
+            return
+        await self.receive_json(json.loads(text_data), **kwargs)
 
     async def receive_json(self, content, **kwargs):
         """Clients send nothing but an optional ping; anything is ignored."""
+
+    async def _still_allowed(self) -> bool:
+        now = CLOCK.monotonic()
+        if now - self._checked < POLL_SECONDS:
+            return True
+        self._checked = now
+        if not await _still_allowed(*self._access):
+            return False
+        if self._slot is not None and now - self._renewed >= RENEW_EVERY_SECONDS:
+            self._renewed = now
+            await ws_renew(*self._slot)
+        return True
 
     async def run_wake(self, message):
         self._wake.set()
@@ -70,6 +147,9 @@ class _Streaming(AsyncJsonWebsocketConsumer):
     async def _pump(self):
         try:
             while True:
+                if not await self._still_allowed():
+                    await self.close(code=4401)  # logged out, token revoked, or access lost
+                    return
                 sent = await self.send_new()
                 if sent:
                     continue  # drain a backlog before sleeping
@@ -94,9 +174,11 @@ class RunEventsConsumer(_Streaming):
             self.cursor = max(0, int((query.get("after") or ["0"])[0]))
         except ValueError:
             self.cursor = -1
-        run = await self._run(run_id, tenant_id, getattr(user, "is_superuser", False))
+        run = await self._run(user, run_id)
         if run is None or self.cursor < 0:
             await self.close(code=4404 if run is None else 4400)  # before any frame: the handshake is refused
+            return
+        if not await self.admit(user, tenant_id):
             return
         self.run_id = run.id
         self.group = run_group(run.id)
@@ -106,13 +188,9 @@ class RunEventsConsumer(_Streaming):
         await self.start_streaming()
 
     @database_sync_to_async
-    def _run(self, run_id, tenant_id, superuser):
-        if tenant_id is None and not superuser:
-            return None
-        qs = Run.objects.filter(id=run_id)
-        if not superuser:
-            qs = qs.filter(tenant_id=tenant_id)
-        return qs.only("id").first()
+    def _run(self, user, run_id):
+        # Reading a run's events is a view: a superuser may watch any tenant's run.
+        return scoping.runs_visible_to(user).select_related(None).filter(id=run_id).only("id").first()
 
     @database_sync_to_async
     def _fetch(self):
@@ -138,6 +216,8 @@ class RunsConsumer(_Streaming):
         tenant_id = await _tenant_of(user)
         if tenant_id is None:
             await self.close(code=4403)
+            return
+        if not await self.admit(user, tenant_id):
             return
         self.tenant_id = tenant_id
         self.cursor = await self._start_cursor()

@@ -1,18 +1,29 @@
 """WebSocket authentication for non-browser clients: `Authorization: Token …`
-in the handshake (DRF authtoken). Browsers use the session cookie through
-AuthMiddlewareStack; tokens never go in the query string (they leak to logs)."""
+in the handshake, checked by django-rest-knox exactly as the REST API checks
+it (hashed, expiring tokens). Browsers use the session cookie through
+AuthMiddlewareStack; tokens never go in the query string (they leak to logs).
+
+The consumers re-check the credential a socket was opened with on every poll
+(`credential_still_valid`): a logout, a revoked or expired token, a
+deactivated user closes the socket within one poll period."""
 from __future__ import annotations
 
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
 
 
-@database_sync_to_async
-def _user_for(key: str):
-    from rest_framework.authtoken.models import Token
+def _authenticate(key: str):
+    from knox.auth import TokenAuthentication
+    from rest_framework.exceptions import AuthenticationFailed
 
-    token = Token.objects.select_related("user").filter(key=key).first()
-    return token.user if token and token.user.is_active else None
+    try:
+        user, token = TokenAuthentication().authenticate_credentials(key.encode("utf-8"))
+    except (AuthenticationFailed, UnicodeError, ValueError):
+        return None, None
+    return user, token.digest
+
+
+_user_for = database_sync_to_async(_authenticate)
 
 
 class TokenAuthMiddleware(BaseMiddleware):
@@ -20,9 +31,9 @@ class TokenAuthMiddleware(BaseMiddleware):
         headers = dict(scope.get("headers") or [])
         auth = headers.get(b"authorization", b"").decode("latin-1")
         if auth.lower().startswith("token "):
-            user = await _user_for(auth[6:].strip())
+            user, digest = await _user_for(auth[6:].strip())
             if user is not None:
-                scope = dict(scope, user=user)
+                scope = dict(scope, user=user, auth_token_digest=digest)
             else:
                 from django.contrib.auth.models import AnonymousUser
 
@@ -35,3 +46,37 @@ def TokenAuthMiddlewareStack(inner):
 
     # The session stack runs first and sets scope["user"]; a token header overrides it.
     return AuthMiddlewareStack(TokenAuthMiddleware(inner))
+
+
+def credential_of(scope) -> tuple[str, str | None]:
+    """What a socket was authenticated with: ("token", digest) or ("session", key)."""
+    if scope.get("auth_token_digest"):
+        return "token", scope["auth_token_digest"]
+    session = scope.get("session")
+    return "session", getattr(session, "session_key", None)
+
+
+def credential_still_valid(kind: str, key: str | None, user) -> bool:
+    """Synchronous (call through database_sync_to_async), one query: is the
+    credential still live for this (freshly read, active) user?"""
+    from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
+    from django.utils.crypto import constant_time_compare
+
+    from .clock import CLOCK
+
+    if user is None or not user.is_active or not key:
+        return False
+    if kind == "token":
+        from knox.models import AuthToken
+
+        token = AuthToken.objects.filter(digest=key, user_id=user.pk).only("expiry").first()
+        return token is not None and (token.expiry is None or token.expiry > CLOCK.now())
+    from importlib import import_module
+
+    from django.conf import settings
+
+    data = import_module(settings.SESSION_ENGINE).SessionStore(session_key=key).load()
+    if str(data.get(SESSION_KEY)) != str(user.pk):
+        return False
+    stored = data.get(HASH_SESSION_KEY)
+    return bool(stored) and constant_time_compare(stored, user.get_session_auth_hash())

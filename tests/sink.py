@@ -1,9 +1,23 @@
 """A small HTTP effect sink on loopback: records every POST by Idempotency-Key.
-It is the ground truth for duplicate side effects."""
+It is the ground truth for duplicate side effects.
+
+Each record carries when it arrived and what it carried, so a checker can
+order deliveries against decisions and compare them by content:
+- `t_ns`: time.time_ns() (CLOCK_REALTIME), the clock the runtime's
+  timestamps (approvals.decided_at, events.occurred_at) are written with;
+  every process of a test or soak runs on this one machine, so one kernel
+  clock. Comparable with the database as long as the clock is not stepped.
+- `mono_ns`: CLOCK_MONOTONIC, system-wide on Linux (not per process, unlike
+  what time.monotonic's docs allow in general): orders the sends among
+  themselves even across a clock step.
+- `body_sha256`: SHA-256 of the canonical JSON body (sorted keys), or of the
+  raw bytes when the body is not JSON."""
 from __future__ import annotations
 
+import hashlib
 import http.server
 import json
+import time
 import threading
 from pathlib import Path
 
@@ -17,9 +31,15 @@ class Sink:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                t_ns, mono_ns = time.time_ns(), time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    body = json.loads(raw or b"null")
+                    digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+                except ValueError:
+                    body, digest = raw.decode("utf-8", "replace"), hashlib.sha256(raw).hexdigest()
                 record = {"key": self.headers.get("Idempotency-Key"), "attempt": self.headers.get("X-Agentrt-Attempt"),
-                          "path": self.path, "body": json.loads(body or b"null")}
+                          "path": self.path, "body": body, "body_sha256": digest, "t_ns": t_ns, "mono_ns": mono_ns}
                 with sink._lock:
                     sink.sends.append(record)
                     if sink.log_path:

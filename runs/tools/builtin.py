@@ -31,19 +31,28 @@ def echo(arguments, context):
     return arguments["text"]
 
 
+# A member's agent cannot hold a worker longer than the operator allows:
+# AGENTRT_MAX_SLEEP_SECONDS bounds the schema (what the model is told) and is
+# checked again at call time (the setting may have been lowered since start).
+MAX_SLEEP_SECONDS = settings.AGENTRT_MAX_SLEEP_SECONDS
+
+
 @register(
     name="sleep",
     description="Wait for a number of seconds; stops early if the run is cancelled.",
     parameters={
         "type": "object",
-        "properties": {"seconds": {"type": "number", "minimum": 0, "maximum": 3600}},
+        "properties": {"seconds": {"type": "number", "minimum": 0, "maximum": MAX_SLEEP_SECONDS}},
         "required": ["seconds"],
         "additionalProperties": False,
     },
     read_only=True,
-    timeout_seconds=3600,
+    timeout_seconds=MAX_SLEEP_SECONDS + 30,
 )
 def sleep(arguments, context):
+    limit = settings.AGENTRT_MAX_SLEEP_SECONDS
+    if float(arguments["seconds"]) > limit:
+        raise ToolFailure("invalid_arguments", f"seconds: at most {limit:g} (AGENTRT_MAX_SLEEP_SECONDS)")
     reason = context.token.wait(float(arguments["seconds"]))
     if reason is not None:
         raise ToolFailure("cancelled", f"sleep interrupted ({reason})")

@@ -41,8 +41,8 @@ APPROVAL_KEYS = {"id", "run", "invocation", "kind", "status", "request_hash", "p
 
 # -- agents ------------------------------------------------------------------------
 
-def test_post_agent_creates_a_version_and_get_lists_versions(tenant, alice, as_user):
-    client = as_user(alice)
+def test_post_agent_creates_a_version_and_get_lists_versions(tenant, operator, as_user):
+    client = as_user(operator)
     definition = {"name": "greeter", "instructions": "hi", "model": {"provider": "scripted", "turns": [{"text": "hi"}]},
                   "tools": ["echo"], "limits": {"max_steps": 4}}
     first = client.post("/api/agents/", definition, format="json")
@@ -50,6 +50,7 @@ def test_post_agent_creates_a_version_and_get_lists_versions(tenant, alice, as_u
     body = first.json()
     assert body["agent"] == "greeter" and len(body["version"]) == 64 and body["latest"] is True
     assert body["definition"]["limits"] == {"max_steps": 4}
+    assert body["published_by"] == "op" and body["published_at"]
     definition["instructions"] = "hello"
     second = client.post("/api/agents/", definition, format="json").json()
     assert second["version"] != body["version"]
@@ -67,10 +68,10 @@ def test_post_agent_creates_a_version_and_get_lists_versions(tenant, alice, as_u
     (lambda d: d.update(name=7), "name"),
     (lambda d: d.update(policy={"rules": [{"tool": "echo", "decision": "maybe"}]}), "policy.rules.0.decision"),
 ])
-def test_post_agent_refuses_an_invalid_definition_naming_the_field(tenant, alice, as_user, mutate, field):
+def test_post_agent_refuses_an_invalid_definition_naming_the_field(tenant, operator, as_user, mutate, field):
     definition = {"name": "greeter", "model": {"provider": "scripted", "turns": []}, "tools": ["echo"]}
     mutate(definition)
-    response = as_user(alice).post("/api/agents/", definition, format="json")
+    response = as_user(operator).post("/api/agents/", definition, format="json")
     body = assert_error(response, 400, "invalid")
     assert any(key.startswith(field) for key in body["fields"]), body
 
@@ -314,13 +315,17 @@ def test_a_superuser_without_a_tenant_reads_but_cannot_create(world, as_user):
 # -- auth, schema, docs ----------------------------------------------------------------
 
 def test_drf_create_token_gives_a_working_token(world, alice):
+    from io import StringIO
+
     from django.core.management import call_command
-    from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
 
-    call_command("drf_create_token", "alice")
+    out = StringIO()
+    call_command("drf_create_token", "alice", stdout=out)
+    printed = out.getvalue().split()
+    assert printed[:2] == ["Generated", "token"] and printed[3:] == ["for", "user", "alice"]
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get(user=alice).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {printed[2]}")
     assert client.get("/api/runs/").status_code == 200
     client.credentials(HTTP_AUTHORIZATION="Token not-a-token")
     assert_error(client.get("/api/runs/"), 401, "authentication_failed")

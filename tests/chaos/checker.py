@@ -11,9 +11,15 @@ Inputs
 ------
 snapshot: {"runs", "sessions", "events", "invocations", "model_calls",
            "checkpoints", "approvals", "meta"} — rows as dicts, UUIDs as
-           strings, timestamps as POSIX seconds (floats).
+           strings, timestamps as POSIX seconds (floats). Rows of events,
+           invocations, model_calls and checkpoints carry `xid` (PostgreSQL
+           xmin: the transaction that wrote the row's current version).
+           meta may say `reconciler` (a reconciler was configured) and
+           `max_lease_expirations`.
 sink:     one dict per POST the sink received, in arrival order:
-           {"key": Idempotency-Key, "attempt": X-Agentrt-Attempt, ...}.
+           {"key": Idempotency-Key, "attempt": X-Agentrt-Attempt, "path",
+           "body", "body_sha256", "t_ns": CLOCK_REALTIME ns, "mono_ns":
+           CLOCK_MONOTONIC ns} (tests/sink.py).
 faults:   one dict per fault the soak injected (`kind` kill | stop; others
            such as `cancel` or `aborted` are context). A kill/stop names the
            runs the worker held when it was frozen, each with the window the
@@ -28,6 +34,15 @@ not committed), `watermark_to_result` (status `executing`: watermark
 committed, no result), `after_result` (the run's latest side-effect result is
 committed and no other one is in flight), `no_effect` (no side-effect call
 yet: model or read-only phases), `idle` (the worker held no lease).
+
+What is judged (beyond "is every run terminal"): I1 every end against what
+the run's plan and the recorded faults and decisions allow
+(`_judge_outcomes`); I2 deliveries by content, ordered against the
+decisions that permit a re-send (`_check_effects`, clock domains there); I3
+every row against the epoch in force at its transaction
+(`_check_rows_against_epochs`); I8 every fault in the watermark window
+ends in a recorded decision and every park comes from a takeover ("equal"
+is that accounting, checked).
 """
 from __future__ import annotations
 
@@ -101,6 +116,226 @@ def _takeovers(events_by_run: dict[str, list[dict]]) -> dict[str, list[dict]]:
     return out
 
 
+# -- I1: every run's end against what its plan and the recorded faults allow ---------
+
+def _judge_outcomes(runs: dict, approvals: list[dict], faults: list[dict], decisions: list[dict], meta: dict,
+                    doorbells: dict, v: "_Violations") -> dict:
+    """I1 judges outcomes, not only termination. A run may end COMPLETED;
+    CANCELLED only if the soak recorded an operator cancel of it; FAILED only
+    for a reason some recorded fault or decision caused (`operator_rejected`
+    after an operator rejected one of its approvals; `max_attempts_exceeded`
+    when injected faults alone took its lease away more than the limit allows);
+    parked (WAITING_FOR_APPROVAL) only on a pending approval a fault caused
+    (interrupted_side_effect / reconcile). Anything else — `internal_error`, a
+    reason no fault explains, a run left RUNNING / QUEUED — is a violation.
+    Every end is listed with its count, explained or not."""
+    cancelled = {f.get("run") for f in faults if f.get("kind") == "cancel" and f.get("run")}
+    rejected = defaultdict(list)
+    for a in approvals:
+        if a["status"] == "rejected" and a.get("decided_at") is not None:
+            rejected[a["run_id"]].append(a["id"])
+    operator_rejects = {d["approval"] for d in decisions if d.get("ok") and d.get("decision") == "reject"}
+    held = Counter(h["run"] for f in faults if f.get("kind") in ("kill", "stop") for h in (f.get("held") or []))
+    pending = defaultdict(list)
+    for a in approvals:
+        if a["status"] == "pending":
+            pending[a["run_id"]].append(a["kind"])
+    max_exp = meta.get("max_lease_expirations", 3)
+    ends: dict[str, dict] = {}
+
+    def note(end: str, ok: bool, run_id: str, why: str) -> None:
+        e = ends.setdefault(end, {"n": 0, "explained": 0, "unexplained": 0, "why": Counter()})
+        e["n"] += 1
+        e["explained" if ok else "unexplained"] += 1
+        e["why"][why] += 1
+        if not ok:
+            r = runs[run_id]
+            v.add("I1", f"run ended {end} ({why}; plan {r.get('plan', '?')}, lease_owner={r['lease_owner']}, epoch={r['lease_epoch']}, "
+                        f"drive_run doorbells: {doorbells.get(run_id) or 'none'})", run_id)
+
+    for run_id, r in runs.items():
+        status = r["status"]
+        if status == "COMPLETED":
+            note("COMPLETED", True, run_id, "completed")
+        elif status == "CANCELLED":
+            if run_id in cancelled:
+                note("CANCELLED", True, run_id, "the operator cancelled it")
+            else:
+                note("CANCELLED", False, run_id, "no recorded cancel")
+        elif status == "FAILED":
+            reason = (r.get("failure") or {}).get("reason")
+            end = f"FAILED:{reason}"
+            if reason == "operator_rejected":
+                ids = rejected.get(run_id) or []
+                ok = bool(ids) and (not decisions or any(i in operator_rejects for i in ids))
+                note(end, ok, run_id, "the operator rejected its approval" if ok else "no recorded operator rejection")
+            elif reason == "max_attempts_exceeded":
+                ok = held[run_id] > max_exp
+                note(end, ok, run_id, f"{held[run_id]} injected faults held it (limit {max_exp})" if ok
+                     else f"only {held[run_id]} injected fault(s) held it, the limit is {max_exp} lease losses")
+            else:
+                note(end, False, run_id, "no fault or decision of the soak causes this failure")
+        elif status == "WAITING_FOR_APPROVAL" and pending.get(run_id):
+            kinds = pending[run_id]
+            ok = all(k in RERUN_KINDS for k in kinds)
+            note("PARKED", ok, run_id, "waiting on an interrupted side effect's approval" if ok else f"waiting on approvals {kinds}")
+        else:
+            note(status, False, run_id, "not terminal and not parked on an approval")
+    for e in ends.values():
+        e["why"] = dict(e["why"])
+    return dict(sorted(ends.items()))
+
+
+# -- I2: effects by content, ordered against the decisions that permit a re-send ---------
+
+def _check_effects(sink: list[dict], invs: dict, inv_by_key: dict, approvals: list[dict], v: "_Violations"):
+    """An effect is (run, tool, URL path, body hash): what was delivered, not
+    the key it came with. The soak's scripts ask for each effect once, so the
+    first delivery is free and every later one — under any key — needs its
+    own recorded decision permitting it: an operator's approval of a re-run
+    (interrupted_side_effect, or a reconciler's `reconcile` pause) of the
+    invocation whose key the re-send carries, decided strictly before the
+    send arrived at the sink. One decision permits one re-send.
+
+    Clocks: the sink stamps each POST with time.time_ns() (CLOCK_REALTIME) on
+    arrival; approvals.decided_at is the deciding process's CLOCK.now() (also
+    CLOCK_REALTIME), written before its COMMIT, and a re-send can only start
+    after that COMMIT. All processes run on one machine, so they read one
+    kernel clock; the comparison is sound as long as the clock is not stepped
+    during the soak (NTP slewing keeps it ordered). The sink also records
+    CLOCK_MONOTONIC (`mono_ns`, system-wide on Linux) to order sends among
+    themselves, immune to a step."""
+    sends_by_key: dict[str, list[dict]] = defaultdict(list)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for s in sink:
+        sends_by_key[s.get("key")].append(s)
+        inv = inv_by_key.get(s.get("key"))
+        body = s.get("body_sha256") or _sha(s.get("body"))
+        run = inv["run_id"] if inv else None
+        groups[(run, inv["tool_name"] if inv else None, s.get("path"), body)].append(s)
+    permits: dict[str, list[float]] = defaultdict(list)
+    for a in approvals:
+        if a["kind"] in RERUN_KINDS and a["status"] == "approved" and a.get("invocation_id"):
+            permits[a["invocation_id"]].append(a.get("decided_at"))
+    for key, sends in sends_by_key.items():
+        inv = inv_by_key.get(key)
+        if inv is None:
+            v.add("I2", f"{len(sends)} send(s) with Idempotency-Key {key!r} that names no invocation")
+            continue
+        for attempt, n in Counter(s.get("attempt") for s in sends).items():
+            if n > 1:
+                v.add("I2", f"invocation {inv['id']} attempt {attempt} sent {n} times (one watermark, several sends)", inv["run_id"])
+    dup_sends, multi = 0, 0
+    for (run, tool, path, body), sends in groups.items():
+        if run is None or len(sends) < 2:
+            continue
+        multi += 1
+        dup_sends += len(sends) - 1
+        order = sorted(sends, key=lambda s: (s.get("mono_ns") is None, s.get("mono_ns") or 0, s.get("t_ns") or 0))
+        left = {i: sorted(t for t in ts if t is not None) for i, ts in permits.items()}
+        keys = sorted({s.get("key") for s in sends})
+        for k, s in enumerate(order[1:], start=2):
+            inv = inv_by_key[s.get("key")]
+            t = s.get("t_ns")
+            avail = left.get(inv["id"]) or []
+            if t is None:
+                v.add("I2", f"effect {path} of tool {tool} delivered {len(sends)} times (keys {keys}); delivery #{k} has no "
+                            f"timestamp, so it cannot be ordered against a decision", run)
+                continue
+            before = [d for d in avail if d < t / 1e9]
+            if before:
+                avail.remove(before[0])
+                continue
+            later = [d for d in (permits.get(inv["id"]) or []) if d is not None and d >= t / 1e9]
+            why = (f"its only permitting decision(s) came {min(later) - t / 1e9:.3f} s after it" if later
+                   else "no recorded decision permits it")
+            v.add("I2", f"effect {path} of tool {tool} delivered {len(sends)} times (keys {keys}); delivery #{k} under key "
+                        f"{s.get('key')!r} (attempt {s.get('attempt')}): {why}", run, body_sha256=body)
+    lost = 0
+    for inv in invs.values():
+        if not inv["read_only"] and inv["status"] == "completed" and not sends_by_key.get(inv["idempotency_key"]):
+            lost += 1
+            v.add("I2", f"side-effect invocation {inv['id']} is completed but the sink never received it (lost effect)", inv["run_id"])
+    return sends_by_key, dup_sends, {"effects": sum(1 for g in groups if g[0] is not None), "delivered_more_than_once": multi,
+                                     "unordered_sends": sum(1 for s in sink if s.get("t_ns") is None), "lost_effects": lost}
+
+
+def _sha(body) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# -- I3: every row against the epoch in force when it was written -----------------------
+
+ROW_TABLES = ("events", "invocations", "model_calls", "checkpoints")
+
+
+def _check_rows_against_epochs(snapshot: dict, runs: dict, events_by_run: dict, v: "_Violations") -> dict:
+    """Any row of a run written with an epoch older than the run's epoch at
+    the time of the write is a violation.
+
+    "At the time of the write" is PostgreSQL's transaction order: the soak
+    snapshots every row's `xmin` (the id of the transaction that wrote its
+    current version). A run's epoch changes only in a transaction that also
+    inserts `run.claimed` or `lease.taken_over` with the new epoch, so the
+    epoch in force for a transaction X is the highest epoch among those
+    events whose xmin <= X. Transaction ids are handed out at a
+    transaction's first write, and the takeover's first write is the run
+    row's UPDATE that takes the row lock; a zombie that got its id later
+    must pass its fence (`UPDATE runs ... WHERE lease_epoch = old`) after
+    that lock, i.e. after the takeover committed, and so cannot write — a
+    committed old-epoch row with a later id is exactly the bug. (xid order
+    is not commit order in general; the row lock makes it one here. xmin is
+    the 32-bit id, shared by the whole server: if the ids in the snapshot
+    span more than 2^31 the counter wrapped during the soak and the check
+    is skipped, saying so.)
+
+    The row's epoch is its own `lease_epoch`, or the epoch of the events the
+    same transaction wrote for that run, whichever is higher: writers that
+    are not the lease holder (an operator's approval or cancel, the
+    takeover's own updates) write an event at the run's current epoch in the
+    same transaction. `run.fenced` is exempt: it is the zombie's record of
+    having been fenced, written outside the fence by design. Only a row's
+    latest version carries an xmin: an old-epoch write later overwritten by
+    a legitimate one is not seen (events and checkpoints are never
+    updated)."""
+    have_xid = all("xid" in row for t in ROW_TABLES for row in snapshot.get(t) or [])
+    checked = 0
+    if not have_xid:
+        return {"rows_checked": 0, "xid": False}
+    xids = [row["xid"] for t in ROW_TABLES for row in snapshot.get(t) or []]
+    if xids and max(xids) - min(xids) >= 2 ** 31:
+        return {"rows_checked": 0, "xid": "wrapped"}
+    changes: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    tx_epoch: dict[tuple[str, int], int] = {}
+    for run_id, evs in events_by_run.items():
+        for e in evs:
+            if e["type"] in ("run.claimed", "lease.taken_over"):
+                changes[run_id].append((e["xid"], e["payload"].get("lease_epoch", e["lease_epoch"])))
+            if e["type"] != "run.fenced":
+                k = (run_id, e["xid"])
+                tx_epoch[k] = max(tx_epoch.get(k, -1), e["lease_epoch"])
+    for lst in changes.values():
+        lst.sort()
+    for table in ROW_TABLES:
+        for row in snapshot.get(table) or []:
+            run_id = row.get("run_id")
+            if run_id not in runs or (table == "events" and row["type"] == "run.fenced"):
+                continue
+            checked += 1
+            x = row["xid"]
+            in_force = max((ep for xid, ep in changes.get(run_id, []) if xid <= x), default=0)
+            mine = max(row["lease_epoch"], tx_epoch.get((run_id, x), -1))
+            if mine < in_force:
+                what = f"event #{row['sequence']} {row['type']}" if table == "events" else f"{table} row"
+                v.add("I3", f"{what} written at epoch {mine} by transaction {x}, after epoch {in_force} was in force", run_id)
+            r = runs[run_id]
+            if row["lease_epoch"] > r["lease_epoch"]:
+                v.add("I3", f"{table} row written at epoch {row['lease_epoch']} > the run's epoch {r['lease_epoch']}", run_id)
+    return {"rows_checked": checked, "xid": True}
+
+
 def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[dict] | None = None) -> dict:
     decisions = list(decisions or [])
     v = _Violations()
@@ -125,47 +360,22 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     expected = meta.get("runs_submitted")
     if expected is not None and expected != len(runs):
         v.add("I1", f"{expected} runs submitted but {len(runs)} in the database")
-    pending_by_run = Counter(a["run_id"] for a in approvals if a["status"] == "pending")
     t_end = meta.get("t_end") or 0
     doorbells: dict[str, list[str]] = defaultdict(list)
     for d in snapshot.get("doorbells") or []:  # django-q2 ORM broker rows left at the end
         lock = d.get("lock")
         state = "waiting in the queue" if lock is None or lock <= t_end else f"dequeued by a pusher, locked until +{lock - t_end:.0f}s"
         doorbells[d.get("run")].append(state)
-    for r in runs.values():
-        if r["status"] in TERMINAL:
-            continue
-        if r["status"] == "WAITING_FOR_APPROVAL" and pending_by_run[r["id"]]:
-            continue  # parked, waiting for an operator
-        if r["status"] == "WAITING_FOR_USER":
-            continue
-        v.add("I1", f"run is {r['status']} at the end (lease_owner={r['lease_owner']}, epoch={r['lease_epoch']}; "
-                    f"drive_run doorbells: {doorbells.get(r['id']) or 'none'})", r["id"])
+    outcomes = _judge_outcomes(runs, approvals, faults, decisions, meta, doorbells, v)
+    for name, counts in sorted((meta.get("process_logs") or {}).items()):
+        # the plan kills and stops processes; it never makes one raise: an unhandled error is a failure it did not cause
+        n = counts.get("unhandled_run_errors", 0)
+        t = counts.get("tracebacks", 0)
+        if n or t:
+            v.add("I1", f"{name}'s log shows {n} unhandled run error(s) and {t} traceback(s) (no fault of the soak causes an exception)")
 
-    # ---- I2 no unapproved duplicate effect --------------------------------
-    approved_reruns = Counter(a["invocation_id"] for a in approvals if a["kind"] in RERUN_KINDS and a["status"] == "approved")
-    sends_by_key: dict[str, list[dict]] = defaultdict(list)
-    for s in sink:
-        sends_by_key[s.get("key")].append(s)
-    dup_sends = 0
-    for key, sends in sends_by_key.items():
-        inv = inv_by_key.get(key)
-        if inv is None:
-            v.add("I2", f"{len(sends)} send(s) with Idempotency-Key {key!r} that names no invocation")
-            continue
-        allowed = 1 + approved_reruns[inv["id"]]
-        if len(sends) > 1:
-            dup_sends += len(sends) - 1
-        if len(sends) > allowed:
-            v.add("I2", f"invocation {inv['id']} sent {len(sends)} times, authorized {allowed}", inv["run_id"],
-                  attempts=[s.get("attempt") for s in sends])
-        per_attempt = Counter(s.get("attempt") for s in sends)
-        for attempt, n in per_attempt.items():
-            if n > 1:
-                v.add("I2", f"invocation {inv['id']} attempt {attempt} sent {n} times (one watermark, several sends)", inv["run_id"])
-    for inv in invs.values():
-        if not inv["read_only"] and inv["status"] == "completed" and not sends_by_key.get(inv["idempotency_key"]):
-            v.add("I2", f"side-effect invocation {inv['id']} is completed but the sink never received it (lost effect)", inv["run_id"])
+    # ---- I2 no unapproved duplicate effect (by content, ordered against decisions) ----
+    sends_by_key, dup_sends, effects = _check_effects(sink, invs, inv_by_key, approvals, v)
 
     # ---- I3 fencing --------------------------------------------------------
     for run_id, evs in events_by_run.items():
@@ -181,11 +391,7 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
             for e in evs:
                 if e["type"] == "run.fenced" and e["lease_epoch"] >= r["lease_epoch"]:
                     v.add("I3", f"run.fenced at epoch {e['lease_epoch']} but the run ended at epoch {r['lease_epoch']}", run_id)
-    for table in ("model_calls", "invocations", "checkpoints"):
-        for row in snapshot[table]:
-            r = runs.get(row["run_id"])
-            if r and row["lease_epoch"] > r["lease_epoch"]:
-                v.add("I3", f"{table} row written at epoch {row['lease_epoch']} > the run's epoch {r['lease_epoch']}", row["run_id"])
+    fencing = _check_rows_against_epochs(snapshot, runs, events_by_run, v)
 
     # ---- I4 contiguous event sequences per session ------------------------
     sessions = {s["id"]: s for s in snapshot["sessions"]}
@@ -250,77 +456,115 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
             per_window[f["kind"]][h["window"]] += 1
     by_window = {w: per_window["kill"][w] + per_window["stop"][w] for w in ALL_WINDOWS}
 
-    # ---- I8 reconciliation exactness (report) -------------------------------
-    interrupted = [a for a in approvals if a["kind"] == "interrupted_side_effect"]
+    # ---- I8 reconciliation exactness (enforced) -----------------------------
+    # Every fault that froze a worker between the watermark and the result must
+    # end in a recorded decision about that call: the takeover parks it on an
+    # interrupted_side_effect approval (matched by invocation and attempt), or
+    # the configured reconciler answers for it, or the operator had already
+    # cancelled the run; a SIGSTOPped worker may also close the window itself by
+    # recording the call's result before anyone took over. Anything else — the
+    # takeover failing the run, never finding the call, no takeover after a
+    # kill — is a violation. Conversely every such park must come from a
+    # takeover that found the call in flight. The "equal" line is the check
+    # that both accountings close with nothing unexplained.
+    reconciler = bool(meta.get("reconciler"))
+    cancel_at: dict[str, list[float]] = defaultdict(list)
+    for f in faults:
+        if f.get("kind") == "cancel" and f.get("run"):
+            cancel_at[f["run"]].append(f.get("t") or 0.0)
+    interrupted = [a for a in approvals if a["kind"] in RERUN_KINDS]
     actual = {(a["invocation_id"], a.get("attempt")): a for a in interrupted}
     expected_parks: dict[tuple, dict] = {}
     explained, unexplained = [], []
     wm_faults = [(f, h) for f in kills + stops for h in (f.get("held") or []) if h["window"] == "watermark_to_result"]
+
+    def outcome_recorded(inv_id) -> bool:
+        inv = invs.get(inv_id)
+        return bool(inv and inv["has_result"])
+
     for f, h in wm_faults:
         key = (h["invocation"], h["attempt"])
         t = next((t for t in takeovers.get(h["run"], []) if t["previous_epoch"] == h["epoch"]), None)
         item = {"fault": f["id"], "kind": f["kind"], "run": h["run"], "invocation": h["invocation"], "attempt": h["attempt"]}
-        if t is None:
-            if f["kind"] == "stop":
-                explained.append({**item, "why": "the stopped worker resumed before any takeover and went on as the owner"})
+        if t is None or h["invocation"] not in t["unknown"]:
+            if f["kind"] == "stop" and outcome_recorded(h["invocation"]):
+                explained.append({**item, "decision": "result", "why": "the stopped worker resumed and recorded the call's result itself"
+                                  + (" before the takeover" if t else " (no takeover)")})
+            elif t is None:
+                unexplained.append({**item, "why": f"{'killed' if f['kind'] == 'kill' else 'stopped'} in the watermark window, "
+                                                   "never taken over from that epoch and no result recorded"})
             else:
-                unexplained.append({**item, "why": "killed in the watermark window but the run was never taken over from that epoch"})
+                unexplained.append({**item, "why": "the takeover did not find the frozen worker's call in flight and no result is recorded"})
             continue
-        if h["invocation"] not in t["unknown"]:
-            if f["kind"] == "stop":
-                explained.append({**item, "why": "the zombie recorded the call's outcome before a later takeover"})
-            else:
-                unexplained.append({**item, "why": "the takeover did not find the killed worker's call in flight"})
-            continue
-        if t["decision"] == "run.waiting_for_approval":
+        d, payload = t["decision"], t["decision_payload"] or {}
+        reason = (payload.get("failure") or {}).get("reason") if d == "run.failed" else None
+        if d == "run.waiting_for_approval":
             expected_parks[key] = item
-        elif t["decision"] in ("run.failed", "run.cancelled"):
-            reason = (t["decision_payload"] or {}).get("failure", {}).get("reason") if t["decision"] == "run.failed" else "cancel requested"
-            explained.append({**item, "why": f"the takeover ended the run instead of parking ({t['decision']}: {reason})"})
+        elif reconciler and (d in ("run.requeued", "run.completed") or reason == "reconcile_conflict"):
+            explained.append({**item, "decision": d, "why": f"the reconciler answered ({d}{': ' + reason if reason else ''})"})
+        elif d == "run.cancelled" and cancel_at.get(h["run"]) and (runs[h["run"]].get("cancel_requested_at") or float("inf")) <= t["at"]:
+            explained.append({**item, "decision": d, "why": "the operator had cancelled the run before the takeover"})
         else:
-            # a violation of seed 000's table: reported once, by the loop below
-            unexplained.append({**item, "why": f"the takeover found the unknown effect but decided {t['decision']}", "table": True})
-    for run_id, lst in takeovers.items():  # seed 000's table, independent of injected faults
-        for t in lst:
-            if t["unknown"] and t["decision"] in ("run.requeued", "run.completed"):
-                v.add("I8", f"takeover at epoch {t['epoch']} found unknown effects {t['unknown']} and decided {t['decision']}", run_id)
-    extra_parks = []
+            unexplained.append({**item, "why": f"the takeover found the unknown effect and decided {d}"
+                                               + (f" ({reason})" if reason else "") + ", not a park or a reconciler's answer"})
+    if not reconciler:
+        for run_id, lst in takeovers.items():  # seed 000's table, independent of injected faults
+            for t in lst:
+                if t["unknown"] and t["decision"] in ("run.requeued", "run.completed"):
+                    v.add("I8", f"takeover at epoch {t['epoch']} found unknown effects {t['unknown']} and decided {t['decision']}", run_id)
+    extra_parks, parks_unexplained = [], []
     for key, a in actual.items():
         if key in expected_parks:
             continue
         run_id = a["run_id"]
         t = next((t for t in takeovers.get(run_id, []) if a["invocation_id"] in t["unknown"] and t["decision"] == "run.waiting_for_approval"), None)
-        cause = "no takeover found"
-        if t is not None:
-            same_epoch = [f for f in kills + stops for h in (f.get("held") or []) if h["run"] == run_id and h["epoch"] == t["previous_epoch"]]
-            fenced = [e for e in events_by_run[run_id] if e["type"] == "run.fenced" and e["lease_epoch"] == t["previous_epoch"]]
-            if any(f["kind"] == "stop" for f in same_epoch):
-                cause = "a SIGSTOPped zombie wrote its watermark after SIGCONT, self-fenced before sending, then lost its lease"
-            elif same_epoch:
-                cause = f"fault {[f['id'] for f in same_epoch]} at this epoch was classified {[h['window'] for f in same_epoch for h in f['held']]}"
-            elif fenced:
-                cause = "the worker self-fenced (no injected fault at this epoch: missed heartbeats under load)"
-            else:
-                cause = "no injected fault at this epoch"
-        extra_parks.append({"approval": a["id"], "run": run_id, "invocation": a["invocation_id"], "attempt": a.get("attempt"), "cause": cause})
+        item = {"approval": a["id"], "run": run_id, "invocation": a["invocation_id"], "attempt": a.get("attempt")}
+        if t is None:
+            parks_unexplained.append({**item, "cause": "no takeover found the call in flight and parked it"})
+            continue
+        same_epoch = [f for f in kills + stops for h in (f.get("held") or []) if h["run"] == run_id and h["epoch"] == t["previous_epoch"]]
+        fenced = [e for e in events_by_run[run_id] if e["type"] == "run.fenced" and e["lease_epoch"] == t["previous_epoch"]]
+        if any(f["kind"] == "stop" for f in same_epoch):
+            cause = "a SIGSTOPped zombie wrote its watermark after SIGCONT, self-fenced before sending, then lost its lease"
+        elif same_epoch:
+            cause = f"fault {[f['id'] for f in same_epoch]} at this epoch was classified {[h['window'] for f in same_epoch for h in f['held']]}"
+        elif fenced:
+            cause = "the worker self-fenced (no injected fault at this epoch: missed heartbeats under load)"
+        else:
+            cause = "the lease expired with no injected fault at this epoch (missed heartbeats under load); the takeover found the call in flight"
+        extra_parks.append({**item, "cause": cause})
+    matched = sum(1 for k in expected_parks if k in actual)
+    missing = [v_ for k, v_ in expected_parks.items() if k not in actual]
     i8 = {
         "interrupted_side_effect_approvals": len(interrupted),
         "faults_in_watermark_window": len(wm_faults),
         "faults_in_watermark_window_kill": sum(1 for f, _ in wm_faults if f["kind"] == "kill"),
         "faults_in_watermark_window_stop": sum(1 for f, _ in wm_faults if f["kind"] == "stop"),
-        "equal": len(interrupted) == len(wm_faults),
+        # faults = parked + decided otherwise + closed by their own result + unexplained (must be 0);
+        # parks  = matched to a fault + a takeover without an injected fault + unexplained (must be 0)
+        "equal": not unexplained and not missing and not parks_unexplained,
+        "accounting": {
+            "faults": len(wm_faults), "parked": matched, "park_missing": len(missing),
+            "decided_otherwise": sum(1 for x in explained if x["decision"] != "result"),
+            "closed_by_own_result": sum(1 for x in explained if x["decision"] == "result"),
+            "unexplained": len(unexplained),
+            "parks": len(interrupted), "parks_matched": matched, "parks_after_unfaulted_takeover": len(extra_parks),
+            "parks_unexplained": len(parks_unexplained),
+        },
         "expected_parks": len(expected_parks),
-        "matched": sum(1 for k in expected_parks if k in actual),
-        "expected_parks_missing": [v_ for k, v_ in expected_parks.items() if k not in actual],
+        "matched": matched,
+        "expected_parks_missing": missing,
         "faults_without_park_explained": explained,
         "faults_without_park_unexplained": unexplained,
         "parks_without_watermark_fault": extra_parks,
+        "parks_unexplained": parks_unexplained,
     }
-    for item in i8["expected_parks_missing"]:
+    for item in missing:
         v.add("I8", f"takeover parked invocation {item['invocation']} but no interrupted_side_effect approval matches attempt {item['attempt']}", item["run"])
     for item in unexplained:
-        if item["kind"] == "kill" and not item.get("table"):
-            v.add("I8", item["why"], item["run"], fault=item["fault"])
+        v.add("I8", f"fault {item['fault']} ({item['kind']}) in the watermark window: {item['why']}", item["run"], fault=item["fault"])
+    for item in parks_unexplained:
+        v.add("I8", f"approval {item['approval']} parks invocation {item['invocation']}: {item['cause']}", item["run"])
 
     # ---- takeover latency -------------------------------------------------
     lat_kill, lat_stop, no_takeover = [], [], []
@@ -362,7 +606,7 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         "decisions_failed_unexpectedly": [d for d in decisions if d.get("expect") == "ok" and not d.get("ok")],
         "decisions_skipped_not_pending": sum(1 for d in decisions if d.get("expect") == "skip"),
     }
-    sends = {"total": len(sink), "keys": len(sends_by_key), "authorized_resends": dup_sends,
+    sends = {"total": len(sink), "keys": len(sends_by_key), "authorized_resends": dup_sends, **effects,
              "by_attempt": dict(sorted(Counter(str(s.get("attempt")) for s in sink).items()))}
     return {
         "violations": list(v),
@@ -370,6 +614,8 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         "runs": len(runs),
         "statuses": dict(statuses),
         "failure_reasons": dict(reasons),
+        "outcomes": outcomes,
+        "fencing": fencing,
         "faults": {
             "kills": len(kills), "stops": len(stops),
             "planned": sum(1 for f in kills + stops if f.get("source") == "planned"),

@@ -54,6 +54,12 @@ def render_markdown(r: dict) -> str:
         "",
         f"- terminal statuses: {r['statuses']}",
         f"- failure reasons: {r['failure_reasons']}",
+        "- every end, judged against the run's plan and the recorded faults and decisions (I1; unexplained ones are violations):",
+    ]
+    for end, e in (r.get("outcomes") or {}).items():
+        lines.append(f"  - {end}: {e['n']} (explained {e['explained']}, unexplained {e['unexplained']}) — {e['why']}")
+    lines += [
+        f"- rows checked against the epoch in force at their transaction (I3): {r.get('fencing')}",
         f"- approvals (kind:status): {r['approvals']['by_kind_status']}",
         f"- operator decisions accepted: {r['approvals']['decisions_ok']}; wrong-hash / second decisions refused as expected: "
         f"{r['approvals']['decisions_refused_as_expected']}; skipped (approval no longer pending): "
@@ -72,7 +78,9 @@ def render_markdown(r: dict) -> str:
         f"- interrupted_side_effect approvals: **{i8['interrupted_side_effect_approvals']}**",
         f"- faults that landed in [watermark, result): **{i8['faults_in_watermark_window']}** "
         f"(SIGKILL {i8['faults_in_watermark_window_kill']}, SIGSTOP {i8['faults_in_watermark_window_stop']})",
-        f"- equal: **{i8['equal']}**; of those faults, {i8['expected_parks']} should have parked and {i8['matched']} did",
+        f"- equal (checked: every fault in the window ends in a recorded decision, every park comes from a takeover that "
+        f"found the call in flight): **{i8['equal']}**; {i8.get('accounting')}",
+        f"- of those faults, {i8['expected_parks']} should have parked and {i8['matched']} did",
         f"- faults in the window that legitimately did not park: {len(i8['faults_without_park_explained'])}",
     ]
     for item in i8["faults_without_park_explained"][:20]:
@@ -83,9 +91,11 @@ def render_markdown(r: dict) -> str:
     lines.append(f"- parks without a fault in the window: {len(i8['parks_without_watermark_fault'])}")
     for item in i8["parks_without_watermark_fault"][:20]:
         lines.append(f"  - run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}")
+    for item in i8.get("parks_unexplained") or []:
+        lines.append(f"  - UNEXPLAINED run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}")
     lines += ["", "## Violations", ""]
     if not r["violations"]:
-        lines.append("None (I1–I7 hold; I8 as above).")
+        lines.append("None (I1–I8 hold).")
     for x in r["violations"][:200]:
         lines.append(f"- **{x['invariant']}** run {x.get('run')}: {x['detail']}")
     lines += ["", "## Process logs", "", f"{r.get('logs')}", ""]

@@ -81,6 +81,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from tests import secret_env  # noqa: F401  (a throw-away DJANGO_SECRET_KEY for this and its processes)
 from tests.chaos.procs import ROOT, Proc, descendants, proc_state, proc_table, recreate_database
 from tests.chaos.plans import PLAN_NAMES, PLANS, POINTS, RunSpec, agent_definition
 from tests.chaos.report import render_markdown
@@ -708,6 +709,8 @@ class Soak:
     def snapshot(self) -> dict:
         from django.db import connection
 
+        from runs.resume import MAX_LEASE_EXPIRATIONS
+
         def val(x):
             if isinstance(x, datetime):
                 return x.timestamp()
@@ -755,15 +758,17 @@ class Soak:
             "doorbells": doorbells,
             "runs": runs,
             "sessions": rows("SELECT id, event_seq FROM sessions", ["id", "event_seq"]),
-            "events": rows("SELECT session_id, sequence, run_id, type, payload, lease_epoch, occurred_at FROM events",
-                           ["session_id", "sequence", "run_id", "type", "payload", "lease_epoch", "occurred_at"], ["payload"]),
+            # xid: the writing transaction of each row's current version (xmin), for I3's "epoch at the time of the write"
+            "events": rows("SELECT session_id, sequence, run_id, type, payload, lease_epoch, occurred_at, xmin::text::bigint FROM events",
+                           ["session_id", "sequence", "run_id", "type", "payload", "lease_epoch", "occurred_at", "xid"], ["payload"]),
             "invocations": rows("SELECT id, run_id, step_number, call_index, tool_name, read_only, status, effect_sent_at, attempt,"
-                                " result IS NOT NULL, idempotency_key, lease_epoch, suspended_kind FROM tool_invocations",
+                                " result IS NOT NULL, idempotency_key, lease_epoch, suspended_kind, xmin::text::bigint FROM tool_invocations",
                                 ["id", "run_id", "step_number", "call_index", "tool_name", "read_only", "status", "effect_sent_at",
-                                 "attempt", "has_result", "idempotency_key", "lease_epoch", "suspended_kind"]),
-            "model_calls": rows("SELECT run_id, step_number, attempt_number, status, lease_epoch FROM model_calls",
-                                ["run_id", "step_number", "attempt_number", "status", "lease_epoch"]),
-            "checkpoints": rows("SELECT run_id, version, \"trigger\", lease_epoch FROM checkpoints", ["run_id", "version", "trigger", "lease_epoch"]),
+                                 "attempt", "has_result", "idempotency_key", "lease_epoch", "suspended_kind", "xid"]),
+            "model_calls": rows("SELECT run_id, step_number, attempt_number, status, lease_epoch, xmin::text::bigint FROM model_calls",
+                                ["run_id", "step_number", "attempt_number", "status", "lease_epoch", "xid"]),
+            "checkpoints": rows("SELECT run_id, version, \"trigger\", lease_epoch, xmin::text::bigint FROM checkpoints",
+                                ["run_id", "version", "trigger", "lease_epoch", "xid"]),
             "approvals": [
                 {**a, "attempt": (a.pop("presentation") or {}).get("attempt")}
                 for a in rows("SELECT id, run_id, invocation_id, kind, status, decided_at, decided_via, presentation, created_at FROM approvals",
@@ -774,6 +779,7 @@ class Soak:
                 "runs_submitted": sum(1 for s in self.specs if s.run_id), "runs_planned": len(self.specs), "seed": self.seed,
                 "t_first_submit": self.t_first_submit, "t_end": getattr(self, "t_end", None), "lease_seconds": LEASE,
                 "status_polls": self.polls, "observed_waiting_with_lease": self.waiting_with_lease[:100],
+                "max_lease_expirations": MAX_LEASE_EXPIRATIONS, "reconciler": False,  # env() drops AGENTRT_RECONCILER
             },
         }
 
@@ -781,6 +787,7 @@ class Soak:
         from tests.chaos.checker import check
 
         snap = self.snapshot()
+        snap["meta"]["process_logs"] = self.log_summary()  # the checker judges unhandled errors too
         sink = [json.loads(line) for line in (self.out / "sink.jsonl").read_text().splitlines() if line.strip()] if (self.out / "sink.jsonl").exists() else []
         (self.out / "snapshot.json").write_text(json.dumps(snap, default=str))
         with open(self.out / "faults.jsonl", "w") as fh:
@@ -805,7 +812,7 @@ class Soak:
             b, t = (base.get("throughput") or {}).get("runs_per_min"), (report.get("throughput") or {}).get("runs_per_min")
             report["baseline"] = {"report": self.args.baseline, "runs": base.get("runs"), "runs_per_min": b,
                                   "ratio": round(t / b, 2) if b and t else None, "run_latency_s": base.get("run_latency_s")}
-        report["logs"] = self.log_summary()
+        report["logs"] = snap["meta"]["process_logs"]
         (self.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         md = render_markdown(report)
         (self.out / "report.md").write_text(md)

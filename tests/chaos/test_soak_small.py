@@ -63,9 +63,13 @@ def test_seeded_small_soak_holds_every_invariant_and_hits_every_window(tmp_path)
     i8 = report["i8"]
     assert i8["faults_in_watermark_window"] >= 3 and i8["interrupted_side_effect_approvals"] >= 3, i8
     assert i8["expected_parks"] == i8["matched"], i8
-    assert not i8["faults_without_park_unexplained"], i8
+    assert not i8["faults_without_park_unexplained"] and not i8["parks_unexplained"], i8
+    assert i8["equal"] is True, i8["accounting"]  # a check in the checker: both accountings close
+    assert all(e["unexplained"] == 0 for e in report["outcomes"].values()), report["outcomes"]
+    assert report["fencing"]["xid"] is True and report["fencing"]["rows_checked"] > RUNS, report["fencing"]
+    assert report["sends"]["unordered_sends"] == 0, report["sends"]
     assert report["approvals"]["decisions_ok"] >= 3
-    assert report["takeover_latency_s"]["kill"]["max"] <= 2 * 2.0 + 1.5, report["takeover_latency_s"]  # L + S + P with slack
+    # takeover latency is a reported figure (report.md), not an assertion: a bound on elapsed time fails on a slow machine
     assert proc.returncode == 0, f"exit {proc.returncode}{tail}"
 
 

@@ -30,19 +30,51 @@ def test_a_run_submitted_from_python_completes_on_a_real_cluster(cluster, load_a
         assert row.attempts == 1
 
 
-def test_the_heartbeat_renews_the_lease_while_a_long_step_runs(cluster, load_agent, submit):
-    load_agent(turns=[{"text": "slow", "delay_ms": 3500}])
-    cluster(AGENTRT_LEASE_SECONDS=1.5)
-    run = submit()
-    wait_for(lambda: status(run.id) == "RUNNING", timeout=30, message="the run to be claimed")
-    first = Run.objects.get(id=run.id).lease_expires_at
-    wait_for(lambda: Run.objects.get(id=run.id).lease_expires_at != first or status(run.id) != "RUNNING",
-             timeout=10, message="a heartbeat to extend the lease")
-    wait_for(lambda: status(run.id) == "COMPLETED", timeout=30, message="the run to complete")
-    row = Run.objects.get(id=run.id)
-    # The model call outlived the 1.5 s lease; heartbeats kept it, so nobody fenced it.
-    assert row.lease_epoch == 1
-    assert not Event.objects.filter(run=run, type="run.fenced").exists()
+def test_the_heartbeat_renews_the_lease_while_a_long_step_runs(cluster, load_agent, submit, tmp_path):
+    """A 6 s model call under a 2 s lease, with a real `run_maintenance`
+    sweeping expired leases: only renewal keeps the run from being taken
+    over. Without it the sweep takes the run (lease.taken_over, epoch 2) and
+    the worker fences itself (run.fenced): the test fails (checked by
+    disabling renewal in runs/supervisor.py)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, subprocess_env
+
+    load_agent(turns=[{"text": "slow", "delay_ms": 6000}])
+    env = dict(AGENTRT_LEASE_SECONDS=2)
+    c = cluster(**env)
+    log = open(tmp_path / "maintenance.log", "wb")
+    maintenance = subprocess.Popen([sys.executable, "manage.py", "run_maintenance"], cwd=ROOT, env=subprocess_env(**env),
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        run = submit()
+        wait_for(lambda: status(run.id) == "RUNNING", timeout=30, message="the run to be claimed")
+        seen = []  # every lease_expires_at observed while the run held its first lease
+
+        def observe():
+            row = Run.objects.filter(id=run.id).values("status", "lease_expires_at", "lease_epoch").get()
+            if row["status"] == "RUNNING" and row["lease_expires_at"] and (not seen or seen[-1] != row["lease_expires_at"]):
+                seen.append(row["lease_expires_at"])
+            return row["status"] != "RUNNING"
+
+        wait_for(observe, timeout=40, interval=0.05, message=f"the run to end\n{c.output()}")
+        row = Run.objects.get(id=run.id)
+        types = list(Event.objects.filter(run=run).values_list("type", flat=True))
+        assert row.status == "COMPLETED", (row.status, row.failure, types)
+        # The model call outlived the lease three times over; heartbeats kept it, so the sweep never took it.
+        assert "lease.taken_over" not in types and "run.fenced" not in types, types
+        assert row.lease_epoch == 1 and row.attempts == 1
+        # ... and the lease moved forward across heartbeats, each renewal later than the one before.
+        assert len(seen) >= 3, seen
+        assert all(b > a for a, b in zip(seen, seen[1:])), seen
+    finally:
+        maintenance.terminate()
+        try:
+            maintenance.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            maintenance.kill()
+        log.close()
 
 
 def test_a_duplicate_doorbell_for_a_finished_run_changes_nothing(cluster, load_agent, submit):

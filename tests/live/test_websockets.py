@@ -56,8 +56,20 @@ async def test_replay_after_n_then_nothing_more(finished_run, alice):
     assert ok
     got = [(await comm.receive_json_from(timeout=5))["sequence"] for _ in range(len(seqs) - 3)]
     assert got == [s for s in seqs if s > 3]
-    assert await comm.receive_nothing(timeout=0.7)
+    # "nothing more" as a condition, not a quiet interval: write one marker event; the very next frame must be it
+    # (a repeated or extra frame after the replay would arrive first)
+    marker = await sync_to_async(_append_marker)(finished_run)
+    nxt = await comm.receive_json_from(timeout=10)
+    assert (nxt["sequence"], nxt["type"]) == (marker, "test.marker") and marker == seqs[-1] + 1
     await comm.disconnect()
+
+
+def _append_marker(run) -> int:
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            append_events(cur, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=0,
+                          events=[EventWrite("test.marker", {}, CLOCK.now())])
+    return Event.objects.filter(run=run, type="test.marker").values_list("sequence", flat=True).get()
 
 
 async def test_frames_are_the_rest_event_shape(finished_run, alice):
@@ -75,15 +87,35 @@ async def test_anonymous_other_tenant_and_foreign_origin_sockets_are_refused(fin
     assert not ok
     comm, ok = await connect("/ws/runs/")
     assert not ok
-    bad = WebsocketCommunicator(application, f"/ws/runs/{finished_run.id}/", headers=[(b"origin", b"http://evil.example")])
-    ok, _ = await bad.connect(timeout=5)
-    assert not ok
+
+
+@pytest.mark.parametrize("credential", ["session cookie", "token"])
+async def test_a_foreign_origin_is_refused_even_with_valid_credentials(finished_run, alice, credential):
+    """Cross-site WebSocket hijacking: a page on another site opens the socket
+    with the victim's credentials. The credentials are valid (the same socket
+    from our own origin is accepted), so only the origin check can refuse it."""
+    from knox.models import AuthToken
+
+    if credential == "token":
+        key = await sync_to_async(lambda: AuthToken.objects.create(user=alice)[1])()
+        auth = (b"authorization", f"Token {key}".encode())
+    else:
+        auth = await sync_to_async(cookie_for)(alice)
+    path = f"/ws/runs/{finished_run.id}/?after=0"
+    comm, ok = await connect(path, auth)  # our origin: accepted, and it streams
+    assert ok
+    assert (await comm.receive_json_from(timeout=5))["sequence"] == 1
+    await comm.disconnect()
+    for origin in (b"http://evil.example", b"http://localhost.evil.example", b"null"):
+        bad = WebsocketCommunicator(application, path, headers=[(b"origin", origin), auth])
+        ok, _ = await bad.connect(timeout=5)
+        assert not ok, f"a socket from origin {origin!r} with a valid {credential} was accepted"
 
 
 async def test_token_authentication_in_the_handshake(finished_run, alice):
-    from rest_framework.authtoken.models import Token
+    from knox.models import AuthToken
 
-    token = await sync_to_async(lambda: Token.objects.get_or_create(user=alice)[0].key)()
+    token = await sync_to_async(lambda: AuthToken.objects.create(user=alice)[1])()
     comm, ok = await connect(f"/ws/runs/{finished_run.id}/?after=0", (b"authorization", f"Token {token}".encode()))
     assert ok
     assert (await comm.receive_json_from(timeout=5))["sequence"] == 1

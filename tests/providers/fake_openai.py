@@ -7,7 +7,7 @@ one repeats) and is recorded (`method`, `path`, lower-cased `headers`, parsed
 * `stream(events, ...)`: HTTP/1.1 chunked `text/event-stream`; a dict event
   is sent as `data: <json>`, a str event verbatim; `delay` between events;
   `cut_after=n` drops the connection after n events (no final chunk);
-  `stall_after=n` goes silent after n events until the server stops;
+  `stall_after=n` goes silent after n events for `stall_for` seconds (60) or until the server stops;
   `done` appends `data: [DONE]`.
 * `answer(status, body, headers)`: a plain response (JSON or text body).
 * `hang(seconds)`: reads the request and sends nothing for `seconds`.
@@ -22,9 +22,9 @@ from typing import Any
 
 
 def stream(events: list[Any], *, delay: float = 0.0, cut_after: int | None = None, stall_after: int | None = None,
-           done: bool = True, content_type: str = "text/event-stream") -> dict:
+           stall_for: float = 60.0, done: bool = True, content_type: str = "text/event-stream") -> dict:
     return {"kind": "stream", "events": list(events), "delay": delay, "cut_after": cut_after,
-            "stall_after": stall_after, "done": done, "content_type": content_type}
+            "stall_after": stall_after, "stall_for": stall_for, "done": done, "content_type": content_type}
 
 
 def answer(status: int = 200, body: Any = None, headers: dict | None = None) -> dict:
@@ -154,7 +154,7 @@ class FakeOpenAI:
                         self.connection.shutdown(socket.SHUT_RDWR)  # no terminating chunk
                         return
                     if plan["stall_after"] is not None and i >= plan["stall_after"]:
-                        fake.stopping.wait(60)
+                        fake.stopping.wait(plan["stall_for"])
                         return
                     if i and plan["delay"]:
                         if fake.stopping.wait(plan["delay"]):

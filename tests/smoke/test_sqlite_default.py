@@ -25,7 +25,7 @@ def manage(env, *args, timeout=120):
 def test_embedded_sqlite_default_runs_an_agent_end_to_end(tmp_path):
     env = _env(tmp_path)
     assert manage(env, "migrate", "-v0").returncode == 0
-    assert manage(env, "create_tenant", "demo", "--user", "operator", "--password", "operator").returncode == 0
+    assert manage(env, "create_tenant", "demo", "--user", "operator", "--password", "smoke-Operator-pass-7").returncode == 0
     agent = tmp_path / "agent.json"
     agent.write_text(json.dumps({
         "name": "smoke",

@@ -85,10 +85,12 @@ class Command(BaseCommand):
     def _serve(self, opts):
         port = opts["port"]
         call_command("migrate", verbosity=0)
-        tenant, operator = tenant_create(name="demo", username="operator", password="operator")
-        codenames = ["resolve_approval", "view_approval", "view_run", "view_agent", "view_agentversion", "view_event",
-                     "view_toolinvocation", "view_modelcall", "view_session", "view_checkpoint", "change_approval"]
-        operator.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+        # The demo's well-known operator/operator exists only here: tenant_create
+        # sets the password without the validators (AUTH_PASSWORD_VALIDATORS
+        # refuse it), on purpose and nowhere else — create_tenant validates.
+        tenant, operator = tenant_create(name="demo", username="operator", password="operator", operator=True)
+        # The demo operator also publishes agents over REST and edits the tenant's policy floor.
+        operator.user_permissions.add(*Permission.objects.filter(codename__in=["publish_agent", "change_tenant", "view_tenant"]))
         for path in sorted(DEMO.glob("*.json")):
             import json
 
@@ -100,6 +102,7 @@ class Command(BaseCommand):
                         call["arguments"]["url"] = url.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
             agent_load(tenant=tenant, definition=definition)
         env = dict(os.environ)
+        env["AGENTRT_DEMO"] = "1"  # the web process mounts /demo/hook only under the demo
         env.setdefault("AGENTRT_HTTP_TOOL_ALLOWED_HOSTS", f"127.0.0.1:{port}")
         env.setdefault("AGENTRT_LOG_LEVEL", "INFO")
         procs = []

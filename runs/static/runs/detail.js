@@ -1,0 +1,142 @@
+// The live run page. Its data comes from the <script type="application/json"> blocks the server wrote with
+// json_script and from the run's WebSocket; all of it reaches the page as text (textContent, form values,
+// dataset): no markup is ever built from data, so a model's or a tool's text cannot become script.
+(function () {
+  'use strict';
+
+  // The decisions an approver can take on a card. Each one is a submit button posting `decision=<value>` with the
+  // approval id and the request hash the card shows to /runs/<id>/decide/. Another decision is one more entry.
+  const DECISIONS = [
+    { value: 'approve', label: 'Approve', cls: 'primary' },
+    { value: 'reject', label: 'Reject', cls: 'danger' },
+  ];
+
+  const CLASS = { 'run.completed': 'good', 'tool.call.completed': 'good', 'run.failed': 'bad', 'tool.call.failed': 'bad',
+                  'model.response.failed': 'bad', 'run.fenced': 'bad', 'step.interrupted': 'warn', 'lease.taken_over': 'warn',
+                  'approval.requested': 'warn', 'run.waiting_for_approval': 'warn', 'run.waiting_for_user': 'warn', 'run.cancelled': 'bad' };
+  const STATUS = { 'run.claimed': 'RUNNING', 'run.started': 'RUNNING', 'run.resumed': 'RUNNING', 'run.requeued': 'QUEUED',
+                   'run.completed': 'COMPLETED', 'run.failed': 'FAILED', 'run.cancelled': 'CANCELLED',
+                   'run.waiting_for_approval': 'WAITING_FOR_APPROVAL', 'run.waiting_for_user': 'WAITING_FOR_USER' };
+
+  function data(id) { return JSON.parse(document.getElementById(id).textContent); }
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+
+  function pretty(v) { return typeof v === 'string' ? v : JSON.stringify(v, null, 2); }
+
+  function hidden(name, value) {
+    const input = el('input'); input.type = 'hidden'; input.name = name; input.value = value; return input;
+  }
+
+  function describe(e) {
+    const p = e.payload || {};
+    switch (e.type) {
+      case 'model.request.started': return 'step ' + p.step + ', attempt ' + p.attempt;
+      case 'model.response.completed': return (p.text ? p.text + '  ' : '') + (p.tool_calls && p.tool_calls.length ? p.tool_calls.length + ' tool call(s)' : '') +
+        '  [' + (p.usage ? p.usage.input_tokens + ' in / ' + p.usage.output_tokens + ' out' : '') + ', ' + p.stop_reason + ']';
+      case 'model.response.failed': return p.error_class + (p.transient ? ' (transient)' : '');
+      case 'tool.call.proposed': return p.tool + ' ' + pretty(p.arguments);
+      case 'tool.call.started': return p.tool + ' attempt ' + p.attempt + ' — watermark set';
+      case 'tool.call.completed': case 'tool.call.failed': return p.tool + ' → ' + pretty(p.result);
+      case 'approval.requested': return p.kind + ' approval for ' + p.tool;
+      case 'approval.resolved': return p.decision + (p.decided_by ? ' by ' + p.decided_by : '') + (p.decided_via ? ' via ' + p.decided_via : '') + (p.reason ? ': ' + p.reason : '');
+      case 'lease.taken_over': return 'from ' + (p.previous_owner || '?') + ' (epoch ' + p.previous_epoch + ' → ' + p.lease_epoch + ')';
+      case 'step.interrupted': return 'step ' + p.step + ' ' + p.phase + (p.tool ? ' ' + p.tool : '') + (p.outcome ? ' — outcome ' + p.outcome : '');
+      case 'run.failed': return p.failure ? p.failure.reason + ': ' + p.failure.message : '';
+      case 'run.completed': return p.final_message || '';
+      case 'run.waiting_for_user': return p.question || '';
+      case 'run.input_received': return p.text || '';
+      case 'run.requeued': return p.reason || '';
+      case 'model.response.delta': return p.text || '';
+      case 'run.claimed': return p.lease_owner + ' epoch ' + p.lease_epoch;
+      case 'run.fenced': return 'epoch ' + p.lease_epoch + (p.late ? ' (late outcome recorded)' : '');
+      default: return '';
+    }
+  }
+
+  function start() {
+    const RUN = data('run-data');
+    const CAN_RESOLVE = data('can-resolve') === true;
+    const CSRF = document.querySelector('#cancel-form input[name=csrfmiddlewaretoken]').value;
+    const timeline = document.getElementById('timeline');
+    const approvals = document.getElementById('approvals');
+    const answer = document.getElementById('answer');
+    const failure = document.getElementById('failure');
+    const shownApprovals = new Set();
+    let last = 0;
+
+    function setStatus(s) { const b = document.getElementById('status'); b.textContent = s; b.className = 'badge s-' + s; }
+
+    function decisionForm(a) {
+      const f = el('form'); f.method = 'post'; f.action = '/runs/' + encodeURIComponent(RUN.id) + '/decide/';
+      f.appendChild(hidden('csrfmiddlewaretoken', CSRF));
+      f.appendChild(hidden('approval', a.id));
+      f.appendChild(hidden('request_hash', a.request_hash));
+      const reason = el('input'); reason.type = 'text'; reason.name = 'reason'; reason.placeholder = 'Reason (optional)'; reason.maxLength = 2000;
+      f.appendChild(reason);
+      for (const d of DECISIONS) {
+        const button = el('button', d.cls, d.label); button.type = 'submit'; button.name = 'decision'; button.value = d.value;
+        f.appendChild(button);
+      }
+      return f;
+    }
+
+    function approvalCard(a) {
+      if (shownApprovals.has(a.id)) return;
+      shownApprovals.add(a.id);
+      const card = el('div', 'approval'); card.id = 'approval-' + a.id;
+      const p = a.presentation || {};
+      card.appendChild(el('div', null, (a.kind === 'interrupted_side_effect' ? 'Interrupted side effect: ' : 'Approval needed: ') + (p.tool || a.tool || '')));
+      if (p.notice) card.appendChild(el('div', 'muted', p.notice));
+      if (p.side_effect) card.appendChild(el('div', 'muted', 'side effect: ' + p.side_effect));
+      if (p.arguments !== undefined) card.appendChild(el('pre', null, pretty(p.arguments)));
+      card.appendChild(el('div', 'muted mono', 'request hash ' + a.request_hash));
+      card.appendChild(CAN_RESOLVE ? decisionForm(a) : el('div', 'muted', 'You may not resolve approvals.'));
+      approvals.appendChild(card);
+    }
+
+    function showAnswer(title, key) {
+      if (answer.dataset.key !== key) {
+        answer.dataset.key = key;
+        answer.replaceChildren(el('h3', null, title), el('div', 'final', ''));
+      }
+      answer.hidden = false;
+      return answer.querySelector('.final');
+    }
+
+    function apply(e) {
+      if (e.sequence <= last) return;  // exactly once, in order
+      last = e.sequence;
+      const p = e.payload || {};
+      const li = el('li', 'ev ' + (CLASS[e.type] || '') + (e.type === 'model.request.started' ? ' step' : ''));
+      li.dataset.sequence = e.sequence;
+      li.appendChild(el('span', 'seq', '#' + e.sequence));
+      li.appendChild(el('span', 'type', e.type));
+      const d = el('span', 'mono', describe(e)); d.title = e.occurred_at || ''; li.appendChild(d);
+      timeline.appendChild(li);
+      if (e.type === 'model.request.started') document.getElementById('steps').textContent = p.step;
+      if (e.type === 'approval.requested') approvalCard({ id: p.approval, kind: p.kind, request_hash: p.request_hash, tool: p.tool, presentation: p.presentation || { tool: p.tool } });
+      if (e.type === 'approval.resolved') { const c = document.getElementById('approval-' + p.approval); if (c) c.remove(); }
+      if (STATUS[e.type]) setStatus(STATUS[e.type]);
+      if (e.type === 'model.response.delta') showAnswer('Answer (streaming…)', 'delta:' + p.step + ':' + p.attempt).textContent += p.text || '';
+      if (e.type === 'run.completed') showAnswer('Answer', 'final').textContent = p.final_message || '';
+      if (e.type === 'run.failed' && p.failure) { failure.hidden = false; failure.textContent = 'Failed: ' + p.failure.reason + ' — ' + p.failure.message; }
+    }
+
+    data('pending-data').forEach(approvalCard);
+    function connect() {
+      const ws = new WebSocket((location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/ws/runs/' + encodeURIComponent(RUN.id) + '/?after=' + last);
+      ws.onopen = () => { document.getElementById('live').textContent = 'live'; };
+      ws.onmessage = (m) => apply(JSON.parse(m.data));
+      ws.onclose = () => { document.getElementById('live').textContent = 'reconnecting…'; setTimeout(connect, 1000); };
+    }
+    connect();
+  }
+
+  if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', start); else start();
+})();

@@ -1,0 +1,351 @@
+"""The chaos checker's own tests: each rule is fed a synthetic history that
+violates it (and must be caught) and one that respects it (and must pass).
+
+The history below is one run, killed between the watermark and the result of
+its only side effect, taken over (epoch 1 -> 2), parked on an
+interrupted_side_effect approval, approved by the operator, re-claimed (epoch
+3), re-sent once and completed. Transaction ids (`xid`) mimic PostgreSQL's
+xmin: the takeover is transaction 20, the approval 30.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tests.chaos.checker import check
+
+RUN, SESS, INV, INV2, APPROVAL = "r1", "s1", "i1", "i2", "a1"
+KEY, KEY2 = "r1:1:call_1_0", "r1:2:call_2_0"
+BODY = {"run": 0, "step": 1, "n": 0}
+
+
+def ev(seq, typ, epoch, xid, **payload):
+    return {"session_id": SESS, "sequence": seq, "run_id": RUN, "type": typ, "payload": payload, "lease_epoch": epoch,
+            "occurred_at": 100.0 + seq, "xid": xid}
+
+
+def history():
+    events = [
+        ev(1, "run.created", 0, 10),
+        ev(2, "run.claimed", 1, 11, lease_epoch=1),
+        ev(3, "tool.call.started", 1, 12),
+        ev(4, "lease.taken_over", 2, 20, previous_epoch=1, lease_epoch=2, via="sweep"),
+        ev(5, "step.interrupted", 2, 20, phase="executing", read_only=False, invocation=INV, outcome="unknown"),
+        ev(6, "run.waiting_for_approval", 2, 21, kind="interrupted_side_effect"),
+        ev(7, "approval.resolved", 2, 30, approval=APPROVAL),
+        ev(8, "run.requeued", 2, 30, reason="approval"),
+        ev(9, "run.claimed", 3, 31, lease_epoch=3),
+        ev(10, "run.completed", 3, 40),
+    ]
+    snapshot = {
+        "runs": [{"id": RUN, "status": "COMPLETED", "session_id": SESS, "lease_owner": None, "lease_epoch": 3, "lease_expires_at": None,
+                  "lease_expirations": 1, "attempts": 3, "failure": None, "cancel_requested_at": None, "submitted_at": 100.0,
+                  "plan": "kill@after_watermark"}],
+        "sessions": [{"id": SESS, "event_seq": 10}],
+        "events": events,
+        "invocations": [{"id": INV, "run_id": RUN, "step_number": 1, "call_index": 0, "tool_name": "http_post", "read_only": False,
+                         "status": "completed", "effect_sent_at": 131.0, "attempt": 2, "has_result": True, "idempotency_key": KEY,
+                         "lease_epoch": 3, "suspended_kind": None, "xid": 35}],
+        "model_calls": [{"run_id": RUN, "step_number": 1, "attempt_number": 1, "status": "interrupted", "lease_epoch": 1, "xid": 20},
+                        {"run_id": RUN, "step_number": 2, "attempt_number": 1, "status": "completed", "lease_epoch": 3, "xid": 36}],
+        "checkpoints": [{"run_id": RUN, "version": 1, "trigger": "step", "lease_epoch": 1, "xid": 12},
+                        {"run_id": RUN, "version": 2, "trigger": "final", "lease_epoch": 3, "xid": 40}],
+        "approvals": [{"id": APPROVAL, "run_id": RUN, "invocation_id": INV, "kind": "interrupted_side_effect", "status": "approved",
+                       "decided_at": 130.0, "decided_via": "api", "attempt": 1, "created_at": 106.0}],
+        "meta": {"runs_submitted": 1, "t_first_submit": 100.0, "max_lease_expirations": 3},
+    }
+    sink = [send(KEY, 1, 110.0), send(KEY, 2, 131.0)]
+    faults = [{"id": 1, "kind": "kill", "source": "planned", "plan": "kill@after_watermark", "t_freeze": 103.5,
+               "held": [{"run": RUN, "epoch": 1, "window": "watermark_to_result", "invocation": INV, "attempt": 1}]}]
+    decisions = [{"approval": APPROVAL, "run": RUN, "kind": "interrupted_side_effect", "decision": "approve", "ok": True, "expect": "ok"}]
+    return snapshot, sink, faults, decisions
+
+
+def send(key, attempt, t, body=BODY):
+    from tests.chaos.checker import _sha
+
+    return {"key": key, "attempt": str(attempt), "path": "/effect", "body": body, "body_sha256": _sha(body),
+            "t_ns": int(t * 1e9), "mono_ns": int(t * 1e9)}
+
+
+def run_check(snapshot, sink, faults, decisions):
+    return check(snapshot, sink, faults, decisions)
+
+
+def invariants(report):
+    return sorted({v["invariant"] for v in report["violations"]})
+
+
+def test_the_history_that_respects_every_rule_passes():
+    report = run_check(*history())
+    assert report["violations"] == []
+    assert report["outcomes"] == {"COMPLETED": {"n": 1, "explained": 1, "unexplained": 0, "why": {"completed": 1}}}
+    assert report["fencing"] == {"rows_checked": 15, "xid": True}
+    assert report["i8"]["equal"] is True and report["i8"]["matched"] == 1
+    assert report["sends"]["delivered_more_than_once"] == 1
+
+
+# -- I1: outcomes, not termination ------------------------------------------------------
+
+def test_i1_a_run_the_takeover_failed_internal_error_is_a_violation_not_a_terminal_state():
+    snapshot, sink, faults, decisions = history()
+    snapshot["runs"][0].update(status="FAILED", failure={"reason": "internal_error"})
+    report = run_check(snapshot, sink, faults, decisions)
+    assert "I1" in invariants(report)
+    assert report["outcomes"]["FAILED:internal_error"]["unexplained"] == 1
+    assert report["failure_reasons"] == {"internal_error": 1}
+
+
+def test_i1_cancelled_only_after_a_recorded_cancel():
+    snapshot, sink, faults, decisions = history()
+    snapshot["runs"][0]["status"] = "CANCELLED"
+    assert "I1" in invariants(run_check(snapshot, sink, faults, decisions))
+    faults.append({"id": 2, "kind": "cancel", "source": "random", "run": RUN, "t": 120.0})
+    report = run_check(snapshot, sink, faults, decisions)
+    assert not [v for v in report["violations"] if v["invariant"] == "I1"]
+    assert report["outcomes"]["CANCELLED"]["explained"] == 1
+
+
+def test_i1_operator_rejected_only_after_an_operator_rejection():
+    snapshot, sink, faults, decisions = history()
+    snapshot["runs"][0].update(status="FAILED", failure={"reason": "operator_rejected"})
+    assert "I1" in invariants(run_check(snapshot, sink, faults, decisions))  # the approval was approved, not rejected
+    snapshot["approvals"][0]["status"] = "rejected"
+    decisions[0]["decision"] = "reject"
+    report = run_check(snapshot, sink[:1], faults, decisions)
+    assert not [v for v in report["violations"] if v["invariant"] == "I1"], report["violations"]
+    assert report["outcomes"]["FAILED:operator_rejected"] == {"n": 1, "explained": 1, "unexplained": 0,
+                                                              "why": {"the operator rejected its approval": 1}}
+
+
+def test_i1_max_attempts_only_when_injected_faults_took_the_lease_more_than_the_limit():
+    snapshot, sink, faults, decisions = history()
+    snapshot["runs"][0].update(status="FAILED", failure={"reason": "max_attempts_exceeded"})
+    assert "I1" in invariants(run_check(snapshot, sink, faults, decisions))
+    for k in range(3):
+        faults.append({"id": 10 + k, "kind": "kill", "source": "random", "t_freeze": 150.0 + k,
+                       "held": [{"run": RUN, "epoch": 3 + k, "window": "no_effect", "invocation": None, "attempt": None}]})
+    report = run_check(snapshot, sink, faults, decisions)
+    assert not [v for v in report["violations"] if v["invariant"] == "I1" and "max_attempts" in v["detail"]]
+
+
+@pytest.mark.parametrize("status", ["RUNNING", "QUEUED", "WAITING_FOR_USER"])
+def test_i1_a_run_left_unfinished_is_lost(status):
+    snapshot, sink, faults, decisions = history()
+    snapshot["runs"][0]["status"] = status
+    assert "I1" in invariants(run_check(snapshot, sink, faults, decisions))
+
+
+def test_i1_a_park_counts_only_on_a_fault_caused_approval():
+    snapshot, sink, faults, decisions = history()
+    snapshot["runs"][0]["status"] = "WAITING_FOR_APPROVAL"
+    snapshot["approvals"].append({"id": "a2", "run_id": RUN, "invocation_id": INV, "kind": "policy", "status": "pending",
+                                  "decided_at": None, "attempt": 2})
+    assert "I1" in invariants(run_check(snapshot, sink, faults, decisions))
+    snapshot["approvals"][-1]["kind"] = "interrupted_side_effect"
+    snapshot["approvals"][-1]["attempt"] = 9  # not a park the I8 accounting can place; only I1 is judged here
+    report = run_check(snapshot, sink, faults, decisions)
+    assert not [v for v in report["violations"] if v["invariant"] == "I1"]
+    assert report["outcomes"]["PARKED"]["explained"] == 1
+
+
+# -- I2: effects by content, ordered against decisions --------------------------------------
+
+def test_i2_a_resend_before_its_approval_is_a_violation_even_if_the_approval_comes_later():
+    snapshot, sink, faults, decisions = history()
+    snapshot["approvals"][0]["decided_at"] = 135.0  # the re-send arrived at 131
+    report = run_check(snapshot, sink, faults, decisions)
+    assert invariants(report) == ["I2"]
+    assert "after it" in report["violations"][0]["detail"]
+
+
+def test_i2_a_resend_without_any_decision_is_a_violation():
+    snapshot, sink, faults, decisions = history()
+    snapshot["approvals"][0]["status"] = "rejected"
+    assert "I2" in invariants(run_check(snapshot, sink, faults, decisions))
+
+
+def test_i2_the_same_effect_under_another_key_is_a_duplicate():
+    snapshot, sink, faults, decisions = history()
+    inv2 = dict(snapshot["invocations"][0], id=INV2, idempotency_key=KEY2, step_number=2, attempt=1, xid=37)
+    snapshot["invocations"].append(inv2)
+    sink.append(send(KEY2, 1, 140.0))  # same body, same tool, same run, new key: the approval of i1 does not cover it
+    report = run_check(snapshot, sink, faults, decisions)
+    assert invariants(report) == ["I2"]
+    assert KEY2 in report["violations"][0]["detail"]
+    # a different body under the second key is a different effect
+    sink[-1] = send(KEY2, 1, 140.0, body={"run": 0, "step": 2, "n": 0})
+    assert run_check(snapshot, sink, faults, decisions)["violations"] == []
+
+
+def test_i2_one_decision_permits_one_resend():
+    snapshot, sink, faults, decisions = history()
+    sink.append(send(KEY, 2, 132.0))
+    report = run_check(snapshot, sink, faults, decisions)
+    assert "I2" in invariants(report)
+
+
+def test_i2_a_lost_effect_is_still_caught():
+    snapshot, sink, faults, decisions = history()
+    assert invariants(run_check(snapshot, [], faults, decisions)) == ["I2"]
+
+
+# -- I3: every row against the epoch in force when it was written -------------------------
+
+@pytest.mark.parametrize("table,row", [
+    ("model_calls", {"run_id": RUN, "step_number": 1, "attempt_number": 1, "status": "completed", "lease_epoch": 1, "xid": 25}),
+    ("checkpoints", {"run_id": RUN, "version": 3, "trigger": "step", "lease_epoch": 2, "xid": 33}),
+    ("invocations", {"id": "i9", "run_id": RUN, "step_number": 1, "call_index": 1, "tool_name": "echo", "read_only": True,
+                     "status": "completed", "effect_sent_at": None, "attempt": 1, "has_result": True, "idempotency_key": "k9",
+                     "lease_epoch": 1, "suspended_kind": None, "xid": 22}),
+])
+def test_i3_a_zombie_row_at_an_old_epoch_written_after_the_takeover_is_caught(table, row):
+    snapshot, sink, faults, decisions = history()
+    snapshot[table].append(row)
+    report = run_check(snapshot, sink, faults, decisions)
+    assert invariants(report) == ["I3"], report["violations"]
+    # the same row written before the takeover's transaction is legitimate
+    snapshot[table][-1] = dict(row, xid=15 if row["lease_epoch"] == 1 else 32, lease_epoch=row["lease_epoch"] if row["lease_epoch"] == 1 else 3)
+    assert run_check(snapshot, sink, faults, decisions)["violations"] == []
+
+
+def test_i3_a_zombie_event_in_sequence_order_but_old_epoch_is_caught():
+    snapshot, sink, faults, decisions = history()
+    # inserted (and numbered) after the takeover committed, at epoch 1: the per-sequence check alone sees it too,
+    # the xid check must see it even when no later-epoch event precedes it in the session
+    snapshot["events"].insert(3, ev(4, "tool.call.completed", 1, 23))
+    for i, e in enumerate(snapshot["events"]):
+        e["sequence"] = i + 1
+    snapshot["sessions"][0]["event_seq"] = len(snapshot["events"])
+    report = run_check(snapshot, sink, faults, decisions)
+    assert any(v["invariant"] == "I3" and "transaction 23" in v["detail"] for v in report["violations"]), report["violations"]
+
+
+def test_i3_a_non_owner_write_is_judged_by_the_events_of_its_transaction():
+    snapshot, sink, faults, decisions = history()
+    # the operator's approval (transaction 30) sets the invocation back to authorized without touching lease_epoch;
+    # it wrote approval.resolved at the run's epoch 2 in the same transaction
+    snapshot["invocations"][0].update(lease_epoch=1, xid=30)
+    assert run_check(snapshot, sink, faults, decisions)["violations"] == []
+    snapshot["invocations"][0]["xid"] = 33  # a transaction with no event: a zombie's
+    assert invariants(run_check(snapshot, sink, faults, decisions)) == ["I3"]
+
+
+def test_i3_without_xids_the_check_says_so():
+    snapshot, sink, faults, decisions = history()
+    for t in ("events", "invocations", "model_calls", "checkpoints"):
+        for row in snapshot[t]:
+            row.pop("xid")
+    assert run_check(snapshot, sink, faults, decisions)["fencing"] == {"rows_checked": 0, "xid": False}
+
+
+# -- I8: a fault in the watermark window ends in a recorded decision -------------------------
+
+def _failed_by_takeover(reason):
+    snapshot, sink, faults, decisions = history()
+    evs = snapshot["events"][:5] + [ev(6, "run.failed", 2, 20, failure={"reason": reason})]
+    snapshot["events"] = evs
+    snapshot["sessions"][0]["event_seq"] = 6
+    snapshot["runs"][0].update(status="FAILED", failure={"reason": reason}, lease_epoch=2)
+    snapshot["invocations"][0].update(status="interrupted", has_result=False, lease_epoch=2, xid=20, attempt=1)
+    snapshot["model_calls"].pop()
+    snapshot["checkpoints"].pop()
+    snapshot["approvals"] = []
+    return snapshot, sink[:1], faults, []
+
+
+def test_i8_the_takeover_ending_the_run_instead_of_parking_is_a_violation():
+    report = run_check(*_failed_by_takeover("internal_error"))
+    assert "I8" in invariants(report) and "I1" in invariants(report)
+    assert report["i8"]["equal"] is False
+    assert report["i8"]["faults_without_park_explained"] == []
+    # even a reason the plan could cause does not excuse abandoning the unknown effect
+    report = run_check(*_failed_by_takeover("max_attempts_exceeded"))
+    assert "I8" in invariants(report)
+
+
+def test_i8_a_park_without_its_approval_is_a_violation():
+    snapshot, sink, faults, decisions = history()
+    snapshot["approvals"][0]["attempt"] = 2  # the approval names another attempt than the one frozen
+    report = run_check(snapshot, sink, faults, decisions)
+    assert "I8" in invariants(report)
+    assert report["i8"]["equal"] is False
+
+
+def test_i8_a_park_no_takeover_explains_is_a_violation():
+    snapshot, sink, faults, decisions = history()
+    snapshot["events"][4]["payload"]["invocation"] = "someone-else"  # the takeover did not find i1 in flight
+    report = run_check(snapshot, sink, faults, decisions)
+    assert "I8" in invariants(report)
+    assert report["i8"]["parks_unexplained"] and report["i8"]["faults_without_park_unexplained"]
+
+
+def test_i8_a_stop_that_closes_the_window_with_its_own_result_is_accounted_for():
+    snapshot, sink, faults, decisions = history()
+    # no takeover at all: the stopped worker woke up and recorded the result itself
+    snapshot["events"] = [e for e in snapshot["events"] if e["sequence"] in (1, 2, 3)] + [ev(4, "run.completed", 1, 13)]
+    snapshot["sessions"][0]["event_seq"] = 4
+    snapshot["runs"][0]["lease_epoch"] = 1
+    snapshot["invocations"][0].update(attempt=1, lease_epoch=1, xid=13)
+    snapshot["model_calls"] = snapshot["model_calls"][:1]
+    snapshot["model_calls"][0].update(status="completed", xid=12)
+    snapshot["checkpoints"] = snapshot["checkpoints"][:1]
+    snapshot["approvals"] = []
+    faults[0]["kind"] = "stop"
+    report = run_check(snapshot, sink[:1], faults, [])
+    assert report["violations"] == []
+    assert report["i8"]["accounting"]["closed_by_own_result"] == 1 and report["i8"]["equal"] is True
+    # the same with no result recorded is not accounted for
+    snapshot = copy.deepcopy(snapshot)
+    snapshot["invocations"][0].update(has_result=False, status="executing")
+    report = run_check(snapshot, sink[:1], faults, [])
+    assert "I8" in invariants(report)
+
+
+def test_i8_an_operator_cancel_before_the_takeover_is_a_recorded_decision():
+    snapshot, sink, faults, decisions = _failed_by_takeover("internal_error")
+    snapshot["events"][-1] = ev(6, "run.cancelled", 2, 20)
+    snapshot["runs"][0].update(status="CANCELLED", failure=None, cancel_requested_at=103.8)
+    faults.append({"id": 2, "kind": "cancel", "source": "random", "run": RUN, "t": 103.9})
+    report = run_check(snapshot, sink, faults, decisions)
+    assert report["violations"] == [], report["violations"]
+    assert report["i8"]["accounting"]["decided_otherwise"] == 1
+    snapshot["runs"][0]["cancel_requested_at"] = 200.0  # asked after the takeover decided: not the cause
+    assert "I8" in invariants(run_check(snapshot, sink, faults, decisions))
+
+
+# -- the sink's records carry what I2 needs ---------------------------------------------------
+
+def test_the_sink_stamps_arrivals_and_hashes_bodies_by_content(tmp_path):
+    import json
+    import time
+    import urllib.request
+
+    from tests.sink import Sink
+
+    sink = Sink(tmp_path / "sink.jsonl")
+    try:
+        before = time.time_ns()
+        for key, raw in (("k1", b'{"a": 1, "b": [2, 3]}'), ("k2", b'{"b":[2,3],"a":1}'), ("k3", b"not json")):
+            req = urllib.request.Request(sink.url, data=raw, method="POST",
+                                         headers={"Idempotency-Key": key, "Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=10).read()
+        after = time.time_ns()
+    finally:
+        sink.close()
+    logged = [json.loads(line) for line in (tmp_path / "sink.jsonl").read_text().splitlines()]
+    assert logged == sink.sends and [r["key"] for r in logged] == ["k1", "k2", "k3"]
+    assert all(before <= r["t_ns"] <= after for r in logged)
+    assert logged[0]["mono_ns"] < logged[1]["mono_ns"] < logged[2]["mono_ns"]
+    assert logged[0]["body_sha256"] == logged[1]["body_sha256"] != logged[2]["body_sha256"]  # same content, other key order
+    assert logged[2]["body"] == "not json"
+
+
+def test_i1_an_unhandled_error_in_a_worker_log_is_a_failure_no_fault_caused():
+    snapshot, sink, faults, decisions = history()
+    snapshot["meta"]["process_logs"] = {"qcluster-0": {"tracebacks": 0, "errors": 3, "unhandled_run_errors": 0, "reincarnated": 3}}
+    assert run_check(snapshot, sink, faults, decisions)["violations"] == []  # reincarnations after SIGKILL are the plan's
+    snapshot["meta"]["process_logs"]["qcluster-0"].update(tracebacks=1, unhandled_run_errors=1)
+    report = run_check(snapshot, sink, faults, decisions)
+    assert invariants(report) == ["I1"] and "qcluster-0" in report["violations"][0]["detail"]

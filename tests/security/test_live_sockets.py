@@ -1,0 +1,143 @@
+"""Issue 10 item 8 against real servers: two daphne processes sharing Redis
+(REDIS_URL) hold at most AGENTRT_WS_MAX_PER_USER sockets of one user between
+them; a logout closes a live socket; a deep JSON frame is answered and closed
+with no traceback in the server's log."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import uuid
+from contextlib import ExitStack
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from tests.conftest import ROOT, subprocess_env, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+REDIS = "redis://127.0.0.1:6379/0"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daphne:
+    def __init__(self, env: dict, log_path):
+        self.port = free_port()
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "agentrt_site.asgi:application"],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+        def up():
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return True
+            except OSError:
+                return False
+
+        wait_for(up, timeout=30, message="daphne to listen")
+
+    def socket(self, cookie: str, path: str = "/ws/runs/"):
+        return connect(f"ws://127.0.0.1:{self.port}{path}", origin=f"http://127.0.0.1:{self.port}",
+                       additional_headers={"Cookie": cookie}, open_timeout=10)
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.log.close()
+
+
+@pytest.fixture
+def servers(tmp_path):
+    prefix = f"agentrt-test-{uuid.uuid4().hex}"  # this test's own keys in the shared Redis
+    started: list[Daphne] = []
+
+    def start(n: int) -> list[Daphne]:
+        env = subprocess_env(REDIS_URL=REDIS, AGENTRT_CACHE_PREFIX=prefix, AGENTRT_LOG_LEVEL="INFO")
+        started.extend(Daphne(env, tmp_path / f"daphne-{i}.log") for i in range(n))
+        return started
+
+    yield start
+    for server in started:
+        server.stop()
+    import redis
+
+    client = redis.Redis.from_url(REDIS)
+    for key in client.scan_iter(f"{prefix}:*"):
+        client.delete(key)
+
+
+@pytest.fixture
+def session(tenant):
+    client = Client()
+    client.force_login(get_user_model().objects.get(username="alice"))
+    return client, f"sessionid={client.cookies['sessionid'].value}"
+
+
+def refused(server, cookie) -> int:
+    with pytest.raises(InvalidStatus) as caught:
+        server.socket(cookie)
+    return caught.value.response.status_code
+
+
+def test_two_web_processes_share_one_cap_of_20_sockets_per_user(servers, session):
+    a, b = servers(2)
+    _, cookie = session
+    with ExitStack() as stack:
+        first = stack.enter_context(a.socket(cookie))
+        for server in [a] * 9 + [b] * 10:
+            stack.enter_context(server.socket(cookie))
+        assert refused(a, cookie) == 403  # the 21st, on either process
+        assert refused(b, cookie) == 403
+        first.close()  # one closed on A frees a slot for B
+        wait_for(lambda: _opens(stack, b, cookie), timeout=10, message="a freed slot")
+
+
+def _opens(stack, server, cookie) -> bool:
+    try:
+        stack.enter_context(server.socket(cookie))
+        return True
+    except InvalidStatus:
+        return False
+
+
+def test_a_logout_closes_the_live_socket(servers, session):
+    (server,) = servers(1)
+    client, cookie = session
+    with server.socket(cookie) as ws:
+        with pytest.raises(TimeoutError):
+            ws.recv(timeout=1)  # open and quiet while the session lives
+        client.logout()
+        with pytest.raises(ConnectionClosed) as caught:
+            ws.recv(timeout=10)
+    assert caught.value.rcvd.code == 4401
+
+
+def test_deep_json_gets_an_error_frame_and_no_traceback(servers, session):
+    (server,) = servers(1)
+    _, cookie = session
+    with server.socket(cookie) as ws:
+        ws.send("[" * 2000 + "]" * 2000)
+        assert json.loads(ws.recv(timeout=10))["code"] == "invalid_frame"
+        with pytest.raises(ConnectionClosed) as caught:
+            ws.recv(timeout=10)
+    assert caught.value.rcvd.code == 4400
+    with server.socket(cookie) as ws:  # the server is fine
+        ws.send(json.dumps({"type": "ping"}))
+        with pytest.raises(TimeoutError):
+            ws.recv(timeout=1)
+    log = server.output()
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
