@@ -38,6 +38,7 @@ class DoorbellORM(ORM):
         super().__init__(list_key=list_key)
         self._listener = None  # connected in the pusher process, on its first dequeue
         self._retry_at = 0.0  # after a failed LISTEN: poll until then, then try again
+        self._failing = False  # the queue could not be read: reconnecting
 
     def enqueue(self, task):
         pk = super().enqueue(task)
@@ -57,10 +58,15 @@ class DoorbellORM(ORM):
             # Our backend was terminated or the server restarted: a fresh
             # connection next time, instead of the stock pusher's exit (and
             # its 10 s sleep) with the task queue's writer half-way.
-            log.warning("doorbell: cannot read the queue (%s); reconnecting", type(exc).__name__)
+            if not self._failing:  # once per outage, not twice a second
+                log.warning("doorbell: cannot read the queue (%s); reconnecting", type(exc).__name__)
+            self._failing = True
             self._drop_connection()
             CLOCK.sleep(min(1.0, settings.AGENTRT_Q_FALLBACK_POLL))
             return None
+        if self._failing:
+            log.info("doorbell: reading the queue again")
+            self._failing = False
         if tasks:
             return tasks
         if listener is None:
