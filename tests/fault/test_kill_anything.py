@@ -23,6 +23,7 @@ from tests.conftest import ROOT, subprocess_env, wait_for
 pytestmark = [pytest.mark.fault, pytest.mark.django_db(transaction=True)]
 
 LEASE = 3
+APP = "agentrt-fault-deployment"  # application_name of the deployment's connections
 # Queued runs are claimed again within lease + 10 s; the waits below add
 # room for a loaded 2-core machine, they are not the bound being checked.
 BOUND = LEASE + 10 + 30
@@ -142,7 +143,7 @@ def deployment(transactional_db, tmp_path):
     started: list[Supervised] = []
 
     def start(workers: int = 2, **extra):
-        env = subprocess_env(AGENTRT_LEASE_SECONDS=LEASE, AGENTRT_WORKERS=workers, **extra)
+        env = subprocess_env(AGENTRT_LEASE_SECONDS=LEASE, AGENTRT_WORKERS=workers, PGAPPNAME=APP, **extra)
         node = Supervised("qcluster", ["manage.py", "qcluster"], env, tmp_path / "qcluster.log")
         started.append(node)
         maintenance = Supervised("maintenance", ["manage.py", "run_maintenance"], env, tmp_path / "maintenance.log")
@@ -257,12 +258,14 @@ def record_claim_delays(case: str, runs) -> None:
 
 
 def terminate_backends(where: str = "TRUE") -> int:
-    """pg_terminate_backend of the deployment's backends on the test database
-    (never this test's own, never another database's)."""
+    """pg_terminate_backend of the deployment's backends: its processes connect
+    as application_name APP (libpq's PGAPPNAME); never a connection of this
+    test process (any of its threads), never another database's."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            f"WHERE datname = current_database() AND pid <> pg_backend_pid() AND ({where})"
+            f"WHERE datname = current_database() AND application_name = %s AND pid <> pg_backend_pid() AND ({where})",
+            [APP],
         )
         return cursor.fetchone()[0]
 
@@ -288,7 +291,7 @@ def test_the_doorbell_listener_terminated_then_a_new_run_starts(deployment, load
     node, _ = deployment(workers=1, AGENTRT_Q_FALLBACK_POLL=30)  # the fallback poll cannot be what finds it
     warm = submit(text="warm")
     wait_or_dump(lambda: status(warm.id) == "COMPLETED", 60, "the warm-up run", node)
-    wait_for(lambda: terminate_backends("query ILIKE 'LISTEN%'"), timeout=30, message="the listener's backend")
+    wait_for(lambda: terminate_backends("query ILIKE 'LISTEN%%'"), timeout=30, message="the listener's backend")
     run = submit(text="after")
     wait_or_dump(lambda: status(run.id) == "COMPLETED", BOUND, "a run submitted after the listener was cut", node)
     assert node.exits == []
