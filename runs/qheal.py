@@ -60,7 +60,6 @@ PR_SET_NAME = 15
 STUCK_SECONDS = 5.0  # a timer lock held this long: its holder is wedged or dead
 STOP_IDLE_SECONDS = 3.0  # idle this long during stop: the poison pill cannot reach it
 STOP_AUX_SECONDS = 10.0  # pusher / monitor given this long to stop on their own
-SENTINEL_WEDGED_SECONDS = 30.0  # no guard cycle for this long: the main process gives up on it
 ORPHAN_CHECK_SECONDS = 0.5
 
 _BEAT = {"value": None}  # RawValue('d') shared by the main process and its sentinel: last guard cycle
@@ -407,12 +406,15 @@ def cluster_start(self):
 
 def supervise(c) -> None:
     """Block while the sentinel lives; exit 1 if it dies without being asked to stop."""
+    from django.conf import settings
+
+    stall = float(settings.AGENTRT_SENTINEL_STALL_SECONDS)
     while c.sentinel.is_alive():
-        c.sentinel.join(timeout=1)
+        c.sentinel.join(timeout=min(1.0, stall / 3))
         beat = _BEAT["value"].value if _BEAT["value"] is not None else 0.0
         stopping = c.stop_event is None or c.stop_event.is_set()
-        if beat and not stopping and CLOCK.monotonic() - beat > SENTINEL_WEDGED_SECONDS and c.sentinel.is_alive():
-            log.critical("the sentinel %s completed no guard cycle in %.0f s; killing it", c.sentinel.pid, SENTINEL_WEDGED_SECONDS)
+        if beat and not stopping and CLOCK.monotonic() - beat > stall and c.sentinel.is_alive():
+            log.critical("the sentinel %s completed no guard cycle in %.0f s; killing it", c.sentinel.pid, stall)
             try:
                 os.kill(c.sentinel.pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -404,3 +404,21 @@ def test_random_sigkills_of_cluster_processes_under_load(deployment, load_agent,
     after = [submit(text=f"after {i}") for i in range(3)]
     wait_or_dump(lambda: all_completed(after), BOUND, "runs submitted after the last kill", node, maintenance)
     assert sum(done_kills.values()) >= kills // 2
+
+
+def test_a_stalled_sentinel_is_killed_by_its_main_process_and_the_node_restarts(deployment, load_agent, submit):
+    """SIGSTOP stands for a sentinel wedged for any reason: it completes no
+    guard cycle, so nothing would replace a dead worker. The main process
+    kills it and exits 1; the supervisor starts a fresh node."""
+    load_agent()
+    node, _ = deployment(workers=1, AGENTRT_SENTINEL_STALL_SECONDS=3)
+    warm = submit(text="warm")
+    wait_or_dump(lambda: status(warm.id) == "COMPLETED", 60, "the warm-up run", node)
+    r = wait_for(lambda: node_ready(node, 1), timeout=30, message="the node's processes")
+    main = node.proc
+    os.kill(r["qc-sentinel"][0], signal.SIGSTOP)
+    wait_or_dump(lambda: node.proc is not main, BOUND, "the main process to give up on its stalled sentinel", node)
+    assert node.exits[0] == 1
+    run = submit(text="after")
+    wait_or_dump(lambda: status(run.id) == "COMPLETED", BOUND, "a run on the restarted node", node)
+    wait_or_dump(lambda: not session_pids(main.pid), 60, "the stalled generation's processes to exit", node)
