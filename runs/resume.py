@@ -20,7 +20,8 @@ from django.db import connection, transaction
 from django.utils.module_loading import import_string
 from pydantic import BaseModel, ConfigDict
 
-from approvals.hashing import INTERRUPTED_NOTICE, request_hash, tool_spec_dict
+from approvals.hashing import INTERRUPTED_NOTICE, UNCERTAIN_NOTICE, request_hash, tool_spec_dict
+from approvals.models import INTERRUPTED_SIDE_EFFECT, RECONCILE, UNCERTAIN_SIDE_EFFECT
 
 from .clock import CLOCK, IDS
 from .domain.pipeline import UNKNOWN_OUTCOME
@@ -40,6 +41,13 @@ MAX_LEASE_EXPIRATIONS = 3
 INTERRUPTED_OBSERVATION = {
     "error": "interrupted",
     "message": "the process stopped while this call was in flight; its result was not recorded. You may ask for it again.",
+}
+
+
+UNCERTAIN_OBSERVATION = {
+    "error": "outcome_unknown",
+    "outcome": "uncertain",
+    "message": "the request was sent and no answer came; whether it took effect is unknown.",
 }
 
 
@@ -169,6 +177,22 @@ def _failure(reason: FailureReason, error_class: str, message: str, **details) -
     return RunFailure(reason=reason, error_class=error_class, message=message, occurred_at=CLOCK.now(), details=details)
 
 
+# An unknown outcome: a side-effect call interrupted by a process that
+# stopped, or one that ended `uncertain` in a live run (DESIGN §7 step 11).
+UNKNOWN_STATUSES = ("interrupted", "uncertain")
+
+
+def _unknown_outcomes(run_id):
+    return ToolInvocation.objects.filter(run_id=run_id, status__in=UNKNOWN_STATUSES, read_only=False, result__isnull=True)
+
+
+def settle_unknown(claim: Claim) -> str:
+    """The live path of an uncertain side effect: the executing worker still
+    holds `claim` (no takeover) and hands the decision to the same code a
+    Resume uses — the reconciler, else an `uncertain_side_effect` pause."""
+    return decide(Takeover(claim=claim, previous_owner=claim.owner, previous_epoch=claim.epoch))
+
+
 def decide(takeover: Takeover) -> str:
     """Decide what the taken-over run does next and end through finalize."""
     claim = takeover.claim
@@ -183,9 +207,7 @@ def decide(takeover: Takeover) -> str:
         outcome = RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(FailureReason.INTERNAL_ERROR, "DamagedRecord",
                                                                         "a record of this run could not be read", damaged=damaged))
         return _end(claim, outcome, UnitOfWork())
-    unknown = list(
-        ToolInvocation.objects.filter(run_id=run.id, status="interrupted", read_only=False, result__isnull=True).order_by("step_number", "call_index")
-    )
+    unknown = list(_unknown_outcomes(run.id).order_by("step_number", "call_index"))
     if run.cancel_requested_at is not None:
         # The operator asked to cancel: end it; an unknown effect stays
         # `interrupted` with its outcome labelled unknown.
@@ -193,7 +215,10 @@ def decide(takeover: Takeover) -> str:
     if settings.AGENTRT_RECONCILER:
         return _reconcile(claim, run, unknown)
     if unknown:
-        return _pause(claim, run, unknown, kind="interrupted_side_effect")
+        conflict = _cannot_wait(claim, unknown)
+        if conflict is not None:
+            return conflict
+        return _pause(claim, run, unknown, kind=INTERRUPTED_SIDE_EFFECT)
     return _end(claim, RunOutcome(kind=OutcomeKind.YIELDED), UnitOfWork())
 
 
@@ -220,7 +245,7 @@ def _damaged(run: Run) -> str | None:
         RunUsage(**(run.usage or {}))
         AgentVersion.objects.get(agent_id=run.agent_id, version=run.agent_version)
         checkpoint_latest(run.id)
-        for inv in ToolInvocation.objects.filter(run_id=run.id, status="interrupted", read_only=False, result__isnull=True):
+        for inv in _unknown_outcomes(run.id):
             if not isinstance(inv.arguments, dict):
                 return f"invocation {inv.id}: arguments"
     except Exception as exc:
@@ -239,37 +264,44 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
     """Pause the interrupted side effects on hash-bound approvals: finalize
     writes them, a full checkpoint, WAITING_FOR_APPROVAL and the lease release
     in one transaction."""
-    from checkpoints.repository import checkpoint_latest, seed_state
+    from checkpoints.repository import checkpoint_current
 
     now = CLOCK.now()
     work = UnitOfWork()
     approval_ids, inv_ids = [], []
     for inv in invocations:
         spec = REGISTRY.spec(inv.tool_name)
+        # An uncertain call waits on its own kind unless the reconciler paused it.
+        inv_kind = UNCERTAIN_SIDE_EFFECT if kind == INTERRUPTED_SIDE_EFFECT and inv.status == "uncertain" else kind
         presentation = {
             "tool": inv.tool_name,
             "arguments": inv.arguments,
             "side_effect": spec.side_effect if spec else inv.side_effect,
-            "notice": INTERRUPTED_NOTICE,
+            "notice": UNCERTAIN_NOTICE if inv_kind == UNCERTAIN_SIDE_EFFECT else INTERRUPTED_NOTICE,
             "attempt": inv.attempt,
         }
+        if inv_kind == UNCERTAIN_SIDE_EFFECT:
+            presentation["error"] = inv.error
         capability = {"tool": inv.tool_name, "arguments": inv.arguments}
         if pause is not None:
-            presentation = dict(pause.get("presentation") or {}) or presentation
+            # The reconciler's keys are kept, but what runs is always shown
+            # (issue 11 item 6): ours win for the tool, arguments and class.
+            shown = {k: presentation[k] for k in ("tool", "arguments", "side_effect")}
+            presentation = {**dict(pause.get("presentation") or {}), **shown} if pause.get("presentation") else presentation
             capability = dict(pause.get("capability") or {}) or capability
         approval_id = IDS.new_id()
         digest = request_hash(tenant_id=run.tenant_id, run_id=run.id, step_number=inv.step_number, invocation_id=inv.id,
                               tool=tool_spec_dict(spec) if spec else None, arguments=inv.arguments, agent_version=run.agent_version,
-                              kind=kind, presentation=presentation)
-        work.approval_inserts.append(ApprovalInsert(id=approval_id, invocation_id=inv.id, kind=kind, request_hash=digest,
+                              kind=inv_kind, presentation=presentation)
+        work.approval_inserts.append(ApprovalInsert(id=approval_id, invocation_id=inv.id, kind=inv_kind, request_hash=digest,
                                                     capability=capability, presentation=presentation, expires_at=_expiry(run), created_at=now))
-        work.invocation_updates.append(InvocationUpdate(id=inv.id, status="interrupted", suspended_kind=kind, updated_at=now))
-        work.events.append(EventWrite("approval.requested", {"approval": str(approval_id), "invocation": str(inv.id), "kind": kind,
+        work.invocation_updates.append(InvocationUpdate(id=inv.id, status=inv.status, suspended_kind=inv_kind, updated_at=now))
+        work.events.append(EventWrite("approval.requested", {"approval": str(approval_id), "invocation": str(inv.id), "kind": inv_kind,
                                                              "tool": inv.tool_name, "request_hash": digest, "step": inv.step_number,
                                                              "presentation": presentation}, now))
         approval_ids.append(approval_id)
         inv_ids.append(inv.id)
-    state = checkpoint_latest(run.id) or seed_state(run)
+    state = checkpoint_current(run)
     state.pending_tool_calls = [{"invocation": str(i.id), "call_id": i.call_id, "name": i.tool_name} for i in invocations]
     row = state.next_checkpoint("suspension", now, force_full=True)
     work.checkpoint = row
@@ -277,6 +309,38 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
     outcome = RunOutcome(kind=OutcomeKind.SUSPENDED, suspension=Suspension(
         kind=SuspensionKind.APPROVAL, invocation_ids=inv_ids, approval_ids=approval_ids, details={"reason": kind}))
     return _end(claim, outcome, work)
+
+
+def rerun_conflict(tool_name: str, arguments: Any) -> tuple[str, bool] | None:
+    """Seed 000: a call whose outcome is unknown can wait for an approval only
+    while its tool is registered and its recorded arguments pass the tool's
+    schema. Otherwise the reason it cannot, and whether the invocation ends
+    `invalid_decision` (the schema case). Also used for `uncertain` calls."""
+    if REGISTRY.spec(tool_name) is None:
+        return f"tool {tool_name!r} is no longer registered", False
+    if not isinstance(arguments, dict) or REGISTRY.validate(tool_name, arguments):
+        return "the interrupted call's arguments no longer pass its schema", True
+    return None
+
+
+def _cannot_wait(claim: Claim, unknown: list[ToolInvocation]) -> str | None:
+    """End the run `reconcile_conflict` when an unknown outcome has nothing
+    valid to pause on (never an approval to re-run a call that cannot run)."""
+    now = CLOCK.now()
+    for inv in unknown:
+        conflict = rerun_conflict(inv.tool_name, inv.arguments)
+        if conflict is None:
+            continue
+        message, invalid = conflict
+        work = UnitOfWork()
+        if invalid:
+            failed = {"error": "invalid_decision", "message": "the arguments no longer pass the tool's schema"}
+            work.invocation_updates.append(InvocationUpdate(id=inv.id, status="failed", result=failed, error=failed, updated_at=now))
+            work.events.append(EventWrite("tool.call.failed", {"invocation": str(inv.id), "call_id": inv.call_id, "tool": inv.tool_name,
+                                                               "result": failed, "executed": False}, now))
+        return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
+            FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", message, invocation=str(inv.id))), work)
+    return None
 
 
 def _view(run: Run) -> RunView:
@@ -289,7 +353,7 @@ def _view(run: Run) -> RunView:
             "step_number", "attempt_number", "status", "usage", "stop_reason")],
         invocations=[{**r, "id": str(r["id"])} for r in ToolInvocation.objects.filter(run_id=run.id).order_by("step_number", "call_index").values(
             "id", "step_number", "call_id", "tool_name", "arguments", "status", "result", "error", "read_only", "side_effect",
-            "idempotency_key", "attempt", "effect_sent_at")],
+            "idempotency_key", "attempt", "effect_sent_at", "outcome", "attempts")],
         approvals=[{**r, "id": str(r["id"])} for r in Approval.objects.filter(run_id=run.id).values("id", "kind", "status", "request_hash")],
     )
 
@@ -374,8 +438,9 @@ def _reconcile(claim: Claim, run: Run, unknown: list[ToolInvocation]) -> str:
     if outcome == "continue":
         now = CLOCK.now()
         work = UnitOfWork()
-        for inv in unknown:  # the agent sees the interrupted observation
-            work.invocation_updates.append(InvocationUpdate(id=inv.id, status="interrupted", result=INTERRUPTED_OBSERVATION, updated_at=now))
+        for inv in unknown:  # the agent sees the interrupted (or uncertain) observation
+            observation = INTERRUPTED_OBSERVATION if inv.status != "uncertain" else {**UNCERTAIN_OBSERVATION, "cause": inv.error}
+            work.invocation_updates.append(InvocationUpdate(id=inv.id, status=inv.status, result=observation, updated_at=now))
         return _end(claim, RunOutcome(kind=OutcomeKind.YIELDED), work)
     if outcome == "completed":
         if "result" not in data or data["result"] is None or not _usable_json(data["result"]):
@@ -394,16 +459,8 @@ def _reconcile(claim: Claim, run: Run, unknown: list[ToolInvocation]) -> str:
         if not unknown:
             return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
                 FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", "nothing was executing: there is nothing to pause")), UnitOfWork())
-        now = CLOCK.now()
-        for inv in unknown:
-            if REGISTRY.spec(inv.tool_name) is None:
-                return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
-                    FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", f"tool {inv.tool_name!r} is no longer registered")), UnitOfWork())
-            if REGISTRY.validate(inv.tool_name, inv.arguments):
-                work = UnitOfWork()
-                failed = {"error": "invalid_decision", "message": "the arguments no longer pass the tool's schema"}
-                work.invocation_updates.append(InvocationUpdate(id=inv.id, status="failed", result=failed, error=failed, updated_at=now))
-                return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
-                    FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", "the interrupted call's arguments no longer pass its schema")), work)
-        return _pause(claim, run, unknown, kind="reconcile", pause=pause)
+        conflict = _cannot_wait(claim, unknown)
+        if conflict is not None:
+            return conflict
+        return _pause(claim, run, unknown, kind=RECONCILE, pause=pause)
     return internal("the reconciler returned an unknown outcome", outcome=str(outcome)[:50])

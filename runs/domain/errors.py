@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .values import CancelReason, FailureReason
+from .values import CancelReason, FailureReason, ModelUsage
 
 
 class RuntimeCoreError(Exception):
@@ -39,13 +39,17 @@ class BudgetExceeded(RuntimeCoreError):
 
 
 class ModelError(RuntimeCoreError):
-    """A model attempt failed; the provider classifies it."""
+    """A model attempt failed; the provider classifies it. `usage` is what the
+    failed attempt spent (reported, or estimated by the provider), charged
+    like any attempt's (seed 002: failed attempts count against budget)."""
 
-    def __init__(self, error_class: str, message: str, *, transient: bool, stream_had_output: bool = False):
+    def __init__(self, error_class: str, message: str, *, transient: bool, stream_had_output: bool = False,
+                 usage: ModelUsage | None = None):
         super().__init__(message)
         self.error_class = error_class
         self.retryable = transient
         self.stream_had_output = stream_had_output
+        self.usage = usage
 
 
 class EmptyModelTurn(RuntimeCoreError):
@@ -66,3 +70,13 @@ class ToolFailure(RuntimeCoreError):
         super().__init__(message)
         self.code = code
         self.uncertain = uncertain
+
+
+class OutcomeUnknown(ToolFailure):
+    """A tool's outcome is unknown: the request may have taken effect (it was
+    sent and no answer came, the call timed out or was cancelled while
+    running). Public as `runs.tools.OutcomeUnknown`; the pipeline classifies
+    the call `uncertain` (DESIGN §7 step 11)."""
+
+    def __init__(self, code: str = "outcome_unknown", message: str = "the call may have taken effect; its outcome is unknown"):
+        super().__init__(code, message, uncertain=True)

@@ -57,6 +57,7 @@ class InvocationInsert:
     error: dict[str, Any] | None = None
     created_at: datetime | None = None
     suspended_kind: str | None = None
+    outcome: str | None = None
 
 
 @dataclass(slots=True)
@@ -68,6 +69,9 @@ class InvocationUpdate:
     attempt: int | None = None
     suspended_kind: str | None = None
     updated_at: datetime | None = None
+    outcome: str | None = None  # succeeded | failed | uncertain (DESIGN §7 step 11)
+    attempts: list[dict[str, Any]] | None = None  # the whole per-attempt history, replacing the row's
+    clear_error: bool = False  # a completed call keeps no stale error
 
 
 @dataclass(slots=True)
@@ -104,6 +108,7 @@ class UnitOfWork:
     invocation_updates: list[InvocationUpdate] = field(default_factory=list)
     checkpoint: CheckpointInsert | None = None
     approval_inserts: list[ApprovalInsert] = field(default_factory=list)
+    approval_invalidations: list[UUID] = field(default_factory=list)  # approved grants that no longer hold
     events: list[EventWrite] = field(default_factory=list)
 
     def event(self, type_: str, payload: dict[str, Any], at: datetime) -> None:
@@ -119,5 +124,6 @@ class UnitOfWork:
             or self.invocation_updates
             or self.checkpoint
             or self.approval_inserts
+            or self.approval_invalidations
             or self.events
         )
