@@ -361,6 +361,9 @@ Q_TIMEOUT = int(AGENTRT_SLICE_SECONDS + AGENTRT_MAX_CALL_SECONDS + 60)
 # re-checking the queue at least every AGENTRT_Q_FALLBACK_POLL seconds.
 AGENTRT_Q_DOORBELL = os.environ.get("AGENTRT_Q_DOORBELL", "1") == "1"
 AGENTRT_Q_FALLBACK_POLL = env_float("AGENTRT_Q_FALLBACK_POLL", 0.5)
+# A sentinel that completes no guard cycle for this long (wedged, or stopped)
+# is killed by its qcluster main process, which exits 1 for its supervisor (runs/qheal.py).
+AGENTRT_SENTINEL_STALL_SECONDS = env_float("AGENTRT_SENTINEL_STALL_SECONDS", 30)
 Q_CLUSTER = {
     "name": "agentrt",
     "orm": "default",
