@@ -3,7 +3,12 @@
 The events index is partial: it holds only the rare event types the counters
 read, so the hot path's appends (model responses, deltas, checkpoints) never
 touch it. They are raw SQL on tables the runs and approvals apps own, so those
-apps' migrations (and their numbering) stay untouched."""
+apps' migrations (and their numbering) stay untouched.
+
+No index on runs.updated_at: the step's fenced UPDATE writes that column,
+and any index on it (even a partial one) turns every step's update of the
+run row from a HOT update into one that writes every index of the table.
+The queue gauges find QUEUED rows through runs_status_lease_idx instead."""
 from django.db import migrations
 
 COUNTED = ("run.cancelled", "run.requeued", "run.failed", "lease.taken_over", "step.interrupted", "context.compacted",
@@ -22,9 +27,5 @@ class Migration(migrations.Migration):
         migrations.RunSQL(
             "CREATE INDEX IF NOT EXISTS approvals_pending_kind_idx ON approvals (kind, created_at) WHERE status = 'pending'",
             "DROP INDEX IF EXISTS approvals_pending_kind_idx",
-        ),
-        migrations.RunSQL(
-            "CREATE INDEX IF NOT EXISTS runs_queued_idx ON runs (updated_at) WHERE status = 'QUEUED'",
-            "DROP INDEX IF EXISTS runs_queued_idx",
         ),
     ]
