@@ -20,7 +20,7 @@ from django.db import close_old_connections
 
 from . import scoping
 from .clock import CLOCK
-from .models import Event, Membership
+from .models import Event, Membership, Run
 from .selectors import event_to_dict
 from .ws_auth import credential_of, credential_still_valid
 from .ws_limits import RENEW_EVERY_SECONDS, ws_admit, ws_release, ws_renew
@@ -46,6 +46,11 @@ def tenant_group(tenant_id) -> str:
 def _tenant_of(user):
     tenant = scoping.tenant_for(user)
     return tenant.id if tenant else None
+
+
+@database_sync_to_async
+def _tenant_of_run(run_id):
+    return Run.objects.filter(id=run_id).values_list("tenant_id", flat=True).first()
 
 
 @database_sync_to_async
@@ -180,7 +185,7 @@ class RunEventsConsumer(_Streaming):
             return
         # What keeps the socket open is what let it open: membership of the
         # run's tenant, or else being a superuser (tenant None in the re-check).
-        if not await self.admit(user, tenant_id if run.tenant_id == tenant_id else None):
+        if not await self.admit(user, tenant_id if await _tenant_of_run(run.id) == tenant_id else None):
             return
         self.run_id = run.id
         self.group = run_group(run.id)
@@ -192,7 +197,7 @@ class RunEventsConsumer(_Streaming):
     @database_sync_to_async
     def _run(self, user, run_id):
         # Reading a run's events is a view: a superuser may watch any tenant's run.
-        return scoping.runs_visible_to(user).select_related(None).filter(id=run_id).only("id", "tenant_id").first()
+        return scoping.runs_visible_to(user).select_related(None).filter(id=run_id).only("id").first()
 
     @database_sync_to_async
     def _fetch(self):
