@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -182,3 +183,33 @@ def operator(tenant):
     _, user = tenant_create(name=tenant.name, username="op", password="pw", operator=True)
     user.user_permissions.add(Permission.objects.get(codename="publish_agent"))
     return type(user).objects.get(pk=user.pk)
+
+
+def free_port() -> int:
+    """A local TCP port nothing listens on (now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_daphne(env: dict, log) -> tuple[int, subprocess.Popen]:
+    """A real daphne on a free port with `env`, its output to `log`; returns
+    (port, process) once it listens. The caller terminates it."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentrt_site.asgi:application"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def up():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    try:
+        wait_for(up, timeout=30, message="daphne to listen")
+    except BaseException:
+        proc.terminate()
+        proc.wait(timeout=10)
+        raise
+    return port, proc

@@ -5,7 +5,6 @@ uncertain calls in a run, the reconciler's view of an uncertain call, and the
 from __future__ import annotations
 
 import re
-import socket
 import threading
 from datetime import timedelta
 
@@ -27,6 +26,7 @@ from runs.resume import run_resume
 from runs.selectors import tool_uncertain_counts
 from runs.tools import REGISTRY, builtin
 from runs.tools import OutcomeUnknown as PublicOutcomeUnknown
+from tests.conftest import free_port
 from tests.crash import die_at
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,14 +39,6 @@ def context(*, timeout=5.0, deadline=None, token=None, key="run:1:call_1_0"):
 
 def post(sink, ctx, **extra):
     return builtin.http_post({"url": sink.url, "json": {"amount": 5}, **extra}, ctx)
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there any more: a connect is refused
-    return port
 
 
 def reload(run):

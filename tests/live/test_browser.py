@@ -3,43 +3,23 @@ live ASGI server (daphne) and a real qcluster: open a run page, watch the run
 reach its approval, approve it from the page, see it complete."""
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 
 import pytest
 from django.contrib.auth.models import Permission
 
 from runs.models import Run
-from tests.conftest import ROOT, subprocess_env, wait_for
+from tests.conftest import ROOT, start_daphne, subprocess_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = ROOT / "artifacts" / "browser"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server(transactional_db, sink, tmp_path):
-    port = free_port()
     env = subprocess_env(AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host, DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost")
     log = open(tmp_path / "daphne.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentrt_site.asgi:application"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def up():
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return True
-        except OSError:
-            return False
-
-    wait_for(up, timeout=30, message="daphne to listen")
+    port, proc = start_daphne(env, log)
     yield f"http://127.0.0.1:{port}"
     proc.terminate()
     proc.wait(timeout=10)

@@ -4,16 +4,13 @@ and a real daphne for the attacks replayed over HTTP."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import ROOT, subprocess_env, wait_for
+from tests.conftest import ROOT, start_daphne, subprocess_env
 
 SIDE_EFFECTS_NEED_APPROVAL = {"default": "allow", "rules": [{"tool": "*", "side_effect": True, "decision": "require_approval"}]}
 
@@ -62,30 +59,13 @@ def http(base: str, method: str, path: str, *, auth: str | None = None, body=Non
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def live_server_url(transactional_db, sink, tmp_path):
     """A real daphne on this test database."""
-    port = _free_port()
     env = subprocess_env(AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host, DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost")
     log = open(tmp_path / "daphne.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentrt_site.asgi:application"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def up():
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return True
-        except OSError:
-            return False
-
+    port, proc = start_daphne(env, log)
     try:
-        wait_for(up, timeout=30, message="daphne to listen")
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()

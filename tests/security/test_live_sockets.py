@@ -5,9 +5,6 @@ with no traceback in the server's log."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import uuid
 from contextlib import ExitStack
 
@@ -17,35 +14,17 @@ from django.test import Client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from tests.conftest import ROOT, subprocess_env, wait_for
+from tests.conftest import start_daphne, subprocess_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 REDIS = "redis://127.0.0.1:6379/0"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Daphne:
     def __init__(self, env: dict, log_path):
-        self.port = free_port()
         self.log_path = log_path
         self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "agentrt_site.asgi:application"],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-
-        def up():
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return True
-            except OSError:
-                return False
-
-        wait_for(up, timeout=30, message="daphne to listen")
+        self.port, self.proc = start_daphne(env, self.log)
 
     def socket(self, cookie: str, path: str = "/ws/runs/"):
         return connect(f"ws://127.0.0.1:{self.port}{path}", origin=f"http://127.0.0.1:{self.port}",
