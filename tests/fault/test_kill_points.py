@@ -84,6 +84,14 @@ def status(run):
     return Run.objects.filter(id=run.id).values_list("status", flat=True).get()
 
 
+def park_or_end(run):
+    """Await the run leaving QUEUED/RUNNING; it must have parked (a run that
+    completed or failed instead fails here at once, not after a timeout)."""
+    wait_for(lambda: status(run) not in ("QUEUED", "RUNNING"), timeout=90, message="the run to park")
+    row = Run.objects.get(id=run.id)
+    assert row.status == "WAITING_FOR_APPROVAL", (row.status, row.failure)
+
+
 def marker(tmp_path, point, run):
     return tmp_path / f"{point}.{run.id}"
 
@@ -119,7 +127,7 @@ def test_sigkill_after_the_watermark_parks_the_run_and_approval_sends_once(stack
     post_agent(load_agent, sink)
     stack("tool.after_watermark=kill")
     run = submit()
-    wait_for(lambda: status(run) == "WAITING_FOR_APPROVAL", timeout=90, message="the run to park")
+    park_or_end(run)
     assert sink.count() == 0
     row = Run.objects.get(id=run.id)
     assert row.lease_owner is None
@@ -136,7 +144,7 @@ def test_sigkill_after_the_call_parks_the_run_and_rejection_sends_nothing_more(s
     post_agent(load_agent, sink)
     stack("tool.after_execute=kill")
     run = submit()
-    wait_for(lambda: status(run) == "WAITING_FOR_APPROVAL", timeout=90, message="the run to park")
+    park_or_end(run)
     assert sink.count() == 1
     approval = Approval.objects.get(run=run, status="pending")
     approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash, via="api")
@@ -223,7 +231,7 @@ def test_sigkill_after_the_watermark_then_a_waiting_reconciler_parks_and_approva
     pay_agent(load_agent, sink)
     stack("tool.after_watermark=kill", reconciler="waiting")
     run = submit()
-    wait_for(lambda: status(run) == "WAITING_FOR_APPROVAL", timeout=90, message="the reconciler to park the run")
+    park_or_end(run)
     assert sink.count() == 0
     approval = Approval.objects.get(run=run, status="pending")
     assert approval.kind == "reconcile" and approval.presentation == R.PAUSE["presentation"]

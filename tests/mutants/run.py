@@ -74,8 +74,8 @@ def load(only: list[str] | None = None) -> list[Mutant]:
             raise SpecError(f"{path.name}: unknown keys {sorted(unknown)}")
         m = Mutant(name=path.stem, claim=data.get("claim", ""), guards=list(data.get("guards", [])),
                    edits=list(data.get("edit", [])), pending=data.get("pending", ""))
-        if not m.claim or not m.edits or (not m.guards and not m.pending):
-            raise SpecError(f"{path.name}: needs claim, at least one [[edit]] and guards")
+        if not m.claim or (not m.pending and (not m.edits or not m.guards)):
+            raise SpecError(f"{path.name}: needs claim, at least one [[edit]] and guards (or pending = \"why\")")
         for e in m.edits:
             if set(e) - {"file", "find", "replace", "count"} or not {"file", "find", "replace"} <= set(e):
                 raise SpecError(f"{path.name}: an [[edit]] needs exactly file, find, replace (and optional count)")
@@ -97,6 +97,8 @@ def mutated(root: Path, mutant: Mutant) -> dict[Path, str]:
     """The mutated text of each edited file; SpecError if a snippet is not
     found exactly as often as the spec says."""
     texts: dict[Path, str] = {}
+    if mutant.pending:
+        return texts
     for e in mutant.edits:
         path = root / e["file"]
         if not path.is_file():
@@ -132,12 +134,15 @@ def database_url(base: str, index: int) -> str:
 
 
 def first_failure(junit: Path) -> tuple[str, str]:
-    """The node id of the first failed or errored test, and the kind."""
+    """The node id of the first failed or errored test, and its message."""
     if not junit.exists():
         return "", ""
     for case in ET.parse(junit).getroot().iter("testcase"):
         for kind in ("failure", "error"):
-            if case.find(kind) is not None:
+            found = case.find(kind)
+            if found is not None:
+                message = " ".join((found.get("message") or kind).split())
+                kind = (message[:157] + "...") if len(message) > 160 else message
                 module = case.get("classname", "")
                 parts = module.split(".")
                 # classname is the dotted module (plus a class, if any)
@@ -172,7 +177,7 @@ def run_one(mutant: Mutant, index: int, base: Path, work: Path, db_url: str, tim
     if proc.returncode == 1:
         killer, kind = first_failure(junit)
         if killer:
-            return Result(mutant, "KILLED", killer=killer + (" (error)" if kind == "error" else ""), seconds=seconds, detail=output[-2000:])
+            return Result(mutant, "KILLED", killer=killer, seconds=seconds, detail=kind)
     return Result(mutant, "ERROR", seconds=seconds, detail=f"pytest exit {proc.returncode}\n{output[-3000:]}")
 
 
@@ -216,7 +221,8 @@ def main(argv=None) -> int:
             for f in futures:
                 r = f.result()
                 results.append(r)
-                print(f"{r.verdict:8} {r.mutant.name}" + (f"  <- {r.killer}" if r.killer else "") + f"  ({r.seconds:.0f}s)", flush=True)
+                print(f"{r.verdict:8} {r.mutant.name}" + (f"  <- {r.killer}\n         {r.detail}" if r.killer else "")
+                      + f"  ({r.seconds:.0f}s)", flush=True)
     finally:
         if args.keep:
             print(f"scratch copies kept in {work}")
@@ -238,11 +244,13 @@ def main(argv=None) -> int:
 
 
 def render(results: list[Result], total: float, jobs: int) -> str:
-    lines = ["| mutant | claim | result | killed by | s |", "|---|---|---|---|---|"]
+    lines = ["| mutant | claim | result | killed by (its failure) | s |", "|---|---|---|---|---|"]
     for r in results:
-        by = r.killer or (f"pending: {r.detail}" if r.verdict == "PENDING" else "")
-        lines.append(f"| {r.mutant.name} | {r.mutant.claim} | {r.verdict} | `{by}` | {r.seconds:.0f} |" if r.killer
-                     else f"| {r.mutant.name} | {r.mutant.claim} | {r.verdict} | {by} | {r.seconds:.0f} |")
+        if r.killer:
+            by = f"`{r.killer}` ({r.detail.replace('|', '/')})"
+        else:
+            by = f"pending: {r.detail}" if r.verdict == "PENDING" else ""
+        lines.append(f"| {r.mutant.name} | {r.mutant.claim} | {r.verdict} | {by} | {r.seconds:.0f} |")
     killed = sum(r.verdict == "KILLED" for r in results)
     run = sum(r.verdict != "PENDING" for r in results)
     lines.append("")
