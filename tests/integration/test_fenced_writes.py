@@ -50,7 +50,7 @@ def snapshot(run_id):
     )
 
 
-def model_call_unit(*, finish: bool) -> UnitOfWork:
+def model_call_unit(*, step: int, finish: bool) -> UnitOfWork:
     """A fresh model-call row and an event: nothing here can collide with an
     existing row. With `finish` the same unit also finishes the call it
     inserts, which the one-statement path cannot batch (store_pg.can_batch),
@@ -58,11 +58,11 @@ def model_call_unit(*, finish: bool) -> UnitOfWork:
     now = CLOCK.now()
     work = UnitOfWork()
     call_id = uuid4()
-    work.model_call_inserts.append(ModelCallInsert(id=call_id, step_number=99, attempt_number=1, started_at=now))
+    work.model_call_inserts.append(ModelCallInsert(id=call_id, step_number=step, attempt_number=1, started_at=now))
     if finish:
         work.model_call_finishes.append(ModelCallFinish(id=call_id, status="completed", usage={}, stop_reason="stop",
                                                         stream_had_output=False, error=None, prefix_sha256=None, finished_at=now))
-    work.event("model.request.started", {"step": 99, "attempt": 1}, now)
+    work.event("model.request.started", {"step": step, "attempt": 1}, now)
     return work
 
 
@@ -72,13 +72,13 @@ def test_a_stale_epoch_commit_writes_zero_rows_and_raises_worker_fenced(load_age
     run = submit()
     claim = run_claim(run_id=run.id, owner="worker-a")
     store = store_for(claim)
-    store.commit(model_call_unit(finish=path != "one statement"))  # the owner's own write goes through
+    store.commit(model_call_unit(step=98, finish=path != "one statement"))  # the owner's own write goes through
     assert ModelCall.objects.filter(run_id=run.id).count() == 1
     new_epoch = take_over_elsewhere(run.id)
     assert new_epoch == claim.epoch + 1
     before = snapshot(run.id)
     with pytest.raises(WorkerFenced):
-        store.commit(model_call_unit(finish=path != "one statement"))
+        store.commit(model_call_unit(step=99, finish=path != "one statement"))  # a new step: no key can collide
     assert snapshot(run.id) == before
     row = Run.objects.get(id=run.id)
     assert (row.lease_owner, row.lease_epoch) == ("worker-b", new_epoch)
