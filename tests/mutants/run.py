@@ -188,6 +188,9 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant")
     parser.add_argument("--keep", action="store_true", help="keep the scratch copies")
     parser.add_argument("--check", action="store_true", help="only check that every snippet applies")
+    parser.add_argument("--baseline", action="store_true",
+                        help="first run every guard on the unmutated copy (a kill means something only if the guards pass "
+                             "without the mutant; .ci/run gets that from the `make test` just before)")
     args = parser.parse_args(argv)
     db_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/agentrt")
     if not db_url.startswith(("postgres://", "postgresql://")):
@@ -215,6 +218,13 @@ def main(argv=None) -> int:
             if proc.returncode != 0:
                 print(f"make mutants: a guard does not name a test\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}", file=sys.stderr)
                 return 2
+        if guards and args.baseline:
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *guards], cwd=base,
+                                  env=dict(os.environ, DATABASE_URL=database_url(db_url, len(mutants))), capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(f"make mutants: the guards fail WITHOUT any mutant\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}", file=sys.stderr)
+                return 2
+            print(f"baseline: every guard passes unmutated ({time.monotonic() - started:.0f}s)", flush=True)
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             futures = [pool.submit(run_one, m, i, base, work, db_url, args.timeout) for i, m in enumerate(mutants)]
             results = []
