@@ -206,7 +206,7 @@ STATIC_URL = "static/"
 STATIC_ROOT = os.environ.get("AGENTRT_STATIC_ROOT") or None
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"  # the live pages' login: members are not staff
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 
 # --- Content-Security-Policy (django-csp 4) ---------------------------------
@@ -311,6 +311,8 @@ AGENTRT_RECONCILE_TIMEOUT = env_float("AGENTRT_RECONCILE_TIMEOUT", 30)
 AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = env_list("AGENTRT_HTTP_TOOL_ALLOWED_HOSTS", "")
 AGENTRT_APPROVAL_TTL_SECONDS = env_float("AGENTRT_APPROVAL_TTL_SECONDS", 86400)
 AGENTRT_INPUT_TTL_SECONDS = env_float("AGENTRT_INPUT_TTL_SECONDS", 86400)
+# Active (non-terminal) runs per tenant unless Tenant.max_active_runs says otherwise; 0 = no limit.
+AGENTRT_MAX_ACTIVE_RUNS = env_int("AGENTRT_MAX_ACTIVE_RUNS", 1000)
 AGENTRT_ENABLE_FAULTPOINTS = os.environ.get("AGENTRT_ENABLE_FAULTPOINTS", "0") == "1"
 AGENTRT_FAULTPOINTS = os.environ.get("AGENTRT_FAULTPOINTS", "")
 AGENTRT_FAULTPOINT_DIR = os.environ.get("AGENTRT_FAULTPOINT_DIR", str(BASE_DIR / "var" / "faultpoints"))

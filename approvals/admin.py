@@ -18,6 +18,7 @@ from django.utils.timesince import timesince, timeuntil
 
 from runs.admin import TenantScoped
 from runs.clock import CLOCK
+from runs.scoping import approvals_actionable_by
 
 from .errors import ApprovalError
 from .models import Approval
@@ -112,6 +113,7 @@ class ApprovalAdmin(TenantScoped):
         return True
 
     def _confirm(self, request, queryset, approve):
+        queryset = self.acting_only(request, queryset)  # a superuser decides only in its own tenant: 404 elsewhere
         if request.POST.get("confirm") == "yes":
             reason = request.POST.get("reason", "")
             for approval in queryset:
@@ -143,13 +145,24 @@ class ApprovalAdmin(TenantScoped):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         obj = self.get_object(request, object_id)
-        if obj is None:
-            raise Http404("no such approval")
+        if obj is None or not approvals_actionable_by(request.user).filter(id=obj.id).exists():
+            raise Http404("no such approval")  # a superuser sees every tenant but decides only in its own
         if not can_resolve(request.user):
             raise PermissionDenied
         self._decide(request, obj.id, request.POST.get("decision") == "approve", request.POST.get("request_hash", ""), request.POST.get("reason", ""))
         return HttpResponseRedirect(reverse("admin:approvals_approval_change", args=[obj.id]))
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra_context = {**(extra_context or {}), "can_resolve": can_resolve(request.user)}
+        acting = approvals_actionable_by(request.user).filter(pk=object_id).exists() if _is_uuid(object_id) else False
+        extra_context = {**(extra_context or {}), "can_resolve": can_resolve(request.user) and acting}
         return super().change_view(request, object_id, form_url, extra_context)
+
+
+def _is_uuid(value) -> bool:
+    from uuid import UUID
+
+    try:
+        UUID(str(value))
+        return True
+    except ValueError:
+        return False

@@ -2,16 +2,23 @@
 
 Rules match on the tool name with an optional `when` on an argument (dotted
 path; ops eq, ne, in, gt, gte, lt, lte); the first match wins, else
-`default`. An error while evaluating, or an argument the condition cannot
-read, fails closed: require approval, never allow. No Django imports.
+`default`. A rule with `"side_effect": true` matches only tools that are
+not read-only (`false`: only read-only ones); a tool whose kind is unknown
+counts as having a side effect. An error while evaluating, or an argument
+the condition cannot read, fails closed: require approval, never allow.
+
+A tenant's policy floor has the same shape. The decision for a call is the
+stricter of the floor's and the agent's (deny > require_approval > allow),
+so no agent can loosen what its tenant's floor says. No Django imports.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 DECISIONS = ("allow", "deny", "require_approval")
 OPS = ("eq", "ne", "in", "gt", "gte", "lt", "lte")
 _MISSING = object()
+STRICTNESS = {"allow": 0, "require_approval": 1, "deny": 2}
 
 
 class PolicyError(Exception):
@@ -54,11 +61,21 @@ def _matches(when: dict, arguments: Any) -> bool:
     raise PolicyError(f"unknown op {op!r}")
 
 
-def evaluate(policy: dict | None, tool_name: str, arguments: Any) -> str:
+def stricter(a: str, b: str) -> str:
+    """The stricter of two decisions; anything unknown counts as require_approval."""
+    a = a if a in STRICTNESS else "require_approval"
+    b = b if b in STRICTNESS else "require_approval"
+    return a if STRICTNESS[a] >= STRICTNESS[b] else b
+
+
+def evaluate(policy: dict | None, tool_name: str, arguments: Any, *, read_only: bool | None = None) -> str:
     policy = policy or {}
     try:
         for rule in policy.get("rules", []):
             if rule.get("tool") not in (tool_name, "*"):
+                continue
+            wanted = rule.get("side_effect")
+            if wanted is not None and bool(wanted) != (read_only is not True):
                 continue
             when = rule.get("when")
             if when is None or _matches(when, arguments):
@@ -69,11 +86,29 @@ def evaluate(policy: dict | None, tool_name: str, arguments: Any) -> str:
 
 
 class PolicyEngine:
-    """The `PolicyEngine` port over one agent version's policy."""
+    """The `PolicyEngine` port over one agent version's policy and its tenant's floor.
 
-    def __init__(self, policy: dict | None):
+    `floor` is called at every evaluation (the floor is read live, so a
+    tightened floor applies to the next call of every run); `read_only_of`
+    tells whether a tool is read-only (None: unknown)."""
+
+    def __init__(self, policy: dict | None, *, floor: Callable[[], dict | None] | None = None,
+                 read_only_of: Callable[[str], bool | None] | None = None):
         self.policy = policy or {}
+        self.floor = floor
+        self.read_only_of = read_only_of
 
     def evaluate(self, tool_name: str, arguments: Any) -> str:
-        decision = evaluate(self.policy, tool_name, arguments)
-        return decision if decision in DECISIONS else "require_approval"
+        try:
+            read_only = self.read_only_of(tool_name) if self.read_only_of else None
+        except Exception:
+            read_only = None
+        decision = evaluate(self.policy, tool_name, arguments, read_only=read_only)
+        decision = decision if decision in DECISIONS else "require_approval"
+        if self.floor is None or decision == "deny":  # nothing is stricter than deny: no need to read the floor
+            return decision
+        try:
+            floor = self.floor()
+        except Exception:  # the floor could not be read: fail closed
+            return stricter(decision, "require_approval")
+        return stricter(decision, evaluate(floor, tool_name, arguments, read_only=read_only))

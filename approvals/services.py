@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from runs.clock import CLOCK
 from runs.domain.values import FailureReason, RunFailure
 from runs.domain.writes import EventWrite
-from runs.models import Membership, Run
+from runs.models import Run
 from runs.store import append_events, jp, sql_dt, sql_json, sql_uuid
 
 from .errors import ApprovalDecided, ApprovalExpired, ApprovalForbidden, ApprovalNotFound, ApprovalStale
@@ -32,18 +32,14 @@ def can_resolve(user) -> bool:
 
 
 def approval_for(*, user, approval_id: Any, acting: bool = False) -> Approval:
-    """The approval, if `user` may see it (a superuser sees every tenant)."""
+    """The approval, if `user` may see it (with `acting`: act on it — its own tenant only, a superuser too)."""
+    from runs.scoping import approvals_actionable_by, approvals_visible_to
+
     try:
         aid = UUID(str(approval_id))
     except ValueError:
         raise ApprovalNotFound("no such approval") from None
-    qs = Approval.objects.select_related("run", "invocation")
-    membership = Membership.objects.filter(user=user).first()
-    if acting or not user.is_superuser:
-        # A superuser sees every tenant but acts only in its own.
-        if membership is None:
-            raise ApprovalNotFound("no such approval")
-        qs = qs.filter(tenant_id=membership.tenant_id)
+    qs = approvals_actionable_by(user) if acting else approvals_visible_to(user)
     approval = qs.filter(id=aid).first()
     if approval is None:
         raise ApprovalNotFound("no such approval")

@@ -1,28 +1,36 @@
-"""The Django admin over runs: read-only views; every change goes through a service."""
+"""The Django admin over runs: read-only views; every change goes through a service.
+
+Scoping comes from runs.scoping: a staff user sees its own tenant's rows
+(another tenant's is 404), a superuser sees every tenant but its actions
+(cancel, resume) apply only in its own. Cancel and resume need
+`runs.cancel_run` / `runs.resume_run` and a confirmation page, like the
+approval actions. The auth and django-q2 admins are superuser-only.
+"""
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
+from . import scoping
+from .errors import RunError
 from .lifecycle import run_cancel
-from .models import Agent, AgentVersion, Event, Membership, Run, Tenant, ToolInvocation
+from .models import Agent, AgentVersion, Event, Run, Tenant, ToolInvocation
 from .resume import run_resume
+from .services import policy_floor_check, tenant_configure
 
 
 class TenantScoped(admin.ModelAdmin):
-    """Non-superusers see only their own tenant's rows (another tenant's is 404)."""
+    """Staff see only their own tenant's rows (another tenant's is 404); a superuser sees all."""
 
     def get_queryset(self, request):
-        qs = super().get_queryset(request)
-        if request.user.is_superuser:
-            return qs
-        membership = Membership.objects.filter(user=request.user).first()
-        return qs.filter(tenant_id=membership.tenant_id) if membership else qs.none()
+        return scoping.scope(super().get_queryset(request), request.user)
 
     def has_add_permission(self, request):
         return False
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        from django.http import Http404
-
         if self.get_object(request, object_id) is None:  # another tenant's row is 404, not a redirect
             raise Http404("not found")
         return super().change_view(request, object_id, form_url, extra_context)
@@ -32,6 +40,14 @@ class TenantScoped(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    def acting_only(self, request, queryset):
+        """The selection, if every row is in the user's own tenant; 404 otherwise (a superuser acts only in its own)."""
+        ids = list(queryset.values_list("pk", flat=True))
+        allowed = scoping.scope(self.model.objects.filter(pk__in=ids), request.user, acting=True)
+        if allowed.count() != len(ids):
+            raise Http404("not found")
+        return allowed
 
 
 class EventInline(admin.TabularInline):
@@ -55,6 +71,12 @@ class InvocationInline(admin.TabularInline):
     max_num = 0
 
 
+RUN_ACTIONS = {
+    "cancel_runs": ("Cancel runs", "Cancelling ends a queued or waiting run at once and asks a running one to stop.", "Yes, cancel"),
+    "resume_runs": ("Resume runs", "Resuming takes over a RUNNING run whose lease expired (its worker died).", "Yes, resume"),
+}
+
+
 @admin.register(Run)
 class RunAdmin(TenantScoped):
     list_display = ("id", "agent", "status", "step_count", "failure_reason", "cost", "created_at")
@@ -72,22 +94,49 @@ class RunAdmin(TenantScoped):
     def cost(self, obj):
         return format_html("{}", (obj.usage or {}).get("cost_usd", 0))
 
-    @admin.action(description="Cancel selected runs", permissions=["view"])
+    def has_cancel_permission(self, request):
+        return request.user.is_active and request.user.has_perm("runs.cancel_run")
+
+    def has_resume_permission(self, request):
+        return request.user.is_active and request.user.has_perm("runs.resume_run")
+
+    def _confirm(self, request, queryset, action):
+        """The confirmation page, or (after "yes") the checked selection to act on."""
+        if not getattr(self, f"has_{action.split('_')[0]}_permission")(request):
+            raise PermissionDenied  # actions are filtered by permission; a forged POST still stops here
+        queryset = self.acting_only(request, queryset)
+        if request.POST.get("confirm") == "yes":
+            return None, queryset
+        title, notice, button = RUN_ACTIONS[action]
+        context = {**self.admin_site.each_context(request), "title": title, "notice": notice, "button": button,
+                   "runs": list(queryset.select_related("agent")), "action": action, "opts": self.model._meta}
+        return TemplateResponse(request, "admin/runs/run/action_confirm.html", context), None
+
+    @admin.action(description="Cancel selected runs", permissions=["cancel"])
     def cancel_runs(self, request, queryset):
-        for run in queryset:
+        page, runs = self._confirm(request, queryset, "cancel_runs")
+        if page is not None:
+            return page
+        for run in runs:
             try:
                 run_cancel(run=run, by=request.user.get_username())
-            except Exception as exc:
-                self.message_user(request, f"{run.id}: {getattr(exc, 'message', 'cannot cancel')}", messages.WARNING)
+                self.message_user(request, f"{run.id}: cancel requested")
+            except RunError as exc:
+                self.message_user(request, f"{run.id}: {exc.message}", messages.WARNING)
+        return None
 
-    @admin.action(description="Resume selected runs (expired leases only)", permissions=["view"])
+    @admin.action(description="Resume selected runs (expired leases only)", permissions=["resume"])
     def resume_runs(self, request, queryset):
-        for run in queryset:
+        page, runs = self._confirm(request, queryset, "resume_runs")
+        if page is not None:
+            return page
+        for run in runs:
             try:
                 outcome = run_resume(run_id=run.id, via="admin")
                 self.message_user(request, f"{run.id}: {outcome}")
-            except Exception as exc:
-                self.message_user(request, f"{run.id}: {getattr(exc, 'message', 'cannot resume')}", messages.WARNING)
+            except RunError as exc:
+                self.message_user(request, f"{run.id}: {exc.message}", messages.WARNING)
+        return None
 
 
 @admin.register(Agent)
@@ -98,13 +147,85 @@ class AgentAdmin(TenantScoped):
 
 @admin.register(AgentVersion)
 class AgentVersionAdmin(TenantScoped):
-    list_display = ("agent", "version", "created_at")
+    list_display = ("agent", "version", "published_by", "published_at", "created_at")
     readonly_fields = [f.name for f in AgentVersion._meta.fields]
+
+
+class TenantForm(forms.ModelForm):
+    class Meta:
+        model = Tenant
+        fields = ("name", "policy_floor", "max_active_runs")
+        help_texts = {
+            "policy_floor": 'Agent policy shape, e.g. {"default": "allow", "rules": [{"tool": "*", "side_effect": true, '
+                            '"decision": "require_approval"}]}. Each call gets the stricter of this and the agent\'s policy.',
+            "max_active_runs": "Active runs allowed at once; empty: AGENTRT_MAX_ACTIVE_RUNS.",
+        }
+
+    def clean_policy_floor(self):
+        from .errors import InvalidInput
+
+        try:
+            return policy_floor_check(self.cleaned_data.get("policy_floor"))
+        except InvalidInput as exc:
+            raise forms.ValidationError([f"{k}: {'; '.join(v)}" for k, v in exc.fields.items()] or exc.message) from None
 
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("name", "created_at")
+    """Superusers manage tenants; a user with runs.change_tenant edits its own tenant's policy floor."""
+
+    form = TenantForm
+    list_display = ("name", "max_active_runs", "created_at")
+
+    def get_queryset(self, request):
+        return scoping.scope(super().get_queryset(request), request.user, field="id")
 
     def has_module_permission(self, request):
+        return request.user.is_superuser or self.has_change_permission(request) or self.has_view_permission(request)
+
+    def has_add_permission(self, request):
         return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a tenant's runs and events go with it: not a click in the admin
+
+    def get_readonly_fields(self, request, obj=None):
+        if request.user.is_superuser:
+            return ()
+        return ("name", "max_active_runs")  # a quota is set by the platform's operator, not by the tenant
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        if self.get_object(request, object_id) is None:
+            raise Http404("not found")
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            return super().save_model(request, obj, form, change)
+        changes = {"policy_floor": form.cleaned_data["policy_floor"]}
+        if request.user.is_superuser:
+            changes.update(name=form.cleaned_data["name"], max_active_runs=form.cleaned_data["max_active_runs"])
+        tenant_configure(tenant=obj, **changes)
+
+
+def _superuser_only(model_admin_class):
+    """A subclass of an admin that only superusers can see or use."""
+
+    def only_superuser(self, request, *args, **kwargs):
+        return bool(request.user.is_active and request.user.is_superuser)
+
+    return type(f"SuperuserOnly{model_admin_class.__name__}", (model_admin_class,), {
+        name: only_superuser for name in ("has_module_permission", "has_view_permission", "has_change_permission",
+                                          "has_add_permission", "has_delete_permission")
+    })
+
+
+def restrict_to_superusers(site=admin.site, app_labels=("auth", "django_q")) -> None:
+    """Re-register the auth (User, Group) and django-q2 admins as superuser-only."""
+    for model, model_admin in list(site._registry.items()):
+        if model._meta.app_label in app_labels:
+            site.unregister(model)
+            site.register(model, _superuser_only(type(model_admin)))
+
+
+restrict_to_superusers()

@@ -128,6 +128,10 @@ class Rule(Strict):
     tool: str = Field(min_length=1, max_length=100)
     decision: str
     when: When | None = None
+    # true: the rule matches only calls of tools with a side effect (not read-only);
+    # false: only read-only tools; absent: either. Lets a tenant floor say
+    # `{"tool": "*", "side_effect": true, "decision": "require_approval"}`.
+    side_effect: bool | None = None
 
     @field_validator("decision")
     @classmethod
@@ -140,6 +144,14 @@ class Rule(Strict):
 class Policy(Strict):
     default: str = "allow"
     rules: list[Rule] = Field(default_factory=list, max_length=200)
+
+    def normal(self) -> dict[str, Any]:
+        """The canonical JSON (an absent `side_effect` stays absent, so hashes of older definitions hold)."""
+        out = self.model_dump(mode="json")
+        for rule in out["rules"]:
+            if rule.get("side_effect") is None:
+                rule.pop("side_effect", None)
+        return out
 
     @field_validator("default")
     @classmethod

@@ -18,8 +18,9 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db import close_old_connections
 
+from . import scoping
 from .clock import CLOCK
-from .models import Event, Membership, Run
+from .models import Event, Membership
 from .selectors import event_to_dict
 from .ws_auth import credential_of, credential_still_valid
 from .ws_limits import RENEW_EVERY_SECONDS, ws_admit, ws_release, ws_renew
@@ -43,10 +44,8 @@ def tenant_group(tenant_id) -> str:
 
 @database_sync_to_async
 def _tenant_of(user):
-    if not user or not user.is_authenticated:
-        return None
-    membership = Membership.objects.filter(user=user).first()
-    return membership.tenant_id if membership else None
+    tenant = scoping.tenant_for(user)
+    return tenant.id if tenant else None
 
 
 @database_sync_to_async
@@ -175,7 +174,7 @@ class RunEventsConsumer(_Streaming):
             self.cursor = max(0, int((query.get("after") or ["0"])[0]))
         except ValueError:
             self.cursor = -1
-        run = await self._run(run_id, tenant_id, getattr(user, "is_superuser", False))
+        run = await self._run(user, run_id)
         if run is None or self.cursor < 0:
             await self.close(code=4404 if run is None else 4400)  # before any frame: the handshake is refused
             return
@@ -189,13 +188,9 @@ class RunEventsConsumer(_Streaming):
         await self.start_streaming()
 
     @database_sync_to_async
-    def _run(self, run_id, tenant_id, superuser):
-        if tenant_id is None and not superuser:
-            return None
-        qs = Run.objects.filter(id=run_id)
-        if not superuser:
-            qs = qs.filter(tenant_id=tenant_id)
-        return qs.only("id").first()
+    def _run(self, user, run_id):
+        # Reading a run's events is a view: a superuser may watch any tenant's run.
+        return scoping.runs_visible_to(user).select_related(None).filter(id=run_id).only("id").first()
 
     @database_sync_to_async
     def _fetch(self):

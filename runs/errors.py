@@ -61,3 +61,17 @@ class RunTerminal(RunError):
 
     code = "run_terminal"
     status = 409
+
+
+class QuotaExceeded(RunError):
+    """The tenant already has as many active runs as its quota allows."""
+
+    code = "quota_exceeded"
+    status = 429
+
+
+class PublishForbidden(RunError):
+    """The user lacks runs.publish_agent."""
+
+    code = "permission_denied"
+    status = 403

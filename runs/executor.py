@@ -74,6 +74,22 @@ def _resume_if_abandoned(run_id: UUID) -> None:
         pass
 
 
+def tenant_floor(tenant_id):
+    """A reader of the tenant's policy floor, called at each policy evaluation (read live)."""
+
+    def read() -> dict:
+        from .models import Tenant
+
+        return Tenant.objects.filter(id=tenant_id).values_list("policy_floor", flat=True).first() or {}
+
+    return read
+
+
+def _read_only_of(tool_name: str) -> bool | None:
+    spec = REGISTRY.spec(tool_name)
+    return None if spec is None else bool(spec.read_only)
+
+
 def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) -> RunContext:
     run = Run.objects.select_related("agent").get(id=claim.run_id)
     version = AgentVersion.objects.get(agent_id=run.agent_id, version=run.agent_version)
@@ -121,7 +137,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
             code_version=settings.AGENTRT_CODE_VERSION,
         ),
         tools=REGISTRY,
-        policy=PolicyEngine(definition.get("policy")),
+        policy=PolicyEngine(definition.get("policy"), floor=tenant_floor(run.tenant_id), read_only_of=_read_only_of),
         budgets=Ledger(limits, run.deadline_at),
         token=token,
         lease=lease,

@@ -14,6 +14,11 @@ LIVE = [s.value for s in LIVE_STATUSES]
 class Tenant(models.Model):
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
     name = models.CharField(max_length=100, unique=True)
+    # The tenant's policy floor (agent policy shape): each call's decision is the
+    # stricter of this and the agent's policy; read live when a call is evaluated.
+    policy_floor = models.JSONField(default=dict, blank=True)
+    # Active (non-terminal) runs allowed at once; null: AGENTRT_MAX_ACTIVE_RUNS.
+    max_active_runs = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=utcnow, editable=False)
 
     class Meta:
@@ -45,6 +50,7 @@ class Agent(models.Model):
 
     class Meta:
         db_table = "agents"
+        permissions = [("publish_agent", "Can publish an agent or a new agent version")]
         constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="agent_name_unique_per_tenant")]
 
     def __str__(self):
@@ -60,6 +66,9 @@ class AgentVersion(models.Model):
     version = models.CharField(max_length=64)
     definition = models.JSONField()
     policy_version = models.CharField(max_length=64, default="")
+    published_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                     related_name="+")  # null: loaded by an operator's shell command
+    published_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=utcnow, editable=False)
 
     class Meta:
@@ -110,6 +119,7 @@ class Run(models.Model):
 
     class Meta:
         db_table = "runs"
+        permissions = [("cancel_run", "Can cancel a run"), ("resume_run", "Can resume a run whose lease expired")]
         constraints = [
             models.UniqueConstraint(
                 fields=["session"], condition=~Q(status__in=TERMINAL), name="one_active_run_per_session"

@@ -21,8 +21,8 @@ from .domain.context import canonical_json
 from .domain.scrub import scrub_text
 from .domain.values import TERMINAL_STATUSES, RunStatus
 from .domain.writes import EventWrite
-from .errors import ActiveRunExists, AgentNotFound, IdempotencyConflict, InvalidInput, RunNotFound, TenantNotFound
-from .models import Agent, AgentVersion, Membership, Run, Session, Tenant
+from .errors import ActiveRunExists, AgentNotFound, IdempotencyConflict, InvalidInput, QuotaExceeded, RunNotFound, TenantNotFound
+from .models import TERMINAL, Agent, AgentVersion, Membership, Run, Session, Tenant
 from .store import append_events
 
 
@@ -52,15 +52,30 @@ def check_text(value: Any, field: str, *, max_length: int = 100_000, allow_empty
 
 # -- tenants --------------------------------------------------------------------
 
-def tenant_create(*, name: str, username: str, password: str | None = None, superuser: bool = False) -> tuple[Tenant, Any]:
-    """Create the tenant if needed, the user if missing, and make it a member."""
+# What `create_tenant --operator` grants: admin access (is_staff) and these.
+OPERATOR_PERMISSIONS = (
+    ("approvals", "resolve_approval"), ("approvals", "view_approval"),
+    ("runs", "cancel_run"), ("runs", "resume_run"),
+    ("runs", "view_run"), ("runs", "view_agent"), ("runs", "view_agentversion"), ("runs", "view_event"),
+    ("runs", "view_toolinvocation"), ("runs", "view_modelcall"), ("runs", "view_session"),
+    ("checkpoints", "view_checkpoint"),
+)
+
+
+def tenant_create(*, name: str, username: str, password: str | None = None, superuser: bool = False,
+                  operator: bool = False) -> tuple[Tenant, Any]:
+    """Create the tenant if needed, the user if missing, and make it a member.
+
+    A member is not staff; `operator` makes USER staff with OPERATOR_PERMISSIONS."""
+    from django.contrib.auth.models import Permission
+
     check_text(name, "name", max_length=100)
     User = get_user_model()
     with transaction.atomic(durable=True):
         tenant, _ = Tenant.objects.get_or_create(name=name)
         user = User.objects.filter(username=username).first()
         if user is None:
-            user = User(username=username, is_staff=True, is_superuser=superuser)
+            user = User(username=username, is_staff=bool(operator or superuser), is_superuser=superuser)
             if password:
                 user.set_password(password)
             else:
@@ -74,7 +89,52 @@ def tenant_create(*, name: str, username: str, password: str | None = None, supe
             Membership.objects.create(tenant=tenant, user=user)
         elif membership.tenant_id != tenant.id:
             raise InvalidInput(f"user {username!r} already belongs to another tenant", fields={"user": ["belongs to another tenant"]})
-    return tenant, user
+        if operator:
+            if not user.is_staff:
+                User.objects.filter(pk=user.pk).update(is_staff=True)
+            wanted = [Permission.objects.get(content_type__app_label=app, codename=code) for app, code in OPERATOR_PERMISSIONS]
+            user.user_permissions.add(*wanted)
+    return tenant, User.objects.get(pk=user.pk)
+
+
+_UNCHANGED = object()
+
+
+def tenant_configure(*, tenant: Tenant, policy_floor: Any = _UNCHANGED, max_active_runs: Any = _UNCHANGED,
+                     name: Any = _UNCHANGED) -> Tenant:
+    """Change a tenant's policy floor (applies to the next evaluated call), quota or name.
+
+    Callers authorize: the admin lets `runs.change_tenant` holders change
+    their own tenant's floor and only superusers the quota and name."""
+    changes: dict[str, Any] = {}
+    if policy_floor is not _UNCHANGED:
+        changes["policy_floor"] = policy_floor_check(policy_floor)
+    if max_active_runs is not _UNCHANGED:
+        if max_active_runs is not None and (isinstance(max_active_runs, bool) or not isinstance(max_active_runs, int) or max_active_runs < 0):
+            raise InvalidInput("max_active_runs must be a non-negative integer or null", fields={"max_active_runs": ["invalid"]})
+        changes["max_active_runs"] = max_active_runs
+    if name is not _UNCHANGED:
+        changes["name"] = check_text(name, "name", max_length=100)
+    if changes:  # one UPDATE: atomic alone (the admin calls this inside its own transaction)
+        Tenant.objects.filter(id=tenant.id).update(**changes)
+    tenant.refresh_from_db()
+    return tenant
+
+
+def policy_floor_check(floor: Any) -> dict:
+    """The floor in canonical form, or InvalidInput naming the field."""
+    from .agent_schema import Policy
+
+    if floor in (None, ""):
+        return {}
+    if not isinstance(floor, dict):
+        raise InvalidInput("the policy floor must be a JSON object", fields={"policy_floor": ["must be an object"]})
+    try:
+        return Policy.model_validate(floor, strict=True).normal()
+    except ValidationError as exc:
+        fields = _pydantic_fields(exc, "policy_floor.")
+        first = next(iter(fields.items()))
+        raise InvalidInput(f"invalid policy floor: {first[0]}: {first[1][0]}", fields=fields) from None
 
 
 def tenant_get(*, name: str) -> Tenant:
@@ -85,14 +145,20 @@ def tenant_get(*, name: str) -> Tenant:
 
 
 def tenant_of(user) -> Tenant | None:
-    membership = Membership.objects.select_related("tenant").filter(user=user).first()
-    return membership.tenant if membership else None
+    """The tenant `user` acts in (see runs.scoping)."""
+    from .scoping import tenant_for
+
+    return tenant_for(user)
 
 
 # -- agents ---------------------------------------------------------------------
 
-def agent_load(*, tenant: Tenant, definition: Any) -> AgentVersion:
-    """Create or update an agent; its version is the hash of its definition."""
+def agent_load(*, tenant: Tenant, definition: Any, published_by=None) -> AgentVersion:
+    """Create or update an agent; its version is the hash of its definition.
+
+    Callers authorize: REST requires `runs.publish_agent`; `load_agent` is
+    the operator's shell. `published_by` (None for the shell) and
+    `published_at` are recorded on a new version."""
     if not isinstance(definition, dict):
         raise InvalidInput("the agent definition must be a JSON object", fields={"(root)": ["must be an object"]})
     forbidden = forbidden_model_keys(definition)  # a definition never chooses where a key goes
@@ -106,6 +172,7 @@ def agent_load(*, tenant: Tenant, definition: Any) -> AgentVersion:
         first = next(iter(forbidden.items()))
         raise InvalidInput(f"invalid agent definition: {first[0]}: {first[1][0]}", fields=forbidden)
     normal = parsed.model_dump(mode="json", exclude_none=False)
+    normal["policy"] = parsed.policy.normal()
     normal["limits"] = parsed.limits.given()
     version = hashlib.sha256(canonical_json(normal).encode()).hexdigest()
     policy_version = hashlib.sha256(canonical_json(normal["policy"]).encode()).hexdigest()[:16]
@@ -118,7 +185,8 @@ def agent_load(*, tenant: Tenant, definition: Any) -> AgentVersion:
             Agent.objects.filter(id=agent.id).update(latest_version=version, updated_at=now)
         av, _ = AgentVersion.objects.get_or_create(
             agent=agent, version=version,
-            defaults={"id": IDS.new_id(), "tenant": tenant, "definition": normal, "policy_version": policy_version, "created_at": now},
+            defaults={"id": IDS.new_id(), "tenant": tenant, "definition": normal, "policy_version": policy_version, "created_at": now,
+                      "published_by": published_by, "published_at": now},
         )
     return av
 
@@ -182,6 +250,10 @@ def run_submit(
                 if session_row.agent_id != agent_row.id:
                     raise InvalidInput("the session belongs to another agent", fields={"session": ["belongs to another agent"]})
             else:
+                session_row = None
+            if session_row is None or not Run.objects.filter(session=session_row).exclude(status__in=TERMINAL).exists():
+                _check_quota(tenant)  # (text for a busy session is routed below, not counted)
+            if session_row is None:
                 session_row = Session.objects.create(id=IDS.new_id(), tenant=tenant, agent=agent_row, created_at=now)
             run = Run.objects.create(
                 id=IDS.new_id(),
@@ -226,6 +298,21 @@ def run_submit(
             raise IdempotencyConflict("this Idempotency-Key was used with a different request") from None
         raise
     return run, True
+
+
+def _check_quota(tenant: Tenant) -> None:
+    """Refuse a run beyond the tenant's active-run quota. Call inside the submit's
+    transaction: the tenant row lock serializes concurrent submits of one tenant,
+    so two cannot both pass at the limit. FOR NO KEY UPDATE: it does not block
+    the FOR KEY SHARE that inserts referencing the tenant take."""
+    limit = Tenant.objects.select_for_update(no_key=True).filter(id=tenant.id).values_list("max_active_runs", flat=True).first()
+    if limit is None:
+        limit = settings.AGENTRT_MAX_ACTIVE_RUNS or None  # the setting's 0 means no limit
+    if limit is None:
+        return
+    active = Run.objects.filter(tenant_id=tenant.id).exclude(status__in=TERMINAL).count()
+    if active >= limit:
+        raise QuotaExceeded(f"the tenant has {active} active runs and its quota is {limit}; wait for some to finish")
 
 
 def _seed_checkpoint(run: Run, now) -> None:

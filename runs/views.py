@@ -17,8 +17,8 @@ from approvals.services import approval_decide, can_resolve
 from .errors import RunError
 from .lifecycle import run_cancel
 from .models import Run
+from .scoping import runs_actionable_by, runs_visible_to
 from .selectors import run_to_dict
-from .services import tenant_of
 
 
 # The live pages' own scripts build nodes and set text only, so the browser may refuse every string-to-markup
@@ -26,16 +26,9 @@ from .services import tenant_of
 LIVE_PAGE_CSP = {"require-trusted-types-for": ["'script'"], "trusted-types": ["'none'"]}
 
 
-def _runs_for(user):
-    qs = Run.objects.select_related("agent")
-    if user.is_superuser:
-        return qs
-    tenant = tenant_of(user)
-    return qs.filter(tenant=tenant) if tenant else qs.none()
-
-
-def _run_or_404(user, run_id) -> Run:
-    run = _runs_for(user).filter(id=run_id).first()
+def _run_or_404(user, run_id, *, acting: bool = False) -> Run:
+    """A run `user` may see (with `acting`: act on — its own tenant only); 404 otherwise."""
+    run = (runs_actionable_by(user) if acting else runs_visible_to(user)).filter(id=run_id).first()
     if run is None:
         raise Http404("no such run")
     return run
@@ -44,7 +37,7 @@ def _run_or_404(user, run_id) -> Run:
 @csp_update(LIVE_PAGE_CSP)
 @login_required
 def runs_list(request):
-    runs = list(_runs_for(request.user).order_by("-created_at")[:100])
+    runs = list(runs_visible_to(request.user).order_by("-created_at")[:100])
     waiting = {a["run_id"]: a["kind"] for a in Approval.objects.filter(run__in=runs, status="pending").values("run_id", "kind")}
     rows = [{**run_to_dict(r), "waiting": waiting.get(r.id, "")} for r in runs]
     return render(request, "runs/list.html", {"runs": rows})
@@ -59,14 +52,14 @@ def run_detail(request, run_id):
     return render(request, "runs/detail.html", {
         "run": run_to_dict(run),
         "pending": [{**p, "id": str(p["id"]), "expires_at": p["expires_at"].isoformat() if p["expires_at"] else None} for p in pending],
-        "can_resolve": can_resolve(request.user),
+        "can_resolve": can_resolve(request.user) and runs_actionable_by(request.user).filter(id=run.id).exists(),
     })
 
 
 @login_required
 @require_POST
 def run_decide(request, run_id):
-    run = _run_or_404(request.user, run_id)
+    run = _run_or_404(request.user, run_id, acting=True)
     approval = Approval.objects.filter(run=run, id=request.POST.get("approval", "")).first() if _is_uuid(request.POST.get("approval")) else None
     if approval is None:
         raise Http404("no such approval")
@@ -82,7 +75,7 @@ def run_decide(request, run_id):
 @login_required
 @require_POST
 def run_cancel_view(request, run_id):
-    run = _run_or_404(request.user, run_id)
+    run = _run_or_404(request.user, run_id, acting=True)
     try:
         run_cancel(run=run, by=request.user.get_username())
         messages.success(request, "Cancel requested.")

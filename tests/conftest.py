@@ -161,6 +161,6 @@ def operator(tenant):
 
     from runs.services import tenant_create
 
-    _, user = tenant_create(name=tenant.name, username="op", password="pw")
-    user.user_permissions.add(Permission.objects.get(codename="resolve_approval"))
+    _, user = tenant_create(name=tenant.name, username="op", password="pw", operator=True)
+    user.user_permissions.add(Permission.objects.get(codename="publish_agent"))
     return type(user).objects.get(pk=user.pk)

@@ -233,6 +233,8 @@ class AgentVersionOut(serializers.Serializer):
     policy_version = serializers.CharField()
     latest = serializers.BooleanField(help_text="Whether new runs of the agent use this version.")
     definition = serializers.DictField()
+    published_by = serializers.CharField(allow_null=True, help_text="Username of the publisher; null when loaded from the shell.")
+    published_at = serializers.DateTimeField(allow_null=True)
     created_at = serializers.DateTimeField()
 
     def to_representation(self, av):
@@ -243,6 +245,8 @@ class AgentVersionOut(serializers.Serializer):
             "policy_version": av.policy_version,
             "latest": av.agent.latest_version == av.version,
             "definition": av.definition,
+            "published_by": av.published_by.get_username() if av.published_by_id else None,
+            "published_at": _iso(av.published_at),
             "created_at": _iso(av.created_at),
         }
 

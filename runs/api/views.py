@@ -2,9 +2,9 @@
 permission), calls one service and renders the selectors' shapes; status and
 lease columns are written only by the services.
 
-Tenancy: the caller acts in `tenant_of(user)`; every query is scoped to it
-and another tenant's object is 404. A superuser sees every tenant (reads and
-acts on existing objects) but creates only in its own.
+Tenancy (runs.scoping): the caller acts in its own tenant; every query is
+scoped to it and another tenant's object is 404. A superuser sees every
+tenant but acts (creates, cancels, resumes, answers, decides) only in its own.
 """
 from __future__ import annotations
 
@@ -31,10 +31,12 @@ from runs.agent_schema import AgentDefinition
 from runs.domain.values import RunStatus
 from runs.inputs import run_input
 from runs.lifecycle import run_cancel
+from runs import scoping
+from runs.errors import PublishForbidden
 from runs.models import AgentVersion, Run
 from runs.resume import run_resume
 from runs.selectors import run_events
-from runs.services import agent_load, run_get, run_submit, tenant_of
+from runs.services import agent_load, run_get, run_submit
 
 from . import serializers as s
 from .errors import REQUEST_ID_HEADER, request_id
@@ -44,6 +46,7 @@ from .throttles import WriteScopedRateThrottle
 MAX_SEQUENCE = 2**63 - 1
 EVENTS_DEFAULT_LIMIT = 100
 EVENTS_MAX_LIMIT = 500
+PUBLISH_PERMISSION = "runs.publish_agent"
 
 
 # -- building blocks ---------------------------------------------------------------
@@ -58,14 +61,14 @@ class HasTenant(BasePermission):
         user = request.user
         if not (user and user.is_authenticated):
             return False
-        return caller_tenant(request) is not None or bool(user.is_superuser)
+        return caller_tenant(request) is not None or scoping.sees_every_tenant(user)
 
 
 def caller_tenant(request):
     """The caller's tenant, looked up once per request."""
     django_request = getattr(request, "_request", request)
     if not hasattr(django_request, "agentrt_tenant"):
-        django_request.agentrt_tenant = tenant_of(request.user)
+        django_request.agentrt_tenant = scoping.tenant_for(request.user)
     return django_request.agentrt_tenant
 
 
@@ -75,13 +78,6 @@ def acting_tenant(request):
     if tenant is None:
         raise exceptions.PermissionDenied("you are not a member of any tenant; creates happen in your own tenant", code="no_tenant")
     return tenant
-
-
-def visible_tenant(request):
-    """None (every tenant) for a superuser, else the caller's tenant."""
-    if request.user.is_superuser:
-        return None
-    return acting_tenant(request)
 
 
 class Pagination(PageNumberPagination):
@@ -121,7 +117,7 @@ def errors(*codes: int) -> dict[int, OpenApiResponse]:
         409: "Conflict with the object's state.",
         413: "Body larger than DATA_UPLOAD_MAX_MEMORY_SIZE.",
         415: "Writes take application/json only.",
-        429: "Throttled (see Retry-After).",
+        429: "Throttled (see Retry-After), or `quota_exceeded`: the tenant's active-run quota is reached.",
     }
     return {code: OpenApiResponse(s.ErrorOut, description=described.get(code, "")) for code in codes}
 
@@ -201,7 +197,12 @@ def query_int(request, name: str, default: int, minimum: int, maximum: int) -> i
 
 
 def visible_run(request, run_id: str) -> Run:
-    return run_get(tenant=visible_tenant(request), run_id=run_id)
+    return scoping.run_visible(request.user, run_id)
+
+
+def actionable_run(request, run_id: str) -> Run:
+    """A run the caller may act on: its own tenant's only (a superuser too); 404 otherwise."""
+    return scoping.run_actionable(request.user, run_id)
 
 
 # -- agents -----------------------------------------------------------------------
@@ -212,10 +213,7 @@ class AgentListCreate(ApiListView):
     throttle_scope = "agents_create"
 
     def get_queryset(self):
-        qs = AgentVersion.objects.select_related("agent").order_by("-created_at", "id")
-        tenant = visible_tenant(self.request)
-        if tenant is not None:
-            qs = qs.filter(tenant=tenant)
+        qs = scoping.agent_versions_visible_to(self.request.user).select_related("published_by").order_by("-created_at", "id")
         name = self.request.query_params.get("name")
         if name is not None:
             if len(name) > 100:
@@ -230,12 +228,16 @@ class AgentListCreate(ApiListView):
         return self.page(self.get_queryset(), s.AgentVersionOut)
 
     @extend_schema(operation_id="agents_create", tags=["agents"], summary="Create or update an agent (DESIGN §16 definition)",
+                   description="Needs `runs.publish_agent` (403 `permission_denied` otherwise). The new version records "
+                               "who published it and when.",
                    request=AgentDefinition, responses={201: s.AgentVersionOut, **errors(*WRITE_ERRORS)})
     def post(self, request):
         tenant = acting_tenant(request)
+        if not request.user.has_perm(PUBLISH_PERMISSION):
+            raise PublishForbidden("publishing an agent needs the runs.publish_agent permission")
         s.agent_definition_check(request.data)
-        version = agent_load(tenant=tenant, definition=dict(request.data))
-        version = AgentVersion.objects.select_related("agent").get(id=version.id)
+        version = agent_load(tenant=tenant, definition=dict(request.data), published_by=request.user)
+        version = AgentVersion.objects.select_related("agent", "published_by").get(id=version.id)
         return Response(s.AgentVersionOut(version).data, status=status.HTTP_201_CREATED)
 
 
@@ -247,10 +249,7 @@ class RunListCreate(ApiListView):
     throttle_scope = "runs_create"
 
     def get_queryset(self):
-        qs = Run.objects.select_related("agent").order_by("-created_at", "id")
-        tenant = visible_tenant(self.request)
-        if tenant is not None:
-            qs = qs.filter(tenant=tenant)
+        qs = scoping.runs_visible_to(self.request.user).order_by("-created_at", "id")
         wanted = query_choice(self.request, "status", [st.value for st in RunStatus])
         if wanted:
             qs = qs.filter(status=wanted)
@@ -329,7 +328,7 @@ class RunCancel(ApiView):
                    parameters=[ID_PARAM], request=NO_FIELDS,
                    responses={202: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)})
     def post(self, request, id):
-        run = visible_run(request, id)
+        run = actionable_run(request, id)
         parse(s.Empty, request.data)
         run_cancel(run=run, by=request.user.get_username())
         return Response(s.RunOut(run_get(tenant=None, run_id=run.id)).data, status=status.HTTP_202_ACCEPTED)
@@ -346,7 +345,7 @@ class RunResume(ApiView):
                    parameters=[ID_PARAM], request=NO_FIELDS,
                    responses={200: s.ResumeOut, **errors(*WRITE_ERRORS, 404, 409)})
     def post(self, request, id):
-        run = visible_run(request, id)
+        run = actionable_run(request, id)
         parse(s.Empty, request.data)
         outcome = run_resume(run_id=run.id, via="api")
         return Response({"outcome": outcome})
@@ -362,7 +361,7 @@ class RunInput(ApiView):
                    parameters=[ID_PARAM], request=s.InputText,
                    responses={202: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)})
     def post(self, request, id):
-        run = visible_run(request, id)
+        run = actionable_run(request, id)
         data = parse(s.InputText, request.data)
         run_input(run=run, text=data["text"], by=request.user.get_username())
         return Response(s.RunOut(run_get(tenant=None, run_id=run.id)).data, status=status.HTTP_202_ACCEPTED)
@@ -374,10 +373,7 @@ class ApprovalList(ApiListView):
     """List approvals."""
 
     def get_queryset(self):
-        qs = Approval.objects.select_related("decided_by").order_by("-created_at", "id")
-        tenant = visible_tenant(self.request)
-        if tenant is not None:
-            qs = qs.filter(tenant_id=tenant.id)
+        qs = scoping.approvals_visible_to(self.request.user).order_by("-created_at", "id")
         wanted = query_choice(self.request, "status", [st for st, _ in Approval.STATUSES])
         if wanted:
             qs = qs.filter(status=wanted)
@@ -410,7 +406,7 @@ class ApprovalDecide(ApiView):
     approve = True
 
     def post(self, request, id):
-        approval_for(user=request.user, approval_id=id)  # 404 before 403: no enumeration
+        approval_for(user=request.user, approval_id=id, acting=True)  # 404 before 403: no enumeration
         if not can_resolve(request.user):
             raise exceptions.PermissionDenied("you do not have permission to resolve approvals")
         data = parse(s.ApprovalDecision, request.data)

@@ -53,7 +53,7 @@ def make_world(tenant) -> SimpleNamespace:
 def grant_resolve(user):
     from django.contrib.auth.models import Permission
 
-    user.user_permissions.add(Permission.objects.get(codename="resolve_approval"))
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["resolve_approval", "publish_agent"]))
     return type(user).objects.get(pk=user.pk)
 
 
@@ -82,7 +82,7 @@ def other_tenant(db):
 
 @pytest.fixture
 def alice(tenant):
-    """Staff member of acme without approvals.resolve_approval."""
+    """Plain member of acme (not staff, no permissions)."""
     from django.contrib.auth import get_user_model
 
     return get_user_model().objects.get(username="alice")
@@ -90,7 +90,7 @@ def alice(tenant):
 
 @pytest.fixture
 def bob(other_tenant):
-    """Operator of globex, with approvals.resolve_approval."""
+    """Operator of globex, with approvals.resolve_approval and runs.publish_agent."""
     from django.contrib.auth import get_user_model
 
     return grant_resolve(get_user_model().objects.get(username="bob"))

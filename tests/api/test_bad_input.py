@@ -166,7 +166,7 @@ CASES = [
     ("B16-double-decision", b16, 409, "approval_decided", None),
     ("B17-nul", lambda c: post_json(c.client, "/api/runs/", {**RUN, "input": "a\u0000b"}), 400, "invalid", "input"),
     ("B17-lone-surrogate", lambda c: raw(c.client, "POST", "/api/runs/", '{"agent": "bot", "input": "\\ud800"}'), 400, "invalid", "input"),
-    ("B17-nul-nested", lambda c: raw(c.client, "POST", "/api/agents/",
+    ("B17-nul-nested", lambda c: raw(c.op, "POST", "/api/agents/",
                                      '{"name": "n", "model": {"provider": "scripted", "turns": [{"text": "a\\u0000"}]}}'),
      400, "invalid", "model.turns.0.text"),
     ("B17-nul-in-key", lambda c: raw(c.client, "POST", "/api/runs/", '{"agent": "bot", "input": "x", "a\\u0000": 1}'), 400, "invalid", None),

@@ -64,10 +64,10 @@ def test_request_id_is_echoed_when_sane_and_generated_otherwise(world, alice, as
 
 
 def test_an_unexpected_error_is_a_500_without_its_text(world, alice, as_user, monkeypatch):
-    def boom(**kwargs):
+    def boom(*args, **kwargs):
         raise RuntimeError(f"database password is {CANARY}")
 
-    monkeypatch.setattr("runs.api.views.run_get", boom)
+    monkeypatch.setattr("runs.api.views.visible_run", boom)
     response = as_user(alice).get(f"/api/runs/{world.done.id}/")
     body = body_of(response, 500, "internal_error")
     assert CANARY not in response.content.decode() and "RuntimeError" not in response.content.decode()
@@ -75,10 +75,10 @@ def test_an_unexpected_error_is_a_500_without_its_text(world, alice, as_user, mo
 
 
 def test_a_database_outage_is_503_with_retry_after(world, alice, as_user, monkeypatch):
-    def down(**kwargs):
+    def down(*args, **kwargs):
         raise OperationalError(f"connection to server failed: {CANARY}")
 
-    monkeypatch.setattr("runs.api.views.run_get", down)
+    monkeypatch.setattr("runs.api.views.visible_run", down)
     response = as_user(alice).get(f"/api/runs/{world.done.id}/")
     body_of(response, 503, "unavailable")
     assert response["Retry-After"] == "1" and CANARY not in response.content.decode()

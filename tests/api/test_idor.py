@@ -3,7 +3,9 @@ the URL resolver, × {anonymous, another tenant, staff without
 approvals.resolve_approval, the owning tenant}. Nothing leaks: another
 tenant's object is 404 and stays unchanged, anonymous is 401, a member
 without the permission cannot decide, lists and filters show only the
-caller's tenant, and a create lands in the caller's own tenant."""
+caller's tenant, and a create lands in the caller's own tenant. The same
+holds on the live pages and the WebSockets (all scoped by runs.scoping),
+and a superuser views another tenant's run but acts on it nowhere (404)."""
 from __future__ import annotations
 
 import pytest
@@ -143,3 +145,117 @@ def test_filters_cannot_reach_another_tenants_objects(world, other_world, bob, a
     assert own == {str(r.id) for r in Run.objects.filter(tenant=other_world.tenant)}
     response = client.post("/api/runs/", {"agent": "bot", "input": "x", "session": str(world.done.session_id)}, format="json")
     assert response.status_code == 400 and response.json()["fields"]["session"] == ["unknown session"]
+
+
+# -- the live pages and the WebSockets (through runs.scoping, like the API) -------------
+
+def page_snapshot(world):
+    return snapshot(world.tenant), Approval.objects.get(id=world.approval.id).status
+
+
+def browser(user=None):
+    from django.test import Client
+
+    client = Client()
+    if user is not None:
+        client.force_login(user)
+    return client
+
+
+def live_routes(world):
+    """(method, path, data) of every live page route, aimed at `world`'s objects."""
+    return [
+        ("GET", f"/runs/{world.waiting.id}/", None),
+        ("POST", f"/runs/{world.waiting.id}/cancel/", {}),
+        ("POST", f"/runs/{world.waiting.id}/decide/", {"approval": str(world.approval.id), "decision": "approve",
+                                                      "request_hash": world.approval.request_hash}),
+    ]
+
+
+def test_live_pages_idor_matrix(world, other_world, alice, operator, bob):
+    secret = owned_ids(world)
+    before = page_snapshot(world)
+    for method, path, data in live_routes(world):
+        send = (lambda c: c.get(path)) if method == "GET" else (lambda c: c.post(path, data))
+        response = send(browser())
+        assert response.status_code == 302 and "/login/" in response["Location"], (path, response.status_code)
+        assert send(browser(bob)).status_code == 404, path  # another tenant's operator
+        assert page_snapshot(world) == before, f"{method} {path} by another tenant changed acme's objects"
+    listing = browser(bob).get("/runs/").content.decode()
+    assert not any(s in listing for s in secret), "the live list leaks acme's runs to globex"
+    # a member without approvals.resolve_approval cannot decide from the page
+    browser(alice).post(live_routes(world)[2][1], live_routes(world)[2][2])
+    assert Approval.objects.get(id=world.approval.id).status == "pending"
+    # the owning tenant's operator decides
+    assert browser(operator).post(live_routes(world)[2][1], live_routes(world)[2][2]).status_code == 302
+    assert Approval.objects.get(id=world.approval.id).status == "approved"
+
+
+def test_a_superuser_views_another_tenants_run_everywhere_but_acts_on_it_nowhere(world, other_world, root, as_user):
+    api, page = as_user(root), browser(root)
+    target = other_world
+    before = page_snapshot(target)
+    assert api.get(f"/api/runs/{target.waiting.id}/").status_code == 200
+    assert page.get(f"/runs/{target.waiting.id}/").status_code == 200
+    assert str(target.waiting.id) in page.get("/runs/").content.decode()
+    for path, body in [(f"/api/runs/{target.queued.id}/cancel/", {}), (f"/api/runs/{target.queued.id}/resume/", {}),
+                       (f"/api/runs/{target.asking.id}/input/", {"text": "x"}),
+                       (f"/api/approvals/{target.approval.id}/approve/", {"request_hash": target.approval.request_hash}),
+                       (f"/api/approvals/{target.approval.id}/reject/", {"request_hash": target.approval.request_hash})]:
+        response = api.post(path, body, format="json")
+        assert response.status_code == 404 and response.json()["code"] == "not_found", path
+    for method, path, data in live_routes(target)[1:]:
+        assert page.post(path, data).status_code == 404, path
+    assert page_snapshot(target) == before
+
+
+ORIGIN = (b"origin", b"http://localhost")
+
+
+def _cookie(user):
+    client = browser(user)
+    return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
+
+
+async def _ws(path, user=None):
+    from asgiref.sync import sync_to_async
+    from channels.testing import WebsocketCommunicator
+
+    from agentrt_site.asgi import application
+
+    headers = [ORIGIN] + ([await sync_to_async(_cookie)(user)] if user is not None else [])
+    comm = WebsocketCommunicator(application, path, headers=headers)
+    ok, _ = await comm.connect(timeout=5)
+    return comm, ok
+
+
+@pytest.mark.asyncio
+async def test_websockets_idor_matrix(world, other_world, alice, bob, root, stranger):
+    from asgiref.sync import sync_to_async
+
+    from runs.lifecycle import run_cancel
+
+    path = f"/ws/runs/{world.done.id}/"
+    for who in (None, bob, stranger):  # anonymous, another tenant, no tenant: closed before any frame
+        comm, ok = await _ws(path, who)
+        assert not ok
+    for who in (None, stranger):
+        comm, ok = await _ws("/ws/runs/", who)
+        assert not ok
+    comm, ok = await _ws(path, alice)  # the owning tenant's member streams it
+    assert ok and (await comm.receive_json_from(timeout=5))["type"] == "run.created"
+    await comm.disconnect()
+    comm, ok = await _ws(f"/ws/runs/{other_world.done.id}/", root)  # a superuser may watch any tenant's run
+    assert ok and (await comm.receive_json_from(timeout=5))["run"] == str(other_world.done.id)
+    await comm.disconnect()
+
+    # the tenant stream carries only the caller's tenant
+    owner, ok_owner = await _ws("/ws/runs/", alice)
+    outsider, ok_outsider = await _ws("/ws/runs/", bob)
+    assert ok_owner and ok_outsider
+    await sync_to_async(run_cancel)(run=world.queued, by="alice")
+    frame = await owner.receive_json_from(timeout=5)
+    assert frame["type"] == "run.cancelled" and frame["run"] == str(world.queued.id)
+    assert await outsider.receive_nothing(timeout=1.0)
+    await owner.disconnect()
+    await outsider.disconnect()

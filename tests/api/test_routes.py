@@ -41,8 +41,8 @@ APPROVAL_KEYS = {"id", "run", "invocation", "kind", "status", "request_hash", "p
 
 # -- agents ------------------------------------------------------------------------
 
-def test_post_agent_creates_a_version_and_get_lists_versions(tenant, alice, as_user):
-    client = as_user(alice)
+def test_post_agent_creates_a_version_and_get_lists_versions(tenant, operator, as_user):
+    client = as_user(operator)
     definition = {"name": "greeter", "instructions": "hi", "model": {"provider": "scripted", "turns": [{"text": "hi"}]},
                   "tools": ["echo"], "limits": {"max_steps": 4}}
     first = client.post("/api/agents/", definition, format="json")
@@ -50,6 +50,7 @@ def test_post_agent_creates_a_version_and_get_lists_versions(tenant, alice, as_u
     body = first.json()
     assert body["agent"] == "greeter" and len(body["version"]) == 64 and body["latest"] is True
     assert body["definition"]["limits"] == {"max_steps": 4}
+    assert body["published_by"] == "op" and body["published_at"]
     definition["instructions"] = "hello"
     second = client.post("/api/agents/", definition, format="json").json()
     assert second["version"] != body["version"]
@@ -67,10 +68,10 @@ def test_post_agent_creates_a_version_and_get_lists_versions(tenant, alice, as_u
     (lambda d: d.update(name=7), "name"),
     (lambda d: d.update(policy={"rules": [{"tool": "echo", "decision": "maybe"}]}), "policy.rules.0.decision"),
 ])
-def test_post_agent_refuses_an_invalid_definition_naming_the_field(tenant, alice, as_user, mutate, field):
+def test_post_agent_refuses_an_invalid_definition_naming_the_field(tenant, operator, as_user, mutate, field):
     definition = {"name": "greeter", "model": {"provider": "scripted", "turns": []}, "tools": ["echo"]}
     mutate(definition)
-    response = as_user(alice).post("/api/agents/", definition, format="json")
+    response = as_user(operator).post("/api/agents/", definition, format="json")
     body = assert_error(response, 400, "invalid")
     assert any(key.startswith(field) for key in body["fields"]), body
 

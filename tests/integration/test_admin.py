@@ -27,6 +27,8 @@ def waiting(load_agent, submit, sink):
 
 def staff(username, tenant_name="acme", perms=("view_approval", "view_run")):
     _, user = tenant_create(name=tenant_name, username=username, password="pw")
+    user.is_staff = True  # members are not staff by default (create_tenant --operator is)
+    user.save()
     user.user_permissions.add(*Permission.objects.filter(codename__in=perms))
     client = Client()
     client.force_login(user)

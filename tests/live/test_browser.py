@@ -51,7 +51,7 @@ def test_an_operator_approves_a_paused_call_on_the_live_page_and_watches_it_comp
 
     from runs.services import tenant_create
 
-    _, user = tenant_create(name=tenant.name, username="oncall", password="s3cret-pass")
+    _, user = tenant_create(name=tenant.name, username="oncall", password="s3cret-pass", operator=True)
     user.user_permissions.add(*Permission.objects.filter(codename__in=["resolve_approval", "view_run", "view_approval"]))
     load_agent(
         turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "checking"}}]},

@@ -34,7 +34,7 @@ def script_src(response) -> str:
 def operator_client(client, tenant):
     from runs.services import tenant_create
 
-    _, user = tenant_create(name=tenant.name, username="oncall", password="pw")
+    _, user = tenant_create(name=tenant.name, username="oncall", password="pw", operator=True)
     user.user_permissions.add(*Permission.objects.filter(codename__in=["resolve_approval", "view_run", "view_approval"]))
     client.force_login(user)
     return client

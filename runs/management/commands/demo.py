@@ -31,10 +31,9 @@ class Command(BaseCommand):
         # The demo's well-known operator/operator exists only here: tenant_create
         # sets the password without the validators (AUTH_PASSWORD_VALIDATORS
         # refuse it), on purpose and nowhere else — create_tenant validates.
-        tenant, operator = tenant_create(name="demo", username="operator", password="operator")
-        codenames = ["resolve_approval", "view_approval", "view_run", "view_agent", "view_agentversion", "view_event",
-                     "view_toolinvocation", "view_modelcall", "view_session", "view_checkpoint", "change_approval"]
-        operator.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+        tenant, operator = tenant_create(name="demo", username="operator", password="operator", operator=True)
+        # The demo operator also publishes agents over REST and edits the tenant's policy floor.
+        operator.user_permissions.add(*Permission.objects.filter(codename__in=["publish_agent", "change_tenant", "view_tenant"]))
         for path in sorted(DEMO.glob("*.json")):
             import json
 

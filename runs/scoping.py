@@ -1,0 +1,100 @@
+"""Tenant scoping: the one place that says which rows a user may see and act on.
+
+A user belongs to at most one tenant (its Membership) and acts in it. A
+superuser *sees* every tenant but *acts* only in its own (DESIGN §16):
+cancel, resume, input, approve and reject on another tenant's object are
+404, exactly as for anyone else. REST, the live pages, the admin, the
+WebSocket consumers and the services all ask here; nothing else filters by
+tenant on a user's behalf.
+
+`*_visible_to(user)` are for reads; `*_actionable_by(user)` for writes.
+Anonymous or inactive users, and users without a tenant (other than a
+superuser's reads), get an empty queryset.
+"""
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.db.models import QuerySet
+
+from .models import AgentVersion, Membership, Run, Tenant
+
+
+def _authenticated(user) -> bool:
+    return bool(user is not None and getattr(user, "is_authenticated", False) and getattr(user, "is_active", False))
+
+
+def tenant_for(user) -> Tenant | None:
+    """The tenant `user` belongs to and acts in, or None."""
+    if not _authenticated(user):
+        return None
+    membership = Membership.objects.select_related("tenant").filter(user=user).first()
+    return membership.tenant if membership else None
+
+
+def sees_every_tenant(user) -> bool:
+    return _authenticated(user) and bool(user.is_superuser)
+
+
+def scope(queryset: QuerySet, user, *, acting: bool = False, field: str = "tenant_id") -> QuerySet:
+    """`queryset` narrowed to what `user` may see (or, with `acting`, act on)."""
+    if not _authenticated(user):
+        return queryset.none()
+    if not acting and sees_every_tenant(user):
+        return queryset
+    tenant = tenant_for(user)
+    if tenant is None:
+        return queryset.none()
+    return queryset.filter(**{field: tenant.id})
+
+
+def runs_visible_to(user) -> QuerySet:
+    return scope(Run.objects.select_related("agent"), user)
+
+
+def runs_actionable_by(user) -> QuerySet:
+    return scope(Run.objects.select_related("agent"), user, acting=True)
+
+
+def agent_versions_visible_to(user) -> QuerySet:
+    return scope(AgentVersion.objects.select_related("agent"), user)
+
+
+def approvals_visible_to(user) -> QuerySet:
+    from approvals.models import Approval
+
+    return scope(Approval.objects.select_related("run", "invocation", "decided_by"), user)
+
+
+def approvals_actionable_by(user) -> QuerySet:
+    from approvals.models import Approval
+
+    return scope(Approval.objects.select_related("run", "invocation", "decided_by"), user, acting=True)
+
+
+def _uuid(value: Any) -> UUID | None:
+    try:
+        return UUID(str(value))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def run_visible(user, run_id: Any) -> Run:
+    """The run if `user` may see it; RunNotFound (404) otherwise."""
+    return _one(runs_visible_to(user), run_id)
+
+
+def run_actionable(user, run_id: Any) -> Run:
+    """The run if `user` may act on it (its own tenant only); RunNotFound (404) otherwise."""
+    return _one(runs_actionable_by(user), run_id)
+
+
+def _one(queryset: QuerySet, run_id: Any) -> Run:
+    from .errors import RunNotFound
+
+    rid = _uuid(run_id)
+    run = queryset.filter(id=rid).first() if rid else None
+    if run is None:
+        raise RunNotFound("no such run")
+    return run

@@ -1,0 +1,96 @@
+"""The tenant policy floor (issue 10 item 3): the stricter decision wins,
+a floor rule can target side-effect calls, and only users with
+`runs.change_tenant` edit their own tenant's floor in the admin, validated
+with the agent policy schema."""
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from approvals.policy import PolicyEngine, stricter
+from runs.models import Tenant
+from runs.services import tenant_get
+
+from .authz_world import SIDE_EFFECTS_NEED_APPROVAL, user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+READ_ONLY = {"echo": True, "http_get": True, "http_post": False}
+
+
+def engine(agent, floor):
+    return PolicyEngine(agent, floor=lambda: floor, read_only_of=READ_ONLY.get)
+
+
+@pytest.mark.parametrize("agent, floor, tool, expected", [
+    ({"default": "allow"}, SIDE_EFFECTS_NEED_APPROVAL, "http_post", "require_approval"),
+    ({"default": "allow"}, SIDE_EFFECTS_NEED_APPROVAL, "http_get", "allow"),
+    ({"default": "allow"}, SIDE_EFFECTS_NEED_APPROVAL, "mystery", "require_approval"),  # unknown kind counts as a side effect
+    ({"default": "deny"}, SIDE_EFFECTS_NEED_APPROVAL, "http_post", "deny"),  # the agent may be stricter than the floor
+    ({"default": "require_approval"}, {"default": "deny"}, "echo", "deny"),
+    ({"default": "allow"}, {}, "http_post", "allow"),  # no floor: the agent decides
+    ({"default": "allow"}, {"rules": [{"tool": "*", "side_effect": False, "decision": "deny"}]}, "http_get", "deny"),
+    ({"default": "allow"}, {"rules": [{"tool": "http_post", "decision": "require_approval",
+                                       "when": {"arg": "json.amount", "op": "gt", "value": 100}}]}, "http_post", "require_approval"),
+])
+def test_the_stricter_of_floor_and_agent_decides(agent, floor, tool, expected):
+    assert engine(agent, floor).evaluate(tool, {"url": "http://x", "json": {"amount": 250}}) == expected
+
+
+def test_an_unreadable_floor_fails_closed():
+    def broken():
+        raise RuntimeError("database down")
+
+    assert PolicyEngine({"default": "allow"}, floor=broken, read_only_of=READ_ONLY.get).evaluate("echo", {}) == "require_approval"
+    assert stricter("allow", "nonsense") == "require_approval"
+
+
+def admin_post_floor(client, tenant, floor_text, **extra):
+    return client.post(f"/admin/runs/tenant/{tenant.id}/change/", {"name": tenant.name, "policy_floor": floor_text, **extra})
+
+
+def test_a_tenant_admin_edits_its_own_floor_and_nothing_else():
+    editor = user("acme", "ed", perms=("change_tenant", "view_tenant"))
+    editor.is_staff = True
+    editor.save()
+    user("globex", "bob")
+    acme, globex = tenant_get(name="acme"), tenant_get(name="globex")
+    client = Client()
+    client.force_login(editor)
+
+    response = admin_post_floor(client, acme, '{"rules": [{"tool": "*", "side_effect": true, "decision": "require_approval"}]}',
+                                max_active_runs="100000")
+    assert response.status_code == 302, response.content[:2000]
+    acme.refresh_from_db()
+    assert acme.policy_floor == {"default": "allow", "rules": [{"tool": "*", "decision": "require_approval", "when": None, "side_effect": True}]}
+    assert acme.max_active_runs is None  # the quota is the platform's, read-only here
+
+    bad = admin_post_floor(client, acme, '{"rules": [{"tool": "*", "decision": "maybe"}]}')
+    assert bad.status_code == 200 and "rules.0.decision" in bad.content.decode()
+    assert Tenant.objects.get(id=acme.id).policy_floor["rules"][0]["decision"] == "require_approval"  # unchanged
+
+    assert client.get(f"/admin/runs/tenant/{globex.id}/change/").status_code == 404
+    assert admin_post_floor(client, globex, '{"default": "deny"}').status_code == 404
+    assert Tenant.objects.get(id=globex.id).policy_floor == {}
+
+
+def test_staff_without_change_tenant_cannot_edit_the_floor():
+    viewer = user("acme", "viewer", operator=True)  # an operator: approvals, cancel, resume — not the floor
+    acme = tenant_get(name="acme")
+    client = Client()
+    client.force_login(viewer)
+    response = admin_post_floor(client, acme, '{"default": "allow"}')
+    assert response.status_code == 403
+    assert Tenant.objects.get(id=acme.id).policy_floor == {}
+
+
+def test_side_effect_is_an_optional_rule_key_that_leaves_older_definitions_unchanged():
+    from runs.services import agent_load
+
+    user("acme", "alice")
+    acme = tenant_get(name="acme")
+    plain = {"name": "a", "model": {"provider": "scripted", "turns": []}, "tools": ["echo"],
+             "policy": {"rules": [{"tool": "echo", "decision": "allow"}]}}
+    version = agent_load(tenant=acme, definition=plain)
+    assert version.definition["policy"]["rules"] == [{"tool": "echo", "decision": "allow", "when": None}]
+    marked = agent_load(tenant=acme, definition={**plain, "policy": {"rules": [{"tool": "*", "side_effect": True, "decision": "deny"}]}})
+    assert marked.definition["policy"]["rules"][0]["side_effect"] is True
