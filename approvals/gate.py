@@ -50,10 +50,33 @@ class ApprovalGate:
             created_at=at,
         )
 
+    def request_again(self, *, step_number: int, invocation_id, tool, arguments, previous: dict, at) -> ApprovalInsert:
+        """A new approval of a re-run grant's kind after it was invalidated:
+        the previous presentation and capability, with what runs (tool,
+        arguments, side-effect class) taken from the current spec."""
+        kind = previous["kind"]
+        presentation = {**(previous.get("presentation") or {}), **rerun_shown(tool, arguments)}
+        return ApprovalInsert(
+            id=self.ids.new_id(),
+            invocation_id=invocation_id,
+            kind=kind,
+            request_hash=self.current_hash(step_number=step_number, invocation_id=invocation_id, tool=tool, arguments=arguments,
+                                           kind=kind, presentation=presentation),
+            capability=dict(previous.get("capability") or {}) or {"tool": tool.name, "arguments": arguments},
+            presentation=presentation,
+            expires_at=self._expiry(at),
+            created_at=at,
+        )
+
     def decision_for(self, invocation_id) -> dict[str, Any] | None:
         return (
             Approval.objects.filter(invocation_id=invocation_id)
             .order_by("-created_at")
-            .values("id", "status", "kind", "request_hash", "presentation")
+            .values("id", "status", "kind", "request_hash", "presentation", "capability")
             .first()
         )
+
+
+def rerun_shown(tool, arguments) -> dict[str, Any]:
+    """What a re-run approval always shows, whatever else it carries."""
+    return {"tool": tool.name, "arguments": arguments, "side_effect": tool.side_effect}

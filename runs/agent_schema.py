@@ -22,7 +22,7 @@ class ScriptedModel(Strict):
     @field_validator("turns")
     @classmethod
     def _turns(cls, turns):
-        allowed = {"text", "tool_calls", "delay_ms", "usage", "empty", "error", "attempts", "stop_reason"}
+        allowed = {"text", "tool_calls", "delay_ms", "usage", "empty", "error", "attempts", "stop_reason", "stream_had_output"}
         for i, turn in enumerate(turns):
             if not isinstance(turn, dict):
                 raise ValueError(f"turn {i} must be an object")

@@ -15,7 +15,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection
 
-from checkpoints.repository import checkpoint_latest, seed_state
+from checkpoints.repository import checkpoint_current
 from approvals.gate import ApprovalGate
 from approvals.policy import PolicyEngine
 
@@ -95,9 +95,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
     version = AgentVersion.objects.get(agent_id=run.agent_id, version=run.agent_version)
     definition = version.definition
     limits = RunLimits(**run.limits)
-    state = checkpoint_latest(run.id)
-    if state is None:
-        state = seed_state(run)
+    state = checkpoint_current(run)
     last_attempt = (
         ModelCall.objects.filter(run_id=run.id, step_number=state.step + 1).order_by("-attempt_number").values_list("attempt_number", flat=True).first()
     )

@@ -193,6 +193,9 @@ def decide(takeover: Takeover) -> str:
     if settings.AGENTRT_RECONCILER:
         return _reconcile(claim, run, unknown)
     if unknown:
+        conflict = _cannot_wait(claim, unknown)
+        if conflict is not None:
+            return conflict
         return _pause(claim, run, unknown, kind="interrupted_side_effect")
     return _end(claim, RunOutcome(kind=OutcomeKind.YIELDED), UnitOfWork())
 
@@ -239,7 +242,7 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
     """Pause the interrupted side effects on hash-bound approvals: finalize
     writes them, a full checkpoint, WAITING_FOR_APPROVAL and the lease release
     in one transaction."""
-    from checkpoints.repository import checkpoint_latest, seed_state
+    from checkpoints.repository import checkpoint_current
 
     now = CLOCK.now()
     work = UnitOfWork()
@@ -255,7 +258,10 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
         }
         capability = {"tool": inv.tool_name, "arguments": inv.arguments}
         if pause is not None:
-            presentation = dict(pause.get("presentation") or {}) or presentation
+            # The reconciler's keys are kept, but what runs is always shown
+            # (issue 11 item 6): ours win for the tool, arguments and class.
+            shown = {k: presentation[k] for k in ("tool", "arguments", "side_effect")}
+            presentation = {**dict(pause.get("presentation") or {}), **shown} if pause.get("presentation") else presentation
             capability = dict(pause.get("capability") or {}) or capability
         approval_id = IDS.new_id()
         digest = request_hash(tenant_id=run.tenant_id, run_id=run.id, step_number=inv.step_number, invocation_id=inv.id,
@@ -269,7 +275,7 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
                                                              "presentation": presentation}, now))
         approval_ids.append(approval_id)
         inv_ids.append(inv.id)
-    state = checkpoint_latest(run.id) or seed_state(run)
+    state = checkpoint_current(run)
     state.pending_tool_calls = [{"invocation": str(i.id), "call_id": i.call_id, "name": i.tool_name} for i in invocations]
     row = state.next_checkpoint("suspension", now, force_full=True)
     work.checkpoint = row
@@ -277,6 +283,38 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
     outcome = RunOutcome(kind=OutcomeKind.SUSPENDED, suspension=Suspension(
         kind=SuspensionKind.APPROVAL, invocation_ids=inv_ids, approval_ids=approval_ids, details={"reason": kind}))
     return _end(claim, outcome, work)
+
+
+def rerun_conflict(tool_name: str, arguments: Any) -> tuple[str, bool] | None:
+    """Seed 000: a call whose outcome is unknown can wait for an approval only
+    while its tool is registered and its recorded arguments pass the tool's
+    schema. Otherwise the reason it cannot, and whether the invocation ends
+    `invalid_decision` (the schema case). Also used for `uncertain` calls."""
+    if REGISTRY.spec(tool_name) is None:
+        return f"tool {tool_name!r} is no longer registered", False
+    if not isinstance(arguments, dict) or REGISTRY.validate(tool_name, arguments):
+        return "the interrupted call's arguments no longer pass its schema", True
+    return None
+
+
+def _cannot_wait(claim: Claim, unknown: list[ToolInvocation]) -> str | None:
+    """End the run `reconcile_conflict` when an unknown outcome has nothing
+    valid to pause on (never an approval to re-run a call that cannot run)."""
+    now = CLOCK.now()
+    for inv in unknown:
+        conflict = rerun_conflict(inv.tool_name, inv.arguments)
+        if conflict is None:
+            continue
+        message, invalid = conflict
+        work = UnitOfWork()
+        if invalid:
+            failed = {"error": "invalid_decision", "message": "the arguments no longer pass the tool's schema"}
+            work.invocation_updates.append(InvocationUpdate(id=inv.id, status="failed", result=failed, error=failed, updated_at=now))
+            work.events.append(EventWrite("tool.call.failed", {"invocation": str(inv.id), "call_id": inv.call_id, "tool": inv.tool_name,
+                                                               "result": failed, "executed": False}, now))
+        return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
+            FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", message, invocation=str(inv.id))), work)
+    return None
 
 
 def _view(run: Run) -> RunView:
@@ -394,16 +432,8 @@ def _reconcile(claim: Claim, run: Run, unknown: list[ToolInvocation]) -> str:
         if not unknown:
             return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
                 FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", "nothing was executing: there is nothing to pause")), UnitOfWork())
-        now = CLOCK.now()
-        for inv in unknown:
-            if REGISTRY.spec(inv.tool_name) is None:
-                return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
-                    FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", f"tool {inv.tool_name!r} is no longer registered")), UnitOfWork())
-            if REGISTRY.validate(inv.tool_name, inv.arguments):
-                work = UnitOfWork()
-                failed = {"error": "invalid_decision", "message": "the arguments no longer pass the tool's schema"}
-                work.invocation_updates.append(InvocationUpdate(id=inv.id, status="failed", result=failed, error=failed, updated_at=now))
-                return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
-                    FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", "the interrupted call's arguments no longer pass its schema")), work)
+        conflict = _cannot_wait(claim, unknown)
+        if conflict is not None:
+            return conflict
         return _pause(claim, run, unknown, kind="reconcile", pause=pause)
     return internal("the reconciler returned an unknown outcome", outcome=str(outcome)[:50])

@@ -331,6 +331,9 @@ class DjangoRunStore:
                 [sql_uuid(a.id), tenant, run, sql_uuid(a.invocation_id), a.kind, a.request_hash, sql_json(a.capability),
                  sql_json(a.presentation), sql_dt(a.expires_at), sql_dt(a.created_at)],
             )
+        for approval_id in work.approval_invalidations:
+            cursor.execute("UPDATE approvals SET status = 'invalidated' WHERE id = %s AND run_id = %s AND status = 'approved'",
+                           [sql_uuid(approval_id), run])
         if work.checkpoint is not None:
             c = work.checkpoint
             cursor.execute(

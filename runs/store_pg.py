@@ -31,8 +31,8 @@ def can_batch(work: UnitOfWork) -> bool:
     """CTEs do not see each other's rows: a unit that updates a row it also
     inserts is written statement by statement instead."""
     inserted = {i.id for i in work.invocation_inserts}
-    if any(u.id in inserted for u in work.invocation_updates):
-        return False
+    if work.approval_invalidations or any(u.id in inserted for u in work.invocation_updates):
+        return False  # an invalidation is rare: statement by statement
     started = {m.id for m in work.model_call_inserts}
     return not any(f.id in started for f in work.model_call_finishes)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .values import CancelReason, FailureReason
+from .values import CancelReason, FailureReason, ModelUsage
 
 
 class RuntimeCoreError(Exception):
@@ -39,13 +39,17 @@ class BudgetExceeded(RuntimeCoreError):
 
 
 class ModelError(RuntimeCoreError):
-    """A model attempt failed; the provider classifies it."""
+    """A model attempt failed; the provider classifies it. `usage` is what the
+    failed attempt spent (reported, or estimated by the provider), charged
+    like any attempt's (seed 002: failed attempts count against budget)."""
 
-    def __init__(self, error_class: str, message: str, *, transient: bool, stream_had_output: bool = False):
+    def __init__(self, error_class: str, message: str, *, transient: bool, stream_had_output: bool = False,
+                 usage: ModelUsage | None = None):
         super().__init__(message)
         self.error_class = error_class
         self.retryable = transient
         self.stream_had_output = stream_had_output
+        self.usage = usage
 
 
 class EmptyModelTurn(RuntimeCoreError):

@@ -9,9 +9,9 @@ from __future__ import annotations
 from .context import RunContext
 from .context_engine import SynthesisReserveViolation, build_with_pressure
 from .errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCancelled, WorkerFenced
-from .pipeline import dispatch, open_batch, resume_batch
+from .pipeline import RerunConflict, dispatch, open_batch, resume_batch
 from .scrub import scrub_text, scrub_turn
-from .values import BudgetScope, CancelReason, FailureReason, ModelTurn, OutcomeKind, RunFailure, RunOutcome, StopReason
+from .values import BudgetScope, CancelReason, FailureReason, ModelTurn, ModelUsage, OutcomeKind, RunFailure, RunOutcome, StopReason
 from .writes import ModelCallFinish, ModelCallInsert, UnitOfWork
 
 MAX_STEP_FAILURES = 3
@@ -43,6 +43,10 @@ def run_loop(ctx: RunContext) -> RunOutcome:
         return failed(ctx, FailureReason.EMPTY_MODEL_TURN, "EmptyModelTurn", "the model returned empty turns on every attempt of the step")
     except _ModelFailure as exc:
         return failed(ctx, exc.reason, exc.error_class, str(exc))
+    except RerunConflict as exc:  # seed 000: the approved re-run cannot run as approved
+        ctx.pending.invocation_updates.extend(exc.work.invocation_updates)
+        ctx.pending.events.extend(exc.work.events)
+        return failed(ctx, FailureReason.RECONCILE_CONFLICT, exc.error_class, str(exc), details=exc.details)
 
 
 def failed(ctx: RunContext, reason: FailureReason, error_class: str, message: str, **kw) -> RunOutcome:
@@ -190,12 +194,14 @@ def _prepare_next_step(ctx: RunContext, step_number: int) -> None:
     ctx.prepared_call = (step_number, 1)
 
 
-def _finish(ctx: RunContext, status: str, turn: ModelTurn | None, prefix: str | None, error: dict | None = None, stream_had_output: bool = False) -> None:
+def _finish(ctx: RunContext, status: str, turn: ModelTurn | None, prefix: str | None, error: dict | None = None, stream_had_output: bool = False,
+            usage: ModelUsage | None = None) -> None:
+    spent = turn.usage if turn else usage
     ctx.pending.model_call_finishes.append(
         ModelCallFinish(
             id=ctx.prepared_id,
             status=status,
-            usage=turn.usage.model_dump(mode="json") if turn else {},
+            usage=spent.model_dump(mode="json") if spent else {},
             stop_reason=str(turn.stop_reason) if turn else None,
             stream_had_output=stream_had_output,
             error=error,
@@ -225,16 +231,26 @@ def _invoke_model(ctx: RunContext, step_number: int) -> ModelTurn:
         try:
             turn = ctx.provider.complete(request, ctx.token)
         except ModelError as exc:
-            run.usage = run.usage.model_copy(update={"model_calls": run.usage.model_calls + 1})
+            # Every attempt is charged ("after" means record): a failed attempt's
+            # tokens and cost go into the ledger like a completed one's.
+            spent = exc.usage or ModelUsage()
+            over: BudgetExceeded | None = None
+            try:
+                run.usage = ctx.budgets.record_model_usage(run.usage, spent)
+            except BudgetExceeded as err:
+                run.usage, over = err.usage, err
             error = {"error_class": exc.error_class, "transient": exc.retryable, "message": scrub_text(str(exc))[:500]}
-            _finish(ctx, "failed", None, prefix, error, exc.stream_had_output)
+            _finish(ctx, "failed", None, prefix, error, exc.stream_had_output, usage=spent)
             ctx.pending.event(
                 "model.response.failed",
-                {"step": step_number, "attempt": attempt, "error_class": exc.error_class, "transient": exc.retryable, "stream_had_output": exc.stream_had_output},
+                {"step": step_number, "attempt": attempt, "error_class": exc.error_class, "transient": exc.retryable,
+                 "stream_had_output": exc.stream_had_output, "usage": spent.model_dump(mode="json")},
                 ctx.clock.now(),
             )
             if ctx.token.reason is not None:
                 raise RunCancelled(ctx.token.reason)
+            if over is not None:
+                raise over
             step_failures += 1
             if exc.retryable and step_failures < MAX_STEP_FAILURES:
                 attempt += 1

@@ -344,6 +344,62 @@ class UnknownOutcome(Exception):
     """An interrupted side effect reached the loop without a decision."""
 
 
+# Approval kinds whose approval is a grant to run again a call whose outcome
+# is unknown (seed 000); one place for the set (issue 11).
+RERUN_KINDS = frozenset({"interrupted_side_effect", "uncertain_side_effect", "reconcile"})
+
+
+class RerunConflict(Exception):
+    """An approved re-run can no longer run as approved (tool gone, arguments
+    no longer valid, policy now denies): the run fails `reconcile_conflict`
+    and the call's outcome stays unknown. `work` holds what to record."""
+
+    def __init__(self, message: str, *, error_class: str = "ReconcileConflict", work: UnitOfWork | None = None, **details: Any):
+        super().__init__(message)
+        self.error_class = error_class
+        self.work = work or UnitOfWork()
+        self.details = details
+
+
+def _unknown_status(kind: str) -> str:
+    """The status of a call whose outcome is unknown, by the approval kind it waits on."""
+    return "uncertain" if kind == "uncertain_side_effect" else "interrupted"
+
+
+def _recheck_grant(ctx: RunContext, step_number: int, entry: _Entry, row: dict, decision: dict) -> bool:
+    """DESIGN §8 for a re-run grant: before the approved call runs again, the
+    tool must still be registered, the recorded arguments must pass its
+    schema (else `RerunConflict`), the request hash recomputed from the
+    current spec must equal the approved one (else False: invalidate and ask
+    again), and policy is evaluated again — a deny is a `RerunConflict`; a
+    require_approval is satisfied by the grant itself."""
+    now = ctx.clock.now()
+    unknown = UnitOfWork()  # the grant is not used: the call stays as it was, its outcome unknown
+    unknown.invocation_updates.append(InvocationUpdate(id=row["id"], status=_unknown_status(decision["kind"]), updated_at=now))
+    if entry.spec is None:
+        raise RerunConflict(f"tool {row['tool_name']!r} is no longer registered; the approved re-run cannot run",
+                            work=unknown, invocation=str(row["id"]))
+    if not isinstance(entry.arguments, dict) or ctx.tools.validate(row["tool_name"], entry.arguments):
+        work = UnitOfWork()
+        failed = _error_result("invalid_decision", "the arguments no longer pass the tool's schema")
+        work.invocation_updates.append(InvocationUpdate(id=row["id"], status="failed", result=failed, error=failed, updated_at=now))
+        work.event("tool.call.failed", {"invocation": str(row["id"]), "call_id": row["call_id"], "tool": row["tool_name"],
+                                        "result": failed, "executed": False}, now)
+        raise RerunConflict("the approved call's arguments no longer pass its schema", work=work, invocation=str(row["id"]))
+    current = ctx.approvals.current_hash(step_number=step_number, invocation_id=row["id"], tool=entry.spec, arguments=entry.arguments,
+                                         kind=decision["kind"], presentation=decision["presentation"])
+    if current != decision["request_hash"]:
+        return False
+    try:
+        verdict = ctx.policy.evaluate(row["tool_name"], entry.arguments)
+    except Exception:  # fails closed to require_approval, which the grant is
+        verdict = "require_approval"
+    if verdict == "deny":
+        raise RerunConflict("policy now denies the approved re-run; the first attempt's outcome stays unknown",
+                            error_class="PolicyDenied", work=unknown, invocation=str(row["id"]))
+    return True
+
+
 def open_batch(ctx: RunContext) -> tuple[int, list[dict[str, Any]]] | None:
     """The last model turn's calls that the conversation has no answer for."""
     conv = ctx.state.conversation
@@ -402,6 +458,13 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
                 invalidated.append((entry, decision))
                 continue
             status = "authorized"
+        elif status == "authorized" and row["effect_sent_at"] is not None and ctx.approvals is not None:
+            # A re-run grant (an earlier attempt started): re-check what was approved.
+            decision = ctx.approvals.decision_for(row["id"])
+            if decision is not None and decision["kind"] in RERUN_KINDS and decision["status"] == "approved":
+                if not _recheck_grant(ctx, step_number, entry, row, decision):
+                    invalidated.append((entry, decision))
+                    continue
         if status != "authorized":
             raise UnknownOutcome(f"invocation {row['id']} is {status} with no recorded outcome")
         if entry.spec is None or ctx.tools.validate(row["tool_name"], entry.arguments):
@@ -416,12 +479,20 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
         for entry, decision in invalidated:
             results.event("approval.invalidated", {"approval": str(decision["id"]), "invocation": str(entry.invocation_id),
                                                    "reason": "the tool, its schema or the arguments changed since approval"}, now)
+            results.approval_invalidations.append(decision["id"])
             if entry.spec is None or ctx.tools.validate(entry.call.name, entry.arguments):
                 raise UnknownOutcome("an approved call can no longer run and cannot be asked again")
-            approval = ctx.approvals.request(step_number=step_number, invocation_id=entry.invocation_id, tool=entry.spec,
-                                             arguments=entry.arguments, kind="policy", at=now)
+            kind = decision["kind"]
+            if kind in RERUN_KINDS:  # a new approval of the same kind, showing the current spec
+                approval = ctx.approvals.request_again(step_number=step_number, invocation_id=entry.invocation_id, tool=entry.spec,
+                                                       arguments=entry.arguments, previous=decision, at=now)
+                results.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status=_unknown_status(kind), suspended_kind=kind,
+                                                                   updated_at=now))
+            else:
+                approval = ctx.approvals.request(step_number=step_number, invocation_id=entry.invocation_id, tool=entry.spec,
+                                                 arguments=entry.arguments, kind="policy", at=now)
             results.approval_inserts.append(approval)
-            results.event("approval.requested", {"approval": str(approval.id), "invocation": str(entry.invocation_id), "kind": "policy",
+            results.event("approval.requested", {"approval": str(approval.id), "invocation": str(entry.invocation_id), "kind": kind,
                                                  "tool": entry.spec.name, "request_hash": approval.request_hash, "step": step_number,
                                                  "presentation": approval.presentation}, now)
         return BatchResult(work=results, suspension=Suspension(

@@ -104,6 +104,7 @@ class UnitOfWork:
     invocation_updates: list[InvocationUpdate] = field(default_factory=list)
     checkpoint: CheckpointInsert | None = None
     approval_inserts: list[ApprovalInsert] = field(default_factory=list)
+    approval_invalidations: list[UUID] = field(default_factory=list)  # approved grants that no longer hold
     events: list[EventWrite] = field(default_factory=list)
 
     def event(self, type_: str, payload: dict[str, Any], at: datetime) -> None:
@@ -119,5 +120,6 @@ class UnitOfWork:
             or self.invocation_updates
             or self.checkpoint
             or self.approval_inserts
+            or self.approval_invalidations
             or self.events
         )

@@ -41,8 +41,13 @@ operator configuration (`runs/providers/endpoints.py`,
   → output (reasoning included), `cached_tokens` → cache read,
   `reasoning_tokens`, cache creation where a compatible server reports it.
   A server that reports no usage gets a conservative estimate (≈ 4 characters
-  a token) so budgets still bind. Cost comes from `prices.py`; an unpriced
-  model is a permanent `ModelNotPriced` error, never free.
+  a token) so budgets still bind. A failed attempt that had output (a cut
+  stream, a mid-stream error, a timeout after output) carries its usage on
+  the `ModelError`: what the server reported before the cut, else the same
+  estimate over the whole prompt and the output received; the loop charges
+  it. A failure before any output is not charged (nothing was generated).
+  Cost comes from `prices.py`; an unpriced model is a permanent
+  `ModelNotPriced` error, never free.
 
 `tool_choice` "none": neither `tools` nor `tool_choice` is sent (the loop
 already builds such requests with no tools, and OpenAI refuses a
@@ -386,6 +391,27 @@ class OpenAIProvider:
 
     def _attempt(self, request, body, payload, headers, token, price, deadline) -> ModelTurn:
         turn = _Turn()
+        try:
+            return self._attempt_on(turn, request, body, payload, headers, token, price, deadline)
+        except ModelError as exc:
+            # A failed attempt that produced output (or reported usage) was
+            # paid for: say what it spent, so the loop charges it.
+            if exc.usage is None and (turn.had_output or turn.usage is not None):
+                exc.usage = self._spent(body, turn, request.step_number, price)
+            raise
+
+    def _spent(self, body: dict, turn: _Turn, step_number: int, price: prices.Price) -> ModelUsage:
+        """What a failed attempt cost: the usage the server reported before the
+        failure, else an estimate (≈ 4 characters a token, the whole prompt
+        and the output received so far) — a server that cut the stream never
+        says what it charged, so the estimate leans high on input."""
+        usage = _usage(turn.usage) if turn.usage is not None else None
+        if usage is None:
+            usage = _estimate(body, "".join(turn.text) or None, turn.calls(step_number))
+        usage["cost_usd"] = price.cost_usd(**usage)
+        return ModelUsage(**usage)
+
+    def _attempt_on(self, turn: _Turn, request, body, payload, headers, token, price, deadline) -> ModelTurn:
         watchdog = _Watchdog(token, deadline, self.watchdog_poll)
         client = httpx.Client(
             timeout=self.timeout,

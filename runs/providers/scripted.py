@@ -1,7 +1,9 @@
 """The scripted provider (DESIGN §16): turn n is played at step n.
 
 A turn is `{"text"}`, `{"tool_calls"}`, either with `delay_ms` and `usage`,
-`{"empty": true}`, `{"error": "transient"}` (or `"permanent"`), or
+`{"empty": true}`, `{"error": "transient"}` (or `"permanent"`; with
+`usage` the failed attempt spent that, and `"stream_had_output": true`
+plays a stream cut after output), or
 `{"attempts": [turn, ...]}` where attempt k plays the k-th (the last
 repeats). Steps past the script replay its last turn. Tool call ids are
 `call_<step>_<index>` (index from 0).
@@ -33,14 +35,16 @@ class ScriptedProvider:
         if delay:
             if token.wait(delay / 1000.0) is not None:
                 return ModelTurn(stop_reason=StopReason.CANCELLED)
+        usage = ModelUsage(**{k: v for k, v in (turn.get("usage") or {}).items() if k in ModelUsage.model_fields})
         error = turn.get("error")
         if error:
             raise ModelError(
                 "ScriptedTransientError" if error == "transient" else "ScriptedPermanentError",
                 f"scripted {error} error",
                 transient=error == "transient",
+                stream_had_output=bool(turn.get("stream_had_output", False)),
+                usage=usage if turn.get("usage") else None,
             )
-        usage = ModelUsage(**{k: v for k, v in (turn.get("usage") or {}).items() if k in ModelUsage.model_fields})
         if turn.get("empty"):
             return ModelTurn(usage=usage)
         calls = []

@@ -111,6 +111,7 @@ def test_a_tool_whose_schema_changed_invalidates_the_approval_and_asks_again(loa
     assert "approval.invalidated" in types(run)
     fresh = Approval.objects.filter(run=run, status="pending").get()
     assert fresh.id != approval.id and fresh.request_hash != approval.request_hash
+    assert Approval.objects.get(id=approval.id).status == "invalidated"
 
 
 def test_a_stale_hash_changes_nothing_and_an_expired_approval_cannot_be_decided(load_agent, submit, sink, operator):

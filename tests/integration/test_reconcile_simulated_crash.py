@@ -36,6 +36,11 @@ PATH = "tests.integration.reconcilers."
 
 
 
+def shown(presentation, sink):
+    """A reconcile approval's presentation: the reconciler's keys and, always, what runs."""
+    return {**presentation, "tool": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}, "side_effect": "external_write"}
+
+
 def reload(run):
     return Run.objects.get(id=run.id)
 
@@ -178,7 +183,8 @@ def test_waiting_pauses_the_interrupted_call_and_approving_runs_it_once_more(mon
     approval = Approval.objects.get(run=pay)
     inv = assert_still_unknown(pay)
     assert approval.kind == "reconcile" and approval.status == "pending" and approval.invocation_id == inv.id
-    assert approval.presentation == R.PAUSE["presentation"]
+    # The reconciler's presentation, plus what runs (issue 11 item 6).
+    assert approval.presentation == {**R.PAUSE["presentation"], "tool": "http_post", "arguments": inv.arguments, "side_effect": "external_write"}
     assert approval.capability == R.PAUSE["capability"]
     assert len(approval.request_hash) == 64
     assert inv.suspended_kind == "reconcile"
@@ -413,7 +419,7 @@ def test_mutating_the_view_then_waiting_pauses_and_reruns_the_recorded_arguments
     die_at(monkeypatch, pay, "tool.after_execute")
     assert run_resume(run_id=pay.id) == "waiting"
     (approval,) = Approval.objects.filter(run=pay)
-    assert approval.kind == "reconcile" and approval.presentation == R.PAUSE["presentation"]
+    assert approval.kind == "reconcile" and approval.presentation == shown(R.PAUSE["presentation"], sink)
     assert ToolInvocation.objects.get(run=pay).arguments == {"url": sink.url, "json": {"amount": 5}}
     approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash)
     run_drive(run_id=pay.id)
@@ -464,7 +470,7 @@ def test_an_object_reconciliation_can_wait_with_an_object_pause(monkeypatch, rec
     die_at(monkeypatch, pay, "tool.after_watermark")
     assert run_resume(run_id=pay.id) == "waiting"
     approval = Approval.objects.get(run=pay)
-    assert approval.kind == "reconcile" and approval.presentation == R.PAUSE["presentation"]
+    assert approval.kind == "reconcile" and approval.presentation == shown(R.PAUSE["presentation"], sink)
     approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash)
     run_drive(run_id=pay.id)
     assert_ended(pay, "COMPLETED")
