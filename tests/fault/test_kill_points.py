@@ -234,7 +234,9 @@ def test_sigkill_after_the_watermark_then_a_waiting_reconciler_parks_and_approva
     park_or_end(run)
     assert sink.count() == 0
     approval = Approval.objects.get(run=run, status="pending")
-    assert approval.kind == "reconcile" and approval.presentation == R.PAUSE["presentation"]
+    # The reconciler's presentation, plus what runs.
+    assert approval.kind == "reconcile" and approval.presentation == {
+        **R.PAUSE["presentation"], "tool": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}, "side_effect": "external_write"}
     approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash, via="api")
     wait_for(lambda: status(run) == "COMPLETED", timeout=60, message="completion after approval")
     inv = ToolInvocation.objects.get(run=run)
