@@ -1,7 +1,8 @@
 """The approval console in the Django admin.
 
-Pending approvals first, newest first. Approve and reject are admin actions
-with a confirmation page and buttons on the change page; both post the
+Pending approvals first, newest first. Approve and reject — and, for an
+unknown outcome, confirm (took effect / did not) — are admin actions
+with a confirmation page and buttons on the change page; all post the
 request hash the page displayed, and both go through the one approval
 service — so an operator approves exactly what was shown, and a user
 without `approvals.resolve_approval` changes nothing, whatever they post.
@@ -21,8 +22,8 @@ from runs.clock import CLOCK
 from runs.scoping import approvals_actionable_by
 
 from .errors import ApprovalError
-from .models import Approval
-from .services import approval_decide, can_resolve
+from .models import CONFIRMABLE_KINDS, Approval
+from .services import approval_confirm, approval_decide, can_resolve
 
 
 class PendingFirst(admin.SimpleListFilter):
@@ -50,7 +51,7 @@ class ApprovalAdmin(TenantScoped):
     readonly_fields = ("id", "kind", "status", "tool", "side_effect", "arguments_pretty", "notice", "run_link", "step",
                        "request_hash", "waiting", "expires", "decided_by", "decided_at", "decided_via", "reason", "capability")
     fields = readonly_fields
-    actions = ["approve_selected", "reject_selected"]
+    actions = ["approve_selected", "reject_selected", "confirm_took_effect_selected", "confirm_not_taken_selected"]
     change_form_template = "admin/approvals/approval/change_form.html"
 
     # -- columns ---------------------------------------------------------
@@ -112,20 +113,43 @@ class ApprovalAdmin(TenantScoped):
         self.message_user(request, f"{approval_id}: {'approved' if approve else 'rejected'}", messages.SUCCESS)
         return True
 
-    def _confirm(self, request, queryset, approve):
+    def _settle(self, request, approval_id, took_effect, shown_hash, reason):
+        """The third decision on an unknown outcome: the operator says whether it took effect."""
+        try:
+            approval_confirm(user=request.user, approval_id=approval_id, request_hash=shown_hash, took_effect=took_effect,
+                             reason=reason, via="admin")
+        except ApprovalError as exc:
+            self.message_user(request, f"{approval_id}: {exc.message}", messages.ERROR)
+            return False
+        self.message_user(request, f"{approval_id}: confirmed ({'took effect' if took_effect else 'did not take effect'})", messages.SUCCESS)
+        return True
+
+    def _confirm(self, request, queryset, approve, took_effect=None):
         queryset = self.acting_only(request, queryset)  # a superuser decides only in its own tenant: 404 elsewhere
         if request.POST.get("confirm") == "yes":
             reason = request.POST.get("reason", "")
             for approval in queryset:
-                self._decide(request, approval.id, approve, request.POST.get(f"hash_{approval.id}", ""), reason)
+                shown = request.POST.get(f"hash_{approval.id}", "")
+                if took_effect is None:
+                    self._decide(request, approval.id, approve, shown, reason)
+                else:
+                    self._settle(request, approval.id, took_effect, shown, reason)
             return None
+        if took_effect is None:
+            title, action = ("Approve tool calls", "approve_selected") if approve else ("Reject tool calls", "reject_selected")
+        elif took_effect:
+            title, action = "Confirm: the calls took effect", "confirm_took_effect_selected"
+        else:
+            title, action = "Confirm: the calls did not take effect", "confirm_not_taken_selected"
         context = {
             **self.admin_site.each_context(request),
-            "title": "Approve tool calls" if approve else "Reject tool calls",
+            "title": title,
             "approvals": [{"obj": a, "pretty": json.dumps((a.presentation or {}).get("arguments"), indent=2, sort_keys=True, ensure_ascii=False)}
                           for a in queryset],
             "approve": approve,
-            "action": "approve_selected" if approve else "reject_selected",
+            "confirming": took_effect is not None,
+            "took_effect": took_effect,
+            "action": action,
             "opts": self.model._meta,
         }
         return TemplateResponse(request, "admin/approvals/approval/decide_confirm.html", context)
@@ -138,6 +162,14 @@ class ApprovalAdmin(TenantScoped):
     def reject_selected(self, request, queryset):
         return self._confirm(request, queryset, False)
 
+    @admin.action(description="Confirm selected: the call took effect (nothing is sent)", permissions=["resolve"])
+    def confirm_took_effect_selected(self, request, queryset):
+        return self._confirm(request, queryset, False, took_effect=True)
+
+    @admin.action(description="Confirm selected: the call did not take effect (nothing is sent)", permissions=["resolve"])
+    def confirm_not_taken_selected(self, request, queryset):
+        return self._confirm(request, queryset, False, took_effect=False)
+
     def get_urls(self):
         return [path("<path:object_id>/decide/", self.admin_site.admin_view(self.decide_view), name="approvals_approval_decide")] + super().get_urls()
 
@@ -149,12 +181,19 @@ class ApprovalAdmin(TenantScoped):
             raise Http404("no such approval")  # a superuser sees every tenant but decides only in its own
         if not can_resolve(request.user):
             raise PermissionDenied
-        self._decide(request, obj.id, request.POST.get("decision") == "approve", request.POST.get("request_hash", ""), request.POST.get("reason", ""))
+        decision = request.POST.get("decision")
+        shown, reason = request.POST.get("request_hash", ""), request.POST.get("reason", "")
+        if decision in ("took_effect", "not_taken"):
+            self._settle(request, obj.id, decision == "took_effect", shown, reason)
+        else:
+            self._decide(request, obj.id, decision == "approve", shown, reason)
         return HttpResponseRedirect(reverse("admin:approvals_approval_change", args=[obj.id]))
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         acting = approvals_actionable_by(request.user).filter(pk=object_id).exists() if _is_uuid(object_id) else False
-        extra_context = {**(extra_context or {}), "can_resolve": can_resolve(request.user) and acting}
+        obj = self.get_object(request, object_id)
+        extra_context = {**(extra_context or {}), "can_resolve": can_resolve(request.user) and acting,
+                         "can_confirm": obj is not None and obj.kind in CONFIRMABLE_KINDS}
         return super().change_view(request, object_id, form_url, extra_context)
 
 

@@ -42,3 +42,10 @@ class ApprovalExpired(ApprovalError):
 
     code = "approval_expired"
     status = 409
+
+
+class ApprovalNotConfirmable(ApprovalError):
+    """Only an unknown outcome (interrupted or uncertain side effect) can be confirmed."""
+
+    code = "approval_not_confirmable"
+    status = 409

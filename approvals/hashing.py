@@ -11,6 +11,12 @@ INTERRUPTED_NOTICE = (
     "is unknown. Approving runs it again with these arguments; rejecting ends the run."
 )
 
+UNCERTAIN_NOTICE = (
+    "This tool call was sent and no answer came (the connection was lost, or it timed out or was cancelled while "
+    "running), so whether it took effect is unknown. Approving sends it again once with the same idempotency key; "
+    "confirming records what you know happened without sending it; rejecting ends the run."
+)
+
 
 def canonical(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode("utf-8")

@@ -4,11 +4,25 @@ from django.conf import settings
 from django.db import models
 
 from runs.clock import new_uuid, utcnow
+from runs.domain.pipeline import RERUN_KINDS as _DOMAIN_RERUN_KINDS
+
+
+# Approval kinds (DESIGN §8, §17). A "re-run grant" is an approval whose
+# approve runs the same invocation again with the same idempotency key; a
+# "confirmable" one may instead be settled by an operator who knows whether
+# the call took effect (POST /api/approvals/{id}/confirm/).
+POLICY = "policy"
+INTERRUPTED_SIDE_EFFECT = "interrupted_side_effect"
+UNCERTAIN_SIDE_EFFECT = "uncertain_side_effect"
+RECONCILE = "reconcile"
+RERUN_KINDS = _DOMAIN_RERUN_KINDS  # the one set, defined Django-free where the pipeline re-checks grants
+assert RERUN_KINDS == {INTERRUPTED_SIDE_EFFECT, UNCERTAIN_SIDE_EFFECT, RECONCILE}
+CONFIRMABLE_KINDS = (INTERRUPTED_SIDE_EFFECT, UNCERTAIN_SIDE_EFFECT)
 
 
 class Approval(models.Model):
-    KINDS = [(k, k) for k in ("policy", "interrupted_side_effect", "reconcile")]
-    STATUSES = [(s, s) for s in ("pending", "approved", "rejected", "expired", "invalidated", "cancelled")]
+    KINDS = [(k, k) for k in (POLICY, INTERRUPTED_SIDE_EFFECT, RECONCILE, UNCERTAIN_SIDE_EFFECT)]
+    STATUSES = [(s, s) for s in ("pending", "approved", "rejected", "expired", "invalidated", "cancelled", "confirmed")]
     SURFACES = [(s, s) for s in ("admin", "api", "live")]
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)

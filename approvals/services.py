@@ -17,14 +17,13 @@ from django.db import connection, transaction
 from runs.clock import CLOCK
 from runs.domain.values import FailureReason, RunFailure
 from runs.domain.writes import EventWrite
-from runs.models import Run
+from runs.models import Run, ToolInvocation
 from runs.store import append_events, jp, sql_dt, sql_json, sql_uuid
 
-from .errors import ApprovalDecided, ApprovalExpired, ApprovalForbidden, ApprovalNotFound, ApprovalStale
-from .models import Approval
+from .errors import ApprovalDecided, ApprovalExpired, ApprovalForbidden, ApprovalNotConfirmable, ApprovalNotFound, ApprovalStale
+from .models import CONFIRMABLE_KINDS, RERUN_KINDS, Approval
 
 SURFACES = ("admin", "api", "live")
-RERUN_KINDS = ("interrupted_side_effect", "reconcile")
 
 
 def can_resolve(user) -> bool:
@@ -102,6 +101,74 @@ def approval_decide(*, user, approval_id: Any, approve: bool, request_hash: str,
                     [sql_json(denied), sql_json(denied), sql_dt(now), sql_uuid(approval.invocation_id)],
                 )
                 _requeue_if_last(cursor, run, now, events)
+            append_events(cursor, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=run.lease_epoch, events=events)
+    approval.refresh_from_db()
+    return approval
+
+
+def approval_confirm(*, user, approval_id: Any, request_hash: str, took_effect: Any, reason: str = "", via: str = "api") -> Approval:
+    """The third decision on an unknown outcome (DESIGN §17): an operator who
+    knows whether an `interrupted_side_effect` / `uncertain_side_effect` call
+    took effect says so. The invocation gets a result recording the
+    confirmation (the model sees it), nothing is sent again, the approval is
+    `confirmed` and — when it was the batch's last decision — the run goes
+    back to the queue. A `policy` or `reconcile` approval cannot be
+    confirmed (409 `approval_not_confirmable`): nothing of it ran, or the
+    reconciler owns the question."""
+    from runs.errors import InvalidInput
+
+    if via not in SURFACES:
+        raise ValueError(f"unknown surface {via!r}")
+    approval = approval_for(user=user, approval_id=approval_id, acting=True)
+    if not can_resolve(user):
+        raise ApprovalForbidden("you do not have permission to resolve approvals")
+    if not isinstance(request_hash, str) or not request_hash:
+        raise InvalidInput("request_hash is required", fields={"request_hash": ["required"]})
+    if not isinstance(took_effect, bool):
+        raise InvalidInput("took_effect must be true or false", fields={"took_effect": ["must be a boolean (true or false)"]})
+    if not isinstance(reason, str) or "\x00" in reason or len(reason) > 2000:
+        raise InvalidInput("reason must be text of at most 2000 characters", fields={"reason": ["invalid"]})
+    if approval.kind not in CONFIRMABLE_KINDS:
+        raise ApprovalNotConfirmable(f"a {approval.kind} approval cannot be confirmed: approve or reject it")
+    now = CLOCK.now()
+    by = user.get_username()
+    with transaction.atomic(durable=True):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE approvals SET status = 'confirmed', decided_by_id = %s, decided_at = %s, decided_via = %s, reason = %s"
+                " WHERE id = %s AND status = 'pending' AND request_hash = %s AND (expires_at IS NULL OR expires_at > %s)"
+                " AND run_id IN (SELECT id FROM runs WHERE status = 'WAITING_FOR_APPROVAL')",
+                [user.pk, sql_dt(now), via, reason, sql_uuid(approval.id), request_hash, sql_dt(now)],
+            )
+            if cursor.rowcount != 1:
+                _explain_refusal(approval, request_hash, now)
+            run = Run.objects.get(id=approval.run_id)
+            inv = ToolInvocation.objects.get(id=approval.invocation_id)
+            result = {"outcome": "confirmed", "took_effect": took_effect, "confirmed_by": by, "reason": reason,
+                      "message": ("an operator confirmed that this call took effect; it was not sent again" if took_effect
+                                  else "an operator confirmed that this call did not take effect; it was not sent again")}
+            history = [dict(a) for a in (inv.attempts or []) if isinstance(a, dict)]
+            if not any(a.get("attempt") == inv.attempt for a in history):
+                history.append({"attempt": inv.attempt, "outcome": "uncertain", "error": inv.error})
+            history.append({"decision": "confirmed", "took_effect": took_effect, "confirmed_by": by, "at": now.isoformat(),
+                            "approval": str(approval.id)})
+            cursor.execute(
+                f"UPDATE tool_invocations SET status = %s, outcome = %s, result = {jp()}, attempts = {jp()}, suspended_kind = NULL,"
+                + (" error = NULL," if took_effect else "") + " updated_at = %s WHERE id = %s",
+                ["completed" if took_effect else "failed", "succeeded" if took_effect else "failed", sql_json(result), sql_json(history),
+                 sql_dt(now), sql_uuid(inv.id)],
+            )
+            events = [
+                EventWrite("approval.resolved", {
+                    "approval": str(approval.id), "invocation": str(inv.id), "kind": approval.kind, "decision": "confirmed",
+                    "took_effect": took_effect, "decided_by": by, "decided_via": via, "reason": reason, "decided_at": now.isoformat(),
+                }, now),
+                EventWrite("tool.call.completed" if took_effect else "tool.call.failed", {
+                    "invocation": str(inv.id), "call_id": inv.call_id, "tool": inv.tool_name, "result": result, "executed": False,
+                    "attempt": inv.attempt, "outcome": "succeeded" if took_effect else "failed", "confirmed": True,
+                }, now),
+            ]
+            _requeue_if_last(cursor, run, now, events)
             append_events(cursor, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=run.lease_epoch, events=events)
     approval.refresh_from_db()
     return approval

@@ -63,7 +63,7 @@ class EventInline(admin.TabularInline):
 
 class InvocationInline(admin.TabularInline):
     model = ToolInvocation
-    fields = ("step_number", "call_index", "tool_name", "status", "arguments", "result", "effect_sent_at", "attempt")
+    fields = ("step_number", "call_index", "tool_name", "status", "outcome", "arguments", "result", "error", "effect_sent_at", "attempt", "attempts")
     readonly_fields = fields
     ordering = ("step_number", "call_index")
     extra = 0

@@ -281,6 +281,8 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
         _checkpoint(ctx, work, "final" if outcome.kind is OutcomeKind.COMPLETED else "terminal")
     elif outcome.kind is OutcomeKind.SUSPENDED:
         _checkpoint(ctx, work, "suspension")
+    elif outcome.kind is OutcomeKind.UNKNOWN:
+        return _settle_unknown(ctx, claim, outcome, work, clock)
     reason = "drain" if ctx.draining() else "slice_end"
     transition, params, after = _transition(claim, outcome, work, now, reason)
     try:
@@ -292,6 +294,26 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
         _record_fenced(claim, late, clock)
         return RunOutcome(kind=OutcomeKind.FENCED, late=late)
     return outcome
+
+
+_DECIDED = {"continue": OutcomeKind.YIELDED, "waiting": OutcomeKind.SUSPENDED, "completed": OutcomeKind.COMPLETED,
+            "failed": OutcomeKind.FAILED, "cancelled": OutcomeKind.CANCELLED, "fenced": OutcomeKind.FENCED}
+
+
+def _settle_unknown(ctx: RunContext, claim: Claim, outcome: RunOutcome, work: UnitOfWork, clock) -> RunOutcome:
+    """A side-effect call ended `uncertain` (DESIGN §7 step 11): commit what
+    the batch recorded (the uncertain row, the results before it) under the
+    lease, then let Resume's decision — the reconciler, or a pause on an
+    `uncertain_side_effect` approval — end this execution through
+    `finalize_detached`, exactly as for an interrupted call (seed 000)."""
+    from .resume import settle_unknown
+
+    try:
+        ctx.store.commit(work)
+    except WorkerFenced:
+        _record_fenced(claim, outcome.late, clock)
+        return RunOutcome(kind=OutcomeKind.FENCED, late=outcome.late)
+    return RunOutcome(kind=_DECIDED[settle_unknown(claim)])
 
 
 def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_reason: str):

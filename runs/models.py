@@ -185,8 +185,10 @@ class ToolInvocation(models.Model):
             "cancelled",
             "interrupted",
             "awaiting_approval",
+            "uncertain",
         )
     ]
+    OUTCOMES = [(o, o) for o in ("succeeded", "failed", "uncertain")]  # DESIGN §7 step 11
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False, db_constraint=False)
@@ -206,6 +208,10 @@ class ToolInvocation(models.Model):
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     suspended_kind = models.CharField(max_length=40, null=True, blank=True)
+    # How the last attempt ended (succeeded / failed / uncertain), and every
+    # attempt's outcome in order (an approved re-run keeps attempt 1's record).
+    outcome = models.CharField(max_length=12, choices=OUTCOMES, null=True, blank=True)
+    attempts = models.JSONField(null=True, blank=True)
     lease_epoch = models.BigIntegerField(default=0)
     created_at = models.DateTimeField(default=utcnow)
     updated_at = models.DateTimeField(default=utcnow)

@@ -20,7 +20,8 @@ from django.db import connection, transaction
 from django.utils.module_loading import import_string
 from pydantic import BaseModel, ConfigDict
 
-from approvals.hashing import INTERRUPTED_NOTICE, request_hash, tool_spec_dict
+from approvals.hashing import INTERRUPTED_NOTICE, UNCERTAIN_NOTICE, request_hash, tool_spec_dict
+from approvals.models import INTERRUPTED_SIDE_EFFECT, RECONCILE, UNCERTAIN_SIDE_EFFECT
 
 from .clock import CLOCK, IDS
 from .domain.pipeline import UNKNOWN_OUTCOME
@@ -40,6 +41,13 @@ MAX_LEASE_EXPIRATIONS = 3
 INTERRUPTED_OBSERVATION = {
     "error": "interrupted",
     "message": "the process stopped while this call was in flight; its result was not recorded. You may ask for it again.",
+}
+
+
+UNCERTAIN_OBSERVATION = {
+    "error": "outcome_unknown",
+    "outcome": "uncertain",
+    "message": "the request was sent and no answer came; whether it took effect is unknown.",
 }
 
 
@@ -169,6 +177,22 @@ def _failure(reason: FailureReason, error_class: str, message: str, **details) -
     return RunFailure(reason=reason, error_class=error_class, message=message, occurred_at=CLOCK.now(), details=details)
 
 
+# An unknown outcome: a side-effect call interrupted by a process that
+# stopped, or one that ended `uncertain` in a live run (DESIGN §7 step 11).
+UNKNOWN_STATUSES = ("interrupted", "uncertain")
+
+
+def _unknown_outcomes(run_id):
+    return ToolInvocation.objects.filter(run_id=run_id, status__in=UNKNOWN_STATUSES, read_only=False, result__isnull=True)
+
+
+def settle_unknown(claim: Claim) -> str:
+    """The live path of an uncertain side effect: the executing worker still
+    holds `claim` (no takeover) and hands the decision to the same code a
+    Resume uses — the reconciler, else an `uncertain_side_effect` pause."""
+    return decide(Takeover(claim=claim, previous_owner=claim.owner, previous_epoch=claim.epoch))
+
+
 def decide(takeover: Takeover) -> str:
     """Decide what the taken-over run does next and end through finalize."""
     claim = takeover.claim
@@ -183,9 +207,7 @@ def decide(takeover: Takeover) -> str:
         outcome = RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(FailureReason.INTERNAL_ERROR, "DamagedRecord",
                                                                         "a record of this run could not be read", damaged=damaged))
         return _end(claim, outcome, UnitOfWork())
-    unknown = list(
-        ToolInvocation.objects.filter(run_id=run.id, status="interrupted", read_only=False, result__isnull=True).order_by("step_number", "call_index")
-    )
+    unknown = list(_unknown_outcomes(run.id).order_by("step_number", "call_index"))
     if run.cancel_requested_at is not None:
         # The operator asked to cancel: end it; an unknown effect stays
         # `interrupted` with its outcome labelled unknown.
@@ -196,7 +218,7 @@ def decide(takeover: Takeover) -> str:
         conflict = _cannot_wait(claim, unknown)
         if conflict is not None:
             return conflict
-        return _pause(claim, run, unknown, kind="interrupted_side_effect")
+        return _pause(claim, run, unknown, kind=INTERRUPTED_SIDE_EFFECT)
     return _end(claim, RunOutcome(kind=OutcomeKind.YIELDED), UnitOfWork())
 
 
@@ -223,7 +245,7 @@ def _damaged(run: Run) -> str | None:
         RunUsage(**(run.usage or {}))
         AgentVersion.objects.get(agent_id=run.agent_id, version=run.agent_version)
         checkpoint_latest(run.id)
-        for inv in ToolInvocation.objects.filter(run_id=run.id, status="interrupted", read_only=False, result__isnull=True):
+        for inv in _unknown_outcomes(run.id):
             if not isinstance(inv.arguments, dict):
                 return f"invocation {inv.id}: arguments"
     except Exception as exc:
@@ -249,13 +271,17 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
     approval_ids, inv_ids = [], []
     for inv in invocations:
         spec = REGISTRY.spec(inv.tool_name)
+        # An uncertain call waits on its own kind unless the reconciler paused it.
+        inv_kind = UNCERTAIN_SIDE_EFFECT if kind == INTERRUPTED_SIDE_EFFECT and inv.status == "uncertain" else kind
         presentation = {
             "tool": inv.tool_name,
             "arguments": inv.arguments,
             "side_effect": spec.side_effect if spec else inv.side_effect,
-            "notice": INTERRUPTED_NOTICE,
+            "notice": UNCERTAIN_NOTICE if inv_kind == UNCERTAIN_SIDE_EFFECT else INTERRUPTED_NOTICE,
             "attempt": inv.attempt,
         }
+        if inv_kind == UNCERTAIN_SIDE_EFFECT:
+            presentation["error"] = inv.error
         capability = {"tool": inv.tool_name, "arguments": inv.arguments}
         if pause is not None:
             # The reconciler's keys are kept, but what runs is always shown
@@ -266,11 +292,11 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
         approval_id = IDS.new_id()
         digest = request_hash(tenant_id=run.tenant_id, run_id=run.id, step_number=inv.step_number, invocation_id=inv.id,
                               tool=tool_spec_dict(spec) if spec else None, arguments=inv.arguments, agent_version=run.agent_version,
-                              kind=kind, presentation=presentation)
-        work.approval_inserts.append(ApprovalInsert(id=approval_id, invocation_id=inv.id, kind=kind, request_hash=digest,
+                              kind=inv_kind, presentation=presentation)
+        work.approval_inserts.append(ApprovalInsert(id=approval_id, invocation_id=inv.id, kind=inv_kind, request_hash=digest,
                                                     capability=capability, presentation=presentation, expires_at=_expiry(run), created_at=now))
-        work.invocation_updates.append(InvocationUpdate(id=inv.id, status="interrupted", suspended_kind=kind, updated_at=now))
-        work.events.append(EventWrite("approval.requested", {"approval": str(approval_id), "invocation": str(inv.id), "kind": kind,
+        work.invocation_updates.append(InvocationUpdate(id=inv.id, status=inv.status, suspended_kind=inv_kind, updated_at=now))
+        work.events.append(EventWrite("approval.requested", {"approval": str(approval_id), "invocation": str(inv.id), "kind": inv_kind,
                                                              "tool": inv.tool_name, "request_hash": digest, "step": inv.step_number,
                                                              "presentation": presentation}, now))
         approval_ids.append(approval_id)
@@ -327,7 +353,7 @@ def _view(run: Run) -> RunView:
             "step_number", "attempt_number", "status", "usage", "stop_reason")],
         invocations=[{**r, "id": str(r["id"])} for r in ToolInvocation.objects.filter(run_id=run.id).order_by("step_number", "call_index").values(
             "id", "step_number", "call_id", "tool_name", "arguments", "status", "result", "error", "read_only", "side_effect",
-            "idempotency_key", "attempt", "effect_sent_at")],
+            "idempotency_key", "attempt", "effect_sent_at", "outcome", "attempts")],
         approvals=[{**r, "id": str(r["id"])} for r in Approval.objects.filter(run_id=run.id).values("id", "kind", "status", "request_hash")],
     )
 
@@ -412,8 +438,9 @@ def _reconcile(claim: Claim, run: Run, unknown: list[ToolInvocation]) -> str:
     if outcome == "continue":
         now = CLOCK.now()
         work = UnitOfWork()
-        for inv in unknown:  # the agent sees the interrupted observation
-            work.invocation_updates.append(InvocationUpdate(id=inv.id, status="interrupted", result=INTERRUPTED_OBSERVATION, updated_at=now))
+        for inv in unknown:  # the agent sees the interrupted (or uncertain) observation
+            observation = INTERRUPTED_OBSERVATION if inv.status != "uncertain" else {**UNCERTAIN_OBSERVATION, "cause": inv.error}
+            work.invocation_updates.append(InvocationUpdate(id=inv.id, status=inv.status, result=observation, updated_at=now))
         return _end(claim, RunOutcome(kind=OutcomeKind.YIELDED), work)
     if outcome == "completed":
         if "result" not in data or data["result"] is None or not _usable_json(data["result"]):
@@ -435,5 +462,5 @@ def _reconcile(claim: Claim, run: Run, unknown: list[ToolInvocation]) -> str:
         conflict = _cannot_wait(claim, unknown)
         if conflict is not None:
             return conflict
-        return _pause(claim, run, unknown, kind="reconcile", pause=pause)
+        return _pause(claim, run, unknown, kind=RECONCILE, pause=pause)
     return internal("the reconciler returned an unknown outcome", outcome=str(outcome)[:50])

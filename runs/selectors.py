@@ -50,3 +50,19 @@ def run_events(*, run: Run, after: int = 0, limit: int = 500) -> tuple[list[dict
     more = len(rows) > limit
     rows = rows[:limit]
     return [event_to_dict(e) for e in rows], (rows[-1].sequence if more and rows else None)
+
+
+def tool_uncertain_counts(*, tenant_id=None) -> dict[str, int]:
+    """`agent_tool_uncertain_total{tool}` (seed 002) until a metrics exporter
+    exists: how many tool calls ended `uncertain`, by tool. Read from the
+    append-only event log (`tool.call.failed` with `outcome: "uncertain"`),
+    so the count is durable and never goes down when an approved re-run later
+    succeeds on the same invocation row."""
+    from django.db.models import Count
+    from django.db.models.fields.json import KeyTextTransform
+
+    qs = Event.objects.filter(type="tool.call.failed", payload__outcome="uncertain")
+    if tenant_id is not None:
+        qs = qs.filter(tenant_id=tenant_id)
+    rows = qs.annotate(tool=KeyTextTransform("tool", "payload")).values("tool").annotate(n=Count("id")).order_by("tool")
+    return {r["tool"]: r["n"] for r in rows}

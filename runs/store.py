@@ -228,7 +228,7 @@ class DjangoRunStore:
             ToolInvocation.objects.filter(run_id=self.run_id, step_number=step_number)
             .order_by("call_index")
             .values("id", "call_id", "call_index", "tool_name", "arguments", "status", "result", "effect_sent_at", "attempt", "read_only",
-                    "idempotency_key", "suspended_kind")
+                    "idempotency_key", "suspended_kind", "attempts")
         )
 
     def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
@@ -292,16 +292,16 @@ class DjangoRunStore:
             rows = []
             params = []
             for i in work.invocation_inserts:
-                rows.append(f"(%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s, %s, %s, 0, {jp()}, {jp()}, %s, %s, %s, %s)")
+                rows.append(f"(%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s, %s, %s, 0, {jp()}, {jp()}, %s, %s, %s, %s, %s)")
                 params += [
                     sql_uuid(i.id), tenant, run, i.step_number, i.call_index, i.call_id, i.tool_name, sql_json(i.arguments),
                     i.raw_arguments, i.idempotency_key, i.status, i.read_only, i.side_effect, sql_json(i.result), sql_json(i.error),
-                    i.suspended_kind, epoch, sql_dt(i.created_at), sql_dt(i.created_at),
+                    i.suspended_kind, epoch, sql_dt(i.created_at), sql_dt(i.created_at), i.outcome,
                 ]
             cursor.execute(
                 "INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id, tool_name, arguments,"
                 " raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error, suspended_kind, lease_epoch,"
-                " created_at, updated_at)"
+                " created_at, updated_at, outcome)"
                 f" VALUES {', '.join(rows)}",
                 params,
             )
@@ -314,6 +314,14 @@ class DjangoRunStore:
             if u.error is not None:
                 sets.append(f"error = {jp()}")
                 params.append(sql_json(u.error))
+            elif u.clear_error:
+                sets.append("error = NULL")
+            if u.outcome is not None:
+                sets.append("outcome = %s")
+                params.append(u.outcome)
+            if u.attempts is not None:
+                sets.append(f"attempts = {jp()}")
+                params.append(sql_json(u.attempts))
             if u.attempt is not None:
                 sets.append("attempt = %s")
                 params.append(u.attempt)

@@ -80,16 +80,17 @@ def unit_statement(
         ctes.append(
             "ii AS (INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id, tool_name, arguments,"
             " raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error, suspended_kind, lease_epoch,"
-            " created_at, updated_at)"
+            " created_at, updated_at, outcome)"
             " SELECT x.id, %s, f.id, x.step, x.idx, x.call_id, x.tool, x.args, x.raw, x.key, x.status, x.ro, x.se, 0, x.result,"
-            " x.error, x.sk, %s, x.at, x.at"
+            " x.error, x.sk, %s, x.at, x.at, x.outcome"
             " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, step int, idx int, call_id text, tool text, args jsonb, raw text,"
-            " key text, status text, ro boolean, se text, result jsonb, error jsonb, sk text, at timestamptz) RETURNING 1)"
+            " key text, status text, ro boolean, se text, result jsonb, error jsonb, sk text, at timestamptz, outcome text) RETURNING 1)"
         )
         params += [tenant_id, epoch, _j([
             {"id": str(i.id), "step": i.step_number, "idx": i.call_index, "call_id": i.call_id, "tool": i.tool_name,
              "args": i.arguments, "raw": i.raw_arguments, "key": i.idempotency_key, "status": i.status, "ro": i.read_only,
-             "se": i.side_effect, "result": i.result, "error": i.error, "sk": i.suspended_kind, "at": _ts(i.created_at)}
+             "se": i.side_effect, "result": i.result, "error": i.error, "sk": i.suspended_kind, "at": _ts(i.created_at),
+             "outcome": i.outcome}
             for i in work.invocation_inserts
         ])]
     if work.invocation_updates:
@@ -98,14 +99,18 @@ def unit_statement(
             " result = CASE WHEN x.has_result THEN x.result ELSE t.result END,"
             " error = CASE WHEN x.has_error THEN x.error ELSE t.error END,"
             " attempt = COALESCE(x.attempt, t.attempt),"
-            " suspended_kind = CASE WHEN x.has_sk THEN x.sk ELSE t.suspended_kind END"
+            " suspended_kind = CASE WHEN x.has_sk THEN x.sk ELSE t.suspended_kind END,"
+            " outcome = COALESCE(x.outcome, t.outcome),"
+            " attempts = CASE WHEN x.has_attempts THEN x.attempts ELSE t.attempts END"
             " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, status text, at timestamptz, has_result boolean, result jsonb,"
-            " has_error boolean, error jsonb, attempt int, has_sk boolean, sk text) WHERE t.id = x.id AND t.run_id = f.id RETURNING 1)"
+            " has_error boolean, error jsonb, attempt int, has_sk boolean, sk text, outcome text, has_attempts boolean, attempts jsonb)"
+            " WHERE t.id = x.id AND t.run_id = f.id RETURNING 1)"
         )
         params += [epoch, _j([
             {"id": str(u.id), "status": u.status, "at": _ts(u.updated_at), "has_result": u.result is not None, "result": u.result,
-             "has_error": u.error is not None, "error": u.error, "attempt": u.attempt, "has_sk": u.suspended_kind is not None,
-             "sk": u.suspended_kind}
+             "has_error": u.error is not None or u.clear_error, "error": u.error, "attempt": u.attempt,
+             "has_sk": u.suspended_kind is not None, "sk": u.suspended_kind, "outcome": u.outcome,
+             "has_attempts": u.attempts is not None, "attempts": u.attempts}
             for u in work.invocation_updates
         ])]
     if work.approval_inserts:

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_POST
 
 from approvals.errors import ApprovalError
 from approvals.models import Approval
-from approvals.services import approval_decide, can_resolve
+from approvals.services import approval_confirm, approval_decide, can_resolve
 
 from .errors import RunError
 from .lifecycle import run_cancel
@@ -63,9 +63,14 @@ def run_decide(request, run_id):
     approval = Approval.objects.filter(run=run, id=request.POST.get("approval", "")).first() if _is_uuid(request.POST.get("approval")) else None
     if approval is None:
         raise Http404("no such approval")
+    decision = request.POST.get("decision")
     try:
-        approval_decide(user=request.user, approval_id=approval.id, approve=request.POST.get("decision") == "approve",
-                        request_hash=request.POST.get("request_hash", ""), reason=request.POST.get("reason", ""), via="live")
+        if decision in ("took_effect", "not_taken"):  # an unknown outcome the operator knows: nothing is sent again
+            approval_confirm(user=request.user, approval_id=approval.id, request_hash=request.POST.get("request_hash", ""),
+                             took_effect=decision == "took_effect", reason=request.POST.get("reason", ""), via="live")
+        else:
+            approval_decide(user=request.user, approval_id=approval.id, approve=decision == "approve",
+                            request_hash=request.POST.get("request_hash", ""), reason=request.POST.get("reason", ""), via="live")
         messages.success(request, "Decision recorded.")
     except (ApprovalError, RunError) as exc:
         messages.error(request, exc.message)

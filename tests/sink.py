@@ -25,6 +25,11 @@ from pathlib import Path
 class Sink:
     def __init__(self, log_path: Path | None = None):
         self.sends: list[dict] = []
+        self.gets = 0
+        self.behaviours: list[str] = []  # consumed one per request: "ok", "close", "delay:SECONDS"
+        self.status = 200  # the status of a normal POST answer
+        self.on_request = None  # called with the path when a request arrives (before any behaviour)
+        self.release = threading.Event()  # ends every pending delay at once
         self._lock = threading.Lock()
         self.log_path = log_path
         sink = self
@@ -46,14 +51,35 @@ class Sink:
                         with open(sink.log_path, "a") as fh:
                             fh.write(json.dumps(record) + "\n")
                             fh.flush()
+                if not self._misbehave():
+                    return
                 out = b'{"ok": true}'
-                self.send_response(200)
+                self.send_response(sink.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(out)))
                 self.end_headers()
                 self.wfile.write(out)
 
+            def _misbehave(self) -> bool:
+                """Play the next queued behaviour; return whether to answer normally.
+                `close`: the request arrived, the connection closes with no answer;
+                `delay:S`: the answer comes only after S seconds (or `release`)."""
+                with sink._lock:
+                    behaviour = sink.behaviours.pop(0) if sink.behaviours else "ok"
+                if sink.on_request is not None:
+                    sink.on_request(self.path)
+                if behaviour == "close":
+                    self.close_connection = True
+                    return False
+                if behaviour.startswith("delay:"):
+                    sink.release.wait(float(behaviour.split(":", 1)[1]))
+                return True
+
             def do_GET(self):
+                with sink._lock:
+                    sink.gets += 1
+                if not self._misbehave():
+                    return
                 out = b'{"pong": true}'
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -64,7 +90,11 @@ class Sink:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                pass  # a client that gave up on a delayed answer: expected, not news
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.host = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.host}/effect"
@@ -76,5 +106,6 @@ class Sink:
             return sum(1 for s in self.sends if key is None or s["key"] == key)
 
     def close(self):
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()

@@ -155,6 +155,25 @@ class ApprovalDecision(StrictSerializer):
     reason = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """A BooleanField that takes only JSON true/false (DRF's also takes "yes", 1, "on")."""
+
+    default_error_messages = {"invalid": "must be a boolean (true or false)."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+class ApprovalConfirmation(StrictSerializer):
+    """The operator's word on an unknown outcome, bound to the request_hash that was shown."""
+
+    request_hash = StrictCharField(max_length=128, help_text="The request_hash that was shown.")
+    took_effect = StrictBooleanField(help_text="true: the call took effect; false: it did not. Nothing is sent again either way.")
+    reason = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
 # -- outputs (schema documentation; rendered from the selectors) -------------------
 
 @extend_schema_field({})

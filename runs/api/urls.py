@@ -17,6 +17,7 @@ urlpatterns = [
     path("approvals/<str:id>/", views.ApprovalDetail.as_view(), name="approval-detail"),
     path("approvals/<str:id>/approve/", views.ApprovalApprove.as_view(), name="approval-approve"),
     path("approvals/<str:id>/reject/", views.ApprovalReject.as_view(), name="approval-reject"),
+    path("approvals/<str:id>/confirm/", views.ApprovalConfirm.as_view(), name="approval-confirm"),
     path("schema/", views.SchemaView.as_view(), name="schema"),
     path("docs/", views.SwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("docs/redoc/", views.RedocView.as_view(url_name="api:schema"), name="redoc"),

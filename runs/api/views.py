@@ -26,7 +26,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from approvals.models import Approval
-from approvals.services import approval_decide, approval_for, can_resolve
+from approvals.services import approval_confirm, approval_decide, approval_for, can_resolve
 from runs.agent_schema import AgentDefinition
 from runs.domain.values import RunStatus
 from runs.inputs import run_input
@@ -441,6 +441,30 @@ class ApprovalReject(ApprovalDecide):
                    responses={200: s.ApprovalOut, **errors(*WRITE_ERRORS, 404, 409)})
     def post(self, request, id):
         return super().post(request, id)
+
+
+class ApprovalConfirm(ApiView):
+    """Confirm an unknown outcome (through the approval service)."""
+
+    throttle_scope = "approvals_decide"
+
+    @extend_schema(operation_id="approvals_confirm", tags=["approvals"], summary="Confirm whether an unknown outcome took effect",
+                   description=("For an `interrupted_side_effect` or `uncertain_side_effect` approval only: the operator says "
+                                "whether the call took effect (`took_effect`: true/false). The invocation gets a result "
+                                "recording the confirmation, the model sees it and the run goes on; nothing is sent again; the "
+                                "approval becomes `confirmed`. " + DECIDE_DOC
+                                + " 409 `approval_not_confirmable` for a `policy` or `reconcile` approval. 400 naming "
+                                "`took_effect` when it is missing or not a boolean."),
+                   parameters=[ID_PARAM], request=s.ApprovalConfirmation,
+                   responses={200: s.ApprovalOut, **errors(*WRITE_ERRORS, 404, 409)})
+    def post(self, request, id):
+        approval_for(user=request.user, approval_id=id)  # 404 before 403: no enumeration
+        if not can_resolve(request.user):
+            raise exceptions.PermissionDenied("you do not have permission to resolve approvals")
+        data = parse(s.ApprovalConfirmation, request.data)
+        approval = approval_confirm(user=request.user, approval_id=id, request_hash=data["request_hash"],
+                                    took_effect=data["took_effect"], reason=data["reason"], via="api")
+        return Response(s.ApprovalOut(approval).data)
 
 
 # -- schema and docs -------------------------------------------------------------------

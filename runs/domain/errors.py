@@ -70,3 +70,13 @@ class ToolFailure(RuntimeCoreError):
         super().__init__(message)
         self.code = code
         self.uncertain = uncertain
+
+
+class OutcomeUnknown(ToolFailure):
+    """A tool's outcome is unknown: the request may have taken effect (it was
+    sent and no answer came, the call timed out or was cancelled while
+    running). Public as `runs.tools.OutcomeUnknown`; the pipeline classifies
+    the call `uncertain` (DESIGN §7 step 11)."""
+
+    def __init__(self, code: str = "outcome_unknown", message: str = "the call may have taken effect; its outcome is unknown"):
+        super().__init__(code, message, uncertain=True)

@@ -83,6 +83,8 @@ def _loop(ctx: RunContext) -> RunOutcome:
         ctx.pending = batch.work
         if batch.suspension is not None:
             return RunOutcome(kind=OutcomeKind.SUSPENDED, suspension=batch.suspension, pending=ctx.pending)
+        if batch.unknown:
+            return RunOutcome(kind=OutcomeKind.UNKNOWN, pending=ctx.pending, late={"calls": batch.late} if batch.late else None)
         if batch.stop is not None:
             return stop_outcome(ctx, batch.stop, batch.late)
         denied = _count_denials(ctx, batch)
@@ -120,6 +122,8 @@ def _loop(ctx: RunContext) -> RunOutcome:
         ctx.pending = batch.work
         if batch.suspension is not None:
             return RunOutcome(kind=OutcomeKind.SUSPENDED, suspension=batch.suspension, pending=ctx.pending)
+        if batch.unknown:  # an uncertain side effect: the executor hands the decision to Resume's reconcile-or-pause
+            return RunOutcome(kind=OutcomeKind.UNKNOWN, pending=ctx.pending, late={"calls": batch.late} if batch.late else None)
         if batch.stop is not None:
             return stop_outcome(ctx, batch.stop, batch.late)
         denied = _count_denials(ctx, batch)

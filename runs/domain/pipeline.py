@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +25,44 @@ IDENTICAL_CALL_LIMIT = 3
 MAX_ARGUMENT_BYTES = 64 * 1024
 
 
+_NEVER = threading.Event()  # never set: a plain bounded wait
+
+
+class CancelSignal:
+    """The run's cancellation as a tool sees it: true once the run is
+    cancelled by an operator or its deadline passes; `wait(seconds)` blocks
+    until then or the timeout and returns whether it was cancelled. A worker
+    that lost its lease (`fenced`) is not a cancelled run: its running tool
+    finishes and the outcome is recorded late (seed 000), so the signal stays
+    clear for it."""
+
+    __slots__ = ("_token",)
+
+    def __init__(self, token: Any):
+        self._token = token
+
+    def is_set(self) -> bool:
+        return self._token.reason not in (None, CancelReason.FENCED)
+
+    __bool__ = is_set
+
+    @property
+    def reason(self) -> Any:
+        return self._token.reason if self.is_set() else None
+
+    def wait(self, seconds: float | None = None) -> bool:
+        if self._token.wait(seconds) is CancelReason.FENCED:
+            _NEVER.wait(seconds)
+        return self.is_set()
+
+
 @dataclass
 class ToolExecutionContext:
+    """What a tool is given (DESIGN §7 step 10, §17): the run, the step, the
+    idempotency key, the attempt, the run's `deadline` (absolute, or None),
+    the `cancelled` signal and the `principal` the run acts for.
+    `step_number` and `token` stay as aliases of `step` and the raw token."""
+
     run_id: Any
     step_number: int
     call_id: str
@@ -34,6 +71,28 @@ class ToolExecutionContext:
     attempt: int
     timeout_seconds: float
     token: Any
+    deadline: Any = None
+    principal: Any = None
+    clock: Any = None
+
+    @property
+    def step(self) -> int:
+        return self.step_number
+
+    @property
+    def cancelled(self) -> CancelSignal:
+        return CancelSignal(self.token)
+
+    def seconds_left(self) -> float | None:
+        """Seconds until the run's deadline (never negative), or None."""
+        if self.deadline is None or self.clock is None:
+            return None
+        return max(0.0, (self.deadline - self.clock.now()).total_seconds())
+
+    def time_budget(self) -> float:
+        """This call's timeout bounded by the run's deadline."""
+        left = self.seconds_left()
+        return self.timeout_seconds if left is None else min(self.timeout_seconds, left)
 
 
 @dataclass
@@ -49,6 +108,8 @@ class _Entry:
     authorized: bool = False
     needs_approval: bool = False
     asks_user: bool = False
+    outcome: str | None = None  # succeeded | failed | uncertain, once executed (step 11)
+    unknown: bool = False  # an uncertain side effect: nobody answers it until someone decides
 
 
 @dataclass
@@ -58,6 +119,7 @@ class BatchResult:
     late: list[dict[str, Any]] = field(default_factory=list)
     suspension: Suspension | None = None
     all_denied: bool = False
+    unknown: list[Any] = field(default_factory=list)  # invocations whose side effect ended uncertain
 
 
 def _error_result(code: str, message: str) -> dict[str, Any]:
@@ -162,8 +224,8 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
             created_at=now,
         )
         if entry.is_error:
-            work.invocation_inserts.append(InvocationInsert(status="failed", result=entry.result, error=entry.result, **base))
-            work.event("tool.call.failed", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": base["tool_name"], "result": entry.result, "executed": False}, now)
+            work.invocation_inserts.append(InvocationInsert(status="failed", result=entry.result, error=entry.result, outcome="failed", **base))
+            work.event("tool.call.failed", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": base["tool_name"], "result": entry.result, "executed": False, "outcome": "failed"}, now)
         elif entry.needs_approval and stop is None:
             work.invocation_inserts.append(InvocationInsert(status="awaiting_approval", suspended_kind="policy", **base))
             approval = ctx.approvals.request(step_number=step_number, invocation_id=entry.invocation_id, tool=spec,
@@ -216,10 +278,17 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
         if ran:
             executed += 1
             ctx.state.count_call(_call_fingerprint(entry.call.name, entry.arguments))
+        if entry.unknown and stop_after is None:
+            break  # the rest of the batch waits, still authorized, for the decision
 
     if executed:
         run.usage = run.usage.model_copy(update={"tool_calls": run.usage.tool_calls + executed})
         results.usage = run.usage.model_dump(mode="json")
+    unknown = [e.invocation_id for e in entries if e.unknown]
+    if unknown and stop_after is None:
+        # Seed 000: the model sees no result for an unknown outcome; the
+        # reconciler or an operator decides first (the executor hands over).
+        return BatchResult(work=results, late=late, unknown=unknown)
     denied = [e for e in entries if e.is_error and isinstance(e.result, dict) and e.result.get("error") in DENIALS]
     if question_entry is not None and stop_after is None:
         _append_results(ctx, [e for e in entries if e is not question_entry and not (e.asks_user)])
@@ -233,7 +302,8 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
 
 
 def _run_one(ctx: RunContext, entry: _Entry, step_number: int, attempt: int, results: UnitOfWork,
-             late: list[dict[str, Any]], *, effect_sent: bool = False) -> tuple[bool, CancelReason | None]:
+             late: list[dict[str, Any]], *, effect_sent: bool = False,
+             prior_attempts: list[dict[str, Any]] | None = None) -> tuple[bool, CancelReason | None]:
     """Steps 7 and 9–14 for one authorized call: the cancellation check, the
     watermark alone in its fenced transaction (side effects only), the
     self-fence, the call, and its result into `results`. Return whether the
@@ -264,19 +334,44 @@ def _run_one(ctx: RunContext, entry: _Entry, step_number: int, attempt: int, res
     _execute(ctx, entry, step_number, attempt)
     if not spec.read_only:
         ctx.fault("tool.after_execute")
-        late.append({"invocation": str(entry.invocation_id), "tool": spec.name, "is_error": entry.is_error, "result": entry.result})
+        late.append({"invocation": str(entry.invocation_id), "tool": spec.name, "is_error": entry.is_error, "result": entry.result,
+                     "outcome": entry.outcome})
     at = ctx.clock.now()
+    history = _attempt_history(prior_attempts, attempt, read_only=spec.read_only)
+    history.append({"attempt": attempt, "outcome": entry.outcome, "at": at.isoformat(),
+                    **({"error": entry.result} if entry.is_error else {})})
+    payload = {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": spec.name, "result": entry.result,
+               "executed": True, "attempt": attempt, "outcome": entry.outcome}
+    if entry.outcome == "uncertain" and not spec.read_only:
+        # An unknown outcome (seed 000): recorded, not answered. The row
+        # keeps no result, so the model is not told anything until the
+        # reconciler or an operator decides; `error` says what happened.
+        entry.unknown = True
+        results.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="uncertain", error=entry.result, attempt=attempt,
+                                                           outcome="uncertain", attempts=history, updated_at=at))
+        results.event("tool.call.failed", {**payload, "result": None, "error": entry.result, "awaiting_decision": True}, at)
+        return True, ctx.token.reason
     results.invocation_updates.append(
         InvocationUpdate(id=entry.invocation_id, status="failed" if entry.is_error else "completed", result=entry.result,
-                         error=entry.result if entry.is_error else None, attempt=attempt, updated_at=at)
+                         error=entry.result if entry.is_error else None, clear_error=not entry.is_error, attempt=attempt,
+                         outcome=entry.outcome, attempts=history, updated_at=at)
     )
-    results.event(
-        "tool.call.failed" if entry.is_error else "tool.call.completed",
-        {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": spec.name, "result": entry.result,
-         "executed": True, "attempt": attempt},
-        at,
-    )
+    results.event("tool.call.failed" if entry.is_error else "tool.call.completed", payload, at)
     return True, ctx.token.reason  # observation point 5: the call has finished; its result is kept
+
+
+def _attempt_history(prior: list[dict[str, Any]] | None, attempt: int, *, read_only: bool) -> list[dict[str, Any]]:
+    """The per-attempt record before attempt `attempt` is added: what the row
+    had, plus an `uncertain` entry for each earlier side-effect attempt whose
+    watermark was set and whose outcome nobody recorded (a process died)."""
+    history = [dict(a) for a in (prior or []) if isinstance(a, dict)]
+    if not read_only:
+        seen = {a.get("attempt") for a in history}
+        for earlier in range(1, attempt):
+            if earlier not in seen:
+                history.append({"attempt": earlier, "outcome": "uncertain", "error": UNKNOWN_OUTCOME})
+        history.sort(key=lambda a: a.get("attempt") or 0)
+    return history
 
 
 UNKNOWN_OUTCOME = {"outcome": "unknown", "message": "the call started and the process stopped before its outcome was recorded"}
@@ -299,7 +394,16 @@ def _cancel(ctx: RunContext, work: UnitOfWork, entry: _Entry, reason: CancelReas
 
 
 def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1) -> None:
-    """Steps 10–12: execute, classify, bound and scrub."""
+    """Steps 10–12: execute, classify, bound and scrub.
+
+    Classification (step 11): a value is `succeeded`; a `ToolFailure` is
+    `failed` (the call definitely did not take effect: refused before
+    sending, connection refused, an answer that says so, bad arguments)
+    unless it says `uncertain` (`OutcomeUnknown`: sent and unanswered, timed
+    out, cancelled while running); a failure after the run's cancellation
+    reached the running tool is `uncertain` too. Any other exception is `failed` for a read-only tool
+    and `uncertain` for one with a side effect: nobody can tell whether the
+    bug struck before or after the effect."""
     spec = entry.spec
     tctx = ToolExecutionContext(
         run_id=ctx.run.id,
@@ -310,16 +414,27 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1)
         attempt=attempt,
         timeout_seconds=spec.timeout_seconds,
         token=ctx.token,
+        deadline=ctx.run.deadline_at,
+        principal=getattr(ctx.run, "principal", None),
+        clock=ctx.clock,
     )
+    cancelled_before = tctx.cancelled.is_set()
     try:
         value = ctx.tools.execute(spec.name, entry.arguments, tctx)
         entry.result, truncated = bound(value)
+        entry.outcome = "succeeded"
     except ToolFailure as exc:
-        entry.result = {"error": exc.code, "message": scrub_text(str(exc))[:2000], "uncertain": exc.uncertain}
+        # A failure that follows a cancellation reaching the running tool is
+        # not a definite answer (seed 000: observed as unknown).
+        uncertain = bool(exc.uncertain) or (not cancelled_before and tctx.cancelled.is_set())
+        entry.result = {"error": exc.code, "message": scrub_text(str(exc))[:2000], "uncertain": uncertain}
         entry.is_error = True
+        entry.outcome = "uncertain" if uncertain else "failed"
     except Exception as exc:  # a tool bug is a failed result, never a worker crash
-        entry.result = {"error": "tool_error", "message": f"the tool raised {type(exc).__name__}"}
+        uncertain = not spec.read_only or (not cancelled_before and tctx.cancelled.is_set())
+        entry.result = {"error": "tool_error", "message": f"the tool raised {type(exc).__name__}", "uncertain": uncertain}
         entry.is_error = True
+        entry.outcome = "uncertain" if uncertain else "failed"
 
 
 def _append_results(ctx: RunContext, entries: list[_Entry]) -> None:
@@ -336,7 +451,7 @@ def _append_results(ctx: RunContext, entries: list[_Entry]) -> None:
         )
 
 
-ANSWERED = ("completed", "failed", "cancelled", "interrupted")
+ANSWERED = ("completed", "failed", "cancelled", "interrupted", "uncertain")
 DENIALS = ("denied_by_policy", "rejected_by_operator", "approval_required", "approval_expired")
 
 
@@ -507,11 +622,17 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
         if stop is not None:
             _cancel(ctx, results, entry, stop, effect_sent=effect_sent)
             continue
-        ran, stop = _run_one(ctx, entry, step_number, (row["attempt"] or 0) + 1, results, late, effect_sent=effect_sent)
+        ran, stop = _run_one(ctx, entry, step_number, (row["attempt"] or 0) + 1, results, late, effect_sent=effect_sent,
+                             prior_attempts=row.get("attempts"))
         executed += ran
+        if entry.unknown and stop is None:
+            break
     if executed:
         ctx.run.usage = ctx.run.usage.model_copy(update={"tool_calls": ctx.run.usage.tool_calls + executed})
         results.usage = ctx.run.usage.model_dump(mode="json")
+    unknown = [e.invocation_id for e, _ in to_run if e.unknown]
+    if unknown and stop is None:
+        return BatchResult(work=results, late=late, unknown=unknown)
     _append_results(ctx, entries)
     denied = [e for e in entries if e.is_error and isinstance(e.result, dict) and e.result.get("error") in DENIALS]
     return BatchResult(work=results, stop=stop, late=late, all_denied=bool(entries) and len(denied) == len(entries))

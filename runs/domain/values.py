@@ -154,6 +154,7 @@ class OutcomeKind(StrEnum):
     SUSPENDED = "suspended"
     FENCED = "fenced"
     YIELDED = "yielded"
+    UNKNOWN = "unknown"  # a side-effect call ended uncertain: the reconciler or an operator decides (seed 000)
 
 
 class SuspensionKind(StrEnum):

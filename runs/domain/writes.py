@@ -57,6 +57,7 @@ class InvocationInsert:
     error: dict[str, Any] | None = None
     created_at: datetime | None = None
     suspended_kind: str | None = None
+    outcome: str | None = None
 
 
 @dataclass(slots=True)
@@ -68,6 +69,9 @@ class InvocationUpdate:
     attempt: int | None = None
     suspended_kind: str | None = None
     updated_at: datetime | None = None
+    outcome: str | None = None  # succeeded | failed | uncertain (DESIGN §7 step 11)
+    attempts: list[dict[str, Any]] | None = None  # the whole per-attempt history, replacing the row's
+    clear_error: bool = False  # a completed call keeps no stale error
 
 
 @dataclass(slots=True)

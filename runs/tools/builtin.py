@@ -1,24 +1,30 @@
 """Built-in tools: echo, http_get, http_post, sleep.
 
 HTTP tools reach only hosts listed in AGENTRT_HTTP_TOOL_ALLOWED_HOSTS
-(`host` or `host:port`), never follow redirects, and `http_post` sends the
-invocation's idempotency key as the `Idempotency-Key` header.
+(`host` or `host:port`), never follow redirects (a 3xx is returned as the
+answer), and `http_post` sends the invocation's idempotency key as the
+`Idempotency-Key` header. Their timeouts are bounded by the run's deadline
+and they stop when the run is cancelled; `_request` says how each error is
+classified (failed before the request left, uncertain after).
 """
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import socket
-import urllib.error
-import urllib.request
+import threading
 from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from runs.domain.errors import ToolFailure
+from runs.domain.errors import OutcomeUnknown, ToolFailure
 
 from .registry import register
 
 MAX_BODY = 256 * 1024
+# A call may ask for a shorter timeout than the tool's (never a longer one).
+TIMEOUT_ARG = {"type": "number", "exclusiveMinimum": 0, "maximum": 20}
 
 
 @register(
@@ -71,29 +77,92 @@ def _check_url(url: str) -> str:
     return url
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
+def _limit(arguments, context) -> float:
+    """The call's socket timeout: the tool's timeout, the call's own
+    `timeout_seconds` if smaller, bounded by what is left of the run's
+    deadline. Nothing is sent once the deadline has passed."""
+    limit = context.time_budget() if hasattr(context, "time_budget") else context.timeout_seconds
+    asked = arguments.get("timeout_seconds")
+    if isinstance(asked, (int, float)) and not isinstance(asked, bool):
+        limit = min(limit, float(asked))
+    if limit <= 0:
+        raise ToolFailure("deadline_exceeded", "the run's deadline has passed; the request was not sent")
+    return limit
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+@contextlib.contextmanager
+def _abort_on_cancel(context, conn):
+    """Shut the connection's socket down when the run is cancelled while the
+    request is in flight, so a blocked send or read stops at once."""
+    signal = getattr(context, "cancelled", None)
+    done = threading.Event()
 
+    def watch():
+        while not done.is_set():
+            if signal.wait(0.1):
+                sock = conn.sock
+                if sock is not None and not done.is_set():
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                return
 
-def _request(req: urllib.request.Request, timeout: float, side_effect: bool):
+    watcher = threading.Thread(target=watch, name="http-tool-cancel", daemon=True) if signal is not None else None
+    if watcher is not None:
+        watcher.start()
     try:
-        with _OPENER.open(req, timeout=timeout) as resp:
-            return resp.status, resp.headers.get("Content-Type", ""), resp.read(MAX_BODY)
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers.get("Content-Type", "") if exc.headers else "", exc.read(MAX_BODY) if exc.fp else b""
-    except (socket.timeout, TimeoutError) as exc:
-        raise ToolFailure("timeout", "the request timed out; whether it took effect is unknown" if side_effect else "the request timed out", uncertain=side_effect) from exc
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, (socket.timeout, TimeoutError)):
-            raise ToolFailure("timeout", "the request timed out", uncertain=side_effect) from exc
-        raise ToolFailure("connection_failed", f"could not connect: {type(reason).__name__}") from exc
-    except OSError as exc:
-        raise ToolFailure("connection_failed", f"the request failed: {type(exc).__name__}", uncertain=side_effect) from exc
+        yield
+    finally:
+        done.set()
+
+
+def _request(method: str, url: str, headers: dict, body: bytes | None, timeout: float, context):
+    """One HTTP exchange, classified by where an error happened (DESIGN §7
+    step 11; README "Tool outcomes"):
+
+    - before anything is sent (bad URL, deadline passed, already cancelled,
+      DNS failure, connection refused or timed out, TLS handshake): `failed`,
+      a `ToolFailure` — the request never left;
+    - once the request is being sent (reset, closed before the answer, read
+      timeout, cancellation): `uncertain`, an `OutcomeUnknown` — the server
+      may have acted on it;
+    - any HTTP status, 4xx and 5xx included, is an answer: the call
+      succeeded and its result carries the status for the model to judge.
+    """
+    signal = getattr(context, "cancelled", None)
+    if signal is not None and signal.is_set():
+        raise ToolFailure("cancelled", "the run was cancelled; the request was not sent")
+    parts = urlsplit(url)
+    conn_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = conn_class(parts.hostname, parts.port, timeout=timeout)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        try:
+            conn.connect()
+        except socket.gaierror as exc:
+            raise ToolFailure("dns_failed", f"could not resolve {parts.hostname!r}; the request was not sent") from exc
+        except (socket.timeout, TimeoutError) as exc:
+            raise ToolFailure("connect_timeout", "the connection timed out; the request was not sent") from exc
+        except OSError as exc:
+            raise ToolFailure("connection_failed", f"could not connect ({type(exc).__name__}); the request was not sent") from exc
+        with _abort_on_cancel(context, conn):
+            try:
+                conn.request(method, target, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read(MAX_BODY)
+                return resp.status, resp.getheader("Content-Type", "") or "", data
+            except (OSError, http.client.HTTPException) as exc:
+                if signal is not None and signal.is_set():
+                    raise OutcomeUnknown("cancelled", "the run was cancelled while the request was in flight; "
+                                                      "whether it took effect is unknown") from exc
+                if isinstance(exc, (socket.timeout, TimeoutError)):
+                    raise OutcomeUnknown("timeout", f"no answer within {timeout:.3g} s after the request was sent; "
+                                                    "whether it took effect is unknown") from exc
+                raise OutcomeUnknown("connection_lost", f"the connection failed after the request was sent ({type(exc).__name__}); "
+                                                        "whether it took effect is unknown") from exc
+    finally:
+        conn.close()
 
 
 def _decode(status, ctype, body: bytes):
@@ -111,7 +180,7 @@ def _decode(status, ctype, body: bytes):
     description="GET a URL on an allowed host and return status and body.",
     parameters={
         "type": "object",
-        "properties": {"url": {"type": "string", "maxLength": 2048}},
+        "properties": {"url": {"type": "string", "maxLength": 2048}, "timeout_seconds": TIMEOUT_ARG},
         "required": ["url"],
         "additionalProperties": False,
     },
@@ -120,8 +189,7 @@ def _decode(status, ctype, body: bytes):
 )
 def http_get(arguments, context):
     url = _check_url(arguments["url"])
-    req = urllib.request.Request(url, method="GET", headers={"User-Agent": "agentrt"})
-    return _decode(*_request(req, context.timeout_seconds, False))
+    return _decode(*_request("GET", url, {"User-Agent": "agentrt"}, None, _limit(arguments, context), context))
 
 
 @register(
@@ -129,7 +197,7 @@ def http_get(arguments, context):
     description="POST a JSON body to a URL on an allowed host (a side effect).",
     parameters={
         "type": "object",
-        "properties": {"url": {"type": "string", "maxLength": 2048}, "json": {"type": "object"}},
+        "properties": {"url": {"type": "string", "maxLength": 2048}, "json": {"type": "object"}, "timeout_seconds": TIMEOUT_ARG},
         "required": ["url", "json"],
         "additionalProperties": False,
     },
@@ -140,18 +208,13 @@ def http_get(arguments, context):
 def http_post(arguments, context):
     url = _check_url(arguments["url"])
     body = json.dumps(arguments["json"]).encode()
-    req = urllib.request.Request(
-        url,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "Idempotency-Key": context.idempotency_key,
-            "X-Agentrt-Attempt": str(context.attempt),
-            "User-Agent": "agentrt",
-        },
-    )
-    return _decode(*_request(req, context.timeout_seconds, True))
+    headers = {
+        "Content-Type": "application/json",
+        "Idempotency-Key": context.idempotency_key,
+        "X-Agentrt-Attempt": str(context.attempt),
+        "User-Agent": "agentrt",
+    }
+    return _decode(*_request("POST", url, headers, body, _limit(arguments, context), context))
 
 
 @register(

@@ -2,10 +2,13 @@
 version, read_only, side-effect class, timeout."""
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
+from django.db import connections
 from jsonschema import Draft202012Validator
 
+from runs.domain.errors import OutcomeUnknown
 from runs.domain.values import ToolSpec
 
 
@@ -38,7 +41,34 @@ class ToolRegistry:
         return errors[:10]
 
     def execute(self, name: str, arguments: Any, context: Any) -> Any:
-        return self._tools[name][1](arguments, context)
+        """Run the tool, enforcing its `timeout_seconds`: the tool runs in its
+        own thread and the runtime stops waiting when the timeout elapses.
+        The call is then `uncertain` (`OutcomeUnknown("timeout")`): it may
+        still take effect, and Python cannot stop the thread, which finishes
+        (or not) on its own with nobody reading its result."""
+        fn = self._tools[name][1]
+        timeout = getattr(context, "timeout_seconds", None)
+        if not timeout or timeout <= 0:
+            return fn(arguments, context)
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def target():
+            try:
+                box["value"] = fn(arguments, context)
+            except BaseException as exc:  # handed to the caller below
+                box["error"] = exc
+            finally:
+                connections.close_all()  # this thread's own connections, if the tool used the ORM
+                done.set()
+
+        threading.Thread(target=target, name=f"tool:{name}", daemon=True).start()
+        if not done.wait(float(timeout)):
+            raise OutcomeUnknown("timeout", f"the tool did not finish within its timeout ({float(timeout):g} s); "
+                                            "whether it took effect is unknown")
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
 
 
 REGISTRY = ToolRegistry()

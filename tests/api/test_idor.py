@@ -50,17 +50,18 @@ TARGETS = {
     "approval-detail": ("approval", None),
     "approval-approve": ("approval", lambda w: {"request_hash": w.approval.request_hash}),
     "approval-reject": ("approval", lambda w: {"request_hash": w.approval.request_hash}),
+    "approval-confirm": ("approval", lambda w: {"request_hash": w.approval.request_hash, "took_effect": True}),
     "schema": (None, None),
     "docs": (None, None),
     "redoc": (None, None),
 }
-DECISIONS = {"approval-approve", "approval-reject"}
+DECISIONS = {"approval-approve", "approval-reject", "approval-confirm"}
 ROUTES = api_routes()
 
 
 def test_every_api_route_is_in_the_matrix():
     assert {name for name, _, _ in ROUTES} == set(TARGETS)
-    assert len(ROUTES) == 16  # 13 operations of DESIGN §16 + schema, docs, redoc
+    assert len(ROUTES) == 17  # 13 operations of DESIGN §16 + confirm (§17) + schema, docs, redoc
 
 
 def snapshot(tenant):

@@ -57,6 +57,7 @@ def seeds(world, tenant):
     with connection.cursor() as cur:  # test-only: the worker died, its lease lapsed
         cur.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [dead.id])
     rejectable = Approval.objects.get(run=submit_driven(tenant, "approver"))
+    confirmable = uncertain_approval(tenant)
     agent = dict(agent_definitions()[0], name="fuzzed")
     by_id = lambda run: {"id": str(run.id)}  # noqa: E731
     return {
@@ -75,7 +76,30 @@ def seeds(world, tenant):
                                               "body": {"request_hash": world.approval.request_hash}},
         "POST /api/approvals/{id}/reject/": {"path_parameters": {"id": str(rejectable.id)},
                                              "body": {"request_hash": rejectable.request_hash}},
+        "POST /api/approvals/{id}/confirm/": {"path_parameters": {"id": str(confirmable.id)},
+                                              "body": {"request_hash": confirmable.request_hash, "took_effect": True}},
     }
+
+
+def uncertain_approval(tenant) -> Approval:
+    """An `uncertain_side_effect` approval: a POST the server took and never answered."""
+    from django.test import override_settings
+
+    from runs.services import agent_load
+    from tests.sink import Sink
+
+    sink = Sink()
+    sink.behaviours = ["close"]
+    try:
+        agent_load(tenant=tenant, definition={"name": "unsure", "instructions": "pay", "tools": ["http_post"], "model": {
+            "provider": "scripted", "turns": [{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {}}}]},
+                                              {"text": "paid"}]}})
+        with override_settings(AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=[sink.host]):
+            approval = Approval.objects.get(run=submit_driven(tenant, "unsure"))
+    finally:
+        sink.close()
+    assert approval.kind == "uncertain_side_effect"
+    return approval
 
 
 def exercise(strategy, examples, auth, checks, counts: Counter, failures: list, name: str) -> None:

@@ -295,7 +295,7 @@ def test_cancel_before_the_watermark_stops_cleanly(stack, load_agent, submit, si
     assert sink.count() == 0
 
 
-def test_cancel_after_the_watermark_keeps_the_result(stack, load_agent, submit, sink, tmp_path):
+def test_cancel_after_the_watermark_keeps_the_record_and_the_http_tool_sends_nothing(stack, load_agent, submit, sink, tmp_path):
     post_agent(load_agent, sink, before=0)
     stack("tool.after_watermark=pause")
     run = submit()
@@ -305,5 +305,9 @@ def test_cancel_after_the_watermark_keeps_the_result(stack, load_agent, submit, 
     (tmp_path / f"tool.after_watermark.{run.id}.go").touch()
     wait_for(lambda: status(run) == "CANCELLED", timeout=30, message="cancellation")
     inv = ToolInvocation.objects.get(run=run)
-    assert inv.status == "completed" and inv.effect_sent_at is not None and inv.result["json"] == {"ok": True}
-    assert sink.count() == 1
+    # The call was started (watermark) and its result is kept; http_post sees
+    # the run's cancellation before sending (issue 11 item 10), so the record
+    # is a definite failure, not an unknown outcome.
+    assert inv.status == "failed" and inv.outcome == "failed" and inv.effect_sent_at is not None
+    assert inv.result["error"] == "cancelled" and inv.result["uncertain"] is False
+    assert sink.count() == 0

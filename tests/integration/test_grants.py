@@ -231,3 +231,22 @@ def test_a_reconcile_approval_shows_the_tool_arguments_and_side_effect_whatever_
 
     assert digest(p) == approval.request_hash
     assert digest({**p, "arguments": {"url": sink.url, "json": {"amount": 1}}}) != approval.request_hash
+
+
+def test_an_uncertain_side_effect_grant_is_rechecked_and_a_changed_spec_asks_again(monkeypatch, load_agent, submit, sink, operator):
+    sink.behaviours = ["close", "ok"]  # the first POST gets no answer; the re-run is answered
+    post_agent(load_agent, sink)
+    run = submit()
+    run_drive(run_id=run.id)
+    approval = Approval.objects.get(run=run)
+    assert approval.kind == "uncertain_side_effect" and sink.count() == 1
+    approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash, via="api")
+    swap_tool(monkeypatch, "http_post", schema_version="9")
+    run_drive(run_id=run.id)
+    assert reload(run).status == "WAITING_FOR_APPROVAL" and sink.count() == 1
+    fresh = Approval.objects.get(run=run, status="pending")
+    assert fresh.kind == "uncertain_side_effect" and fresh.presentation["error"] == approval.presentation["error"]
+    assert ToolInvocation.objects.get(run=run).status == "uncertain"
+    approval_decide(user=operator, approval_id=fresh.id, approve=True, request_hash=fresh.request_hash, via="api")
+    run_drive(run_id=run.id)
+    assert reload(run).status == "COMPLETED" and sink.count() == 2

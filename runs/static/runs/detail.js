@@ -10,6 +10,14 @@
     { value: 'approve', label: 'Approve', cls: 'primary' },
     { value: 'reject', label: 'Reject', cls: 'danger' },
   ];
+  // An unknown outcome (interrupted or uncertain side effect) has a third decision: the operator who knows what
+  // happened confirms it, and nothing is sent again (POST /api/approvals/{id}/confirm/ on the REST side).
+  const CONFIRMABLE = new Set(['interrupted_side_effect', 'uncertain_side_effect']);
+  const CONFIRMS = [
+    { value: 'took_effect', label: 'It took effect', cls: 'confirm-took_effect' },
+    { value: 'not_taken', label: 'It did not take effect', cls: 'confirm-not_taken' },
+  ];
+  const TITLES = { interrupted_side_effect: 'Interrupted side effect: ', uncertain_side_effect: 'Outcome unknown: ' };
 
   const CLASS = { 'run.completed': 'good', 'tool.call.completed': 'good', 'run.failed': 'bad', 'tool.call.failed': 'bad',
                   'model.response.failed': 'bad', 'run.fenced': 'bad', 'step.interrupted': 'warn', 'lease.taken_over': 'warn',
@@ -79,7 +87,7 @@
       f.appendChild(hidden('request_hash', a.request_hash));
       const reason = el('input'); reason.type = 'text'; reason.name = 'reason'; reason.placeholder = 'Reason (optional)'; reason.maxLength = 2000;
       f.appendChild(reason);
-      for (const d of DECISIONS) {
+      for (const d of CONFIRMABLE.has(a.kind) ? DECISIONS.concat(CONFIRMS) : DECISIONS) {
         const button = el('button', d.cls, d.label); button.type = 'submit'; button.name = 'decision'; button.value = d.value;
         f.appendChild(button);
       }
@@ -91,10 +99,11 @@
       shownApprovals.add(a.id);
       const card = el('div', 'approval'); card.id = 'approval-' + a.id;
       const p = a.presentation || {};
-      card.appendChild(el('div', null, (a.kind === 'interrupted_side_effect' ? 'Interrupted side effect: ' : 'Approval needed: ') + (p.tool || a.tool || '')));
+      card.appendChild(el('div', null, (TITLES[a.kind] || 'Approval needed: ') + (p.tool || a.tool || '')));
       if (p.notice) card.appendChild(el('div', 'muted', p.notice));
       if (p.side_effect) card.appendChild(el('div', 'muted', 'side effect: ' + p.side_effect));
       if (p.arguments !== undefined) card.appendChild(el('pre', null, pretty(p.arguments)));
+      if (p.error) card.appendChild(el('div', 'muted', 'error: ' + pretty(p.error)));
       card.appendChild(el('div', 'muted mono', 'request hash ' + a.request_hash));
       card.appendChild(CAN_RESOLVE ? decisionForm(a) : el('div', 'muted', 'You may not resolve approvals.'));
       approvals.appendChild(card);
