@@ -1,7 +1,7 @@
 """`make mutants`: apply each curated mutant to a scratch copy of the
 repository, run the tests that guard it, and fail unless every one is killed.
 
-A mutant is data, one TOML file in this directory (see README.md here):
+A mutant is data, one TOML file in this directory:
 
     claim   = "what the mutant breaks, in words"
     guards  = ["tests/...::test_...", ...]    # run in this order, -x
