@@ -29,6 +29,9 @@ class Sink:
         self.behaviours: list[str] = []  # consumed one per request: "ok", "close", "delay:SECONDS"
         self.status = 200  # the status of a normal POST answer
         self.on_request = None  # called with the path when a request arrives (before any behaviour)
+        # when no queued behaviour is left: called with a POST's record, returns its behaviour (None = "ok");
+        # the chaos soak's seeded drops and delays (tests/chaos/soak.py)
+        self.choose = None
         self.release = threading.Event()  # ends every pending delay at once
         self._lock = threading.Lock()
         self.log_path = log_path
@@ -45,13 +48,16 @@ class Sink:
                     body, digest = raw.decode("utf-8", "replace"), hashlib.sha256(raw).hexdigest()
                 record = {"key": self.headers.get("Idempotency-Key"), "attempt": self.headers.get("X-Agentrt-Attempt"),
                           "path": self.path, "body": body, "body_sha256": digest, "t_ns": t_ns, "mono_ns": mono_ns}
+                behaviour = self._next_behaviour(record)
+                if behaviour != "ok":
+                    record["behaviour"] = behaviour  # what the client got: the checker counts dropped / late answers
                 with sink._lock:
                     sink.sends.append(record)
                     if sink.log_path:
                         with open(sink.log_path, "a") as fh:
                             fh.write(json.dumps(record) + "\n")
                             fh.flush()
-                if not self._misbehave():
+                if not self._play(behaviour):
                     return
                 out = b'{"ok": true}'
                 self.send_response(sink.status)
@@ -60,12 +66,21 @@ class Sink:
                 self.end_headers()
                 self.wfile.write(out)
 
+            def _next_behaviour(self, record: dict | None = None) -> str:
+                with sink._lock:
+                    if sink.behaviours:
+                        return sink.behaviours.pop(0)
+                if record is not None and sink.choose is not None:
+                    return sink.choose(record) or "ok"
+                return "ok"
+
             def _misbehave(self) -> bool:
-                """Play the next queued behaviour; return whether to answer normally.
+                return self._play(self._next_behaviour())
+
+            def _play(self, behaviour: str) -> bool:
+                """Play a behaviour; return whether to answer normally.
                 `close`: the request arrived, the connection closes with no answer;
                 `delay:S`: the answer comes only after S seconds (or `release`)."""
-                with sink._lock:
-                    behaviour = sink.behaviours.pop(0) if sink.behaviours else "ok"
                 if sink.on_request is not None:
                     sink.on_request(self.path)
                 if behaviour == "close":

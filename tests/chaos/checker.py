@@ -56,7 +56,12 @@ WINDOWS = ("before_watermark", "watermark_to_result", "after_result")
 ALL_WINDOWS = WINDOWS + ("no_effect", "idle")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
 PARKED = {"WAITING_FOR_APPROVAL", "WAITING_FOR_USER"}
-RERUN_KINDS = {"interrupted_side_effect", "reconcile"}
+# approvals whose `approved` permits one re-send of the call (issue 11): a process died in the watermark window
+# (interrupted), a live call's answer never came (uncertain), or the reconciler paused it
+RERUN_KINDS = {"interrupted_side_effect", "uncertain_side_effect", "reconcile"}
+FAULT_PARK_KINDS = {"interrupted_side_effect", "reconcile"}  # what a takeover after a fault parks on (I8)
+UNCERTAIN_KIND = "uncertain_side_effect"
+DECIDED = {"approved", "rejected", "confirmed"}
 DECISION_TYPES = {"run.waiting_for_approval", "run.requeued", "run.failed", "run.cancelled", "run.completed", "run.fenced"}
 
 
@@ -126,7 +131,9 @@ def _judge_outcomes(runs: dict, approvals: list[dict], faults: list[dict], decis
     after an operator rejected one of its approvals; `max_attempts_exceeded`
     when injected faults alone took its lease away more than the limit allows);
     parked (WAITING_FOR_APPROVAL) only on a pending approval a fault caused
-    (interrupted_side_effect / reconcile). Anything else — `internal_error`, a
+    (interrupted_side_effect / uncertain_side_effect / reconcile). An
+    uncertain call the operator confirmed goes on to COMPLETED; one rejected
+    ends FAILED operator_rejected, like an interrupted one. Anything else — `internal_error`, a
     reason no fault explains, a run left RUNNING / QUEUED — is a violation.
     Every end is listed with its count, explained or not."""
     cancelled = {f.get("run") for f in faults if f.get("kind") == "cancel" and f.get("run")}
@@ -178,7 +185,7 @@ def _judge_outcomes(runs: dict, approvals: list[dict], faults: list[dict], decis
         elif status == "WAITING_FOR_APPROVAL" and pending.get(run_id):
             kinds = pending[run_id]
             ok = all(k in RERUN_KINDS for k in kinds)
-            note("PARKED", ok, run_id, "waiting on an interrupted side effect's approval" if ok else f"waiting on approvals {kinds}")
+            note("PARKED", ok, run_id, "waiting on an unknown outcome's approval" if ok else f"waiting on approvals {kinds}")
         else:
             note(status, False, run_id, "not terminal and not parked on an approval")
     for e in ends.values():
@@ -189,13 +196,17 @@ def _judge_outcomes(runs: dict, approvals: list[dict], faults: list[dict], decis
 # -- I2: effects by content, ordered against the decisions that permit a re-send ---------
 
 def _check_effects(sink: list[dict], invs: dict, inv_by_key: dict, approvals: list[dict], v: "_Violations"):
+    confirmed = {a.get("invocation_id") for a in approvals if a["status"] == "confirmed"}
     """An effect is (run, tool, URL path, body hash): what was delivered, not
     the key it came with. The soak's scripts ask for each effect once, so the
     first delivery is free and every later one — under any key — needs its
     own recorded decision permitting it: an operator's approval of a re-run
-    (interrupted_side_effect, or a reconciler's `reconcile` pause) of the
-    invocation whose key the re-send carries, decided strictly before the
-    send arrived at the sink. One decision permits one re-send.
+    (interrupted_side_effect after a process death, uncertain_side_effect
+    after a live call's answer was lost, or a reconciler's `reconcile` pause)
+    of the invocation whose key the re-send carries, decided strictly before
+    the send arrived at the sink. One decision permits one re-send. A
+    `confirmed` approval (the operator said whether it took effect) and a
+    rejected one permit nothing: a send after either is a violation.
 
     Clocks: the sink stamps each POST with time.time_ns() (CLOCK_REALTIME) on
     arrival; approvals.decided_at is the deciding process's CLOCK.now() (also
@@ -253,6 +264,8 @@ def _check_effects(sink: list[dict], invs: dict, inv_by_key: dict, approvals: li
                         f"{s.get('key')!r} (attempt {s.get('attempt')}): {why}", run, body_sha256=body)
     lost = 0
     for inv in invs.values():
+        if inv["id"] in confirmed:
+            continue  # completed on the operator's word (took_effect), not by a send
         if not inv["read_only"] and inv["status"] == "completed" and not sends_by_key.get(inv["idempotency_key"]):
             lost += 1
             v.add("I2", f"side-effect invocation {inv['id']} is completed but the sink never received it (lost effect)", inv["run_id"])
@@ -334,6 +347,90 @@ def _check_rows_against_epochs(snapshot: dict, runs: dict, events_by_run: dict, 
             if row["lease_epoch"] > r["lease_epoch"]:
                 v.add("I3", f"{table} row written at epoch {row['lease_epoch']} > the run's epoch {r['lease_epoch']}", run_id)
     return {"rows_checked": checked, "xid": True}
+
+
+# -- unknown outcomes without a process death (issue 11): covered like a fault in the watermark window ---
+
+def _check_uncertain(snapshot: dict, runs: dict, invs: dict, inv_by_key: dict, approvals: list[dict], faults: list[dict],
+                     sink: list[dict], events_by_run: dict, reconciler: bool, v: "_Violations") -> dict:
+    """Every side-effect call that ended `uncertain` in a live run (its
+    `tool.call.failed` event says `outcome: uncertain`, `awaiting_decision`)
+    must end in a recorded decision about that very attempt, exactly like a
+    kill between the watermark and the result: an `uncertain_side_effect`
+    approval of (invocation, attempt) — whether the executing worker parked it
+    or a takeover did after a fault — or, with a reconciler configured, its
+    answer, or the operator's cancel of the run. Conversely every
+    `uncertain_side_effect` approval must name an attempt that ended
+    uncertain. Re-sends are I2's business (a decision must precede them).
+
+    Counted per tool, per cause (the tool's error code: timeout, closed, …)
+    and per window: an uncertain outcome is a call sent and not answered, so
+    its window is `watermark_to_result` when the invocation's watermark is
+    recorded (anything else is reported as it is). The sink's own log says
+    which POSTs it dropped (`close`) or answered late (`delay:S`)."""
+    outcomes = []
+    for run_id, evs in events_by_run.items():
+        for i, e in enumerate(evs):
+            p = e["payload"]
+            if e["type"] != "tool.call.failed" or p.get("outcome") != "uncertain" or not p.get("awaiting_decision"):
+                continue
+            inv = invs.get(p.get("invocation")) or {}
+            if inv.get("read_only"):
+                continue
+            nxt = next((f for f in evs[i + 1:] if f["type"] in DECISION_TYPES), None)
+            cause = (p.get("error") or {}).get("error") if isinstance(p.get("error"), dict) else None
+            outcomes.append({"run": run_id, "invocation": p.get("invocation"), "attempt": p.get("attempt"), "tool": p.get("tool"),
+                             "cause": cause, "epoch": e["lease_epoch"], "sequence": e["sequence"],
+                             "window": "watermark_to_result" if inv.get("effect_sent_at") is not None else "before_watermark",
+                             "next": nxt["type"] if nxt else None, "next_payload": (nxt or {}).get("payload") or {}})
+    parks = {(a["invocation_id"], a.get("attempt")): a for a in approvals if a["kind"] == UNCERTAIN_KIND}
+    cancelled = {f.get("run") for f in faults if f.get("kind") == "cancel" and f.get("run")}
+    seen, explained, unexplained = set(), [], []
+    for o in outcomes:
+        key = (o["invocation"], o["attempt"])
+        seen.add(key)
+        item = {k: o[k] for k in ("run", "invocation", "attempt", "tool", "cause")}
+        reason = (o["next_payload"].get("failure") or {}).get("reason") if o["next"] == "run.failed" else None
+        if key in parks:
+            continue
+        if reconciler and (o["next"] in ("run.requeued", "run.completed") or reason == "reconcile_conflict"):
+            explained.append({**item, "why": f"the reconciler answered ({o['next']})"})
+        elif runs.get(o["run"], {}).get("status") == "CANCELLED" and o["run"] in cancelled:
+            explained.append({**item, "why": "the operator cancelled the run before a decision"})
+        else:
+            unexplained.append({**item, "why": f"ended uncertain and was followed by {o['next'] or 'nothing'}"
+                                               + (f" ({reason})" if reason else "") + ", not a park, a reconciler's answer or a cancel"})
+    orphan_parks = [{"approval": a["id"], "run": a["run_id"], "invocation": a["invocation_id"], "attempt": a.get("attempt")}
+                    for k, a in parks.items() if k not in seen]
+    for item in unexplained:
+        v.add("I8", f"invocation {item['invocation']} attempt {item['attempt']} ({item['tool']}, {item['cause']}) {item['why']}", item["run"])
+    for item in orphan_parks:
+        v.add("I8", f"uncertain_side_effect approval {item['approval']} names invocation {item['invocation']} attempt {item['attempt']}, "
+                    "which never ended uncertain", item["run"])
+    dropped = [s for s in sink if s.get("behaviour")]
+    interrupted = {(a["invocation_id"], a.get("attempt")) for a in approvals if a["kind"] in FAULT_PARK_KINDS}
+    produced = overtaken = 0
+    for s in dropped:
+        inv = inv_by_key.get(s.get("key"))
+        key = (inv["id"] if inv else None, int(s["attempt"]) if str(s.get("attempt") or "").isdigit() else s.get("attempt"))
+        if key in seen:
+            produced += 1
+        elif key in interrupted:
+            overtaken += 1  # the worker was killed / stopped while it waited for the answer: parked as interrupted (I8)
+    by_status = Counter(a["status"] for a in parks.values())
+    return {
+        "outcomes": len(outcomes),
+        "by_tool": dict(Counter(o["tool"] for o in outcomes)),
+        "by_cause": dict(Counter(str(o["cause"]) for o in outcomes)),
+        "by_window": {w: sum(1 for o in outcomes if o["window"] == w) for w in ALL_WINDOWS},
+        "approvals": len(parks), "approvals_by_status": dict(by_status),
+        "parked": sum(1 for o in outcomes if (o["invocation"], o["attempt"]) in parks),
+        "explained_otherwise": explained, "unexplained": unexplained, "parks_unexplained": orphan_parks,
+        "equal": not unexplained and not orphan_parks,
+        "sink_faults": dict(Counter(s["behaviour"].split(":")[0] for s in dropped)),
+        "sink_faults_that_ended_uncertain": produced,
+        "sink_faults_overtaken_by_a_process_fault": overtaken,
+    }
 
 
 def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[dict] | None = None) -> dict:
@@ -428,7 +525,7 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         n = resolved[a["id"]]
         if n > 1:
             v.add("I7", f"approval {a['id']} resolved {n} times", a["run_id"])
-        if a["status"] in ("approved", "rejected") and n != 1:
+        if a["status"] in DECIDED and n != 1:
             v.add("I7", f"approval {a['id']} is {a['status']} with {n} approval.resolved events", a["run_id"])
     ok_by_approval = Counter(d["approval"] for d in decisions if d.get("ok"))
     for aid, n in ok_by_approval.items():
@@ -441,7 +538,8 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     for e in snapshot["events"]:
         if e["type"] == "run.requeued" and e["payload"].get("reason") == "approval":
             requeues[e["run_id"]] += 1
-    decided_by_run = Counter(a["run_id"] for a in approvals if a["status"] == "approved" or (a["status"] == "rejected" and a["kind"] not in RERUN_KINDS))
+    decided_by_run = Counter(a["run_id"] for a in approvals
+                             if a["status"] in ("approved", "confirmed") or (a["status"] == "rejected" and a["kind"] not in RERUN_KINDS))
     for run_id, n in requeues.items():
         if n > decided_by_run[run_id]:
             v.add("I7", f"run requeued {n} times by approvals but only {decided_by_run[run_id]} decisions could requeue it", run_id)
@@ -472,7 +570,7 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     for f in faults:
         if f.get("kind") == "cancel" and f.get("run"):
             cancel_at[f["run"]].append(f.get("t") or 0.0)
-    interrupted = [a for a in approvals if a["kind"] in RERUN_KINDS]
+    interrupted = [a for a in approvals if a["kind"] in FAULT_PARK_KINDS]
     actual = {(a["invocation_id"], a.get("attempt")): a for a in interrupted}
     expected_parks: dict[tuple, dict] = {}
     explained, unexplained = [], []
@@ -566,6 +664,9 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     for item in parks_unexplained:
         v.add("I8", f"approval {item['approval']} parks invocation {item['invocation']}: {item['cause']}", item["run"])
 
+    # ---- unknown outcomes of live calls (issue 11), like faults in the watermark window ----
+    uncertain = _check_uncertain(snapshot, runs, invs, inv_by_key, approvals, faults, sink, events_by_run, reconciler, v)
+
     # ---- takeover latency -------------------------------------------------
     lat_kill, lat_stop, no_takeover = [], [], []
     for f in kills:
@@ -623,12 +724,14 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
             "kill_by_window": {w: per_window["kill"][w] for w in ALL_WINDOWS},
             "stop_by_window": {w: per_window["stop"][w] for w in ALL_WINDOWS},
             "by_window": by_window,
+            "uncertain_by_window": uncertain["by_window"],
             "cancels": sum(1 for f in faults if f.get("kind") == "cancel"),
             "aborted_freezes": sum(1 for f in faults if f.get("kind") == "aborted"),
         },
         "windows_hit": {w: by_window[w] > 0 for w in WINDOWS},
         "kill_windows_hit": {w: per_window["kill"][w] > 0 for w in WINDOWS},
         "i8": i8,
+        "uncertain": uncertain,
         "takeover_latency_s": {"kill": _dist(lat_kill), "stop_during_stop": _dist(lat_stop), "kills_without_takeover": no_takeover},
         "takeovers": sum(len(x) for x in takeovers.values()),
         "approvals": approvals_summary,

@@ -19,6 +19,9 @@ PLANS = {
     "approve+cancel@after_watermark": ("tool.after_watermark", "kill"),
 }
 PLAN_NAMES = list(PLANS)
+# every http_post asks for this socket timeout: the soak's sink answers some POSTs later than it (and drops
+# some), so the call ends `uncertain` in a live run (issue 11) — without any process dying
+POST_TIMEOUT = 2.5
 
 # -- the agents --------------------------------------------------------------------
 
@@ -35,7 +38,8 @@ def agent_definition(index: int, rng: random.Random, host: str, plan: str) -> tu
     for s in range(1, steps + 1):
         calls = []
         for k in range(posts.count(s)):
-            calls.append({"name": "http_post", "arguments": {"url": f"http://{host}/effect", "json": {"run": index, "step": s, "n": k}}})
+            calls.append({"name": "http_post", "arguments": {"url": f"http://{host}/effect", "json": {"run": index, "step": s, "n": k},
+                                                        "timeout_seconds": POST_TIMEOUT}})
         for k in range(rng.randint(0 if calls else 1, 2)):
             if rng.random() < 0.5:
                 calls.append({"name": "echo", "arguments": {"text": f"run {index} step {s} look {k}"}})

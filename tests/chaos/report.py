@@ -8,6 +8,8 @@ def render_markdown(r: dict) -> str:
     f = r["faults"]
     i8 = r["i8"]
     lat = r["takeover_latency_s"]
+    u = r.get("uncertain") or {}
+    ub = f.get("uncertain_by_window") or {}
     lines = [
         "# Chaos soak report",
         "",
@@ -16,6 +18,9 @@ def render_markdown(r: dict) -> str:
         f"lease {c['lease_seconds']} s, max in flight {c['max_inflight']}, wall {c['wall_s']} s",
         f"- random kills every U{tuple(c['kill_every']) if c['kill_every'] else 'off'} s, stops every U{tuple(c['stop_every']) if c['stop_every'] else 'off'} s "
         f"for U(L, 3L); cancel rate {c['cancel_rate']}; approve rate {c['approve_rate']}; planned fraction {c['planned_fraction']}"
+        + (f"; sink drops {c['sink_drop_rate']} / delays {c['sink_delay_rate']} of the POSTs (answer after {c['sink_delay']} s, "
+           f"call timeout {c.get('post_timeout')} s); uncertain decisions approve/confirm-true/confirm-false/reject {c['uncertain_mix']}"
+           if c.get("sink_drop_rate") is not None else "")
         + (" — **baseline, no faults**" if c["no_faults"] else ""),
         f"- artifacts: `{c['artifacts']}` (snapshot.json, sink.jsonl, faults.jsonl, decisions.jsonl, process logs; "
         f"re-check with `python -m tests.chaos.checker <dir>`)",
@@ -27,11 +32,17 @@ def render_markdown(r: dict) -> str:
         f"- SIGKILL: {f['kills']}, SIGSTOP: {f['stops']} (planned {f['planned']}, random {f['random']}); "
         f"operator cancels: {f['cancels']}; freezes aborted (worker held no lease): {f['aborted_freezes']}",
         "",
-        "| window | kills | stops | total |",
-        "|---|---|---|---|",
+        f"- uncertain outcomes (a live side-effect call sent and not answered, no process death): {u.get('outcomes', 0)} — "
+        f"per tool {u.get('by_tool', {})}, per cause {u.get('by_cause', {})}; the sink dropped/delayed {u.get('sink_faults', {})} "
+        f"POSTs, {u.get('sink_faults_that_ended_uncertain', 0)} of them ended uncertain, "
+        f"{u.get('sink_faults_overtaken_by_a_process_fault', 0)} were overtaken by a kill/stop while the worker waited "
+        f"(parked interrupted_side_effect, I8)",
+        "",
+        "| window | kills | stops | uncertain | total |",
+        "|---|---|---|---|---|",
     ]
     for w in ("before_watermark", "watermark_to_result", "after_result", "no_effect", "idle"):
-        lines.append(f"| {w} | {f['kill_by_window'][w]} | {f['stop_by_window'][w]} | {f['by_window'][w]} |")
+        lines.append(f"| {w} | {f['kill_by_window'][w]} | {f['stop_by_window'][w]} | {ub.get(w, 0)} | {f['by_window'][w] + ub.get(w, 0)} |")
     lines += ["", f"Kills landed in every window: {all(r['kill_windows_hit'].values())} {r['kill_windows_hit']}", ""]
     if r.get("planned"):
         lines += ["Planned faults (plan: runs → landed): " + ", ".join(f"{k}: {v['runs']}→{v['landed']}" for k, v in r["planned"].items()), ""]
@@ -47,6 +58,11 @@ def render_markdown(r: dict) -> str:
         "watermark_to_result, `authorized` → before_watermark, a result → after_result, none → no_effect; then SIGKILL, "
         "or SIGCONT after U(L, 3L). A worker found holding no lease is SIGCONTed and counted as aborted (never killed idle: "
         "an idle django-q2 worker holds the task queue's read lock).",
+        "- Unknown outcomes without a process death: the sink (seeded per effect content and attempt) closes the connection "
+        "of some effect POSTs after reading the request, and answers some only after the call's timeout; the call ends "
+        "`uncertain` and the run parks on an `uncertain_side_effect` approval, which the operator approves (one re-send, same "
+        "key), confirms (took_effect true/false: nothing is sent again) or rejects. I2 treats them like kills in the watermark "
+        "window: no second delivery of an effect, under any key, without an approval of a re-run decided before it.",
         "- I8 pairs each watermark-window fault (invocation, attempt) with the takeover from that epoch (its `step.interrupted` "
         "events and its decision) and with the `interrupted_side_effect` approval (presentation attempt).",
         "",
@@ -93,6 +109,19 @@ def render_markdown(r: dict) -> str:
         lines.append(f"  - run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}")
     for item in i8.get("parks_unexplained") or []:
         lines.append(f"  - UNEXPLAINED run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}")
+    lines += [
+        "",
+        "## Uncertain outcomes vs uncertain_side_effect approvals (issue 11)",
+        "",
+        f"- uncertain outcomes: **{u.get('outcomes', 0)}**; uncertain_side_effect approvals: **{u.get('approvals', 0)}** "
+        f"({u.get('approvals_by_status', {})})",
+        f"- equal (checked: every uncertain (invocation, attempt) parked on its own approval — or the reconciler / a cancel "
+        f"answered it — and every approval names an attempt that ended uncertain): **{u.get('equal')}**; parked {u.get('parked', 0)}, "
+        f"answered otherwise {len(u.get('explained_otherwise') or [])}, unexplained {len(u.get('unexplained') or [])}, "
+        f"approvals without an uncertain outcome {len(u.get('parks_unexplained') or [])}",
+    ]
+    for item in (u.get("explained_otherwise") or [])[:20]:
+        lines.append(f"  - run {item['run'][:8]} invocation {str(item['invocation'])[:8]} attempt {item['attempt']}: {item['why']}")
     lines += ["", "## Violations", ""]
     if not r["violations"]:
         lines.append("None (I1–I8 hold).")

@@ -30,8 +30,16 @@ What it does
      random busy worker; every U(--stop-every) seconds SIGSTOP one for
      U(L, 3L) seconds; `--cancel-rate` of the runs get an operator cancel at
      a random moment.
+   - unknown outcomes without a process death (issue 11): the sink closes
+     the connection of --sink-drop-rate of the effect POSTs after reading
+     the request, and answers --sink-delay-rate of them only after
+     --sink-delay s, past the calls' 2.5 s timeout (seeded per key and
+     attempt, by content); such a call ends `uncertain` and parks its run on an
+     `uncertain_side_effect` approval.
    - the operator: every interrupted_side_effect approval is approved
-     (probability --approve-rate) or rejected, after U(0.1, 1) s; some are
+     (probability --approve-rate) or rejected; every uncertain_side_effect
+     one is approved, confirmed (took_effect true / false) or rejected in
+     the proportions of --uncertain-mix; after U(0.1, 1) s; some are
      first tried with a wrong hash, some are decided twice (both must be
      refused).
 5. Stops everything, snapshots the database and runs the pure checker
@@ -83,17 +91,31 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tests import secret_env  # noqa: F401  (a throw-away DJANGO_SECRET_KEY for this and its processes)
 from tests.chaos.procs import ROOT, Proc, descendants, proc_state, proc_table, recreate_database
-from tests.chaos.plans import PLAN_NAMES, PLANS, POINTS, RunSpec, agent_definition
+from tests.chaos.plans import PLAN_NAMES, PLANS, POINTS, POST_TIMEOUT, RunSpec, agent_definition
 from tests.chaos.report import render_markdown
 
 LEASE = 2.0
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 SINK_SCRIPT = """
-import sys, time
+import json, random, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 from tests.sink import Sink
+cfg = json.loads(sys.argv[3])
 s = Sink(Path(sys.argv[1]))
+
+def choose(record):
+    # seeded per (content, attempt), not per arrival order nor key (run ids are random), so a seed gives the
+    # same POSTs the same fate whatever the timing
+    u = random.Random(f"{cfg['seed']}:sink:{record.get('body_sha256')}:{record.get('attempt')}").random()
+    if u < cfg["drop"]:
+        return "close"
+    if u < cfg["drop"] + cfg["delay"]:
+        return f"delay:{cfg['delay_s']}"
+    return None
+
+if cfg["drop"] or cfg["delay"]:
+    s.choose = choose
 print(s.port, flush=True)
 while True:
     time.sleep(3600)
@@ -131,6 +153,13 @@ def parse_args(argv):
     p.add_argument("--stop-every", default="20,60", help="random SIGSTOP every U(a,b) s ('off' to disable)")
     p.add_argument("--cancel-rate", type=float, default=0.1, help="share of the runs without a plan cancelled at a random moment")
     p.add_argument("--approve-rate", type=float, default=0.7)
+    p.add_argument("--sink-drop-rate", type=float, default=0.03,
+                   help="share of the effect POSTs whose connection the sink closes after reading the request (no answer)")
+    p.add_argument("--sink-delay-rate", type=float, default=0.03,
+                   help="share of the effect POSTs the sink answers only after --sink-delay s (past the call's timeout)")
+    p.add_argument("--sink-delay", type=float, default=4.0, help="seconds; the agents' http_post calls time out after 2.5 s")
+    p.add_argument("--uncertain-mix", default="0.4,0.2,0.2,0.2",
+                   help="uncertain_side_effect decisions: approve, confirm took_effect=true, confirm took_effect=false, reject")
     p.add_argument("--no-faults", action="store_true", help="baseline: no fault points, no kills, stops or cancels")
     p.add_argument("--out", default=None, help="artifact folder (default artifacts/chaos/seed-S-<time>)")
     p.add_argument("--report", default=None, help="also write the markdown report here")
@@ -218,7 +247,9 @@ class Soak:
     def start_sink(self) -> None:
         log_path = self.out / "sink.jsonl"
         self.sink_log = open(self.out / "sink.stderr", "wb")
-        self.sink = subprocess.Popen([sys.executable, "-c", SINK_SCRIPT, str(log_path), str(ROOT)], stdout=subprocess.PIPE,
+        faults = {"seed": self.seed, "drop": 0.0 if self.args.no_faults else self.args.sink_drop_rate,
+                  "delay": 0.0 if self.args.no_faults else self.args.sink_delay_rate, "delay_s": self.args.sink_delay}
+        self.sink = subprocess.Popen([sys.executable, "-c", SINK_SCRIPT, str(log_path), str(ROOT), json.dumps(faults)], stdout=subprocess.PIPE,
                                      stderr=self.sink_log, start_new_session=True)
         port = int(self.sink.stdout.readline().decode().strip())
         self.sink_host = f"127.0.0.1:{port}"
@@ -572,7 +603,19 @@ class Soak:
                 "approval": aid, "run": str(a["run_id"]), "hash": a["request_hash"], "kind": a["kind"],
                 "at": now + rng.uniform(0.1, 1.0), "approve": rng.random() < self.args.approve_rate,
                 "wrong_hash_first": rng.random() < 0.1, "twice": rng.random() < 0.2, "done": False, "cancel_after": False,
+                "confirm": None,
             }
+            if a["kind"] == "uncertain_side_effect":
+                # a live call's answer was dropped or late: approve (re-send, same key), confirm what the operator
+                # knows (took effect / did not: nothing is sent again), or reject (the run fails operator_rejected)
+                mix = [float(x) for x in self.args.uncertain_mix.split(",")]
+                u, acc, choice = rng.random() * sum(mix), 0.0, 3
+                for n, w in enumerate(mix):
+                    acc += w
+                    if u < acc:
+                        choice = n
+                        break
+                self.pending_decisions[aid].update(approve=choice == 0, confirm={1: True, 2: False}.get(choice))
             if spec and spec.plan == "approve+cancel@after_watermark" and k == 0:
                 self.pending_decisions[aid].update(approve=True, wrong_hash_first=False, twice=False, cancel_after=True)
         for item in self.pending_decisions.values():
@@ -585,8 +628,8 @@ class Soak:
                                        "why": f"no longer pending ({status})", "ok": None, "t": now})
                 continue
             if item["wrong_hash_first"]:
-                self.decide(item, item["approve"], "0" * 64, expect="refused", why="wrong-hash")
-            self.decide(item, item["approve"], item["hash"], expect="ok", why="decision")
+                self.decide(item, item["approve"], "0" * 64, expect="refused", why="wrong-hash", confirm=item["confirm"])
+            self.decide(item, item["approve"], item["hash"], expect="ok", why="decision", confirm=item["confirm"])
             if item["cancel_after"]:
                 self.cancel_now(item["run"], plan="approve+cancel@after_watermark", point="after_approval")
             if item["twice"]:
@@ -603,13 +646,22 @@ class Soak:
         self.record({"kind": "cancel", "source": "planned", "plan": plan, "point": point, "run": run_id, "t": time.time(),
                      "at": iso(time.time()), "status_after": after})
 
-    def decide(self, item: dict, approve: bool, digest: str, *, expect: str, why: str) -> None:
-        from approvals.services import approval_decide
+    def decide(self, item: dict, approve: bool, digest: str, *, expect: str, why: str, confirm: bool | None = None) -> None:
+        """approve / reject (approval_decide) or, with `confirm` set, the operator's
+        took_effect knowledge (approval_confirm, `POST /api/approvals/{id}/confirm/`)."""
+        from approvals.services import approval_confirm, approval_decide
 
-        entry = {"approval": item["approval"], "run": item["run"], "kind": item["kind"], "decision": "approve" if approve else "reject",
+        decision = "confirm" if confirm is not None else ("approve" if approve else "reject")
+        entry = {"approval": item["approval"], "run": item["run"], "kind": item["kind"], "decision": decision,
                  "expect": expect, "why": why, "t": time.time()}
+        if confirm is not None:
+            entry["took_effect"] = confirm
         try:
-            approval_decide(user=self.operator, approval_id=item["approval"], approve=approve, request_hash=digest, reason=f"chaos {why}", via="api")
+            if confirm is not None:
+                approval_confirm(user=self.operator, approval_id=item["approval"], request_hash=digest, took_effect=confirm,
+                                 reason=f"chaos {why}", via="api")
+            else:
+                approval_decide(user=self.operator, approval_id=item["approval"], approve=approve, request_hash=digest, reason=f"chaos {why}", via="api")
             entry["ok"] = True
         except Exception as exc:
             entry["ok"] = False
@@ -803,6 +855,8 @@ class Soak:
             "lease_seconds": LEASE, "max_inflight": self.max_inflight, "planned_fraction": self.args.planned_fraction,
             "kill_every": self.kill_every, "stop_every": self.stop_every, "cancel_rate": self.args.cancel_rate,
             "approve_rate": self.args.approve_rate, "no_faults": self.args.no_faults, "database": self.db_url,
+            "sink_drop_rate": self.args.sink_drop_rate, "sink_delay_rate": self.args.sink_delay_rate, "sink_delay": self.args.sink_delay,
+            "post_timeout": POST_TIMEOUT, "uncertain_mix": self.args.uncertain_mix,
             "duration_cap": self.args.duration_cap, "wall_s": round(self.t_end - self.t_start, 1), "artifacts": str(self.out),
             "plans": dict(Counter(s.plan for s in self.specs)),
         }

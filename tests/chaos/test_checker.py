@@ -349,3 +349,179 @@ def test_i1_an_unhandled_error_in_a_worker_log_is_a_failure_no_fault_caused():
     snapshot["meta"]["process_logs"]["qcluster-0"].update(tracebacks=1, unhandled_run_errors=1)
     report = run_check(snapshot, sink, faults, decisions)
     assert invariants(report) == ["I1"] and "qcluster-0" in report["violations"][0]["detail"]
+
+
+# -- unknown outcomes without a process death (issue 11) ----------------------------------------
+# One run, no fault at all: its http_post was sent, the sink closed the connection without an answer, the
+# call ended `uncertain` and the executing worker parked the run on an uncertain_side_effect approval; the
+# operator approved, the run was re-claimed (epoch 2), re-sent once (attempt 2, same key) and completed.
+
+UAPPROVAL = "u1"
+
+
+def uncertain_history():
+    events = [
+        ev(1, "run.created", 0, 10),
+        ev(2, "run.claimed", 1, 11, lease_epoch=1),
+        ev(3, "tool.call.started", 1, 12),
+        ev(4, "tool.call.failed", 1, 13, invocation=INV, tool="http_post", attempt=1, outcome="uncertain", awaiting_decision=True,
+           result=None, error={"error": "connection_lost", "uncertain": True}),
+        ev(5, "run.waiting_for_approval", 1, 14, kind="uncertain_side_effect"),
+        ev(6, "approval.resolved", 1, 30, approval=UAPPROVAL, decision="approved"),
+        ev(7, "run.requeued", 1, 30, reason="approval"),
+        ev(8, "run.claimed", 2, 31, lease_epoch=2),
+        ev(9, "run.completed", 2, 40),
+    ]
+    snapshot = {
+        "runs": [{"id": RUN, "status": "COMPLETED", "session_id": SESS, "lease_owner": None, "lease_epoch": 2, "lease_expires_at": None,
+                  "lease_expirations": 0, "attempts": 2, "failure": None, "cancel_requested_at": None, "submitted_at": 100.0,
+                  "plan": "none"}],
+        "sessions": [{"id": SESS, "event_seq": 9}],
+        "events": events,
+        "invocations": [{"id": INV, "run_id": RUN, "step_number": 1, "call_index": 0, "tool_name": "http_post", "read_only": False,
+                         "status": "completed", "effect_sent_at": 131.0, "attempt": 2, "has_result": True, "idempotency_key": KEY,
+                         "lease_epoch": 2, "suspended_kind": None, "xid": 35}],
+        "model_calls": [{"run_id": RUN, "step_number": 1, "attempt_number": 1, "status": "completed", "lease_epoch": 1, "xid": 12},
+                        {"run_id": RUN, "step_number": 2, "attempt_number": 1, "status": "completed", "lease_epoch": 2, "xid": 36}],
+        "checkpoints": [{"run_id": RUN, "version": 1, "trigger": "step", "lease_epoch": 1, "xid": 12},
+                        {"run_id": RUN, "version": 2, "trigger": "final", "lease_epoch": 2, "xid": 40}],
+        "approvals": [{"id": UAPPROVAL, "run_id": RUN, "invocation_id": INV, "kind": "uncertain_side_effect", "status": "approved",
+                       "decided_at": 130.0, "decided_via": "api", "attempt": 1, "created_at": 105.0}],
+        "meta": {"runs_submitted": 1, "t_first_submit": 100.0, "max_lease_expirations": 3},
+    }
+    sink = [dict(send(KEY, 1, 103.5), behaviour="close"), send(KEY, 2, 131.0)]
+    decisions = [{"approval": UAPPROVAL, "run": RUN, "kind": "uncertain_side_effect", "decision": "approve", "ok": True, "expect": "ok"}]
+    return snapshot, sink, [], decisions
+
+
+def test_uncertain_a_resend_after_a_prior_approval_passes_and_is_counted():
+    report = run_check(*uncertain_history())
+    assert report["violations"] == [], report["violations"]
+    unc = report["uncertain"]
+    assert unc["outcomes"] == 1 and unc["by_tool"] == {"http_post": 1} and unc["by_cause"] == {"connection_lost": 1}
+    assert unc["by_window"]["watermark_to_result"] == 1 and report["faults"]["uncertain_by_window"]["watermark_to_result"] == 1
+    assert unc["parked"] == 1 and unc["equal"] is True
+    assert unc["sink_faults"] == {"close": 1} and unc["sink_faults_that_ended_uncertain"] == 1
+    assert unc["sink_faults_overtaken_by_a_process_fault"] == 0
+    assert report["i8"]["equal"] is True and report["i8"]["interrupted_side_effect_approvals"] == 0  # no process died
+
+
+def test_uncertain_a_resend_without_a_decision_is_a_violation():
+    snapshot, sink, faults, decisions = uncertain_history()
+    # the run went on as if the answer had come: no park, no approval, and the call was sent again
+    snapshot["events"] = snapshot["events"][:4] + [ev(5, "run.requeued", 1, 14, reason="resume"), ev(6, "run.claimed", 2, 31, lease_epoch=2),
+                                                   ev(7, "run.completed", 2, 40)]
+    snapshot["sessions"][0]["event_seq"] = 7
+    snapshot["approvals"] = []
+    report = run_check(snapshot, sink, faults, [])
+    assert {"I2", "I8"} <= set(invariants(report)), report["violations"]
+    assert any(v["invariant"] == "I2" and "no recorded decision permits it" in v["detail"] for v in report["violations"])
+    assert report["uncertain"]["equal"] is False and len(report["uncertain"]["unexplained"]) == 1
+
+
+def test_uncertain_a_resend_under_another_key_without_a_decision_is_a_violation():
+    snapshot, sink, faults, decisions = uncertain_history()
+    inv2 = dict(snapshot["invocations"][0], id=INV2, idempotency_key=KEY2, step_number=2, attempt=1, xid=37)
+    snapshot["invocations"].append(inv2)
+    sink.append(send(KEY2, 1, 140.0))  # the same effect asked again under a new key: the approval of i1 permits one re-send of i1
+    report = run_check(snapshot, sink, faults, decisions)
+    assert invariants(report) == ["I2"] and KEY2 in report["violations"][0]["detail"]
+
+
+def test_uncertain_a_confirm_followed_by_a_resend_is_a_violation():
+    snapshot, sink, faults, decisions = uncertain_history()
+    snapshot["approvals"][0]["status"] = "confirmed"  # the operator said it took effect: nothing may be sent again
+    decisions[0].update(decision="confirm", took_effect=True)
+    report = run_check(snapshot, sink, faults, decisions)
+    assert invariants(report) == ["I2"], report["violations"]
+    assert "no recorded decision permits it" in report["violations"][0]["detail"]
+    # the same confirm with no re-send holds every rule, and ends COMPLETED as the plan allows
+    snapshot["invocations"][0].update(attempt=1, effect_sent_at=103.0)
+    report = run_check(snapshot, sink[:1], faults, decisions)
+    assert report["violations"] == [], report["violations"]
+    assert report["outcomes"]["COMPLETED"]["explained"] == 1
+
+
+def test_uncertain_a_confirm_that_it_took_effect_is_not_a_lost_effect():
+    snapshot, sink, faults, decisions = uncertain_history()
+    snapshot["approvals"][0]["status"] = "confirmed"
+    snapshot["invocations"][0].update(attempt=1)
+    assert run_check(snapshot, [], faults, decisions)["violations"] == []  # the sink never saw it; the operator vouched for it
+    snapshot["approvals"][0]["status"] = "approved"
+    assert "I2" in invariants(run_check(snapshot, [], faults, decisions))  # completed by a send nobody received: lost
+
+
+def test_uncertain_an_approval_decided_after_the_resend_does_not_cover_it():
+    snapshot, sink, faults, decisions = uncertain_history()
+    snapshot["approvals"][0]["decided_at"] = 132.0  # the re-send arrived at 131
+    report = run_check(snapshot, sink, faults, decisions)
+    assert invariants(report) == ["I2"] and "after it" in report["violations"][0]["detail"]
+
+
+def test_uncertain_i1_accepts_a_reject_as_operator_rejected_and_nothing_else():
+    snapshot, sink, faults, decisions = uncertain_history()
+    snapshot["events"] = snapshot["events"][:5] + [ev(6, "approval.resolved", 1, 30, approval=UAPPROVAL, decision="rejected"),
+                                                   ev(7, "run.failed", 1, 30, failure={"reason": "operator_rejected"})]
+    snapshot["sessions"][0]["event_seq"] = 7
+    snapshot["runs"][0].update(status="FAILED", failure={"reason": "operator_rejected"}, lease_epoch=1)
+    snapshot["invocations"][0].update(status="uncertain", has_result=False, attempt=1, effect_sent_at=103.0, lease_epoch=1, xid=13)
+    snapshot["model_calls"].pop()
+    snapshot["checkpoints"].pop()
+    snapshot["approvals"][0]["status"] = "rejected"
+    decisions[0]["decision"] = "reject"
+    report = run_check(snapshot, sink[:1], faults, decisions)
+    assert report["violations"] == [], report["violations"]
+    assert report["outcomes"]["FAILED:operator_rejected"]["explained"] == 1
+    # a confirm does not explain operator_rejected, and no decision explains any other failure
+    snapshot["approvals"][0]["status"] = "confirmed"
+    assert "I1" in invariants(run_check(snapshot, sink[:1], faults, decisions))
+    snapshot["approvals"][0]["status"] = "rejected"
+    snapshot["runs"][0]["failure"] = {"reason": "internal_error"}
+    assert "I1" in invariants(run_check(snapshot, sink[:1], faults, decisions))
+
+
+def test_uncertain_a_run_parked_on_its_approval_at_the_end_is_explained():
+    snapshot, sink, faults, decisions = uncertain_history()
+    snapshot["events"] = snapshot["events"][:5]
+    snapshot["sessions"][0]["event_seq"] = 5
+    snapshot["runs"][0].update(status="WAITING_FOR_APPROVAL", lease_epoch=1)
+    snapshot["invocations"][0].update(status="uncertain", has_result=False, attempt=1, effect_sent_at=103.0, lease_epoch=1, xid=13)
+    snapshot["model_calls"].pop()
+    snapshot["checkpoints"].pop()
+    snapshot["approvals"][0].update(status="pending", decided_at=None)
+    report = run_check(snapshot, sink[:1], faults, [])
+    assert report["violations"] == [], report["violations"]
+    assert report["outcomes"]["PARKED"]["explained"] == 1
+
+
+def test_uncertain_an_approval_for_an_attempt_that_never_ended_uncertain_is_a_violation():
+    snapshot, sink, faults, decisions = uncertain_history()
+    snapshot["approvals"][0]["attempt"] = 2
+    report = run_check(snapshot, sink, faults, decisions)
+    assert "I8" in invariants(report)
+    assert report["uncertain"]["parks_unexplained"] and report["uncertain"]["unexplained"]
+
+
+def test_the_sink_plays_a_chosen_drop_and_records_it(tmp_path):
+    import http.client
+    import json
+
+    from tests.sink import Sink
+
+    sink = Sink(tmp_path / "sink.jsonl")
+    sink.choose = lambda record: "close" if record["key"] == "drop-me" else None
+    try:
+        answers = {}
+        for key in ("drop-me", "keep-me"):
+            conn = http.client.HTTPConnection("127.0.0.1", sink.port, timeout=10)
+            conn.request("POST", "/effect", body=b'{"a": 1}', headers={"Idempotency-Key": key, "Content-Type": "application/json"})
+            try:
+                answers[key] = conn.getresponse().status
+            except (http.client.RemoteDisconnected, ConnectionError) as exc:
+                answers[key] = type(exc).__name__
+            conn.close()
+    finally:
+        sink.close()
+    assert answers == {"drop-me": "RemoteDisconnected", "keep-me": 200}
+    logged = [json.loads(line) for line in (tmp_path / "sink.jsonl").read_text().splitlines()]
+    assert [(r["key"], r.get("behaviour")) for r in logged] == [("drop-me", "close"), ("keep-me", None)]  # the request arrived: an effect

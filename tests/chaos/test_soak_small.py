@@ -47,6 +47,7 @@ def test_seeded_small_soak_holds_every_invariant_and_hits_every_window(tmp_path)
         sys.executable, "-m", "tests.chaos.soak", "--runs", str(RUNS), "--workers", "4", "--seed", str(SEED),
         "--database-url", chaos_database_url(), "--planned-fraction", "1", "--kill-every", "3,6", "--stop-every", "10,20",
         "--duration-cap", "240", "--out", str(out), "--require-windows", "--plans", ",".join(CI_PLANS),
+        "--sink-drop-rate", "0.08", "--sink-delay-rate", "0.08",  # a few live calls end uncertain (issue 11)
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=450)
     tail = f"\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
@@ -69,6 +70,13 @@ def test_seeded_small_soak_holds_every_invariant_and_hits_every_window(tmp_path)
     assert report["fencing"]["xid"] is True and report["fencing"]["rows_checked"] > RUNS, report["fencing"]
     assert report["sends"]["unordered_sends"] == 0, report["sends"]
     assert report["approvals"]["decisions_ok"] >= 3
+    # unknown outcomes without a process death: the sink dropped / delayed some answers, and they show up
+    # in the window they hit (an uncertain call was sent and not answered: watermark_to_result)
+    unc = report["uncertain"]
+    assert sum(unc["sink_faults"].values()) >= 1 and unc["sink_faults_that_ended_uncertain"] >= 1, unc
+    assert report["faults"]["uncertain_by_window"]["watermark_to_result"] >= 1, report["faults"]
+    assert unc["outcomes"] >= 1 and unc["by_tool"].get("http_post", 0) >= 1, unc
+    assert unc["equal"] is True and unc["parked"] >= 1, unc
     # takeover latency is a reported figure (report.md), not an assertion: a bound on elapsed time fails on a slow machine
     assert proc.returncode == 0, f"exit {proc.returncode}{tail}"
 
