@@ -50,7 +50,9 @@ SECURE_HSTS_SECONDS = env_int("AGENTRT_HSTS_SECONDS", 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = os.environ.get("AGENTRT_HSTS_INCLUDE_SUBDOMAINS", "1") == "1"
 SECURE_HSTS_PRELOAD = os.environ.get("AGENTRT_HSTS_PRELOAD", "0") == "1"
 SECURE_SSL_REDIRECT = os.environ.get("AGENTRT_SSL_REDIRECT", "0") == "1"
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # a load balancer's plain-http probe
+# A load balancer's plain-http probes, and Prometheus scraping each web node directly (a redirect would
+# not protect the bearer token: it is sent with the first, plain request).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 # "X-Forwarded-Proto=https": trust that header from the proxy in front (only behind one that sets it).
 if os.environ.get("AGENTRT_PROXY_SSL_HEADER"):
     _header, _, _value = os.environ["AGENTRT_PROXY_SSL_HEADER"].partition("=")
@@ -104,6 +106,7 @@ INSTALLED_APPS = [
     "approvals",
     "checkpoints",
     "maintenance",
+    "ops",
 ]
 
 MIDDLEWARE = [
@@ -358,6 +361,9 @@ Q_TIMEOUT = int(AGENTRT_SLICE_SECONDS + AGENTRT_MAX_CALL_SECONDS + 60)
 # re-checking the queue at least every AGENTRT_Q_FALLBACK_POLL seconds.
 AGENTRT_Q_DOORBELL = os.environ.get("AGENTRT_Q_DOORBELL", "1") == "1"
 AGENTRT_Q_FALLBACK_POLL = env_float("AGENTRT_Q_FALLBACK_POLL", 0.5)
+# A sentinel that completes no guard cycle for this long (wedged, or stopped)
+# is killed by its qcluster main process, which exits 1 for its supervisor (runs/qheal.py).
+AGENTRT_SENTINEL_STALL_SECONDS = env_float("AGENTRT_SENTINEL_STALL_SECONDS", 30)
 Q_CLUSTER = {
     "name": "agentrt",
     "orm": "default",
@@ -377,11 +383,32 @@ Q_CLUSTER = {
     "guard_cycle": 0.5,
 }
 
+# --- Operations (README, Operations) -----------------------------------------
+# GET /metrics requires `Authorization: Bearer <token>` when set; unset, it is open (it carries no tenant data).
+AGENTRT_METRICS_TOKEN = os.environ.get("AGENTRT_METRICS_TOKEN", "")
+# A worker node (`qcluster`) with AGENTRT_METRICS_PORT serves its per-process histograms there; its forked
+# workers share PROMETHEUS_MULTIPROC_DIR, which must be set before any app imports prometheus_client.
+from ops.worker_metrics import prepare_if_worker_node  # noqa: E402 - no Django imports in that module
+
+prepare_if_worker_node()
+# `json`: one JSON object per line with run, tenant, step, epoch and worker (ops/logs.py).
+AGENTRT_LOG_FORMAT = os.environ.get("AGENTRT_LOG_FORMAT", "plain")
+if AGENTRT_LOG_FORMAT not in ("plain", "json"):
+    raise ValueError(f"AGENTRT_LOG_FORMAT must be plain or json, not {AGENTRT_LOG_FORMAT!r}")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"run_context": {"()": "ops.logs.RunContextFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "ops.logs.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": AGENTRT_LOG_FORMAT, "filters": ["run_context"]}},
     "root": {"handlers": ["console"], "level": os.environ.get("AGENTRT_LOG_LEVEL", "WARNING")},
-    "loggers": {"agentrt": {"level": os.environ.get("AGENTRT_LOG_LEVEL", "INFO")}},
+    "loggers": {
+        "agentrt": {"level": os.environ.get("AGENTRT_LOG_LEVEL", "INFO")},
+        # django-q2 adds its own plain handler unless its logger has one: ours, so every line has one format.
+        "django-q": {"handlers": ["console"], "level": os.environ.get("AGENTRT_LOG_LEVEL", "INFO"), "propagate": False},
+    },
 }

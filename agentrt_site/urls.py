@@ -6,11 +6,6 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
 
-@require_http_methods(["GET"])
-def healthz(request):
-    return JsonResponse({"ok": True})
-
-
 @csrf_exempt
 @require_http_methods(["POST"])
 def demo_hook(request):
@@ -21,7 +16,7 @@ def demo_hook(request):
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("runs.api.urls")),
-    path("healthz", healthz),
+    path("", include("ops.urls")),
     path("", include("runs.urls")),
     path("", lambda request: HttpResponseRedirect("/runs/")),
 ]

@@ -4,7 +4,7 @@ Scoping comes from runs.scoping: a staff user sees its own tenant's rows
 (another tenant's is 404), a superuser sees every tenant but its actions
 (cancel, resume) apply only in its own. Cancel and resume need
 `runs.cancel_run` / `runs.resume_run` and a confirmation page, like the
-approval actions. The auth and django-q2 admins are superuser-only.
+approval actions. The auth, django-q2, knox and axes admins are superuser-only.
 """
 from django import forms
 from django.contrib import admin, messages
@@ -220,8 +220,9 @@ def _superuser_only(model_admin_class):
     })
 
 
-def restrict_to_superusers(site=admin.site, app_labels=("auth", "django_q")) -> None:
-    """Re-register the auth (User, Group) and django-q2 admins as superuser-only."""
+def restrict_to_superusers(site=admin.site, app_labels=("auth", "django_q", "knox", "axes")) -> None:
+    """Re-register the auth (User, Group), django-q2, API-token (knox) and
+    login-attempt (axes) admins as superuser-only: they span every tenant."""
     for model, model_admin in list(site._registry.items()):
         if model._meta.app_label in app_labels:
             site.unregister(model)

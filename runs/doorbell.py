@@ -38,6 +38,7 @@ class DoorbellORM(ORM):
         super().__init__(list_key=list_key)
         self._listener = None  # connected in the pusher process, on its first dequeue
         self._retry_at = 0.0  # after a failed LISTEN: poll until then, then try again
+        self._failing = False  # the queue could not be read: reconnecting
 
     def enqueue(self, task):
         pk = super().enqueue(task)
@@ -51,7 +52,21 @@ class DoorbellORM(ORM):
             return super().dequeue()
         # LISTEN before reading: whatever commits after this read is announced.
         listener = self._listen()
-        tasks = self._take()
+        try:
+            tasks = self._take()
+        except Exception as exc:
+            # Our backend was terminated or the server restarted: a fresh
+            # connection next time, instead of the stock pusher's exit (and
+            # its 10 s sleep) with the task queue's writer half-way.
+            if not self._failing:  # once per outage, not twice a second
+                log.warning("doorbell: cannot read the queue (%s); reconnecting", type(exc).__name__)
+            self._failing = True
+            self._drop_connection()
+            CLOCK.sleep(min(1.0, settings.AGENTRT_Q_FALLBACK_POLL))
+            return None
+        if self._failing:
+            log.info("doorbell: reading the queue again")
+            self._failing = False
         if tasks:
             return tasks
         if listener is None:
@@ -68,6 +83,13 @@ class DoorbellORM(ORM):
             if self.get_connection().filter(id=task.id, lock=task.lock).update(lock=self.timeout(task)):
                 taken.append((task.pk, task.payload))
         return taken
+
+    @staticmethod
+    def _drop_connection() -> None:
+        try:
+            connections[Conf.ORM].close()
+        except Exception:
+            pass
 
     def _listen(self):
         if self._listener is not None and not self._listener.closed:

@@ -52,5 +52,8 @@ def patch_sentinel() -> None:
 def connect() -> None:
     from django_q.signals import post_spawn
 
+    from . import qheal
+
     post_spawn.connect(install_worker_handlers, dispatch_uid="agentrt.drain")
+    qheal.patch()  # first: the drain's stop wraps the supervised one
     patch_sentinel()

@@ -19,6 +19,10 @@ from checkpoints.repository import checkpoint_current
 from approvals.gate import ApprovalGate
 from approvals.policy import PolicyEngine
 
+from ops.instrument import instrument
+from ops.logs import log_context
+from ops.tracing import run_span
+
 from .clock import CLOCK, IDS
 from .domain.budgets import Ledger
 from .domain.cancellation import Token
@@ -210,22 +214,30 @@ def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
         lease_seconds=float(settings.AGENTRT_LEASE_SECONDS),
     )
     ctx = None
-    try:
-        ctx = build_context(claim, token=token, lease=supervisor, clock=clock, ids=ids)
-        supervisor.start()
+    watch = None
+    with log_context(run=str(claim.run_id), tenant=str(claim.tenant_id), epoch=claim.epoch, worker=claim.owner), run_span(claim):
         try:
-            ctx.budgets.check(ctx.run.usage, BudgetScope.ADMISSION, step_number=ctx.state.step + 1, now=clock.now())
-            outcome = run_loop(ctx)
-        except BudgetExceeded as exc:
-            outcome = _failed(ctx, exc.reason, "BudgetExceeded", str(exc))
-    except WorkerFenced as exc:
-        outcome = RunOutcome(kind=OutcomeKind.FENCED, late=exc.late)
-    except Exception as exc:  # never swallowed: typed, recorded, the run fails visibly
-        log.exception("run %s: unhandled error", claim.run_id)
-        outcome = _unhandled(ctx, exc, clock, ids)
-    finally:
-        supervisor.stop()
-    return finalize(ctx, claim, outcome, clock=clock)
+            ctx = build_context(claim, token=token, lease=supervisor, clock=clock, ids=ids)
+            watch = instrument(ctx)
+            log.info("run %s: slice started (epoch %s)", claim.run_id, claim.epoch)
+            supervisor.start()
+            try:
+                ctx.budgets.check(ctx.run.usage, BudgetScope.ADMISSION, step_number=ctx.state.step + 1, now=clock.now())
+                outcome = run_loop(ctx)
+            except BudgetExceeded as exc:
+                outcome = _failed(ctx, exc.reason, "BudgetExceeded", str(exc))
+        except WorkerFenced as exc:
+            outcome = RunOutcome(kind=OutcomeKind.FENCED, late=exc.late)
+        except Exception as exc:  # never swallowed: typed, recorded, the run fails visibly
+            log.exception("run %s: unhandled error", claim.run_id)
+            outcome = _unhandled(ctx, exc, clock, ids)
+        finally:
+            supervisor.stop()
+        result = finalize(ctx, claim, outcome, clock=clock)
+        if watch is not None:
+            watch.close()
+        log.info("run %s: slice ended %s", claim.run_id, result.kind.value)
+        return result
 
 
 def _failed(ctx: RunContext, reason: FailureReason, error_class: str, message: str) -> RunOutcome:

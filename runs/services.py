@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from checkpoints.models import Checkpoint
 from checkpoints.repository import session_history
+from ops.tracing import submit_context
 
 from .agent_schema import AgentDefinition, Limits, forbidden_model_keys, resolve_limits
 from .clock import CLOCK, IDS
@@ -274,7 +275,8 @@ def run_submit(
             with connection.cursor() as cursor:
                 append_events(
                     cursor, tenant_id=tenant.id, session_id=session_row.id, run_id=run.id, epoch=0,
-                    events=[EventWrite("run.created", {"agent": agent, "agent_version": version.version, "input": input[:2000]}, now)],
+                    events=[EventWrite("run.created", {"agent": agent, "agent_version": version.version, "input": input[:2000],
+                                                       **submit_context(run.id)}, now)],
                 )
             from .executor import enqueue_drive
 

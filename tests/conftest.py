@@ -33,6 +33,24 @@ def pytest_configure(config):
         raise pytest.UsageError(f"PostgreSQL is unreachable at {url}: {exc}") from None
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test database, and before it is dropped: end the
+    sessions that child processes (qcluster, daphne, a tool's thread) left
+    on it, so DROP DATABASE neither finds other users nor runs into the
+    statement timeout waiting for them."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        connection.close()
+
+
 def wait_for(condition, timeout: float = 30.0, interval: float = 0.02, message: str = "condition"):
     """Await a condition by polling it; fail with `message` after `timeout`."""
     deadline = time.monotonic() + timeout

@@ -10,6 +10,7 @@ from uuid import UUID
 
 from .checkpoint import CheckpointState
 from .ports import BudgetLedger, CancellationToken, Clock, IdFactory, LeaseMonitor, ModelProvider, PolicyEngine, RunStore, ToolRegistry
+from .tracing import NullTracer
 from .values import ModelRequest, RunUsage
 from .writes import UnitOfWork
 
@@ -73,6 +74,7 @@ class RunContext:
     current_step: int | None = None
     current_attempt: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    tracer: Any = field(default_factory=NullTracer)  # the Tracer port (seed 002's spans); no-op unless wired
 
 
 def tool_schemas(ctx: RunContext) -> list[dict[str, Any]]:

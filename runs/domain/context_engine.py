@@ -124,7 +124,9 @@ def build_with_pressure(ctx: RunContext, step_number: int, attempt: int, on_comp
     tool_choice = "none" if synthesis else "auto"
     budget = context_budget(ctx)
     while True:
-        request, prefix = build_request(ctx, step_number, attempt, tool_choice=tool_choice)
+        with ctx.tracer.span("context.build", {"step.number": step_number, "attempt.number": attempt}, under="step") as span:
+            request, prefix = build_request(ctx, step_number, attempt, tool_choice=tool_choice)
+            span.set("context.prefix_sha256", prefix)
         if synthesis:
             # Volatile: the instruction rides on this request only, never in a checkpoint.
             request = request.model_copy(update={"messages": list(request.messages) + [{"role": "system", "content": SYNTHESIS_INSTRUCTION}]})
@@ -136,15 +138,17 @@ def build_with_pressure(ctx: RunContext, step_number: int, attempt: int, on_comp
         compactions = ctx.extra.get(("compactions", step_number), 0)
         if compactions >= MAX_COMPACTIONS_PER_STEP:
             raise ContextOverflow(tokens, budget)
-        folded = compact(ctx.state.conversation)
-        if folded is None:
-            raise ContextOverflow(tokens, budget)
-        before = len(ctx.state.conversation)
-        ctx.state.conversation = folded
-        ctx.state.saved_len = 0  # the next checkpoint is full (trigger compaction)
-        ctx.extra[("compactions", step_number)] = compactions + 1
-        on_compact({"step": step_number, "tokens_before": tokens, "budget": budget, "items_before": before,
-                    "items_after": len(folded), "compaction": compactions + 1})
+        with ctx.tracer.span("context.compact", {"step.number": step_number, "context.tokens_before": tokens}, under="step"):
+            folded = compact(ctx.state.conversation)
+            if folded is None:
+                raise ContextOverflow(tokens, budget)
+            before = len(ctx.state.conversation)
+            ctx.state.conversation = folded
+            ctx.state.saved_len = 0  # the next checkpoint is full (trigger compaction)
+            ctx.extra[("compactions", step_number)] = compactions + 1
+            ctx.tracer.set_step("step.compactions", compactions + 1)
+            on_compact({"reason": "pressure", "step": step_number, "tokens_before": tokens, "budget": budget, "items_before": before,
+                        "items_after": len(folded), "compaction": compactions + 1})
 
 
 class SynthesisReserveViolation(BudgetExceeded):

@@ -76,6 +76,7 @@ def _loop(ctx: RunContext) -> RunOutcome:
     if reopened is not None:  # resume re-enters the pipeline for the open batch (it observes the token per call)
         step_number, pending = reopened
         ctx.current_step = step_number
+        ctx.tracer.begin_step(step_number, {"step.resumed_batch": True})
         if not ctx.pending.is_empty():  # run.resumed lands before any watermark of the batch
             ctx.store.commit(ctx.pending)
             ctx.pending = UnitOfWork()
@@ -103,8 +104,10 @@ def _loop(ctx: RunContext) -> RunOutcome:
         ctx.token.raise_if_cancelled()  # observation point 1
         step_number = ctx.state.step + 1
         ctx.current_step, ctx.current_attempt = step_number, None
+        ctx.tracer.begin_step(step_number)
         ctx.budgets.check(run.usage, BudgetScope.STEP, step_number=step_number, now=ctx.clock.now())
         turn = _invoke_model(ctx, step_number)
+        ctx.tracer.set_step("step.tool_call_count", len(turn.tool_calls))
         ctx.token.raise_if_cancelled()  # observation point 3
         ctx.state.conversation.append(
             {
@@ -217,6 +220,11 @@ def _finish(ctx: RunContext, status: str, turn: ModelTurn | None, prefix: str | 
 
 
 def _invoke_model(ctx: RunContext, step_number: int) -> ModelTurn:
+    with ctx.tracer.span("model.invoke", {"step.number": step_number}):
+        return _attempts(ctx, step_number)
+
+
+def _attempts(ctx: RunContext, step_number: int) -> ModelTurn:
     run = ctx.run
     attempt = ctx.next_attempt
     ctx.next_attempt = 1
@@ -232,8 +240,11 @@ def _invoke_model(ctx: RunContext, step_number: int) -> ModelTurn:
         ctx.fault("model.before_call")
         ctx.token.raise_if_cancelled()  # observation point 2
         request, prefix, synthesis = build_with_pressure(ctx, step_number, attempt, lambda info: _compacted(ctx, info))
+        ctx.tracer.set_step("step.attempt_count", attempt)
+        ctx.tracer.set_step("context.prefix_sha256", prefix)
         try:
-            turn = ctx.provider.complete(request, ctx.token)
+            with ctx.tracer.span("model.attempt", {"attempt.number": attempt, "context.prefix_sha256": prefix}):
+                turn = ctx.provider.complete(request, ctx.token)
         except ModelError as exc:
             # Every attempt is charged ("after" means record): a failed attempt's
             # tokens and cost go into the ledger like a completed one's.

@@ -104,3 +104,26 @@ class BudgetLedger(Protocol):
 
 
 FaultHook = Callable[[str], None]
+
+
+class Span(Protocol):
+    def set(self, key: str, value: Any) -> None:
+        """Add an attribute to the span."""
+
+
+class Tracer(Protocol):
+    """Spans of seed 002's tree. `under="step"` parents a span on the current
+    `run.step` rather than on whatever span is open (context.build is the
+    step's child even while model.invoke is open)."""
+
+    def span(self, name: str, attributes: dict[str, Any] | None = None, *, under: str | None = None) -> Any:
+        """A context manager yielding a `Span`."""
+
+    def begin_step(self, step_number: int, attributes: dict[str, Any] | None = None) -> None:
+        """Open `run.step` (closing the previous one); it stays current until the next or `end_step`."""
+
+    def set_step(self, key: str, value: Any) -> None:
+        """Add an attribute to the open `run.step`."""
+
+    def end_step(self) -> None:
+        """Close the open `run.step`, if any."""

@@ -12,7 +12,8 @@ from django.test import Client
 pytestmark = pytest.mark.django_db(transaction=True)
 OPERATOR_PERMS = {"approvals.resolve_approval", "runs.cancel_run", "runs.resume_run", "runs.view_run", "approvals.view_approval"}
 SUPERUSER_ONLY = ["/admin/auth/user/", "/admin/auth/group/", "/admin/django_q/schedule/", "/admin/django_q/failure/",
-                  "/admin/django_q/success/", "/admin/django_q/ormq/"]
+                  "/admin/django_q/success/", "/admin/django_q/ormq/", "/admin/knox/authtoken/",
+                  "/admin/axes/accessattempt/", "/admin/axes/accesslog/"]
 
 
 def login(username) -> Client:
@@ -50,7 +51,7 @@ def test_even_granted_permissions_do_not_open_the_auth_and_q_admins():
 
     call_command("create_tenant", "acme", "--user", "op", "--operator")
     op = get_user_model().objects.get(username="op")
-    op.user_permissions.add(*Permission.objects.filter(content_type__app_label__in=["auth", "django_q"]))
+    op.user_permissions.add(*Permission.objects.filter(content_type__app_label__in=["auth", "django_q", "knox", "axes"]))
     client = login("op")
     for path in SUPERUSER_ONLY:
         assert client.get(path).status_code == 403, path

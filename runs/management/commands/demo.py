@@ -1,6 +1,14 @@
 """`make run`: migrate, create the demo tenant, operator and agents, start
 web + worker + maintenance, submit demo runs, print where to look.
-Ctrl-C stops everything."""
+
+Ctrl-C, SIGTERM (docker stop, systemd, a closing terminal's supervisor) and
+SIGHUP each stop everything it started: the worker drains (its runs yield
+back to the queue), then the command exits. Each child runs in its own
+session, so a signal reaches it only through this command, once; and each is
+told by the kernel to stop if this command dies without a chance to (SIGKILL).
+A child that dies on its own stops the rest, and the command exits 1 for
+whatever supervises it."""
+import ctypes
 import os
 import signal
 import subprocess
@@ -16,6 +24,44 @@ from runs.clock import CLOCK
 from runs.services import agent_load, run_submit, tenant_create
 
 DEMO = Path(settings.BASE_DIR) / "demo"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+STOP_GRACE_SECONDS = 60  # the worker finishes its step and yields; then what is left is killed
+PR_SET_PDEATHSIG = 1
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when the demo dies (Linux)."""
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def _start(args, env) -> subprocess.Popen:
+    return subprocess.Popen(args, env=env, start_new_session=True, preexec_fn=_stop_with_parent)
+
+
+def _stop_all(procs, names, write) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)  # qcluster drains; daphne and maintenance exit
+    deadline = CLOCK.monotonic() + STOP_GRACE_SECONDS
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - CLOCK.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:  # whatever is left of each child's session (e.g. a wedged worker)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        p.wait()
+    write("stopped: " + ", ".join(f"{n} {p.returncode}" for n, p in zip(names, procs)))
 
 
 class Command(BaseCommand):
@@ -26,6 +72,17 @@ class Command(BaseCommand):
         parser.add_argument("--no-serve", action="store_true", help="set up and submit, but start no processes")
 
     def handle(self, *args, **opts):
+        def on_signal(signum, frame):
+            raise _Stop(signal.Signals(signum).name)
+
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, on_signal)
+        try:
+            self._serve(opts)
+        except _Stop as stop:
+            self.stdout.write(f"{stop.args[0]}: stopped before anything was started")
+
+    def _serve(self, opts):
         port = opts["port"]
         call_command("migrate", verbosity=0)
         # The demo's well-known operator/operator exists only here: tenant_create
@@ -49,13 +106,32 @@ class Command(BaseCommand):
         env.setdefault("AGENTRT_HTTP_TOOL_ALLOWED_HOSTS", f"127.0.0.1:{port}")
         env.setdefault("AGENTRT_LOG_LEVEL", "INFO")
         procs = []
-        if not opts["no_serve"]:
-            manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
-            procs = [
-                subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentrt_site.asgi:application"], env=env),
-                subprocess.Popen(manage + ["qcluster"], env=env),
-                subprocess.Popen(manage + ["run_maintenance"], env=env),
-            ]
+        names = ["web", "worker", "maintenance"]
+        if opts["no_serve"]:
+            self._submit_and_print(tenant, port)
+            return
+        manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
+        reason = None
+        try:
+            procs.append(_start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentrt_site.asgi:application"], env))
+            procs.append(_start(manage + ["qcluster"], env))
+            procs.append(_start(manage + ["run_maintenance"], env))
+            self._submit_and_print(tenant, port)
+            while all(p.poll() is None for p in procs):
+                CLOCK.sleep(0.5)
+            died = next(n for n, p in zip(names, procs) if p.poll() is not None)
+            reason = f"{died} exited with code {procs[names.index(died)].returncode}"
+        except _Stop as stop:
+            self.stdout.write(f"\n{stop.args[0]}: stopping web, worker and maintenance (the worker yields its runs)")
+        finally:
+            for sig in STOP_SIGNALS:  # a second signal must not cut the drain short
+                signal.signal(sig, signal.SIG_IGN)
+            _stop_all(procs, names[: len(procs)], self.stdout.write)
+        if reason:
+            self.stderr.write(f"{reason}; stopped the rest")
+            sys.exit(1)
+
+    def _submit_and_print(self, tenant, port):
         reader, _ = run_submit(tenant=tenant, agent="reader", input="Check that the service is healthy.")
         release, _ = run_submit(tenant=tenant, agent="release-bot", input="Ship release 1.4.2.")
         base = f"http://127.0.0.1:{port}"
@@ -66,20 +142,4 @@ class Command(BaseCommand):
         self.stdout.write(f"  API:       {base}/api/docs/")
         self.stdout.write(f"  demo runs: reader {reader.id}\n             release-bot {release.id}")
         self.stdout.write(f"  CLI:       .venv/bin/python manage.py show_run {release.id} --events")
-        self.stdout.write("Ctrl-C stops web, worker and maintenance.\n")
-        if not procs:
-            return
-        try:
-            while all(p.poll() is None for p in procs):
-                CLOCK.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        self.stdout.write("Ctrl-C (or SIGTERM, SIGHUP) stops web, worker and maintenance.\n")

@@ -1,0 +1,132 @@
+"""Timing around a run's slice: the adapters the loop calls (provider, tools,
+store) are wrapped at the composition root, so the domain package stays
+free of metrics, and the log context follows the step."""
+from __future__ import annotations
+
+import time
+
+from . import tracing, worker_metrics
+from .logs import log_context_update
+
+
+class _Proxy:
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class TimedProvider(_Proxy):
+    def complete(self, request, token):
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            turn = self._inner.complete(request, token)
+            outcome = "ok"
+            return turn
+        finally:
+            worker_metrics.histograms()["model"].labels(outcome).observe(time.perf_counter() - started)
+
+
+class TimedTools(_Proxy):
+    def execute(self, name, arguments, context):
+        started = time.perf_counter()
+        try:
+            return self._inner.execute(name, arguments, context)
+        finally:
+            worker_metrics.histograms()["tool"].labels(name).observe(time.perf_counter() - started)
+
+
+class TimedStore(_Proxy):
+    def commit(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return self._inner.commit(*args, **kwargs)
+        finally:
+            worker_metrics.histograms()["commit"].observe(time.perf_counter() - started)
+
+    def mark_effect_sent(self, *args, **kwargs):  # the watermark: a fenced transaction of its own
+        started = time.perf_counter()
+        try:
+            return self._inner.mark_effect_sent(*args, **kwargs)
+        finally:
+            worker_metrics.histograms()["commit"].observe(time.perf_counter() - started)
+
+
+class StepWatch:
+    """Wraps the fault hook: the loop calls it at fixed points of a step,
+    which is where a step starts (`model.before_call` of a new step number)
+    and where a step with tool calls ends (`checkpoint.before_write`)."""
+
+    def __init__(self, ctx, hook, timed: bool):
+        self.ctx, self.hook, self.timed = ctx, hook, timed
+        self.step: int | None = None
+        self.started: float | None = None
+
+    def __call__(self, point: str) -> None:
+        if point == "model.before_call" and self.ctx.current_step != self.step:
+            self.step, self.started = self.ctx.current_step, time.perf_counter()
+            log_context_update(step=self.step)
+        elif point == "checkpoint.before_write":
+            self.finish()
+        self.hook(point)
+
+    def close(self) -> None:
+        """After `finalize`: the last step ends (its checkpoint is in finalize's commit)."""
+        self.finish()
+        self.ctx.tracer.end_step()
+
+    def finish(self) -> None:
+        if self.started is not None and self.timed:
+            worker_metrics.histograms()["step"].observe(time.perf_counter() - self.started)
+        self.started = None
+
+
+class TracedPolicy(_Proxy):
+    def evaluate(self, tool_name, arguments):
+        with tracing._tracer().start_as_current_span("policy.evaluate", attributes={"tool.name": tool_name}) as span:
+            decision = self._inner.evaluate(tool_name, arguments)
+            span.set_attribute("policy.decision", str(decision))
+            return decision
+
+
+class TracedTools(_Proxy):
+    def execute(self, name, arguments, context):
+        spec = self._inner.spec(name)
+        attrs = {"tool.name": name}
+        if spec is not None:
+            attrs.update({"tool.side_effect": spec.side_effect, "tool.read_only": spec.read_only})
+        step = getattr(context, "step", None)
+        if step is not None:
+            attrs["step.number"] = step
+        with tracing._tracer().start_as_current_span("tool.execute", attributes=attrs):
+            return self._inner.execute(name, arguments, context)
+
+
+class TracedStore(_Proxy):
+    def commit(self, work, *args, **kwargs):
+        cp = getattr(work, "checkpoint", None)
+        if cp is None:
+            return self._inner.commit(work, *args, **kwargs)
+        attrs = {"checkpoint.version": cp.version, "checkpoint.full": bool(cp.full), "checkpoint.trigger": cp.trigger}
+        with tracing._tracer().start_as_current_span("checkpoint.save", attributes=attrs):
+            return self._inner.commit(work, *args, **kwargs)
+
+
+def instrument(ctx) -> StepWatch:
+    """Wrap the context's adapters; return the step watch (finish it after `finalize`)."""
+    if tracing.enabled():
+        ctx.tracer = tracing.RunTracer(run_id=ctx.run.id, epoch=ctx.run.lease_epoch)
+        ctx.policy = TracedPolicy(ctx.policy)
+        ctx.tools = TracedTools(ctx.tools)
+        ctx.store = TracedStore(ctx.store)
+    timed = worker_metrics.enabled()
+    if timed:
+        ctx.provider = TimedProvider(ctx.provider)
+        ctx.tools = TimedTools(ctx.tools)
+        ctx.store = TimedStore(ctx.store)
+    watch = StepWatch(ctx, ctx.fault, timed)
+    ctx.fault = watch
+    log_context_update(step=ctx.state.step + 1)  # the step this slice starts or re-enters
+    return watch

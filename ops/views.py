@@ -1,0 +1,81 @@
+"""`/metrics`, `/healthz`, `/readyz`: unauthenticated by session, cheap, and
+free of tenant data (no tenant, run or user appears in a body or a label)."""
+from __future__ import annotations
+
+import hmac
+import logging
+
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db.migrations.executor import MigrationExecutor
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_http_methods
+
+log = logging.getLogger("agentrt.ops")
+
+
+def _authorized(request) -> bool:
+    """`AGENTRT_METRICS_TOKEN` set: `Authorization: Bearer <token>`, compared
+    in constant time. Unset: open (see README, Operations)."""
+    token = settings.AGENTRT_METRICS_TOKEN
+    if not token:
+        return True
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+@never_cache
+@require_http_methods(["GET"])
+def metrics(request):
+    """The deployment-wide figures in Prometheus text format."""
+    if not _authorized(request):
+        response = JsonResponse({"code": "not_authenticated", "message": "a valid bearer token is required"}, status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    from .collector import deployment_registry
+
+    try:
+        body = generate_latest(deployment_registry())
+    except (OperationalError, InterfaceError) as exc:  # unreachable; anything else is a bug and raises
+        log.warning("metrics scrape: database unavailable (%s)", type(exc).__name__)
+        return JsonResponse({"code": "database_unavailable", "message": "the database could not be read"}, status=503)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
+
+
+@never_cache
+@require_http_methods(["GET"])
+def healthz(request):
+    """The process is up and serving; touches nothing else."""
+    return JsonResponse({"ok": True, "status": "ok"})
+
+
+def readiness() -> tuple[bool, dict]:
+    """The database answers and no migration on disk is unapplied."""
+    checks: dict = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except DatabaseError as exc:
+        checks["database"] = f"unreachable ({type(exc).__name__})"
+        return False, checks
+    try:
+        executor = MigrationExecutor(connection)
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    except DatabaseError as exc:
+        checks["migrations"] = f"unknown ({type(exc).__name__})"
+        return False, checks
+    unapplied = sorted(f"{m.app_label}.{m.name}" for m, backwards in plan if not backwards)
+    checks["migrations"] = "ok" if not unapplied else {"unapplied": unapplied}
+    return not unapplied, checks
+
+
+@never_cache
+@require_http_methods(["GET"])
+def readyz(request):
+    ready, checks = readiness()
+    return JsonResponse({"ready": ready, "status": "ready" if ready else "unavailable", "checks": checks},
+                        status=200 if ready else 503)
