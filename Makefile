@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentrt
 
-.PHONY: run test venv dev browser smoke bench clean
+.PHONY: run test venv dev browser smoke bench mutants clean
 
 # requirements.txt / requirements-dev.txt are hashed locks compiled from the
 # .in files (README, "Dependencies"); pip refuses anything whose hash differs.
@@ -49,6 +49,11 @@ browser:
 
 test: dev browser
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest $(PYTEST_ARGS)
+
+# Curated mutants (tests/mutants/*.toml), each applied to a scratch copy and
+# run against the tests that guard it; fails unless every one is killed.
+mutants: dev
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m tests.mutants.run $(MUTANTS_ARGS)
 
 smoke: dev
 	$(PY) -m pytest tests/smoke -p no:cacheprovider

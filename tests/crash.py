@@ -1,4 +1,5 @@
-"""In-process crashes for Resume tests: a worker "dies" at a fault point (a
+"""SIMULATED in-process crashes for Resume tests (real SIGKILLs at the same
+points: tests/fault/test_kill_points.py): a worker "dies" at a fault point (a
 BaseException nothing in the runtime catches, so finalize never runs) and
 its lease is then made to expire, as a SIGKILL would leave it."""
 from __future__ import annotations

@@ -1,6 +1,16 @@
 """Real `qcluster` workers killed, stopped and cancelled at the fault points
 of DESIGN §16, with a real `run_maintenance` process reclaiming their runs
-and an HTTP sink counting every side effect (RELIABILITY §3, DESIGN's names)."""
+and an HTTP sink counting every side effect (RELIABILITY §3, DESIGN's names).
+
+Every fault point the in-process simulations use
+(tests/integration/test_resume_simulated_crash.py and
+test_reconcile_simulated_crash.py, where a BaseException stands in for the
+death and `finally` blocks still run) is also exercised here with a real
+SIGKILL, where nothing of the dying process runs: model.after_call,
+tool.before_watermark, tool.after_watermark, tool.after_execute,
+checkpoint.before_write, resume.after_takeover (the resumer itself dies), and
+the reconcile paths with AGENTRT_RECONCILER naming a reconciler of
+tests/integration/reconcilers.py in the maintenance process."""
 from __future__ import annotations
 
 import json
@@ -30,19 +40,30 @@ ARTIFACTS = ROOT / "artifacts"
 def stack(cluster, sink, tmp_path):
     """Start a cluster and a maintenance process with one fault plan."""
     procs = []
+    envs = []
 
-    def start(faults: str = "", workers: int = 2):
+    def maintenance():
+        """Start (another) `run_maintenance` with the plan of `start`."""
+        log = open(tmp_path / f"maintenance-{len(procs)}.log", "wb")
+        m = subprocess.Popen([sys.executable, "manage.py", "run_maintenance"], cwd=ROOT, env=subprocess_env(**envs[-1]),
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append((m, log))
+        return m
+
+    def start(faults: str = "", workers: int = 2, reconciler: str = ""):
         env = dict(
             AGENTRT_LEASE_SECONDS=LEASE, AGENTRT_WORKERS=workers, AGENTRT_ENABLE_FAULTPOINTS=1,
             AGENTRT_FAULTPOINTS=faults, AGENTRT_FAULTPOINT_DIR=tmp_path, AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host,
         )
+        if reconciler:
+            env["AGENTRT_RECONCILER"] = "tests.integration.reconcilers." + reconciler
+        envs.append(env)
         c = cluster(**env)
-        log = open(tmp_path / "maintenance.log", "wb")
-        m = subprocess.Popen([sys.executable, "manage.py", "run_maintenance"], cwd=ROOT, env=subprocess_env(**env),
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        procs.append((m, log))
+        maintenance()
         return c
 
+    start.maintenance = maintenance
+    start.procs = procs
     yield start
     for m, log in procs:
         m.terminate()
@@ -63,6 +84,14 @@ def status(run):
     return Run.objects.filter(id=run.id).values_list("status", flat=True).get()
 
 
+def park_or_end(run):
+    """Await the run leaving QUEUED/RUNNING; it must have parked (a run that
+    completed or failed instead fails here at once, not after a timeout)."""
+    wait_for(lambda: status(run) not in ("QUEUED", "RUNNING"), timeout=90, message="the run to park")
+    row = Run.objects.get(id=run.id)
+    assert row.status == "WAITING_FOR_APPROVAL", (row.status, row.failure)
+
+
 def marker(tmp_path, point, run):
     return tmp_path / f"{point}.{run.id}"
 
@@ -78,7 +107,8 @@ def record_takeover(run, point, tmp_path):
     return latency
 
 
-@pytest.mark.parametrize("point", ["model.before_call", "tool.before_watermark", "checkpoint.before_write", "finalize.before_transition"])
+@pytest.mark.parametrize("point", ["model.before_call", "model.after_call", "tool.before_watermark", "checkpoint.before_write",
+                                   "finalize.before_transition"])
 def test_sigkill_before_any_unknown_effect_completes_with_one_send(stack, load_agent, submit, sink, tmp_path, point):
     post_agent(load_agent, sink)
     c = stack(f"{point}=kill")
@@ -97,7 +127,7 @@ def test_sigkill_after_the_watermark_parks_the_run_and_approval_sends_once(stack
     post_agent(load_agent, sink)
     stack("tool.after_watermark=kill")
     run = submit()
-    wait_for(lambda: status(run) == "WAITING_FOR_APPROVAL", timeout=90, message="the run to park")
+    park_or_end(run)
     assert sink.count() == 0
     row = Run.objects.get(id=run.id)
     assert row.lease_owner is None
@@ -114,13 +144,104 @@ def test_sigkill_after_the_call_parks_the_run_and_rejection_sends_nothing_more(s
     post_agent(load_agent, sink)
     stack("tool.after_execute=kill")
     run = submit()
-    wait_for(lambda: status(run) == "WAITING_FOR_APPROVAL", timeout=90, message="the run to park")
+    park_or_end(run)
     assert sink.count() == 1
     approval = Approval.objects.get(run=run, status="pending")
     approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash, via="api")
     assert status(run) == "FAILED"
     assert Run.objects.get(id=run.id).failure["reason"] == "operator_rejected"
     assert sink.count() == 1
+
+
+def test_sigkill_of_the_resumer_after_its_takeover_leaves_the_unknown_outcome_for_the_next(stack, load_agent, submit, sink, tmp_path, operator):
+    """The worker dies after the watermark; the process that resumes it (the
+    maintenance sweep, or a worker's drive_run) is itself SIGKILLed right
+    after its takeover. The next resumer still finds the outcome unknown and
+    parks the run; nothing is sent until an operator approves."""
+    post_agent(load_agent, sink)
+    stack("tool.after_watermark=kill,resume.after_takeover=kill")
+    first = stack.procs[0][0]
+    run = submit()
+    restarted = []
+
+    def parked():
+        if first.poll() is not None and not restarted:  # the resumer that died was the maintenance process
+            restarted.append(stack.maintenance())
+        return status(run) == "WAITING_FOR_APPROVAL"
+
+    wait_for(parked, timeout=90, message="a second resumer to park the run")
+    assert marker(tmp_path, "resume.after_takeover", run).exists()
+    assert sink.count() == 0
+    assert Event.objects.filter(run=run, type="lease.taken_over").count() >= 2
+    inv = ToolInvocation.objects.get(run=run, tool_name="http_post")
+    assert inv.status == "interrupted" and inv.effect_sent_at is not None and inv.attempt == 1
+    approval = Approval.objects.get(run=run, status="pending")
+    assert approval.kind == "interrupted_side_effect"
+    approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash, via="api")
+    wait_for(lambda: status(run) == "COMPLETED", timeout=60, message="completion after approval")
+    assert sink.count() == 1 and sink.sends[0]["attempt"] == "2"
+
+
+# The reconcile paths, with a real reconciler in the real resumer (the
+# in-process twins are in tests/integration/test_reconcile_simulated_crash.py).
+RECONCILED = [
+    pytest.param("tool.after_watermark", "always_continue", "COMPLETED", None, 0, id="after_watermark-continue"),
+    pytest.param("tool.after_execute", "always_continue", "COMPLETED", None, 1, id="after_execute-continue"),
+    pytest.param("model.after_call", "always_continue", "COMPLETED", None, 1, id="after_call-continue"),
+    pytest.param("tool.after_execute", "completed_json", "COMPLETED", None, 1, id="after_execute-completed"),
+    pytest.param("tool.after_execute", "conflict_with_detail", "FAILED", "reconcile_conflict", 1, id="after_execute-conflict"),
+]
+
+
+def pay_agent(load_agent, sink):
+    load_agent(turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "paid"}],
+               tools=("http_post",))
+
+
+@pytest.mark.parametrize("point,name,end,reason,sent", RECONCILED)
+def test_sigkill_then_the_reconciler_decides_and_nothing_is_sent_twice(stack, load_agent, submit, sink, tmp_path, point, name, end, reason, sent):
+    from tests.integration import reconcilers as R
+
+    pay_agent(load_agent, sink)
+    c = stack(f"{point}=kill", reconciler=name)
+    run = submit()
+    wait_for(lambda: status(run) in ("COMPLETED", "FAILED", "CANCELLED", "WAITING_FOR_APPROVAL"), timeout=90,
+             message=f"the run to end after a kill at {point} and {name}\n{c.output()[-3000:]}")
+    assert marker(tmp_path, point, run).exists()
+    row = Run.objects.get(id=run.id)
+    assert row.status == end, (row.status, row.failure)
+    assert row.lease_owner is None and row.lease_epoch >= 2
+    assert Event.objects.filter(run=run, type="lease.taken_over").exists()
+    assert not Approval.objects.filter(run=run).exists()
+    assert sink.count() == sent
+    if reason:
+        assert row.failure["reason"] == reason and R.DETAIL in row.failure["message"]
+    elif name == "completed_json":
+        assert row.result == R.RESULT
+    else:
+        assert row.final_message == "paid"
+    if point != "model.after_call":
+        inv = ToolInvocation.objects.get(run=run)
+        assert inv.attempt == 1 and inv.effect_sent_at is not None  # the interrupted call was never re-run
+
+
+def test_sigkill_after_the_watermark_then_a_waiting_reconciler_parks_and_approval_sends_once(stack, load_agent, submit, sink, tmp_path, operator):
+    from tests.integration import reconcilers as R
+
+    pay_agent(load_agent, sink)
+    stack("tool.after_watermark=kill", reconciler="waiting")
+    run = submit()
+    park_or_end(run)
+    assert sink.count() == 0
+    approval = Approval.objects.get(run=run, status="pending")
+    # The reconciler's presentation, plus what runs.
+    assert approval.kind == "reconcile" and approval.presentation == {
+        **R.PAUSE["presentation"], "tool": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}, "side_effect": "external_write"}
+    approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash, via="api")
+    wait_for(lambda: status(run) == "COMPLETED", timeout=60, message="completion after approval")
+    inv = ToolInvocation.objects.get(run=run)
+    assert inv.attempt == 2 and sink.count() == 1
+    assert sink.sends[0]["key"] == inv.idempotency_key and sink.sends[0]["attempt"] == "2"
 
 
 def test_a_sigstopped_zombie_writes_only_run_fenced_and_the_effect_is_sent_once(stack, load_agent, submit, sink, tmp_path):

@@ -1,5 +1,6 @@
-"""Reconcilers for tests/integration/test_reconcile.py, named by dotted path
-in settings.AGENTRT_RECONCILER (DESIGN §16 "Reconciler").
+"""Reconcilers for tests/integration/test_reconcile_simulated_crash.py and
+tests/fault/test_kill_points.py, named by dotted path in
+settings.AGENTRT_RECONCILER (DESIGN §16 "Reconciler").
 
 Each records the RunView it was given in SEEN, so a test can check what the
 reconciler saw. Resume calls them on a thread of its own."""

@@ -4,7 +4,11 @@ fault point (a BaseException nothing in the runtime catches), its lease is
 made to expire, and Resume asks the reconciler named by
 settings.AGENTRT_RECONCILER (callables in tests/integration/reconcilers.py).
 
-The loopback sink is the ground truth for how often the side effect was sent."""
+The loopback sink is the ground truth for how often the side effect was sent.
+
+These are SIMULATED crashes (a BaseException; `finally` blocks of the "dead"
+worker still run): the same fault points with a real SIGKILL and a real
+reconciler in the real resuming process are in tests/fault/test_kill_points.py."""
 from __future__ import annotations
 
 import json

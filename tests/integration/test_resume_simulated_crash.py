@@ -1,6 +1,11 @@
 """Resume and reconciliation (seed 000), driven in-process: a worker "dies"
 at a fault point (a BaseException nothing in the runtime catches), its lease
-is made to expire, and Resume takes over."""
+is made to expire, and Resume takes over.
+
+These are SIMULATED crashes (fast, but `finally` blocks and context managers
+of the "dead" worker still run, which a SIGKILL never allows): every fault
+point used here is also exercised with a real SIGKILL of a real worker in
+tests/fault/test_kill_points.py."""
 from __future__ import annotations
 
 import threading
