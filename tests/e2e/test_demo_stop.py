@@ -13,49 +13,16 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, free_port, wait_for
+from tests.procfs import children, comm, in_sessions
 
 pytestmark = [pytest.mark.e2e]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def proc_stat(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
-
-
-def live_pids() -> list[int]:
-    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
-
-
-def children(pid: int) -> list[int]:
-    return [p for p in live_pids() if (st := proc_stat(p)) and int(st[1]) == pid and st[0] != "Z"]
-
-
-def in_sessions(sids: set[int]) -> list[int]:
-    return [p for p in live_pids() if (st := proc_stat(p)) and int(st[3]) in sids and st[0] != "Z"]
 
 
 class Demo:

@@ -19,6 +19,7 @@ from django.db import connection
 
 from runs.models import Event, Run
 from tests.conftest import ROOT, subprocess_env, wait_for
+from tests.procfs import children, comm, in_sessions
 
 pytestmark = [pytest.mark.fault, pytest.mark.django_db(transaction=True)]
 
@@ -27,29 +28,6 @@ APP = "agentrt-fault-deployment"  # application_name of the deployment's connect
 # Queued runs are claimed again within lease + 10 s; the waits below add
 # room for a loaded 2-core machine, they are not the bound being checked.
 BOUND = LEASE + 10 + 30
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
-def comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
 
 
 def roles(main_pid: int) -> dict[str, list[int]]:
@@ -155,22 +133,6 @@ def deployment(transactional_db, tmp_path):
         s.stop()
 
 
-def session_pids(sid: int) -> list[int]:
-    """Live processes of a session (a supervised generation and its children)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
 def slow_agent(load_agent, steps: int = 4, delay_ms: int = 300):
     turns = [{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}], "delay_ms": delay_ms} for i in range(steps)]
     load_agent(turns=turns + [{"text": "done"}], limits={"max_steps": steps + 4})
@@ -232,9 +194,9 @@ def test_sigkill_of_any_cluster_process_under_load_and_every_run_completes(victi
     else:
         assert node.exits and node.exits[0] != 0 and node.proc is not main, "the node exited non-zero and was restarted"
         # Nothing of the killed generation lives on: orphans drain and exit.
-        wait_or_dump(lambda: not session_pids(main.pid), 60, "the old generation's processes to exit", node)
+        wait_or_dump(lambda: not in_sessions({main.pid}), 60, "the old generation's processes to exit", node)
     # The pusher, monitor and workers of the broken queues are all replaced.
-    wait_or_dump(lambda: not set(old_children) & set(session_pids(main.pid)), 30, "the old queues' processes to be gone", node)
+    wait_or_dump(lambda: not set(old_children) & set(in_sessions({main.pid})), 30, "the old queues' processes to be gone", node)
     if victim == "busy-worker":
         assert Event.objects.filter(run=running, type="lease.taken_over").exists()
     record_claim_delays(victim, later)
@@ -421,4 +383,4 @@ def test_a_stalled_sentinel_is_killed_by_its_main_process_and_the_node_restarts(
     assert node.exits[0] == 1
     run = submit(text="after")
     wait_or_dump(lambda: status(run.id) == "COMPLETED", BOUND, "a run on the restarted node", node)
-    wait_or_dump(lambda: not session_pids(main.pid), 60, "the stalled generation's processes to exit", node)
+    wait_or_dump(lambda: not in_sessions({main.pid}), 60, "the stalled generation's processes to exit", node)
