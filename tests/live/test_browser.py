@@ -12,6 +12,24 @@ from tests.conftest import ROOT, start_daphne, subprocess_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 CHROMIUM = "/usr/bin/chromium"
+# Without the background-networking flags chromium keeps trying hosts this
+# machine's closed network refuses.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def launch_chromium(playwright):
+    """Debian's chromium, headless, for the browser tests."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+
+
+def log_in(page, server: str, username: str, password: str, next_path: str) -> None:
+    """Log in through the admin form and wait until `next_path` has loaded."""
+    page.goto(f"{server}/admin/login/?next={next_path}")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"**{next_path}")
 SHOTS = ROOT / "artifacts" / "browser"
 
 
@@ -44,15 +62,9 @@ def test_an_operator_approves_a_paused_call_on_the_live_page_and_watches_it_comp
     run = submit(text="ship it")
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = launch_chromium(p)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(f"{server}/admin/login/?next=/runs/{run.id}/")
-        page.fill("#id_username", "oncall")
-        page.fill("#id_password", "s3cret-pass")
-        page.click("input[type=submit]")
-        page.wait_for_url(f"**/runs/{run.id}/")
+        log_in(page, server, "oncall", "s3cret-pass", f"/runs/{run.id}/")
         page.wait_for_selector("#live:text('live')", timeout=15000)
         page.screenshot(path=str(SHOTS / "1-queued.png"), full_page=True)
         cluster(AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host, AGENTRT_LEASE_SECONDS=5)

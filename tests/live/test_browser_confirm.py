@@ -9,7 +9,7 @@ from django.contrib.auth.models import Permission
 
 from approvals.models import Approval
 from runs.models import Event, Run
-from tests.live.test_browser import CHROMIUM, server  # noqa: F401  (the daphne fixture)
+from tests.live.test_browser import launch_chromium, log_in, server  # noqa: F401  (server: the daphne fixture)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -26,15 +26,9 @@ def test_an_operator_confirms_an_unknown_outcome_on_the_live_page(server, cluste
                tools=("http_post",))
     run = submit(text="pay")
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = launch_chromium(p)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(f"{server}/admin/login/?next=/runs/{run.id}/")
-        page.fill("#id_username", "oncall")
-        page.fill("#id_password", "s3cret-pass")
-        page.click("input[type=submit]")
-        page.wait_for_url(f"**/runs/{run.id}/")
+        log_in(page, server, "oncall", "s3cret-pass", f"/runs/{run.id}/")
         cluster(AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host, AGENTRT_LEASE_SECONDS=5)
         page.wait_for_selector("button[value=took_effect]", timeout=60000)
         card = page.inner_text("#approvals")

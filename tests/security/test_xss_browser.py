@@ -19,7 +19,7 @@ from django.db import connections
 from approvals.models import Approval
 from runs.models import Agent, Event, Run
 from tests.conftest import ROOT, wait_for
-from tests.live.test_browser import CHROMIUM, server  # noqa: F401  (the daphne fixture)
+from tests.live.test_browser import launch_chromium, server  # noqa: F401  (server: the daphne fixture)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 SHOTS = ROOT / "artifacts" / "security"
@@ -54,9 +54,7 @@ class Browser:
     """One chromium context with every console error, page error and CSP violation collected."""
 
     def __init__(self, playwright):
-        self.browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        self.browser = launch_chromium(playwright)
         self.context = self.browser.new_context(viewport={"width": 1280, "height": 900})
         self.errors: list[str] = []
         self.context.on("page", self._watch)
