@@ -107,6 +107,7 @@ INSTALLED_APPS = [
     "checkpoints",
     "maintenance",
     "ops",
+    "webhooks",
 ]
 
 MIDDLEWARE = [
@@ -273,7 +274,7 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": [],
     "DEFAULT_THROTTLE_RATES": {
         scope: os.environ.get(f"AGENTRT_THROTTLE_{scope.upper()}", "600/min")
-        for scope in ("runs_create", "runs_cancel", "runs_resume", "runs_input", "approvals_decide", "agents_create")
+        for scope in ("runs_create", "runs_cancel", "runs_resume", "runs_input", "approvals_decide", "agents_create", "webhooks")
     },
     "STRICT_JSON": True,
 }
@@ -353,6 +354,29 @@ AGENTRT_DEFAULT_LIMITS = {
     "synthesis_reserve_tool_calls": 4,
     "synthesis_reserve_cost_usd": 0,
 }
+
+# --- Post-run hooks and webhooks (issue 17; README "Hooks and webhooks") -----
+# Modules that register post-run hooks (runs.hooks.register), besides each installed app's `agent_hooks`.
+AGENTRT_HOOK_MODULES = env_list("AGENTRT_HOOK_MODULES", "")
+# Hosts (`host` or `host:port`) a webhook subscription's URL may name; checked when saved and before every attempt.
+AGENTRT_WEBHOOK_ALLOWED_HOSTS = env_list("AGENTRT_WEBHOOK_ALLOWED_HOSTS", "")
+AGENTRT_WEBHOOK_TIMEOUT_SECONDS = env_float("AGENTRT_WEBHOOK_TIMEOUT_SECONDS", 10)
+# Fernet keys for the signing secrets at rest (the first encrypts); unset: a key derived from SECRET_KEY (webhooks/secrets.py).
+AGENTRT_WEBHOOK_SECRET_KEYS = env_list("AGENTRT_WEBHOOK_SECRET_KEYS", "")
+# Where links in webhook payloads point (e.g. https://agentrt.example.com); unset: paths only.
+AGENTRT_PUBLIC_URL = os.environ.get("AGENTRT_PUBLIC_URL", "").rstrip("/")
+# Retries: BACKOFF × 2^(attempt-1) apart (at most 6 h), for at most MAX_AGE, then the delivery is failed.
+AGENTRT_DELIVERY_BACKOFF_SECONDS = env_float("AGENTRT_DELIVERY_BACKOFF_SECONDS", 10)
+AGENTRT_DELIVERY_MAX_AGE_SECONDS = env_float("AGENTRT_DELIVERY_MAX_AGE_SECONDS", 86400)
+# A worker's hold on a delivery; a worker killed mid-delivery leaves it due again after this.
+AGENTRT_DELIVERY_CLAIM_SECONDS = env_float("AGENTRT_DELIVERY_CLAIM_SECONDS", 60)
+# How often run_maintenance rings deliveries that are due again (retries, lapsed claims, lost doorbells).
+AGENTRT_DELIVERY_SWEEP_SECONDS = env_float("AGENTRT_DELIVERY_SWEEP_SECONDS", 1)
+if AGENTRT_DELIVERY_CLAIM_SECONDS <= AGENTRT_WEBHOOK_TIMEOUT_SECONDS:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("AGENTRT_DELIVERY_CLAIM_SECONDS must be longer than AGENTRT_WEBHOOK_TIMEOUT_SECONDS "
+                               "(else a second worker could send a delivery that is still in flight)")
 
 # --- django-q2: a doorbell, never the source of truth (DESIGN §5) -----------
 Q_WORKERS = env_int("AGENTRT_WORKERS", 2)

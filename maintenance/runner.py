@@ -8,6 +8,7 @@ from django.db import close_old_connections
 
 from runs.clock import CLOCK
 
+from .sweeps.deliveries import sweep_deliveries
 from .sweeps.expiry import sweep_expiry
 from .sweeps.prune import sweep_prune
 from .sweeps.reclaim import sweep_reclaim
@@ -21,6 +22,7 @@ def cadences() -> list[tuple[str, float, callable]]:
         ("reclaim", lease / 6, sweep_reclaim),
         ("expiry", min(5.0, lease / 3), sweep_expiry),
         ("prune", 300.0, sweep_prune),
+        ("deliveries", float(settings.AGENTRT_DELIVERY_SWEEP_SECONDS), sweep_deliveries),
     ]
 
 
@@ -38,7 +40,7 @@ def run_forever(stop=lambda: False) -> None:
                 try:
                     close_old_connections()
                     result = fn()
-                    if any(v for k, v in result.items() if k not in ("at", "skipped", "expired", "runs", "outcomes")):
+                    if any(v for k, v in result.items() if k not in ("at", "skipped", "expired", "runs", "outcomes", "due")):
                         log.info("sweep %s: %s", name, result)
                 except Exception:
                     log.exception("sweep %s failed", name)

@@ -60,6 +60,7 @@ OPERATOR_PERMISSIONS = (
     ("runs", "view_run"), ("runs", "view_agent"), ("runs", "view_agentversion"), ("runs", "view_event"),
     ("runs", "view_toolinvocation"), ("runs", "view_modelcall"), ("runs", "view_session"),
     ("checkpoints", "view_checkpoint"),
+    ("webhooks", "manage_webhooks"), ("webhooks", "view_webhooksubscription"), ("webhooks", "view_delivery"),
 )
 
 

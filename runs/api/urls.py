@@ -1,5 +1,7 @@
 """Routes of the REST API (DESIGN §16), mounted under /api/."""
 from django.urls import path, re_path
+from webhooks import api as webhooks
+
 from . import views
 from .errors import api_not_found
 
@@ -18,6 +20,10 @@ urlpatterns = [
     path("approvals/<str:id>/approve/", views.ApprovalApprove.as_view(), name="approval-approve"),
     path("approvals/<str:id>/reject/", views.ApprovalReject.as_view(), name="approval-reject"),
     path("approvals/<str:id>/confirm/", views.ApprovalConfirm.as_view(), name="approval-confirm"),
+    path("webhooks/", webhooks.WebhookListCreate.as_view(), name="webhook-list"),
+    path("webhooks/<str:id>/", webhooks.WebhookDetail.as_view(), name="webhook-detail"),
+    path("webhooks/<str:id>/test/", webhooks.WebhookTest.as_view(), name="webhook-test"),
+    path("webhooks/<str:id>/deliveries/", webhooks.WebhookDeliveries.as_view(), name="webhook-deliveries"),
     path("schema/", views.SchemaView.as_view(), name="schema"),
     path("docs/", views.SwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("docs/redoc/", views.RedocView.as_view(url_name="api:schema"), name="redoc"),
