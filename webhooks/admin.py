@@ -24,6 +24,7 @@ from .models import EVENT_TYPES, Delivery, WebhookSubscription
 
 
 class SubscriptionForm(forms.ModelForm):
+    url = forms.URLField(max_length=2000, assume_scheme="https")
     event_types = forms.MultipleChoiceField(choices=[(t, t) for t in EVENT_TYPES], widget=forms.CheckboxSelectMultiple)
 
     class Meta:
