@@ -353,7 +353,8 @@ def test_schema_and_docs_are_served_to_authenticated_users(world, alice, as_user
     paths = set(doc["paths"])
     assert {"/api/agents/", "/api/runs/", "/api/runs/{id}/", "/api/runs/{id}/events/", "/api/runs/{id}/cancel/",
             "/api/runs/{id}/resume/", "/api/runs/{id}/input/", "/api/approvals/", "/api/approvals/{id}/",
-            "/api/approvals/{id}/approve/", "/api/approvals/{id}/reject/", "/api/approvals/{id}/confirm/"} == paths
+            "/api/approvals/{id}/approve/", "/api/approvals/{id}/reject/", "/api/approvals/{id}/confirm/",
+            "/api/webhooks/", "/api/webhooks/{id}/", "/api/webhooks/{id}/test/", "/api/webhooks/{id}/deliveries/"} == paths
     create = doc["paths"]["/api/runs/"]["post"]
     assert {"200", "201", "202", "400", "409", "413", "415"} <= set(create["responses"])
     assert "requestBody" in create

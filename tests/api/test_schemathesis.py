@@ -32,7 +32,7 @@ from runs.models import Run
 from runs.queue import run_claim
 from runs.services import run_submit
 
-from .conftest import agent_definitions
+from .conftest import WEBHOOK_URL, agent_definitions, webhook_world
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
@@ -59,6 +59,7 @@ def seeds(world, tenant):
     rejectable = Approval.objects.get(run=submit_driven(tenant, "approver"))
     confirmable = uncertain_approval(tenant)
     agent = dict(agent_definitions()[0], name="fuzzed")
+    doomed, _ = webhook_world(tenant, world.done)  # the one DELETE removes
     by_id = lambda run: {"id": str(run.id)}  # noqa: E731
     return {
         "GET /api/agents/": {},
@@ -78,6 +79,13 @@ def seeds(world, tenant):
                                              "body": {"request_hash": rejectable.request_hash}},
         "POST /api/approvals/{id}/confirm/": {"path_parameters": {"id": str(confirmable.id)},
                                               "body": {"request_hash": confirmable.request_hash, "took_effect": True}},
+        "GET /api/webhooks/": {},
+        "POST /api/webhooks/": {"body": {"url": WEBHOOK_URL, "event_types": ["run.completed", "approval.requested"]}},
+        "GET /api/webhooks/{id}/": {"path_parameters": {"id": str(world.subscription.id)}},
+        "PATCH /api/webhooks/{id}/": {"path_parameters": {"id": str(world.subscription.id)}, "body": {"active": True}},
+        "DELETE /api/webhooks/{id}/": {"path_parameters": {"id": str(doomed.id)}},
+        "POST /api/webhooks/{id}/test/": {"path_parameters": {"id": str(world.subscription.id)}},
+        "GET /api/webhooks/{id}/deliveries/": {"path_parameters": {"id": str(world.subscription.id)}},
     }
 
 
