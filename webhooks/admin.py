@@ -80,6 +80,16 @@ class SubscriptionAdmin(admin.ModelAdmin):
         extra = {**(extra_context or {}), "can_test": self.has_change_permission(request, obj)}
         return super().change_view(request, object_id, form_url, extra)
 
+    def delete_view(self, request, object_id, extra_context=None):
+        if self.get_object(request, object_id) is None:  # another tenant's row is 404, not a redirect
+            raise Http404("not found")
+        return super().delete_view(request, object_id, extra_context)
+
+    def history_view(self, request, object_id, extra_context=None):
+        if self.get_object(request, object_id) is None:
+            raise Http404("not found")
+        return super().history_view(request, object_id, extra_context)
+
     def save_model(self, request, obj, form, change):
         data = {k: form.cleaned_data[k] for k in ("url", "event_types", "active", "description")}
         if change:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import time
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import connection
+
+from runs.clock import CLOCK
 
 USER_AGENT = "agentrt-webhooks/1"
 MAX_ERROR = 500
@@ -78,7 +79,7 @@ def post(*, url: str, secret: str, payload: dict, delivery_id: str, event_type: 
     headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
-        "X-Agentrt-Signature": signature(secret, int(time.time()), body),
+        "X-Agentrt-Signature": signature(secret, int(CLOCK.now().timestamp()), body),
         "X-Agentrt-Delivery": delivery_id,
         "X-Agentrt-Event": event_type,
         "X-Agentrt-Attempt": str(attempt),

@@ -34,7 +34,7 @@ from runs.services import run_submit
 
 from .conftest import WEBHOOK_URL, agent_definitions, webhook_world
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(480)]  # 21 operations (7 are /api/webhooks/)
 
 EXAMPLES = {"positive": 40, "negative": 40, "seeded": 10}
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
