@@ -13,8 +13,8 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from runs.routing import websocket_urlpatterns  # noqa: E402
-from runs.ws_auth import TokenAuthMiddlewareStack  # noqa: E402
+from runs.web.routing import websocket_urlpatterns  # noqa: E402
+from runs.web.ws_auth import TokenAuthMiddlewareStack  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

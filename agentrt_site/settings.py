@@ -84,7 +84,7 @@ REST_KNOX = {
 # Hostile-member limits.
 AGENTRT_MAX_SLEEP_SECONDS = env_float("AGENTRT_MAX_SLEEP_SECONDS", 60)
 AGENTRT_WS_MAX_PER_USER = env_int("AGENTRT_WS_MAX_PER_USER", 20)
-AGENTRT_REDIS_URL = os.environ.get("REDIS_URL", "")  # sockets counted across processes (runs/ws_limits.py)
+AGENTRT_REDIS_URL = os.environ.get("REDIS_URL", "")  # sockets counted across processes (runs/web/ws_limits.py)
 # --- end Security ------------------------------------------------------------
 
 INSTALLED_APPS = [
@@ -362,7 +362,7 @@ Q_TIMEOUT = int(AGENTRT_SLICE_SECONDS + AGENTRT_MAX_CALL_SECONDS + 60)
 AGENTRT_Q_DOORBELL = os.environ.get("AGENTRT_Q_DOORBELL", "1") == "1"
 AGENTRT_Q_FALLBACK_POLL = env_float("AGENTRT_Q_FALLBACK_POLL", 0.5)
 # A sentinel that completes no guard cycle for this long (wedged, or stopped)
-# is killed by its qcluster main process, which exits 1 for its supervisor (runs/qheal.py).
+# is killed by its qcluster main process, which exits 1 for its supervisor (runs/runtime/qheal.py).
 AGENTRT_SENTINEL_STALL_SECONDS = env_float("AGENTRT_SENTINEL_STALL_SECONDS", 30)
 Q_CLUSTER = {
     "name": "agentrt",
@@ -375,8 +375,8 @@ Q_CLUSTER = {
     "queue_limit": Q_WORKERS,
     "bulk": 1,
     "poll": env_float("AGENTRT_Q_POLL", 0.02),
-    # On PostgreSQL the pusher waits on LISTEN instead of polling (runs/doorbell.py).
-    "broker_class": "runs.doorbell.DoorbellORM",
+    # On PostgreSQL the pusher waits on LISTEN instead of polling (runs/runtime/doorbell.py).
+    "broker_class": "runs.runtime.doorbell.DoorbellORM",
     "catch_up": False,
     "save_limit": 100,
     "label": "Django Q2",

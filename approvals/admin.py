@@ -19,11 +19,11 @@ from django.utils.timesince import timesince, timeuntil
 
 from runs.admin import TenantScoped
 from runs.clock import CLOCK
-from runs.scoping import approvals_actionable_by, as_uuid
+from runs.services.scoping import approvals_actionable_by, as_uuid
 
-from .errors import ApprovalError
-from .models import CONFIRMABLE_KINDS, Approval
-from .services import approval_confirm, approval_decide, can_resolve
+from approvals.errors import ApprovalError
+from approvals.models import CONFIRMABLE_KINDS, Approval
+from approvals.services import approval_confirm, approval_decide, can_resolve
 
 
 class PendingFirst(admin.SimpleListFilter):

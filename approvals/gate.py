@@ -9,8 +9,8 @@ from django.conf import settings
 
 from runs.domain.writes import ApprovalInsert
 
-from .hashing import request_hash, tool_spec_dict
-from .models import Approval
+from approvals.hashing import request_hash, tool_spec_dict
+from approvals.models import Approval
 
 POLICY_NOTICE = "Policy requires an operator's approval before this call runs. Approving runs it once with these arguments."
 

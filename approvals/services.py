@@ -17,10 +17,10 @@ from runs.clock import CLOCK
 from runs.domain.values import FailureReason, RunFailure
 from runs.domain.writes import EventWrite
 from runs.models import Run, ToolInvocation
-from runs.store import append_events, jp, sql_dt, sql_json, sql_uuid
+from runs.store.repository import append_events, jp, sql_dt, sql_json, sql_uuid
 
-from .errors import ApprovalDecided, ApprovalExpired, ApprovalForbidden, ApprovalNotConfirmable, ApprovalNotFound, ApprovalStale
-from .models import CONFIRMABLE_KINDS, RERUN_KINDS, Approval
+from approvals.errors import ApprovalDecided, ApprovalExpired, ApprovalForbidden, ApprovalNotConfirmable, ApprovalNotFound, ApprovalStale
+from approvals.models import CONFIRMABLE_KINDS, RERUN_KINDS, Approval
 
 SURFACES = ("admin", "api", "live")
 
@@ -31,7 +31,7 @@ def can_resolve(user) -> bool:
 
 def approval_for(*, user, approval_id: Any, acting: bool = False) -> Approval:
     """The approval, if `user` may see it (with `acting`: act on it — its own tenant only, a superuser too)."""
-    from runs.scoping import approvals_actionable_by, approvals_visible_to, as_uuid
+    from runs.services.scoping import approvals_actionable_by, approvals_visible_to, as_uuid
 
     aid = as_uuid(approval_id)
     qs = approvals_actionable_by(user) if acting else approvals_visible_to(user)
@@ -92,7 +92,7 @@ def approval_decide(*, user, approval_id: Any, approve: bool, request_hash: str,
                 failure = RunFailure(reason=FailureReason.OPERATOR_REJECTED, error_class="OperatorRejected",
                                      message="an operator refused to run the interrupted call again", occurred_at=now,
                                      details={"approval": str(approval.id)}).as_json()
-                from runs.lifecycle import fail_waiting
+                from runs.services.lifecycle import fail_waiting
 
                 if fail_waiting(cursor, run_id=run.id, failure=failure, now=now):
                     events.append(EventWrite("run.failed", {"failure": failure}, now))
@@ -178,7 +178,7 @@ def _requeue_if_last(cursor, run: Run, now, events: list) -> None:
     )
     if cursor.rowcount == 1:
         events.append(EventWrite("run.requeued", {"reason": "approval"}, now))
-        from runs.executor import enqueue_drive
+        from runs.runtime.executor import enqueue_drive
 
         enqueue_drive(run.id)
 

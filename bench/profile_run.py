@@ -5,7 +5,7 @@
 
 Drops and re-creates a bench database (name must contain "bench", else "_bench" is
 appended; default agentrt_profile_bench), submits runs with runs.services.run_submit
-and drives each with runs.executor.run_drive in this process:
+and drives each with runs.runtime.executor.run_drive in this process:
 
 1. a warm-up run, then a timed run: per-step ms from the events table, and every
    SQL statement counted and timed through a Django execute_wrapper (round trips,
@@ -44,7 +44,7 @@ def main() -> None:
 
     from django.db import connection
 
-    from runs.executor import run_drive
+    from runs.runtime.executor import run_drive
 
     def one(tag: str):
         run_id = bench.submit(tenant, name, 1, tag)[0]

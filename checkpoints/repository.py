@@ -1,6 +1,6 @@
 """The checkpoint repository: read the chain back, and `seed_checkpoint`.
 
-Writes happen inside the step's fenced transactions (runs/store.py); this
+Writes happen inside the step's fenced transactions (runs/store/repository.py); this
 module reads: `latest()` walks from the newest row back to the full snapshot
 it rebases and materialises the conversation. `seed_checkpoint` rebuilds a
 state from the session's history and this run's own event log; it is called
@@ -15,7 +15,7 @@ from django.db.models import Max
 
 from runs.domain.checkpoint import CheckpointState
 
-from .models import Checkpoint
+from checkpoints.models import Checkpoint
 
 ANSWER_EVENTS = ("tool.call.completed", "tool.call.failed")
 

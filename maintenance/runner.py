@@ -8,9 +8,9 @@ from django.db import close_old_connections
 
 from runs.clock import CLOCK
 
-from .sweeps.expiry import sweep_expiry
-from .sweeps.prune import sweep_prune
-from .sweeps.reclaim import sweep_reclaim
+from maintenance.sweeps.expiry import sweep_expiry
+from maintenance.sweeps.prune import sweep_prune
+from maintenance.sweeps.reclaim import sweep_reclaim
 
 log = logging.getLogger("agentrt.maintenance")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from . import fleet
+from ops import fleet
 
 
 def _histogram(name: str, doc: str, label: str, data: dict[str, fleet.Histogram]) -> HistogramMetricFamily:

@@ -132,7 +132,7 @@ def fleet_leases_lost() -> dict[str, int]:
 def fleet_tool_uncertain() -> dict[str, int]:
     """Tool calls whose outcome is unknown, by tool: `tool.call.failed` with
     `outcome: "uncertain"` (the invocation outcome classes), the same events
-    `runs.selectors.tool_uncertain_counts` reads."""
+    `runs.services.selectors.tool_uncertain_counts` reads."""
     return _counts(
         "SELECT COALESCE(payload->>'tool', 'unknown'), COUNT(*) FROM events"
         " WHERE type = 'tool.call.failed' AND payload->>'outcome' = 'uncertain' GROUP BY 1"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from . import tracing, worker_metrics
-from .logs import log_context_update
+from ops import tracing, worker_metrics
+from ops.logs import log_context_update
 
 
 class _Proxy:

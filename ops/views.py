@@ -35,7 +35,7 @@ def metrics(request):
         return response
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    from .collector import deployment_registry
+    from ops.collector import deployment_registry
 
     try:
         body = generate_latest(deployment_registry())

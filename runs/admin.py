@@ -1,6 +1,6 @@
 """The Django admin over runs: read-only views; every change goes through a service.
 
-Scoping comes from runs.scoping: a staff user sees its own tenant's rows
+Scoping comes from runs.services.scoping: a staff user sees its own tenant's rows
 (another tenant's is 404), a superuser sees every tenant but its actions
 (cancel, resume) apply only in its own. Cancel and resume need
 `runs.cancel_run` / `runs.resume_run` and a confirmation page, like the
@@ -13,12 +13,12 @@ from django.http import Http404
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
-from . import scoping
-from .errors import RunError
-from .lifecycle import run_cancel
-from .models import Agent, AgentVersion, Event, Run, Tenant, ToolInvocation
-from .resume import run_resume
-from .services import policy_floor_check, tenant_configure
+from runs.services import scoping
+from runs.errors import RunError
+from runs.services.lifecycle import run_cancel
+from runs.models import Agent, AgentVersion, Event, Run, Tenant, ToolInvocation
+from runs.runtime.resume import run_resume
+from runs.services import policy_floor_check, tenant_configure
 
 
 class TenantScoped(admin.ModelAdmin):
@@ -162,7 +162,7 @@ class TenantForm(forms.ModelForm):
         }
 
     def clean_policy_floor(self):
-        from .errors import InvalidInput
+        from runs.errors import InvalidInput
 
         try:
             return policy_floor_check(self.cleaned_data.get("policy_floor"))

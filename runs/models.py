@@ -4,8 +4,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from .clock import new_uuid, utcnow
-from .domain.values import LIVE_STATUSES, TERMINAL_STATUSES, RunStatus
+from runs.clock import new_uuid, utcnow
+from runs.domain.values import LIVE_STATUSES, TERMINAL_STATUSES, RunStatus
 
 TERMINAL = [s.value for s in TERMINAL_STATUSES]
 LIVE = [s.value for s in LIVE_STATUSES]

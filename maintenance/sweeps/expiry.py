@@ -17,12 +17,12 @@ from approvals.models import Approval
 from runs.clock import CLOCK
 from runs.domain.values import FailureReason, RunFailure
 from runs.domain.writes import EventWrite
-from runs.lifecycle import fail_waiting
+from runs.services.lifecycle import fail_waiting
 from runs.models import Run
-from runs.queue import db_now
-from runs.store import append_events, sql_dt, sql_uuid
+from runs.runtime.queue import db_now
+from runs.store.repository import append_events, sql_dt, sql_uuid
 
-from ..locks import try_sweep_lock
+from maintenance.locks import try_sweep_lock
 
 BATCH = 200
 

@@ -8,7 +8,7 @@ from django.db.models import Max
 from checkpoints.models import Checkpoint
 from runs.models import TERMINAL, Run
 
-from ..locks import try_sweep_lock
+from maintenance.locks import try_sweep_lock
 
 BATCH = 200
 

@@ -13,13 +13,13 @@ from datetime import timedelta
 from django.db import transaction
 
 from runs.clock import CLOCK
-from runs.executor import enqueue_drive
-from runs.faults import fire
+from runs.runtime.executor import enqueue_drive
+from runs.runtime.faults import fire
 from runs.models import Run
-from runs.queue import db_now
-from runs.resume import RunLeased, RunNotRunning, run_resume
+from runs.runtime.queue import db_now
+from runs.runtime.resume import RunLeased, RunNotRunning, run_resume
 
-from ..locks import try_sweep_lock
+from maintenance.locks import try_sweep_lock
 
 log = logging.getLogger("agentrt.maintenance")
 BATCH = 100

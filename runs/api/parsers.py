@@ -17,7 +17,7 @@ from django.conf import settings
 from rest_framework import exceptions
 from rest_framework.parsers import BaseParser
 
-from .errors import DepthExceeded, PayloadTooLarge, TooLarge
+from runs.api.errors import DepthExceeded, PayloadTooLarge, TooLarge
 
 MAX_DEPTH = 32
 MAX_VALUES = 50_000

@@ -13,9 +13,9 @@ from pydantic import ValidationError as PydanticValidationError
 from rest_framework import serializers
 
 from approvals.models import Approval
-from runs.agent_schema import AgentDefinition, Limits, forbidden_model_keys
+from runs.services.agent_schema import AgentDefinition, Limits, forbidden_model_keys
 from runs.domain.values import RunStatus
-from runs.selectors import event_to_dict, run_to_dict
+from runs.services.selectors import event_to_dict, run_to_dict
 
 # Columns the server owns: a client that sends one is told so (never honoured).
 SERVER_OWNED = frozenset({
@@ -82,7 +82,7 @@ class StrictUUIDField(serializers.Field):
 
 @extend_schema_field(Limits)
 class LimitsField(serializers.Field):
-    """Run limits, validated by `runs.agent_schema.Limits` in strict mode."""
+    """Run limits, validated by `runs.services.agent_schema.Limits` in strict mode."""
 
     default_error_messages = {"invalid": "must be an object"}
 

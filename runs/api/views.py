@@ -2,7 +2,7 @@
 permission), calls one service and renders the selectors' shapes; status and
 lease columns are written only by the services.
 
-Tenancy (runs.scoping): the caller acts in its own tenant; every query is
+Tenancy (runs.services.scoping): the caller acts in its own tenant; every query is
 scoped to it and another tenant's object is 404. A superuser sees every
 tenant but acts (creates, cancels, resumes, answers, decides) only in its own.
 """
@@ -27,20 +27,20 @@ from rest_framework.views import APIView
 
 from approvals.models import Approval
 from approvals.services import approval_confirm, approval_decide, approval_for, can_resolve
-from runs.agent_schema import AgentDefinition
+from runs.services.agent_schema import AgentDefinition
 from runs.domain.values import RunStatus
-from runs.inputs import run_input
-from runs.lifecycle import run_cancel
-from runs import scoping
+from runs.services.inputs import run_input
+from runs.services.lifecycle import run_cancel
+from runs.services import scoping
 from runs.errors import PublishForbidden
 from runs.models import AgentVersion, Run
-from runs.resume import run_resume
-from runs.selectors import run_events
+from runs.runtime.resume import run_resume
+from runs.services.selectors import run_events
 from runs.services import agent_load, run_get, run_submit
 
-from . import serializers as s
-from .errors import REQUEST_ID_HEADER, request_id
-from .throttles import WriteScopedRateThrottle
+from runs.api import serializers as s
+from runs.api.errors import REQUEST_ID_HEADER, request_id
+from runs.api.throttles import WriteScopedRateThrottle
 
 
 MAX_SEQUENCE = 2**63 - 1

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from .errors import BudgetExceeded
-from .values import BudgetScope, FailureReason, ModelUsage, RunLimits, RunUsage
+from runs.domain.errors import BudgetExceeded
+from runs.domain.values import BudgetScope, FailureReason, ModelUsage, RunLimits, RunUsage
 
 
 class Ledger:

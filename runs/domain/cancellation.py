@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import threading
 
-from .errors import RunCancelled
-from .values import CancelReason
+from runs.domain.errors import RunCancelled
+from runs.domain.values import CancelReason
 
 
 class Token:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .writes import CheckpointInsert
+from runs.domain.writes import CheckpointInsert
 
 FULL_EVERY = 8
 FULL_TRIGGERS = frozenset({"compaction", "suspension", "final", "terminal", "seed", "approval_resolved"})

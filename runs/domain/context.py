@@ -8,11 +8,11 @@ from datetime import datetime
 from typing import Any, Callable
 from uuid import UUID
 
-from .checkpoint import CheckpointState
-from .ports import BudgetLedger, CancellationToken, Clock, IdFactory, LeaseMonitor, ModelProvider, PolicyEngine, RunStore, ToolRegistry
-from .tracing import NullTracer
-from .values import ModelRequest, RunUsage
-from .writes import UnitOfWork
+from runs.domain.checkpoint import CheckpointState
+from runs.domain.ports import BudgetLedger, CancellationToken, Clock, IdFactory, LeaseMonitor, ModelProvider, PolicyEngine, RunStore, ToolRegistry
+from runs.domain.tracing import NullTracer
+from runs.domain.values import ModelRequest, RunUsage
+from runs.domain.writes import UnitOfWork
 
 
 def canonical_json(value: Any) -> str:

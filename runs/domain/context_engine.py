@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .context import RunContext, build_request, canonical_json
-from .errors import BudgetExceeded
-from .values import FailureReason, ModelRequest
+from runs.domain.context import RunContext, build_request, canonical_json
+from runs.domain.errors import BudgetExceeded
+from runs.domain.values import FailureReason, ModelRequest
 
 MAX_COMPACTIONS_PER_STEP = 2
 OUTPUT_RESERVE = 0.15  # share of the window left for the answer

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .values import CancelReason, FailureReason, ModelUsage
+from runs.domain.values import CancelReason, FailureReason, ModelUsage
 
 
 class RuntimeCoreError(Exception):

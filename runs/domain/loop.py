@@ -6,13 +6,13 @@ It never transitions the run, releases a lease or writes a terminal event:
 from __future__ import annotations
 
 
-from .context import RunContext
-from .context_engine import SynthesisReserveViolation, build_with_pressure
-from .errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCancelled, WorkerFenced
-from .pipeline import RerunConflict, dispatch, open_batch, resume_batch
-from .scrub import scrub_text, scrub_turn
-from .values import BudgetScope, CancelReason, FailureReason, ModelTurn, ModelUsage, OutcomeKind, RunFailure, RunOutcome, StopReason
-from .writes import ModelCallFinish, ModelCallInsert, UnitOfWork
+from runs.domain.context import RunContext
+from runs.domain.context_engine import SynthesisReserveViolation, build_with_pressure
+from runs.domain.errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCancelled, WorkerFenced
+from runs.domain.pipeline import RerunConflict, dispatch, open_batch, resume_batch
+from runs.domain.scrub import scrub_text, scrub_turn
+from runs.domain.values import BudgetScope, CancelReason, FailureReason, ModelTurn, ModelUsage, OutcomeKind, RunFailure, RunOutcome, StopReason
+from runs.domain.writes import ModelCallFinish, ModelCallInsert, UnitOfWork
 
 MAX_STEP_FAILURES = 3
 

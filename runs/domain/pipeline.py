@@ -15,11 +15,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .context import RunContext, canonical_json
-from .errors import ToolFailure, WorkerFenced
-from .scrub import bound, scrub, scrub_text
-from .values import CancelReason, Suspension, SuspensionKind, ToolCallRequest, ToolSpec
-from .writes import InvocationInsert, InvocationUpdate, UnitOfWork
+from runs.domain.context import RunContext, canonical_json
+from runs.domain.errors import ToolFailure, WorkerFenced
+from runs.domain.scrub import bound, scrub, scrub_text
+from runs.domain.values import CancelReason, Suspension, SuspensionKind, ToolCallRequest, ToolSpec
+from runs.domain.writes import InvocationInsert, InvocationUpdate, UnitOfWork
 
 IDENTICAL_CALL_LIMIT = 3
 MAX_ARGUMENT_BYTES = 64 * 1024

@@ -5,8 +5,8 @@ from datetime import datetime
 from typing import Any, Callable, Protocol
 from uuid import UUID
 
-from .values import BudgetScope, CancelReason, ModelRequest, ModelTurn, ModelUsage, RunUsage, ToolSpec
-from .writes import UnitOfWork
+from runs.domain.values import BudgetScope, CancelReason, ModelRequest, ModelTurn, ModelUsage, RunUsage, ToolSpec
+from runs.domain.writes import UnitOfWork
 
 
 class Clock(Protocol):

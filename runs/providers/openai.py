@@ -76,8 +76,8 @@ from runs.domain.values import ModelRequest, ModelTurn, ModelUsage, StopReason, 
 
 from runs.clock import CLOCK
 
-from . import prices
-from .endpoints import Endpoint
+from runs.providers import prices
+from runs.providers.endpoints import Endpoint
 
 log = logging.getLogger("agentrt.providers.openai")
 

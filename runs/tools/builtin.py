@@ -20,7 +20,7 @@ from django.conf import settings
 
 from runs.domain.errors import OutcomeUnknown, ToolFailure
 
-from .registry import register
+from runs.tools.registry import register
 
 MAX_BODY = 256 * 1024
 # A call may ask for a shorter timeout than the tool's (never a longer one).

@@ -27,7 +27,7 @@ def agent_definitions():
 def make_world(tenant) -> SimpleNamespace:
     """One tenant's objects, made through the services (no status written here)."""
     from approvals.models import Approval
-    from runs.executor import run_drive
+    from runs.runtime.executor import run_drive
     from runs.models import Run
     from runs.services import agent_load, run_submit
 

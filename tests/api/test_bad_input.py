@@ -17,7 +17,7 @@ from django.db import connection, connections
 
 from approvals.models import Approval
 from runs.models import Run
-from runs.queue import run_claim
+from runs.runtime.queue import run_claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

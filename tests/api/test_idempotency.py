@@ -22,7 +22,7 @@ def test_a_replay_answers_200_with_the_original_run_even_after_it_ended(world, a
     first = post(client, BODY, "deploy-1")
     assert first.status_code == 201
     run_id = first.json()["id"]
-    from runs.lifecycle import run_cancel
+    from runs.services.lifecycle import run_cancel
 
     run_cancel(run=Run.objects.get(id=run_id))
     replay = post(client, BODY, "deploy-1")

@@ -4,7 +4,7 @@ approvals.resolve_approval, the owning tenant}. Nothing leaks: another
 tenant's object is 404 and stays unchanged, anonymous is 401, a member
 without the permission cannot decide, lists and filters show only the
 caller's tenant, and a create lands in the caller's own tenant. The same
-holds on the live pages and the WebSockets (all scoped by runs.scoping),
+holds on the live pages and the WebSockets (all scoped by runs.services.scoping),
 and a superuser views another tenant's run but acts on it nowhere (404)."""
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def test_filters_cannot_reach_another_tenants_objects(world, other_world, bob, a
     assert response.status_code == 400 and response.json()["fields"]["session"] == ["unknown session"]
 
 
-# -- the live pages and the WebSockets (through runs.scoping, like the API) -------------
+# -- the live pages and the WebSockets (through runs.services.scoping, like the API) -------------
 
 def page_snapshot(world):
     return snapshot(world.tenant), Approval.objects.get(id=world.approval.id).status
@@ -234,7 +234,7 @@ async def _ws(path, user=None):
 async def test_websockets_idor_matrix(world, other_world, alice, bob, root, stranger):
     from asgiref.sync import sync_to_async
 
-    from runs.lifecycle import run_cancel
+    from runs.services.lifecycle import run_cancel
 
     path = f"/ws/runs/{world.done.id}/"
     for who in (None, bob, stranger):  # anonymous, another tenant, no tenant: closed before any frame

@@ -6,7 +6,7 @@ from django.db import connection
 
 from approvals.models import Approval
 from runs.models import Event, Run
-from runs.queue import run_claim
+from runs.runtime.queue import run_claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

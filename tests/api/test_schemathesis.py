@@ -29,10 +29,10 @@ from schemathesis.specs.openapi.checks import (
 
 from approvals.models import Approval
 from runs.models import Run
-from runs.queue import run_claim
+from runs.runtime.queue import run_claim
 from runs.services import run_submit
 
-from .conftest import agent_definitions
+from tests.api.conftest import agent_definitions
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
@@ -41,7 +41,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 def submit_driven(tenant, agent):
-    from runs.executor import run_drive
+    from runs.runtime.executor import run_drive
 
     run, _ = run_submit(tenant=tenant, agent=agent, input="hello")
     run_drive(run_id=run.id)

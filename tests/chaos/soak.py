@@ -53,7 +53,7 @@ How a fault's window is determined ("freeze, classify, act")
 A worker is never killed blind. The soak first SIGSTOPs it, waits until
 /proc shows it stopped (state T) and 80 ms more (so a COMMIT already on the
 wire settles), then reads from the database which RUNNING run has a
-`lease_owner` naming that pid (`host:pid:nonce`, runs/executor.py
+`lease_owner` naming that pid (`host:pid:nonce`, runs/runtime/executor.py
 `worker_identity`) and that run's side-effect invocations. While the process
 is stopped nothing it does can change them, so the window is exact:
 an `executing` invocation (watermark committed, no result) →
@@ -481,7 +481,7 @@ class Soak:
                 self.record({"kind": "missed", "plan": plan, "point": point, "pid": pid, "run": run_id, "t": time.time()})
 
     def planned_cancel(self, spec: RunSpec, go: Path, pid: int, point: str) -> None:
-        from runs.lifecycle import run_cancel
+        from runs.services.lifecycle import run_cancel
         from runs.models import Run
 
         run = Run.objects.get(id=spec.run_id)
@@ -568,7 +568,7 @@ class Soak:
                 del self.stopped[pid]
 
     def random_cancels(self) -> None:
-        from runs.lifecycle import run_cancel
+        from runs.services.lifecycle import run_cancel
         from runs.models import Run
 
         now = time.time()
@@ -636,7 +636,7 @@ class Soak:
                 self.decide(item, not item["approve"], item["hash"], expect="refused", why="second")
 
     def cancel_now(self, run_id: str, *, plan: str, point: str) -> None:
-        from runs.lifecycle import run_cancel
+        from runs.services.lifecycle import run_cancel
         from runs.models import Run
 
         try:
@@ -761,7 +761,7 @@ class Soak:
     def snapshot(self) -> dict:
         from django.db import connection
 
-        from runs.resume import MAX_LEASE_EXPIRATIONS
+        from runs.runtime.resume import MAX_LEASE_EXPIRATIONS
 
         def val(x):
             if isinstance(x, datetime):

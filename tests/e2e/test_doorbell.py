@@ -1,4 +1,4 @@
-"""The doorbell on PostgreSQL (runs/doorbell.py), through a real `qcluster`:
+"""The doorbell on PostgreSQL (runs/runtime/doorbell.py), through a real `qcluster`:
 an enqueue wakes an idle pusher through NOTIFY, long before its fallback
 poll would have found the task, and a lost listener reconnects."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from runs.doorbell import CHANNEL
+from runs.runtime.doorbell import CHANNEL
 from runs.models import Run
 from tests.conftest import wait_for
 

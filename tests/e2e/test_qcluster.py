@@ -35,7 +35,7 @@ def test_the_heartbeat_renews_the_lease_while_a_long_step_runs(cluster, load_age
     sweeping expired leases: only renewal keeps the run from being taken
     over. Without it the sweep takes the run (lease.taken_over, epoch 2) and
     the worker fences itself (run.fenced): the test fails (checked by
-    disabling renewal in runs/supervisor.py)."""
+    disabling renewal in runs/runtime/supervisor.py)."""
     import subprocess
     import sys
 
@@ -78,7 +78,7 @@ def test_the_heartbeat_renews_the_lease_while_a_long_step_runs(cluster, load_age
 
 
 def test_a_duplicate_doorbell_for_a_finished_run_changes_nothing(cluster, load_agent, submit):
-    from runs.executor import enqueue_drive
+    from runs.runtime.executor import enqueue_drive
 
     load_agent()
     cluster(AGENTRT_LEASE_SECONDS=3)

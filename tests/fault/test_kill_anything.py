@@ -2,7 +2,7 @@
 may be SIGKILLed at any moment and the deployment recovers with no person.
 
 Real `qcluster` processes; the roles are told apart by their kernel names
-(runs/qheal.py names them qc-sentinel, qc-worker, qc-pusher, qc-monitor).
+(runs/runtime/qheal.py names them qc-sentinel, qc-worker, qc-pusher, qc-monitor).
 """
 from __future__ import annotations
 

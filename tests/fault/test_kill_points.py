@@ -26,7 +26,7 @@ from django.db import connection
 
 from approvals.models import Approval
 from approvals.services import approval_decide
-from runs.lifecycle import run_cancel
+from runs.services.lifecycle import run_cancel
 from runs.models import Event, ModelCall, Run, ToolInvocation
 from tests.conftest import ROOT, subprocess_env, wait_for
 

@@ -213,7 +213,7 @@ def _domain_allowed(module: str) -> bool:
     top = module.split(".")[0]
     if module == DOMAIN_PACKAGE or module.startswith(DOMAIN_PACKAGE + "."):
         return True
-    if top == "runs":  # runs.models, runs.store, …: the adapters, never the core
+    if top == "runs":  # runs.models, runs.store.repository, …: the adapters, never the core
         return False
     return top in sys.stdlib_module_names or top in DOMAIN_THIRD_PARTY
 
@@ -335,12 +335,12 @@ def transaction_io_violations(paths: Iterable[Path], root: Path = ROOT) -> list[
 LEASE_COLUMNS = ("lease_owner", "lease_epoch", "lease_expires_at")
 GUARDED_COLUMNS = ("status", *LEASE_COLUMNS)
 WRITERS: dict[str, frozenset[str]] = {
-    "runs/executor.py": frozenset({"status", "lease_owner", "lease_expires_at"}),  # finalize
-    "runs/queue.py": frozenset({"status", "lease_owner", "lease_epoch", "lease_expires_at"}),  # claim, heartbeat
-    "runs/resume.py": frozenset({"lease_owner", "lease_epoch", "lease_expires_at"}),  # take_over
-    "runs/lifecycle.py": frozenset({"status"}),  # cancel of queued / waiting runs
+    "runs/runtime/executor.py": frozenset({"status", "lease_owner", "lease_expires_at"}),  # finalize
+    "runs/runtime/queue.py": frozenset({"status", "lease_owner", "lease_epoch", "lease_expires_at"}),  # claim, heartbeat
+    "runs/runtime/resume.py": frozenset({"lease_owner", "lease_epoch", "lease_expires_at"}),  # take_over
+    "runs/services/lifecycle.py": frozenset({"status"}),  # cancel of queued / waiting runs
     "approvals/services.py": frozenset({"status"}),  # WAITING_* → QUEUED
-    "runs/inputs.py": frozenset({"status"}),  # WAITING_FOR_USER → QUEUED (the input service)
+    "runs/services/inputs.py": frozenset({"status"}),  # WAITING_FOR_USER → QUEUED (the input service)
 }
 RUN_MODEL_NAMES = frozenset({"Run", "runs"})
 # Receivers whose `.status` is another table's column, not the run's.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .structure import (
+from tests.gates.structure import (
     ROOT,
     WRITERS,
     ambient_identity_violations,
@@ -51,7 +51,7 @@ def assert_catches_exactly_the_planted_lines(violations, fixture: Path):
 def test_runtime_code_is_every_module_of_the_runtime_packages_but_migrations():
     names = {rel(p) for p in RUNTIME}
 
-    assert {"runs/executor.py", "runs/queue.py", "runs/store.py", "runs/domain/loop.py", "approvals/policy.py",
+    assert {"runs/runtime/executor.py", "runs/runtime/queue.py", "runs/store/repository.py", "runs/domain/loop.py", "approvals/policy.py",
             "checkpoints/repository.py", "runs/management/commands/submit_run.py"} <= names
     assert any(n.startswith("maintenance/") for n in names)
     assert not any("/migrations/" in n for n in names)
@@ -72,10 +72,10 @@ def test_the_writer_gate_sees_the_writes_the_writers_make():
     for write in terminal_writes(RUNTIME):
         columns[write.path].add(write.column)
 
-    assert columns["runs/executor.py"] == {"status", "lease_owner", "lease_expires_at"}
-    assert columns["runs/queue.py"] == {"status", "lease_owner", "lease_epoch", "lease_expires_at"}
-    assert columns["runs/lifecycle.py"] == {"status"}
-    assert "runs/store.py" not in columns
+    assert columns["runs/runtime/executor.py"] == {"status", "lease_owner", "lease_expires_at"}
+    assert columns["runs/runtime/queue.py"] == {"status", "lease_owner", "lease_epoch", "lease_expires_at"}
+    assert columns["runs/services/lifecycle.py"] == {"status"}
+    assert "runs/store/repository.py" not in columns
     assert set(columns) <= set(WRITERS)
 
 
@@ -113,7 +113,7 @@ def test_no_external_io_inside_a_transaction():
     violations = transaction_io_violations(RUNTIME)
 
     assert violations == [], report(violations)
-    assert {path for path, _ in atomic_blocks(RUNTIME)} >= {"runs/store.py", "runs/queue.py", "runs/lifecycle.py"}
+    assert {path for path, _ in atomic_blocks(RUNTIME)} >= {"runs/store/repository.py", "runs/runtime/queue.py", "runs/services/lifecycle.py"}
 
 
 # -- the planted violations ----------------------------------------------------------

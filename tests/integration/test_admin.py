@@ -7,7 +7,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from approvals.models import Approval
-from runs.executor import run_drive
+from runs.runtime.executor import run_drive
 from runs.models import Run
 from runs.services import tenant_create
 

@@ -9,7 +9,7 @@ from approvals.errors import ApprovalExpired, ApprovalStale
 from approvals.models import Approval
 from approvals.services import approval_decide
 from checkpoints.repository import checkpoint_latest
-from runs.executor import run_drive
+from runs.runtime.executor import run_drive
 from runs.models import Event, Run, ToolInvocation
 from runs.tools import REGISTRY
 
@@ -170,7 +170,7 @@ def test_a_waiting_run_past_its_deadline_fails_deadline_exceeded(load_agent, sub
 
 
 def test_cancelling_a_waiting_run_ends_it_and_calls_nothing(load_agent, submit, sink):
-    from runs.lifecycle import run_cancel
+    from runs.services.lifecycle import run_cancel
 
     batch_agent(load_agent, sink)
     run = submit()
@@ -181,7 +181,7 @@ def test_cancelling_a_waiting_run_ends_it_and_calls_nothing(load_agent, submit, 
 
 
 def test_ask_user_waits_for_input_and_text_to_the_session_is_routed_to_it(load_agent, submit, tenant):
-    from runs.inputs import RunNotWaitingForUser, run_input
+    from runs.services.inputs import RunNotWaitingForUser, run_input
     from runs.services import run_submit
 
     load_agent(turns=[{"tool_calls": [{"name": "ask_user", "arguments": {"question": "Which region?"}}]}, {"text": "deploying"}],
@@ -249,7 +249,7 @@ def test_the_sweep_rings_again_for_a_queued_run_whose_doorbell_a_dead_worker_too
     assert sweep_reclaim()["requeued_doorbells"] == 0
     # A worker took it 10 s ago and died with it: django-q2 would hand it out
     # again only after `retry`. The sweep rings again.
-    from runs.queue import db_now
+    from runs.runtime.queue import db_now
 
     taken = db_now() - timedelta(seconds=10)
     OrmQ.objects.update(lock=taken + timedelta(seconds=settings.Q_CLUSTER["retry"]))

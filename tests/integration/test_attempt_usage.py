@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from runs.executor import run_drive
+from runs.runtime.executor import run_drive
 from runs.models import Event, ModelCall, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-import runs.faults
+import runs.runtime.faults
 from approvals.models import Approval
 from approvals.services import approval_decide
 from checkpoints.models import Checkpoint
-from runs.executor import execute_run, run_drive
+from runs.runtime.executor import execute_run, run_drive
 from runs.models import Event, ModelCall, Run, ToolInvocation
-from runs.queue import run_claim
-from runs.resume import run_resume
+from runs.runtime.queue import run_claim
+from runs.runtime.resume import run_resume
 from tests.crash import Crash, expire
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def die_at_nth(monkeypatch, run, point, n):
     """Claim the run and crash at the n-th firing of `point`; expire the lease."""
-    real = runs.faults.fire
+    real = runs.runtime.faults.fire
     seen = {"n": 0}
 
     def fire(p, run_id):
@@ -32,11 +32,11 @@ def die_at_nth(monkeypatch, run, point, n):
                 raise Crash(p)
         return real(p, run_id)
 
-    monkeypatch.setattr(runs.faults, "fire", fire)
+    monkeypatch.setattr(runs.runtime.faults, "fire", fire)
     claim = run_claim(run_id=run.id, owner="dying-worker")
     with pytest.raises(Crash):
         execute_run(claim)
-    monkeypatch.setattr(runs.faults, "fire", real)
+    monkeypatch.setattr(runs.runtime.faults, "fire", real)
     expire(run)
 
 

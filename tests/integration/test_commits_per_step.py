@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from runs.executor import run_drive
+from runs.runtime.executor import run_drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

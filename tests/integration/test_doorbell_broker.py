@@ -8,7 +8,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from runs.doorbell import DoorbellORM
+from runs.runtime.doorbell import DoorbellORM
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

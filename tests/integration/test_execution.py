@@ -7,9 +7,9 @@ import threading
 import pytest
 from django.db import connection
 
-from runs.executor import execute_run, run_drive
+from runs.runtime.executor import execute_run, run_drive
 from runs.models import Event, ModelCall, Run, ToolInvocation
-from runs.queue import run_claim
+from runs.runtime.queue import run_claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -246,7 +246,7 @@ def test_a_read_only_step_costs_two_commits(load_agent, submit):
     load_agent(turns=[echo_step(str(i)) for i in range(6)] + [{"text": "done"}], limits={"max_steps": 10})
     run = submit()
     claim = run_claim(run_id=run.id, owner="w")
-    from runs import store
+    from runs.store import repository as store
 
     counted = []
     original = store.DjangoRunStore.commit

@@ -19,8 +19,8 @@ from runs.clock import CLOCK
 from runs.domain.errors import WorkerFenced
 from runs.domain.writes import InvocationInsert, ModelCallFinish, ModelCallInsert, UnitOfWork
 from runs.models import Event, ModelCall, Run, ToolInvocation
-from runs.queue import run_claim
-from runs.store import DjangoRunStore
+from runs.runtime.queue import run_claim
+from runs.store.repository import DjangoRunStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

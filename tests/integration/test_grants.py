@@ -9,9 +9,9 @@ from jsonschema import Draft202012Validator
 
 from approvals.models import Approval
 from approvals.services import approval_decide
-from runs.executor import run_drive
+from runs.runtime.executor import run_drive
 from runs.models import AgentVersion, Event, Run, ToolInvocation
-from runs.resume import run_resume
+from runs.runtime.resume import run_resume
 from runs.tools import REGISTRY
 from tests.crash import die_at
 from tests.integration import reconcilers as R

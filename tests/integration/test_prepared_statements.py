@@ -9,9 +9,9 @@ import sys
 import pytest
 from django.db import connection
 
-from runs.executor import run_drive
+from runs.runtime.executor import run_drive
 from runs.models import Event, Run
-from runs.store import statement_cursor
+from runs.store.repository import statement_cursor
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,7 +10,7 @@ from approvals.errors import ApprovalDecided
 from approvals.models import Approval
 from approvals.services import approval_decide
 from runs.models import Event, Run
-from runs.queue import run_claim_next
+from runs.runtime.queue import run_claim_next
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

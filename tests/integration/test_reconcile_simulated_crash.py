@@ -20,10 +20,10 @@ from django.db import connection
 from approvals.models import Approval
 from approvals.services import approval_decide
 from checkpoints.repository import checkpoint_latest
-from runs.executor import execute_run, run_drive
+from runs.runtime.executor import execute_run, run_drive
 from runs.models import Event, ModelCall, Run, ToolInvocation
-from runs.queue import run_claim
-from runs.resume import RunView, run_resume
+from runs.runtime.queue import run_claim
+from runs.runtime.resume import RunView, run_resume
 from runs.tools import REGISTRY
 from tests.integration import reconcilers as R
 

@@ -16,11 +16,11 @@ from django.db import connection, connections
 from approvals.models import Approval
 from approvals.services import approval_decide
 from checkpoints.models import Checkpoint
-from runs.executor import execute_run, run_drive
-from runs.lifecycle import run_cancel
+from runs.runtime.executor import execute_run, run_drive
+from runs.services.lifecycle import run_cancel
 from runs.models import Event, ModelCall, Run, ToolInvocation
-from runs.queue import run_claim
-from runs.resume import RunLeased, RunNotRunning, run_resume, take_over
+from runs.runtime.queue import run_claim
+from runs.runtime.resume import RunLeased, RunNotRunning, run_resume, take_over
 
 from tests.crash import Crash, crash_at, die_at, expire  # noqa: E402
 

@@ -20,10 +20,10 @@ from runs.domain.cancellation import Token
 from runs.domain.errors import OutcomeUnknown, ToolFailure
 from runs.domain.pipeline import ToolExecutionContext
 from runs.domain.values import CancelReason, ToolSpec
-from runs.executor import run_drive
+from runs.runtime.executor import run_drive
 from runs.models import Event, ModelCall, Run, ToolInvocation
-from runs.resume import run_resume
-from runs.selectors import tool_uncertain_counts
+from runs.runtime.resume import run_resume
+from runs.services.selectors import tool_uncertain_counts
 from runs.tools import REGISTRY, builtin
 from runs.tools import OutcomeUnknown as PublicOutcomeUnknown
 from tests.conftest import free_port

@@ -14,10 +14,10 @@ from django.test import Client
 from agentrt_site.asgi import application
 from runs.clock import CLOCK
 from runs.domain.writes import EventWrite
-from runs.executor import run_drive
+from runs.runtime.executor import run_drive
 from runs.models import Event
 from runs.services import tenant_create
-from runs.store import append_events
+from runs.store.repository import append_events
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 ORIGIN = (b"origin", b"http://localhost")

@@ -1,5 +1,5 @@
 """The deployment selectors against events in the shapes the runtime writes
-(runs/resume.py's takeover, finalize's waits, the uncertain tool outcome):
+(runs/runtime/resume.py's takeover, finalize's waits, the uncertain tool outcome):
 each counter's label comes from the right place, and a series counts only
 what it names."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from ops import fleet
 from runs.clock import CLOCK
 from runs.domain.writes import EventWrite
-from runs.store import append_events
+from runs.store.repository import append_events
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from approvals.models import Approval
 from approvals.services import approval_decide
-from runs.lifecycle import run_cancel
+from runs.services.lifecycle import run_cancel
 from runs.models import Event, Run
 from tests.conftest import ROOT, subprocess_env, wait_for
 
@@ -222,6 +222,6 @@ def test_an_unanswered_side_effect_moves_agent_tool_uncertain_total(cluster, loa
     m = samples(Client(HTTP_HOST="127.0.0.1").get("/metrics").content.decode())
     assert value(m, "agent_tool_uncertain_total", tool="http_post") == 1
     assert value(m, "agent_approvals_pending", kind="uncertain_side_effect") == 1
-    from runs.selectors import tool_uncertain_counts
+    from runs.services.selectors import tool_uncertain_counts
 
     assert tool_uncertain_counts() == {"http_post": 1}  # the same figure the runs app's selector gives

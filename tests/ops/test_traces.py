@@ -13,7 +13,7 @@ from approvals.models import Approval
 from approvals.services import approval_decide
 from ops import tracing
 from runs.domain.tracing import NullTracer
-from runs.executor import build_context, run_drive
+from runs.runtime.executor import build_context, run_drive
 from runs.models import Event, Run
 
 pytestmark = pytest.mark.django_db
@@ -89,7 +89,7 @@ def test_without_a_provider_the_loop_keeps_the_null_tracer(load_agent, submit):
     assert "traceparent" not in Event.objects.get(run=run, type="run.created").payload
     from ops.instrument import instrument
     from runs.domain.cancellation import Token
-    from runs.queue import run_claim
+    from runs.runtime.queue import run_claim
 
     claim = run_claim(run_id=run.id, owner="test:1:abc")
     ctx = build_context(claim, token=Token(), lease=None)

@@ -10,7 +10,7 @@ from runs.domain.values import ModelRequest
 from runs.providers.endpoints import Endpoint
 from runs.providers.openai import OpenAIProvider
 
-from .fake_openai import FakeOpenAI
+from tests.providers.fake_openai import FakeOpenAI
 
 KEY = "sk-test-SECRET-5f2c9a71d0"
 PRICES = {

@@ -11,11 +11,11 @@ import pytest
 
 from runs.domain.cancellation import Token
 from runs.domain.errors import ModelError
-from runs.executor import run_drive
+from runs.runtime.executor import run_drive
 from runs.models import ModelCall, Run
 
-from .conftest import endpoints_for, make_request
-from .fake_openai import chunk, stream, usage_chunk
+from tests.providers.conftest import endpoints_for, make_request
+from tests.providers.fake_openai import chunk, stream, usage_chunk
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

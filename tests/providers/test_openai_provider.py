@@ -21,8 +21,8 @@ from runs.providers.openai import OpenAIProvider
 
 from tests.conftest import wait_for
 
-from .conftest import KEY, RecordingToken, make_request
-from .fake_openai import answer, chunk, hang, stream, text_stream, tool_delta, usage_chunk
+from tests.providers.conftest import KEY, RecordingToken, make_request
+from tests.providers.fake_openai import answer, chunk, hang, stream, text_stream, tool_delta, usage_chunk
 
 TOOLS = [
     {"name": "http_get", "description": "Fetch a URL", "parameters": {"type": "object", "properties": {"url": {"type": "string"}}}},

@@ -35,7 +35,7 @@ def test_other_providers_are_not_priced_here():
 
 
 def test_accepts_the_pydantic_model_block(settings):
-    from runs.agent_schema import OpenAIModel
+    from runs.services.agent_schema import OpenAIModel
 
     settings.AGENTRT_MODEL_PRICES = {"m": {"input_per_mtok": 1, "output_per_mtok": 2}}
     block = OpenAIModel(provider="openai", model="m")

@@ -77,7 +77,7 @@ def live_server_url(transactional_db, sink, tmp_path):
 def two_tenants(db, sink):
     """acme and globex, each with release-bot waiting for approval, users in each role."""
     from approvals.models import Approval
-    from runs.executor import run_drive
+    from runs.runtime.executor import run_drive
     from runs.services import agent_load, run_submit, tenant_get
 
     member = user("acme", "alice")

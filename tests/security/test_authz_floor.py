@@ -11,7 +11,7 @@ from approvals.policy import PolicyEngine, stricter
 from runs.models import Tenant
 from runs.services import tenant_get
 
-from .authz_world import SIDE_EFFECTS_NEED_APPROVAL, user
+from tests.security.authz_world import SIDE_EFFECTS_NEED_APPROVAL, user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 READ_ONLY = {"echo": True, "http_get": True, "http_post": False}
@@ -100,7 +100,7 @@ def test_the_floor_is_read_once_per_step_and_a_tightened_floor_applies_at_the_ne
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from runs.executor import tenant_floor
+    from runs.runtime.executor import tenant_floor
 
     user("acme", "alice")
     acme = tenant_get(name="acme")
@@ -121,7 +121,7 @@ def test_the_floor_is_read_once_per_step_and_a_tightened_floor_applies_at_the_ne
 
 
 def test_a_floor_read_that_failed_is_not_remembered():
-    from runs.executor import tenant_floor
+    from runs.runtime.executor import tenant_floor
 
     user("acme", "alice")
     acme = tenant_get(name="acme")

@@ -11,7 +11,7 @@ from runs.models import Agent, AgentVersion, Run, Tenant
 from runs.services import agent_load, tenant_configure, tenant_get
 from tests.conftest import wait_for
 
-from .authz_world import SIDE_EFFECTS_NEED_APPROVAL, allow_everything, http, live_server_url, release_bot, token_header, user  # noqa: F401
+from tests.security.authz_world import SIDE_EFFECTS_NEED_APPROVAL, allow_everything, http, live_server_url, release_bot, token_header, user  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -63,7 +63,7 @@ def test_a_side_effect_floor_beats_an_agent_that_allows_everything(live_server_u
 
 
 def test_the_floor_is_read_when_the_call_is_evaluated_not_pinned_at_submit(db, sink, settings):
-    from runs.executor import run_drive
+    from runs.runtime.executor import run_drive
     from runs.services import run_submit
 
     settings.AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = [sink.host]

@@ -11,7 +11,7 @@ from approvals.models import Approval
 from runs.models import Event, Run
 from tests.api.conftest import token_client
 
-from .authz_world import live_server_url, two_tenants  # noqa: F401
+from tests.security.authz_world import live_server_url, two_tenants  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,7 +84,7 @@ def test_admin_acts_of_a_superuser_in_another_tenant_are_404(two_tenants):
 
 @pytest.mark.e2e
 def test_over_a_real_server_a_superusers_cross_tenant_acts_are_404(two_tenants, live_server_url):
-    from .authz_world import http, token_header
+    from tests.security.authz_world import http, token_header
 
     auth = token_header(two_tenants.root)
     other = two_tenants.globex

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from runs.executor import run_drive
+from runs.runtime.executor import run_drive
 from runs.models import Event, ToolInvocation
 from tests.conftest import ROOT, subprocess_env
 

@@ -24,7 +24,7 @@ from tests.conftest import ROOT, subprocess_env, wait_for
 from tests.providers.conftest import PRICES, RecordingToken, make_request
 from tests.providers.fake_openai import hang, text_stream
 
-from .conftest import token_client
+from tests.security.conftest import token_client
 
 SECRET = "django-insecure-CANARY-7f3a9c1e5b"
 KEY = "configured-endpoint-key-1c9e77"
@@ -144,7 +144,7 @@ def test_a_stored_legacy_definition_is_not_honoured(tenant, submit, load_agent, 
     """A version stored before endpoints existed still carries base_url and
     api_key_env: the worker fails the run without a request and without
     naming the variable."""
-    from runs.executor import run_drive
+    from runs.runtime.executor import run_drive
 
     monkeypatch.setenv("DJANGO_SECRET_KEY", SECRET)
     version = load_agent(name="old", model={"provider": "openai", "model": "gpt-4o-mini"})
@@ -167,7 +167,7 @@ def test_a_stored_legacy_definition_is_not_honoured(tenant, submit, load_agent, 
 def test_an_endpoint_the_worker_does_not_know_fails_the_run_without_a_request(tenant, submit, load_agent, fake, settings):
     """The operator removed an endpoint an agent names: the run fails
     permanently, nothing is sent, and the message names only the endpoint."""
-    from runs.executor import run_drive
+    from runs.runtime.executor import run_drive
 
     settings.AGENTRT_MODEL_PRICES = PRICES
     settings.AGENTRT_MODEL_ENDPOINTS = {"local": {"provider": "openai", "base_url": fake.base_url, "api_key_env": "AGENTRT_SEC_KEY"}}

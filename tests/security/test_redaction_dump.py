@@ -25,7 +25,7 @@ from tests.conftest import wait_for
 from tests.providers.conftest import PRICES
 from tests.providers.fake_openai import chunk, stream, text_stream, tool_delta, usage_chunk
 
-from .conftest import token_client
+from tests.security.conftest import token_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

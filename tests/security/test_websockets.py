@@ -16,7 +16,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from agentrt_site.asgi import application
-from runs import ws_limits
+from runs.web import ws_limits
 from runs.models import Membership
 from tests.conftest import ROOT, subprocess_env
 
@@ -84,7 +84,7 @@ async def test_in_redis_the_cap_is_shared_by_every_web_process(alice, settings):
         other = await asyncio.to_thread(
             subprocess.run,
             [sys.executable, "-c", "import asyncio, os, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', "
-             "'agentrt_site.settings'); django.setup(); from runs.ws_limits import ws_admit; "
+             "'agentrt_site.settings'); django.setup(); from runs.web.ws_limits import ws_admit; "
              f"print(asyncio.run(ws_admit({alice.pk}, 'from-another-process')))"],
             cwd=ROOT, env=subprocess_env(REDIS_URL="redis://127.0.0.1:6379/0",
                                          AGENTRT_CACHE_PREFIX=ws_limits._key(alice.pk).split(":ws:")[0]),

@@ -42,7 +42,7 @@ def operator_client(client, tenant):
 
 @pytest.fixture
 def hostile_runs(load_agent, submit, settings):
-    from runs.executor import run_drive
+    from runs.runtime.executor import run_drive
 
     settings.AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = ["127.0.0.1"]
     load_agent(name="answer-bot", turns=[{"text": PAYLOAD}])

@@ -7,7 +7,7 @@ from runs.domain.context_engine import SYNTHESIS_INSTRUCTION, compact
 from runs.domain.loop import run_loop
 from runs.domain.values import OutcomeKind, RunLimits
 
-from .fakes import build_context, echo_call
+from tests.unit.fakes import build_context, echo_call
 
 
 def long_turns(n, size=400):

@@ -19,7 +19,7 @@ from runs.domain.values import (
     StopReason,
 )
 
-from .fakes import ECHO, START, FakeRegistry, FakeStore, build_context, echo_call, echo_fn
+from tests.unit.fakes import ECHO, START, FakeRegistry, FakeStore, build_context, echo_call, echo_fn
 
 THREE_STEPS = [
     {"tool_calls": [echo_call("one")]},

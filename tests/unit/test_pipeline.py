@@ -9,7 +9,7 @@ from runs.domain.errors import ToolFailure, WorkerFenced
 from runs.domain.loop import run_loop
 from runs.domain.values import CancelReason, OutcomeKind, RunLimits, ToolSpec
 
-from .fakes import (
+from tests.unit.fakes import (
     ECHO,
     POST,
     RUN_ID,

@@ -9,8 +9,8 @@ import threading
 from uuid import uuid4
 
 from runs.domain.values import CancelReason
-from runs.queue import Heartbeat
-from runs.supervisor import Supervisor
+from runs.runtime.queue import Heartbeat
+from runs.runtime.supervisor import Supervisor
 from tests.conftest import wait_for
 from tests.unit.fakes import FakeClock
 

@@ -12,7 +12,7 @@ from runs.domain.errors import OutcomeUnknown, ToolFailure
 from runs.domain.loop import run_loop
 from runs.domain.values import CancelReason, OutcomeKind
 
-from .fakes import ECHO, POST, START, build_context, echo_call, post_call
+from tests.unit.fakes import ECHO, POST, START, build_context, echo_call, post_call
 
 
 def tool_entries(h) -> list[dict]:

@@ -3,7 +3,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.errors import RunError
-from runs.selectors import run_events, run_to_dict
+from runs.services.selectors import run_events, run_to_dict
 from runs.services import run_get
 
 

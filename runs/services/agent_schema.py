@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from approvals.policy import DECISIONS, OPS
 
-from .domain.values import RunLimits
+from runs.domain.values import RunLimits
 
 
 class Strict(BaseModel):
@@ -81,7 +81,7 @@ class OpenAIModel(Strict):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, name, info):
-        from .providers.endpoints import configured
+        from runs.providers.endpoints import configured
 
         endpoint = configured().get(name)
         if endpoint is None:
@@ -94,7 +94,7 @@ class OpenAIModel(Strict):
     @field_validator("model")
     @classmethod
     def _model(cls, model, info):
-        from .providers.endpoints import endpoint_for
+        from runs.providers.endpoints import endpoint_for
 
         name = info.data.get("endpoint")
         endpoint = endpoint_for(name) if name else None
@@ -188,7 +188,7 @@ class AgentDefinition(Strict):
 
     @model_validator(mode="after")
     def _priced(self):
-        from .providers.prices import check_model_priced
+        from runs.providers.prices import check_model_priced
 
         check_model_priced(self.model)  # a model with no price is never counted as free
         return self
@@ -196,7 +196,7 @@ class AgentDefinition(Strict):
     @field_validator("tools")
     @classmethod
     def _tools(cls, tools):
-        from .tools import REGISTRY
+        from runs.tools import REGISTRY
 
         unknown = [t for t in tools if REGISTRY.spec(t) is None]
         if unknown:
@@ -213,7 +213,7 @@ def resolve_limits(defaults: dict[str, Any], agent: dict[str, Any], requested: d
     for key, value in (requested or {}).items():
         current = merged.get(key)
         if current is not None and value is not None and value > current:
-            from .errors import InvalidInput
+            from runs.errors import InvalidInput
 
             raise InvalidInput(f"limits.{key} may only tighten the agent's limit ({current})", fields={f"limits.{key}": [f"must be at most {current}"]})
         merged[key] = value

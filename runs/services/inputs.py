@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
-from .clock import CLOCK
-from .domain.scrub import scrub_text
-from .domain.writes import EventWrite
-from .errors import RunError
-from .models import Run, ToolInvocation
-from .services import check_text
-from .store import append_events, jp, sql_dt, sql_json, sql_uuid
+from runs.clock import CLOCK
+from runs.domain.scrub import scrub_text
+from runs.domain.writes import EventWrite
+from runs.errors import RunError
+from runs.models import Run, ToolInvocation
+from runs.services.validation import check_text
+from runs.store.repository import append_events, jp, sql_dt, sql_json, sql_uuid
 
 
 class RunNotWaitingForUser(RunError):
@@ -45,7 +45,7 @@ def run_input(*, run: Run, text: str, by: str = "") -> Run:
                 EventWrite("run.input_received", {"text": text[:4000], "by": by, "invocation": str(question.id) if question else None}, now),
                 EventWrite("run.requeued", {"reason": "input"}, now),
             ])
-            from .executor import enqueue_drive
+            from runs.runtime.executor import enqueue_drive
 
             enqueue_drive(run.id)
     return Run.objects.get(id=run.id)

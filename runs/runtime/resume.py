@@ -23,17 +23,17 @@ from pydantic import BaseModel, ConfigDict
 from approvals.hashing import INTERRUPTED_NOTICE, UNCERTAIN_NOTICE, request_hash, tool_spec_dict
 from approvals.models import INTERRUPTED_SIDE_EFFECT, RECONCILE, UNCERTAIN_SIDE_EFFECT
 
-from .clock import CLOCK, IDS
-from .domain.pipeline import UNKNOWN_OUTCOME
-from .domain.values import FailureReason, OutcomeKind, RunFailure, RunOutcome, Suspension, SuspensionKind
-from .domain.writes import ApprovalInsert, EventWrite, InvocationUpdate, UnitOfWork
-from .errors import RunError, RunNotFound
-from .executor import finalize_detached, worker_identity
-from .faults import fire
-from .models import ModelCall, Run, ToolInvocation
-from .queue import Claim
-from .store import append_events, is_pg, jp, sql_dt, sql_json, sql_uuid
-from .tools import REGISTRY
+from runs.clock import CLOCK, IDS
+from runs.domain.pipeline import UNKNOWN_OUTCOME
+from runs.domain.values import FailureReason, OutcomeKind, RunFailure, RunOutcome, Suspension, SuspensionKind
+from runs.domain.writes import ApprovalInsert, EventWrite, InvocationUpdate, UnitOfWork
+from runs.errors import RunError, RunNotFound
+from runs.runtime.executor import finalize_detached, worker_identity
+from runs.runtime.faults import fire
+from runs.models import ModelCall, Run, ToolInvocation
+from runs.runtime.queue import Claim
+from runs.store.repository import append_events, is_pg, jp, sql_dt, sql_json, sql_uuid
+from runs.tools import REGISTRY
 
 log = logging.getLogger("agentrt.resume")
 
@@ -345,7 +345,7 @@ def _cannot_wait(claim: Claim, unknown: list[ToolInvocation]) -> str | None:
 
 def _view(run: Run) -> RunView:
     from approvals.models import Approval
-    from runs.selectors import run_to_dict
+    from runs.services.selectors import run_to_dict
 
     return RunView(
         run=run_to_dict(run),
@@ -365,7 +365,7 @@ class _Fenced(Exception):
 def _call_reconciler(view: RunView, claim: Claim) -> Any:
     """Call the reconciler in a thread, outside any transaction, with
     AGENTRT_RECONCILE_TIMEOUT; keep the takeover's lease alive meanwhile."""
-    from .queue import run_heartbeat
+    from runs.runtime.queue import run_heartbeat
 
     box: dict[str, Any] = {}
 

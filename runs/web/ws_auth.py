@@ -62,7 +62,7 @@ def credential_still_valid(kind: str, key: str | None, user) -> bool:
     from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
     from django.utils.crypto import constant_time_compare
 
-    from .clock import CLOCK
+    from runs.clock import CLOCK
 
     if user is None or not user.is_active or not key:
         return False

@@ -23,22 +23,22 @@ from ops.instrument import instrument
 from ops.logs import log_context
 from ops.tracing import run_span
 
-from .clock import CLOCK, IDS
-from .domain.budgets import Ledger
-from .domain.cancellation import Token
-from .domain.context import AgentSpec, RunContext, RunSnapshot
-from .domain.errors import BudgetExceeded, WorkerFenced
-from .domain.loop import run_loop
-from .domain.scrub import scrub_stream
-from .domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunLimits, RunOutcome, RunUsage
-from .domain.writes import EventWrite, ModelCallFinish, UnitOfWork
-from .faults import hook_for
-from .models import AgentVersion, ModelCall, Run
-from .providers import provider_for
-from .queue import Claim, run_claim
-from .store import DjangoRunStore, append_event_unfenced, jp, sql_json
-from .supervisor import Supervisor
-from .tools import REGISTRY
+from runs.clock import CLOCK, IDS
+from runs.domain.budgets import Ledger
+from runs.domain.cancellation import Token
+from runs.domain.context import AgentSpec, RunContext, RunSnapshot
+from runs.domain.errors import BudgetExceeded, WorkerFenced
+from runs.domain.loop import run_loop
+from runs.domain.scrub import scrub_stream
+from runs.domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunLimits, RunOutcome, RunUsage
+from runs.domain.writes import EventWrite, ModelCallFinish, UnitOfWork
+from runs.runtime.faults import hook_for
+from runs.models import AgentVersion, ModelCall, Run
+from runs.providers import provider_for
+from runs.runtime.queue import Claim, run_claim
+from runs.store.repository import DjangoRunStore, append_event_unfenced, jp, sql_json
+from runs.runtime.supervisor import Supervisor
+from runs.tools import REGISTRY
 
 log = logging.getLogger("agentrt.executor")
 
@@ -66,8 +66,8 @@ def run_drive(*, run_id: UUID) -> RunOutcome | None:
 def _resume_if_abandoned(run_id: UUID) -> None:
     """A doorbell for a RUNNING run whose lease expired: a takeover is always
     a Resume, never a silent claim."""
-    from .queue import db_now
-    from .resume import RunLeased, RunNotRunning, run_resume
+    from runs.runtime.queue import db_now
+    from runs.runtime.resume import RunLeased, RunNotRunning, run_resume
 
     row = Run.objects.filter(id=run_id).values("status", "lease_expires_at", "lease_epoch").first()
     if not row or row["status"] != "RUNNING" or (row["lease_expires_at"] and row["lease_expires_at"] >= db_now()):
@@ -87,7 +87,7 @@ def tenant_floor(tenant_id, step_of=None):
     seen: dict = {}
 
     def read() -> dict:
-        from .models import Tenant
+        from runs.models import Tenant
 
         key = step_of() if step_of is not None else None
         if step_of is not None and seen and seen["step"] == key:
@@ -213,7 +213,7 @@ class DeltaBatcher:
         try:
             self.ctx.store.commit(work)
         except WorkerFenced:
-            from .domain.values import CancelReason
+            from runs.domain.values import CancelReason
 
             self.ctx.token.cancel(CancelReason.FENCED)
 
@@ -330,7 +330,7 @@ def _settle_unknown(ctx: RunContext, claim: Claim, outcome: RunOutcome, work: Un
     lease, then let Resume's decision — the reconciler, or a pause on an
     `uncertain_side_effect` approval — end this execution through
     `finalize_detached`, exactly as for an interrupted call (seed 000)."""
-    from .resume import settle_unknown
+    from runs.runtime.resume import settle_unknown
 
     try:
         ctx.store.commit(work)

@@ -18,7 +18,7 @@ log = logging.getLogger("agentrt.drain")
 
 
 def _on_signal(signum, frame):
-    from .executor import request_drain
+    from runs.runtime.executor import request_drain
 
     request_drain()
 
@@ -52,7 +52,7 @@ def patch_sentinel() -> None:
 def connect() -> None:
     from django_q.signals import post_spawn
 
-    from . import qheal
+    from runs.runtime import qheal
 
     post_spawn.connect(install_worker_handlers, dispatch_uid="agentrt.drain")
     qheal.patch()  # first: the drain's stop wraps the supervised one

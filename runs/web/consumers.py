@@ -18,12 +18,12 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db import close_old_connections
 
-from . import scoping
-from .clock import CLOCK
-from .models import Event, Membership, Run
-from .selectors import event_to_dict
-from .ws_auth import credential_of, credential_still_valid
-from .ws_limits import RENEW_EVERY_SECONDS, ws_admit, ws_release, ws_renew
+from runs.services import scoping
+from runs.clock import CLOCK
+from runs.models import Event, Membership, Run
+from runs.services.selectors import event_to_dict
+from runs.web.ws_auth import credential_of, credential_still_valid
+from runs.web.ws_limits import RENEW_EVERY_SECONDS, ws_admit, ws_release, ws_renew
 
 POLL_SECONDS = 0.5
 BATCH = 200
@@ -75,7 +75,7 @@ def _frame_problem(text_data, bytes_data) -> str | None:
         return "only text frames are accepted"
     if len(text_data) > MAX_FRAME_CHARS:
         return f"frames are at most {MAX_FRAME_CHARS} characters"
-    from .api.parsers import MAX_DEPTH, check_document
+    from runs.api.parsers import MAX_DEPTH, check_document
 
     try:
         content = json.loads(text_data)

@@ -12,7 +12,7 @@ monitor idle in `result_queue.get()`, a pusher killed while its feeder thread
 writes, and a worker killed while it holds its own timer lock (the sentinel's
 guard then blocks on it for good).
 
-The cure, applied here the way runs/drain.py patches django-q2
+The cure, applied here the way runs/runtime/drain.py patches django-q2
 (contrib/django-q2-heal-queues.patch is the same idea offered upstream):
 
 - The guard treats any death of a worker (other than recycling or a timeout)
@@ -52,7 +52,7 @@ from django_q import cluster as q_cluster
 from django_q.conf import Conf
 from django_q.queues import Queue
 
-from .clock import CLOCK, IDS
+from runs.clock import CLOCK, IDS
 
 log = logging.getLogger("agentrt.qheal")
 
@@ -180,7 +180,7 @@ def _watch_parent(parent: int, timer) -> None:
         if timer is None:
             os._exit(0)
         if not draining:
-            from .executor import request_drain
+            from runs.runtime.executor import request_drain
 
             request_drain()
             draining = True

@@ -17,9 +17,9 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 
-from .domain.errors import WorkerFenced
-from .domain.writes import EventWrite, UnitOfWork
-from .store_pg import can_batch, unit_statement, watermark_statement
+from runs.domain.errors import WorkerFenced
+from runs.domain.writes import EventWrite, UnitOfWork
+from runs.store.pg import can_batch, unit_statement, watermark_statement
 
 
 def is_pg() -> bool:
@@ -95,8 +95,8 @@ def statement_cursor():
 
 def _notify(run_id, tenant_id) -> None:
     """Wake live sockets after commit (a hint only: consumers read the table);
-    sent by runs.wake's thread, never on the step's path."""
-    from .wake import waker
+    sent by runs.runtime.wake's thread, never on the step's path."""
+    from runs.runtime.wake import waker
 
     waker.wake(run_id, tenant_id)
 
@@ -222,7 +222,7 @@ class DjangoRunStore:
 
     def invocations_for_step(self, step_number: int) -> list[dict[str, Any]]:
         """Read the invocation rows of one step (to re-enter an open batch)."""
-        from .models import ToolInvocation
+        from runs.models import ToolInvocation
 
         return list(
             ToolInvocation.objects.filter(run_id=self.run_id, step_number=step_number)

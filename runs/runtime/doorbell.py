@@ -21,7 +21,7 @@ from django.db import connections
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 
-from .clock import CLOCK
+from runs.clock import CLOCK
 
 log = logging.getLogger("agentrt.doorbell")
 

@@ -9,8 +9,8 @@ import threading
 
 from django.db import connection
 
-from .domain.values import CancelReason
-from .queue import run_heartbeat
+from runs.domain.values import CancelReason
+from runs.runtime.queue import run_heartbeat
 
 log = logging.getLogger("agentrt.supervisor")
 

@@ -13,7 +13,7 @@ import os
 
 from django.conf import settings
 
-from .clock import CLOCK
+from runs.clock import CLOCK
 
 WS_LEASE_SECONDS = 60.0
 RENEW_EVERY_SECONDS = 15.0

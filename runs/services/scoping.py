@@ -18,7 +18,7 @@ from uuid import UUID
 
 from django.db.models import QuerySet
 
-from .models import AgentVersion, Membership, Run, Tenant
+from runs.models import AgentVersion, Membership, Run, Tenant
 
 
 def _authenticated(user) -> bool:
@@ -92,7 +92,7 @@ def run_actionable(user, run_id: Any) -> Run:
 
 
 def _one(queryset: QuerySet, run_id: Any) -> Run:
-    from .errors import RunNotFound
+    from runs.errors import RunNotFound
 
     rid = as_uuid(run_id)
     run = queryset.filter(id=rid).first() if rid else None

@@ -1,7 +1,7 @@
 """The run queue: claim a QUEUED run under a new lease epoch, and heartbeat.
 
 Lease expiry is database time (`now() + lease` in SQL on PostgreSQL). The
-lease is released only by `finalize` (runs/executor.py).
+lease is released only by `finalize` (runs/runtime/executor.py).
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 
-from .clock import CLOCK
-from .domain.writes import EventWrite
-from .store import append_events, is_pg, sql_dt, sql_uuid
+from runs.clock import CLOCK
+from runs.domain.writes import EventWrite
+from runs.store.repository import append_events, is_pg, sql_dt, sql_uuid
 
 
 @dataclass(frozen=True)

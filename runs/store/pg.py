@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from .domain.writes import UnitOfWork
+from runs.domain.writes import UnitOfWork
 
 
 def _j(value: Any) -> str:

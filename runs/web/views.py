@@ -14,11 +14,11 @@ from approvals.errors import ApprovalError
 from approvals.models import Approval
 from approvals.services import approval_confirm, approval_decide, can_resolve
 
-from .errors import RunError, RunNotFound
-from .lifecycle import run_cancel
-from .models import Run
-from .scoping import as_uuid, run_actionable, run_visible, runs_actionable_by, runs_visible_to
-from .selectors import run_to_dict
+from runs.errors import RunError, RunNotFound
+from runs.services.lifecycle import run_cancel
+from runs.models import Run
+from runs.services.scoping import as_uuid, run_actionable, run_visible, runs_actionable_by, runs_visible_to
+from runs.services.selectors import run_to_dict
 
 
 # The live pages' own scripts build nodes and set text only, so the browser may refuse every string-to-markup

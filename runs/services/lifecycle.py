@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
-from .clock import CLOCK
-from .domain.pipeline import UNKNOWN_OUTCOME
-from .domain.writes import EventWrite
-from .errors import RunTerminal
-from .models import Run
-from .store import append_events, jp, sql_dt, sql_json, sql_uuid
+from runs.clock import CLOCK
+from runs.domain.pipeline import UNKNOWN_OUTCOME
+from runs.domain.writes import EventWrite
+from runs.errors import RunTerminal
+from runs.models import Run
+from runs.store.repository import append_events, jp, sql_dt, sql_json, sql_uuid
 
 WAITING = ("WAITING_FOR_APPROVAL", "WAITING_FOR_USER")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .models import Event, Run
+from runs.models import Event, Run
 
 USAGE_KEYS = (
     "input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
