@@ -3,6 +3,7 @@
 WebSocket routes are wrapped in AllowedHostsOriginValidator (a cross-site
 page cannot open a socket with the operator's cookie) and in the session +
 token authentication stack."""
+
 import os
 
 from django.core.asgi import get_asgi_application

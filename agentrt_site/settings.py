@@ -4,6 +4,7 @@
 SQLite file in WAL mode with a busy timeout, so `make run` needs nothing but
 Python and make.
 """
+
 import json
 import os
 from datetime import timedelta
@@ -322,7 +323,11 @@ AGENTRT_FAULTPOINT_DIR = os.environ.get("AGENTRT_FAULTPOINT_DIR", str(BASE_DIR /
 AGENTRT_CODE_VERSION = os.environ.get("AGENTRT_CODE_VERSION", "dev")
 # Per-model prices, USD per million tokens, e.g.
 # {"llama3.1:8b": {"input_per_mtok": 0, "output_per_mtok": 0}}; unset = the built-in table.
-AGENTRT_MODEL_PRICES = json.loads(os.environ["AGENTRT_MODEL_PRICES"]) if os.environ.get("AGENTRT_MODEL_PRICES") else None
+AGENTRT_MODEL_PRICES = (
+    json.loads(os.environ["AGENTRT_MODEL_PRICES"]) if os.environ.get("AGENTRT_MODEL_PRICES") else None
+)
+
+
 # Model endpoints (operator configuration; agents name one, never a URL or a
 # key variable): {"<name>": {"provider": "openai", "base_url": "...",
 # "api_key_env": "...", "models": [...]?}}. The built-in `openai` endpoint
@@ -404,7 +409,9 @@ LOGGING = {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "ops.logs.JsonFormatter"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": AGENTRT_LOG_FORMAT, "filters": ["run_context"]}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": AGENTRT_LOG_FORMAT, "filters": ["run_context"]}
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("AGENTRT_LOG_LEVEL", "WARNING")},
     "loggers": {
         "agentrt": {"level": os.environ.get("AGENTRT_LOG_LEVEL", "INFO")},

@@ -1,6 +1,7 @@
 """Timing around a run's slice: the adapters the loop calls (provider, tools,
 store) are wrapped at the composition root, so the domain package stays
 free of metrics, and the log context follows the step."""
+
 from __future__ import annotations
 
 import time

@@ -1,4 +1,5 @@
 """django-q2 task functions: doorbells only (DESIGN §5)."""
+
 from uuid import UUID
 
 from runs.runtime.executor import run_drive

@@ -2,6 +2,7 @@
 points: tests/fault/test_kill_points.py): a worker "dies" at a fault point (a
 BaseException nothing in the runtime catches, so finalize never runs) and
 its lease is then made to expire, as a SIGKILL would leave it."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,7 +29,10 @@ def crash_at(monkeypatch, point):
 
     monkeypatch.setattr(runs.runtime.faults, "fire", fire)
     monkeypatch.setattr("runs.runtime.resume.fire", fire)
-    return lambda: (monkeypatch.setattr(runs.runtime.faults, "fire", real), monkeypatch.setattr("runs.runtime.resume.fire", real))
+    return lambda: (
+        monkeypatch.setattr(runs.runtime.faults, "fire", real),
+        monkeypatch.setattr("runs.runtime.resume.fire", real),
+    )
 
 
 def expire(run):

@@ -7,6 +7,7 @@ nesting depth and the number of values (400), refuses NaN/Infinity and
 numbers that overflow to infinity, duplicate keys, and NUL characters or
 lone surrogates in any key or string, naming the field.
 """
+
 from __future__ import annotations
 
 import json

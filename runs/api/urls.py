@@ -1,5 +1,7 @@
 """Routes of the REST API (DESIGN §16), mounted under /api/."""
+
 from django.urls import path, re_path
+
 from runs.api import views
 from runs.api.errors import api_not_found
 

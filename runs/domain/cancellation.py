@@ -1,4 +1,5 @@
 """One cancellation token per execution (seed 002, six observation points)."""
+
 from __future__ import annotations
 
 import threading

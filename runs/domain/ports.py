@@ -1,8 +1,10 @@
 """Ports of the runtime core: the loop reaches the world only through these."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 from uuid import UUID
 
 from runs.domain.values import BudgetScope, CancelReason, ModelRequest, ModelTurn, ModelUsage, RunUsage, ToolSpec

@@ -1,11 +1,11 @@
 """Model providers: adapters of the ModelProvider port."""
+
 from __future__ import annotations
 
 import logging
 
 from runs.domain.errors import ModelError
 from runs.domain.values import ModelTurn, StopReason
-
 from runs.providers.scripted import ScriptedProvider
 
 log = logging.getLogger("agentrt.providers")
@@ -41,7 +41,9 @@ def provider_for(model: dict, on_delta=None):
         from runs.providers.openai import OpenAIProvider
 
         if "base_url" in model or "api_key_env" in model:
-            log.warning("refusing a stored model block with base_url/api_key_env (publish a version that names an endpoint)")
+            log.warning(
+                "refusing a stored model block with base_url/api_key_env (publish a version that names an endpoint)"
+            )
             return RefusingProvider(
                 "LegacyModelBlock",
                 "this agent version names its own model server (base_url/api_key_env), which is no longer honoured; "

@@ -8,6 +8,7 @@ sent to the whole process group) asks its executing run to yield at the next
 step boundary: `finalize` puts it back to QUEUED, releases the lease and
 rings the doorbell, so another node takes it over at once.
 """
+
 from __future__ import annotations
 
 import logging

@@ -3,6 +3,7 @@
 Lease expiry is database time (`now() + lease` in SQL on PostgreSQL). The
 lease is released only by `finalize` (runs/runtime/executor.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,7 +53,10 @@ def _claim_sql(where: str, from_: str = "") -> tuple[str, bool]:
         sets = CLAIM_SET.format(expires="now() + make_interval(secs => %s)", now="now()")
     else:
         sets = CLAIM_SET.format(expires="%s", now="%s")
-    return f"UPDATE runs SET {sets} {from_} WHERE {where} RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id", is_pg()
+    return (
+        f"UPDATE runs SET {sets} {from_} WHERE {where} RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id",
+        is_pg(),
+    )
 
 
 def _claim_params(owner: str) -> list:
@@ -99,7 +103,9 @@ def run_claim_next(*, owner: str) -> Claim | None:
 
 
 def _claimed(cursor, row, owner: str) -> Claim:
-    claim = Claim(run_id=_as_uuid(row[0]), epoch=row[1], tenant_id=_as_uuid(row[2]), session_id=_as_uuid(row[3]), owner=owner)
+    claim = Claim(
+        run_id=_as_uuid(row[0]), epoch=row[1], tenant_id=_as_uuid(row[2]), session_id=_as_uuid(row[3]), owner=owner
+    )
     append_events(
         cursor,
         tenant_id=claim.tenant_id,

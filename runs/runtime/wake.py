@@ -9,6 +9,7 @@ consumers read the events table past their cursor and poll as a fallback,
 so a lost wake-up delays a page by at most its poll interval and loses
 nothing.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -13,12 +13,20 @@ commands and a team's own code call); its modules:
 - selectors: read models (run and event dicts)
 - agent_schema: the agent definition's schema and limits
 """
+
 from runs.domain.values import RunStatus
 from runs.services.agents import agent_load
 from runs.services.submit import run_get, run_submit
 from runs.services.tenants import policy_floor_check, tenant_configure, tenant_create, tenant_get, tenant_of
 
 __all__ = [
-    "tenant_create", "tenant_configure", "policy_floor_check", "tenant_get", "tenant_of",
-    "agent_load", "run_submit", "run_get", "RunStatus",
+    "tenant_create",
+    "tenant_configure",
+    "policy_floor_check",
+    "tenant_get",
+    "tenant_of",
+    "agent_load",
+    "run_submit",
+    "run_get",
+    "RunStatus",
 ]

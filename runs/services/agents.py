@@ -1,4 +1,5 @@
 """Agent services: publish a definition as a new version (its hash)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -13,6 +14,7 @@ from runs.errors import InvalidInput
 from runs.models import Agent, AgentVersion, Tenant
 from runs.services.agent_schema import AgentDefinition, forbidden_model_keys
 from runs.services.validation import pydantic_fields
+
 
 def agent_load(*, tenant: Tenant, definition: Any, published_by=None) -> AgentVersion:
     """Create or update an agent; its version is the hash of its definition.
@@ -41,12 +43,22 @@ def agent_load(*, tenant: Tenant, definition: Any, published_by=None) -> AgentVe
     with transaction.atomic(durable=True):
         agent = Agent.objects.select_for_update().filter(tenant=tenant, name=parsed.name).first()
         if agent is None:
-            agent = Agent.objects.create(id=IDS.new_id(), tenant=tenant, name=parsed.name, latest_version=version, created_at=now, updated_at=now)
+            agent = Agent.objects.create(
+                id=IDS.new_id(), tenant=tenant, name=parsed.name, latest_version=version, created_at=now, updated_at=now
+            )
         else:
             Agent.objects.filter(id=agent.id).update(latest_version=version, updated_at=now)
         av, _ = AgentVersion.objects.get_or_create(
-            agent=agent, version=version,
-            defaults={"id": IDS.new_id(), "tenant": tenant, "definition": normal, "policy_version": policy_version, "created_at": now,
-                      "published_by": published_by, "published_at": now},
+            agent=agent,
+            version=version,
+            defaults={
+                "id": IDS.new_id(),
+                "tenant": tenant,
+                "definition": normal,
+                "policy_version": policy_version,
+                "created_at": now,
+                "published_by": published_by,
+                "published_at": now,
+            },
         )
     return av

@@ -11,6 +11,7 @@ tenant on a user's behalf.
 Anonymous or inactive users, and users without a tenant (other than a
 superuser's reads), get an empty queryset.
 """
+
 from __future__ import annotations
 
 from typing import Any

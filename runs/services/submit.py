@@ -1,4 +1,5 @@
 """Run submission: validate, apply the Idempotency-Key, seed the checkpoint and ring `drive_run` in one transaction."""
+
 from __future__ import annotations
 
 import hashlib
@@ -26,8 +27,13 @@ from runs.services.inputs import run_input
 from runs.services.validation import check_text, pydantic_fields
 from runs.store.repository import append_events
 
+
 def _request_hash(agent: str, text: str, session: Any, limits: Any) -> str:
-    return hashlib.sha256(canonical_json({"agent": agent, "input": text, "session": str(session) if session else None, "limits": limits}).encode()).hexdigest()
+    return hashlib.sha256(
+        canonical_json(
+            {"agent": agent, "input": text, "session": str(session) if session else None, "limits": limits}
+        ).encode()
+    ).hexdigest()
 
 
 def run_submit(
@@ -81,7 +87,9 @@ def run_submit(
                 if session_row is None:
                     raise InvalidInput("unknown session", fields={"session": ["unknown session"]})
                 if session_row.agent_id != agent_row.id:
-                    raise InvalidInput("the session belongs to another agent", fields={"session": ["belongs to another agent"]})
+                    raise InvalidInput(
+                        "the session belongs to another agent", fields={"session": ["belongs to another agent"]}
+                    )
             else:
                 session_row = None
             if session_row is None or not Run.objects.filter(session=session_row).exclude(status__in=TERMINAL).exists():
@@ -96,7 +104,9 @@ def run_submit(
                 agent_version=version.version,
                 input=input,
                 limits=run_limits.model_dump(mode="json"),
-                deadline_at=now + timedelta(seconds=run_limits.deadline_seconds) if run_limits.deadline_seconds else None,
+                deadline_at=now + timedelta(seconds=run_limits.deadline_seconds)
+                if run_limits.deadline_seconds
+                else None,
                 usage={},
                 idempotency_key=idempotency_key or None,
                 request_hash=request_hash,
@@ -106,9 +116,23 @@ def run_submit(
             _seed_checkpoint(run, now)
             with connection.cursor() as cursor:
                 append_events(
-                    cursor, tenant_id=tenant.id, session_id=session_row.id, run_id=run.id, epoch=0,
-                    events=[EventWrite("run.created", {"agent": agent, "agent_version": version.version, "input": input[:2000],
-                                                       **submit_context(run.id)}, now)],
+                    cursor,
+                    tenant_id=tenant.id,
+                    session_id=session_row.id,
+                    run_id=run.id,
+                    epoch=0,
+                    events=[
+                        EventWrite(
+                            "run.created",
+                            {
+                                "agent": agent,
+                                "agent_version": version.version,
+                                "input": input[:2000],
+                                **submit_context(run.id),
+                            },
+                            now,
+                        )
+                    ],
                 )
             enqueue_drive(run.id)
     except IntegrityError as exc:
@@ -120,7 +144,9 @@ def run_submit(
                 routed = run_input(run=active, text=input, by=by)
                 routed.routed = True
                 return routed, False
-            raise ActiveRunExists("the session already has an active run", fields={"session": ["has an active run"]}) from None
+            raise ActiveRunExists(
+                "the session already has an active run", fields={"session": ["has an active run"]}
+            ) from None
         if "run_idempotency_key_unique" in text or "idempotency_key" in text:
             existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
             if existing is not None and existing.request_hash == request_hash:
@@ -135,7 +161,12 @@ def _check_quota(tenant: Tenant) -> None:
     transaction: the tenant row lock serializes concurrent submits of one tenant,
     so two cannot both pass at the limit. FOR NO KEY UPDATE: it does not block
     the FOR KEY SHARE that inserts referencing the tenant take."""
-    limit = Tenant.objects.select_for_update(no_key=True).filter(id=tenant.id).values_list("max_active_runs", flat=True).first()
+    limit = (
+        Tenant.objects.select_for_update(no_key=True)
+        .filter(id=tenant.id)
+        .values_list("max_active_runs", flat=True)
+        .first()
+    )
     if limit is None:
         limit = settings.AGENTRT_MAX_ACTIVE_RUNS or None  # the setting's 0 means no limit
     if limit is None:
@@ -150,8 +181,16 @@ def _seed_checkpoint(run: Run, now) -> None:
     state = CheckpointState(conversation=session_history(run) + [{"role": "user", "content": run.input}])
     row = state.next_checkpoint("seed", now)
     Checkpoint.objects.create(
-        id=IDS.new_id(), tenant_id=run.tenant_id, run=run, version=row.version, full=True, base_version=None,
-        trigger="seed", state=row.state, code_version=settings.AGENTRT_CODE_VERSION, created_at=now,
+        id=IDS.new_id(),
+        tenant_id=run.tenant_id,
+        run=run,
+        version=row.version,
+        full=True,
+        base_version=None,
+        trigger="seed",
+        state=row.state,
+        code_version=settings.AGENTRT_CODE_VERSION,
+        created_at=now,
     )
 
 

@@ -1,12 +1,13 @@
 """Tenant services: create (with members and operators), configure (policy floor, quota, name), look up."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from pydantic import ValidationError
 from django.db import transaction
+from pydantic import ValidationError
 
 from runs.errors import InvalidInput, TenantNotFound
 from runs.models import Membership, Tenant
@@ -16,16 +17,24 @@ from runs.services.validation import check_text, pydantic_fields
 
 # What `create_tenant --operator` grants: admin access (is_staff) and these.
 OPERATOR_PERMISSIONS = (
-    ("approvals", "resolve_approval"), ("approvals", "view_approval"),
-    ("runs", "cancel_run"), ("runs", "resume_run"),
-    ("runs", "view_run"), ("runs", "view_agent"), ("runs", "view_agentversion"), ("runs", "view_event"),
-    ("runs", "view_toolinvocation"), ("runs", "view_modelcall"), ("runs", "view_session"),
+    ("approvals", "resolve_approval"),
+    ("approvals", "view_approval"),
+    ("runs", "cancel_run"),
+    ("runs", "resume_run"),
+    ("runs", "view_run"),
+    ("runs", "view_agent"),
+    ("runs", "view_agentversion"),
+    ("runs", "view_event"),
+    ("runs", "view_toolinvocation"),
+    ("runs", "view_modelcall"),
+    ("runs", "view_session"),
     ("checkpoints", "view_checkpoint"),
 )
 
 
-def tenant_create(*, name: str, username: str, password: str | None = None, superuser: bool = False,
-                  operator: bool = False) -> tuple[Tenant, Any]:
+def tenant_create(
+    *, name: str, username: str, password: str | None = None, superuser: bool = False, operator: bool = False
+) -> tuple[Tenant, Any]:
     """Create the tenant if needed, the user if missing, and make it a member.
 
     A member is not staff; `operator` makes USER staff with OPERATOR_PERMISSIONS."""
@@ -48,11 +57,15 @@ def tenant_create(*, name: str, username: str, password: str | None = None, supe
         if membership is None:
             Membership.objects.create(tenant=tenant, user=user)
         elif membership.tenant_id != tenant.id:
-            raise InvalidInput(f"user {username!r} already belongs to another tenant", fields={"user": ["belongs to another tenant"]})
+            raise InvalidInput(
+                f"user {username!r} already belongs to another tenant", fields={"user": ["belongs to another tenant"]}
+            )
         if operator:
             if not user.is_staff:
                 User.objects.filter(pk=user.pk).update(is_staff=True)
-            wanted = [Permission.objects.get(content_type__app_label=app, codename=code) for app, code in OPERATOR_PERMISSIONS]
+            wanted = [
+                Permission.objects.get(content_type__app_label=app, codename=code) for app, code in OPERATOR_PERMISSIONS
+            ]
             user.user_permissions.add(*wanted)
     return tenant, User.objects.get(pk=user.pk)
 
@@ -60,8 +73,9 @@ def tenant_create(*, name: str, username: str, password: str | None = None, supe
 _UNCHANGED = object()
 
 
-def tenant_configure(*, tenant: Tenant, policy_floor: Any = _UNCHANGED, max_active_runs: Any = _UNCHANGED,
-                     name: Any = _UNCHANGED) -> Tenant:
+def tenant_configure(
+    *, tenant: Tenant, policy_floor: Any = _UNCHANGED, max_active_runs: Any = _UNCHANGED, name: Any = _UNCHANGED
+) -> Tenant:
     """Change a tenant's policy floor (applies from the next step of every run), quota or name.
 
     Callers authorize: the admin lets `runs.change_tenant` holders change
@@ -70,8 +84,12 @@ def tenant_configure(*, tenant: Tenant, policy_floor: Any = _UNCHANGED, max_acti
     if policy_floor is not _UNCHANGED:
         changes["policy_floor"] = policy_floor_check(policy_floor)
     if max_active_runs is not _UNCHANGED:
-        if max_active_runs is not None and (isinstance(max_active_runs, bool) or not isinstance(max_active_runs, int) or max_active_runs < 0):
-            raise InvalidInput("max_active_runs must be a non-negative integer or null", fields={"max_active_runs": ["invalid"]})
+        if max_active_runs is not None and (
+            isinstance(max_active_runs, bool) or not isinstance(max_active_runs, int) or max_active_runs < 0
+        ):
+            raise InvalidInput(
+                "max_active_runs must be a non-negative integer or null", fields={"max_active_runs": ["invalid"]}
+            )
         changes["max_active_runs"] = max_active_runs
     if name is not _UNCHANGED:
         changes["name"] = check_text(name, "name", max_length=100)

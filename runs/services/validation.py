@@ -1,4 +1,5 @@
 """Checks every service applies to what a caller hands it: text fields and pydantic errors named by field."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,7 +12,11 @@ from runs.errors import InvalidInput
 def pydantic_fields(exc: ValidationError, prefix: str = "") -> dict[str, list[str]]:
     fields: dict[str, list[str]] = {}
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in ("ScriptedModel", "OpenAIModel", "scripted", "openai")))
+        loc = ".".join(
+            str(p)
+            for p in err["loc"]
+            if not (isinstance(p, str) and p in ("ScriptedModel", "OpenAIModel", "scripted", "openai"))
+        )
         fields.setdefault(prefix + (loc or "(root)"), []).append(err["msg"])
     return fields
 
@@ -28,5 +33,7 @@ def check_text(value: Any, field: str, *, max_length: int = 100_000, allow_empty
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidInput(f"{field} contains a lone surrogate", fields={field: ["invalid Unicode (lone surrogate)"]}) from None
+        raise InvalidInput(
+            f"{field} contains a lone surrogate", fields={field: ["invalid Unicode (lone surrogate)"]}
+        ) from None
     return value
