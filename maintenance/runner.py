@@ -1,4 +1,5 @@
 """The maintenance role: run each sweep at its cadence; safe on every node."""
+
 from __future__ import annotations
 
 import logging
@@ -6,12 +7,11 @@ import logging
 from django.conf import settings
 from django.db import close_old_connections
 
+from maintenance.sweeps.deliveries import sweep_deliveries
+from maintenance.sweeps.expiry import sweep_expiry
+from maintenance.sweeps.prune import sweep_prune
+from maintenance.sweeps.reclaim import sweep_reclaim
 from runs.clock import CLOCK
-
-from .sweeps.deliveries import sweep_deliveries
-from .sweeps.expiry import sweep_expiry
-from .sweeps.prune import sweep_prune
-from .sweeps.reclaim import sweep_reclaim
 
 log = logging.getLogger("agentrt.maintenance")
 
@@ -40,7 +40,9 @@ def run_forever(stop=lambda: False) -> None:
                 try:
                     close_old_connections()
                     result = fn()
-                    if any(v for k, v in result.items() if k not in ("at", "skipped", "expired", "runs", "outcomes", "due")):
+                    if any(
+                        v for k, v in result.items() if k not in ("at", "skipped", "expired", "runs", "outcomes", "due")
+                    ):
                         log.info("sweep %s: %s", name, result)
                 except Exception:
                     log.exception("sweep %s failed", name)

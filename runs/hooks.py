@@ -22,14 +22,16 @@ with the module and the error named. Configure every node the same way: the
 process that ends a run (worker, web node, maintenance) decides which hooks
 are enqueued, and a worker runs them.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import import_module
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-_HOOKS: dict[str, Callable[["RunView"], Any]] = {}
+_HOOKS: dict[str, Callable[[RunView], Any]] = {}
 MAX_NAME = 200
 
 
@@ -82,7 +84,9 @@ def load_hook_modules() -> None:
     from django.utils.module_loading import module_has_submodule
 
     names = list(getattr(settings, "AGENTRT_HOOK_MODULES", []) or [])
-    names += [f"{app.name}.agent_hooks" for app in apps.get_app_configs() if module_has_submodule(app.module, "agent_hooks")]
+    names += [
+        f"{app.name}.agent_hooks" for app in apps.get_app_configs() if module_has_submodule(app.module, "agent_hooks")
+    ]
     for name in names:
         try:
             import_module(name)

@@ -1,6 +1,6 @@
 """The admin over webhook subscriptions and deliveries (issue 17).
 
-Tenant-scoped like the rest of the admin (runs.scoping): staff see their own
+Tenant-scoped like the rest of the admin (runs.services.scoping): staff see their own
 tenant's rows, another tenant's is 404; a superuser sees every tenant but
 creates, changes, deletes and tests only in its own. Changes go through
 webhooks.services; `webhooks.manage_webhooks` is needed for any of them.
@@ -8,6 +8,7 @@ A new subscription's secret is shown once, on the page after "Save", and
 never again. Deliveries (hooks' and webhooks') are read-only: hook, run,
 attempts, last error, status.
 """
+
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -15,9 +16,9 @@ from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from runs import scoping
 from runs.admin import TenantScoped
 from runs.errors import RunError
+from runs.services import scoping
 
 from . import services
 from .models import EVENT_TYPES, Delivery, WebhookSubscription
@@ -62,7 +63,9 @@ class SubscriptionAdmin(admin.ModelAdmin):
         return tenant is not None and (obj is None or obj.tenant_id == tenant.id)
 
     def has_view_permission(self, request, obj=None):
-        return request.user.is_active and (request.user.has_perm("webhooks.view_webhooksubscription") or services.can_manage(request.user))
+        return request.user.is_active and (
+            request.user.has_perm("webhooks.view_webhooksubscription") or services.can_manage(request.user)
+        )
 
     def has_add_permission(self, request):
         return services.can_manage(request.user) and self._own(request, None)
@@ -103,9 +106,14 @@ class SubscriptionAdmin(admin.ModelAdmin):
         secret = getattr(request, "agentrt_webhook_secret", None)
         if secret is None:
             return super().response_add(request, obj, post_url_continue)
-        context = {**self.admin_site.each_context(request), "title": "Webhook subscription created", "subscription": obj,
-                   "secret": secret, "opts": self.model._meta,
-                   "change_url": reverse("admin:webhooks_webhooksubscription_change", args=[obj.pk])}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Webhook subscription created",
+            "subscription": obj,
+            "secret": secret,
+            "opts": self.model._meta,
+            "change_url": reverse("admin:webhooks_webhooksubscription_change", args=[obj.pk]),
+        }
         response = TemplateResponse(request, "admin/webhooks/webhooksubscription/secret_once.html", context)
         response["Cache-Control"] = "no-store"
         return response
@@ -133,8 +141,13 @@ class SubscriptionAdmin(admin.ModelAdmin):
         self.message_user(request, f"{obj.url}: test event queued (delivery {delivery.id})")
 
     def get_urls(self):
-        return [path("<path:object_id>/test/", self.admin_site.admin_view(self.test_view), name="webhooks_webhooksubscription_test")] \
-            + super().get_urls()
+        return [
+            path(
+                "<path:object_id>/test/",
+                self.admin_site.admin_view(self.test_view),
+                name="webhooks_webhooksubscription_test",
+            )
+        ] + super().get_urls()
 
     def test_view(self, request, object_id):
         if request.method != "POST":
@@ -165,4 +178,6 @@ class DeliveryAdmin(TenantScoped):
         return (obj.last_error or "")[:120]
 
     def has_view_permission(self, request, obj=None):
-        return request.user.is_active and (request.user.has_perm("webhooks.view_delivery") or services.can_manage(request.user))
+        return request.user.is_active and (
+            request.user.has_perm("webhooks.view_delivery") or services.can_manage(request.user)
+        )

@@ -8,6 +8,7 @@ attempted next; a worker that takes it (a guarded UPDATE) pushes `due_at`
 forward by AGENTRT_DELIVERY_CLAIM_SECONDS, so a worker killed mid-delivery
 leaves it due again after that, and the maintenance sweep rings it again.
 """
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -16,7 +17,14 @@ from runs.clock import new_uuid, utcnow
 
 # What a subscription may ask for (issue 17 item 2). `webhook.test` is sent
 # only by "send test event", whatever the subscription's event types.
-EVENT_TYPES = ("run.completed", "run.failed", "run.cancelled", "approval.requested", "approval.resolved", "run.waiting_for_user")
+EVENT_TYPES = (
+    "run.completed",
+    "run.failed",
+    "run.cancelled",
+    "approval.requested",
+    "approval.resolved",
+    "run.waiting_for_user",
+)
 TEST_EVENT = "webhook.test"
 # The terminal events: each one enqueues every registered post-run hook.
 TERMINAL_EVENTS = ("run.completed", "run.failed", "run.cancelled")
@@ -31,7 +39,9 @@ class WebhookSubscription(models.Model):
     description = models.CharField(max_length=200, blank=True, default="")
     # The signing secret, encrypted (webhooks.secrets): shown once at creation, never read back.
     secret_encrypted = models.TextField(editable=False)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, editable=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, editable=False
+    )
     created_at = models.DateTimeField(default=utcnow, editable=False)
     updated_at = models.DateTimeField(default=utcnow, editable=False)
 
@@ -54,7 +64,9 @@ class Delivery(models.Model):
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, null=True, blank=True, related_name="+")
     kind = models.CharField(max_length=8, choices=KINDS)
     hook = models.CharField(max_length=200, blank=True, default="")
-    subscription = models.ForeignKey(WebhookSubscription, on_delete=models.SET_NULL, null=True, blank=True, related_name="deliveries")
+    subscription = models.ForeignKey(
+        WebhookSubscription, on_delete=models.SET_NULL, null=True, blank=True, related_name="deliveries"
+    )
     event_type = models.CharField(max_length=64)
     event_sequence = models.BigIntegerField(null=True, blank=True)
     # A webhook's JSON body, fixed when the event committed (identical on every attempt).
@@ -82,7 +94,9 @@ class Delivery(models.Model):
         ]
         constraints = [
             # One delivery per hook per run: a run ends once.
-            models.UniqueConstraint(fields=["run", "hook"], condition=Q(kind="hook"), name="delivery_one_per_hook_and_run"),
+            models.UniqueConstraint(
+                fields=["run", "hook"], condition=Q(kind="hook"), name="delivery_one_per_hook_and_run"
+            ),
         ]
 
     def __str__(self):

@@ -7,6 +7,7 @@ attempt, and its Location is never requested). The POST is made with no
 database transaction open (checked) and outside any run's step (it runs in
 its own django-q2 task).
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -12,17 +12,17 @@ Cost when nobody listens: a set lookup per event batch (no query); with
 subscriptions, one SELECT of the tenant's active subscriptions per batch
 that carries one of the six event types.
 """
+
 from __future__ import annotations
 
-from typing import Iterable
-from uuid import UUID
-
 import json
+from collections.abc import Iterable
+from uuid import UUID
 
 from django.conf import settings
 
 from runs.clock import IDS
-from runs.store import sql_json
+from runs.store.repository import sql_json
 
 from .models import EVENT_TYPES, TERMINAL_EVENTS
 
@@ -43,7 +43,7 @@ def ring(delivery_id) -> None:
 
 def enqueue(cursor, *, tenant_id: UUID, run_id: UUID | None, events: list, sequences: list[int]) -> int:
     """Write the deliveries the `events` ask for and ring them; return how many."""
-    picked = [(e, seq) for e, seq in zip(events, sorted(sequences)) if e.type in WANTED]
+    picked = [(e, seq) for e, seq in zip(events, sorted(sequences), strict=True) if e.type in WANTED]
     if not picked or run_id is None:
         return 0
     from runs.hooks import registered
@@ -51,7 +51,9 @@ def enqueue(cursor, *, tenant_id: UUID, run_id: UUID | None, events: list, seque
     from .models import Delivery, WebhookSubscription
 
     hooks = sorted(registered())
-    subscriptions = list(WebhookSubscription.objects.filter(tenant_id=tenant_id, active=True).values("id", "event_types"))
+    subscriptions = list(
+        WebhookSubscription.objects.filter(tenant_id=tenant_id, active=True).values("id", "event_types")
+    )
     if not hooks and not subscriptions:
         return 0
     now = _db_now(cursor)
@@ -59,17 +61,44 @@ def enqueue(cursor, *, tenant_id: UUID, run_id: UUID | None, events: list, seque
     context = None
     for event, seq in picked:
         if event.type in TERMINAL_EVENTS:
-            rows += [Delivery(id=IDS.new_id(), tenant_id=tenant_id, run_id=run_id, kind="hook", hook=name, event_type=event.type,
-                              event_sequence=seq, due_at=now, rung_at=now, created_at=now, updated_at=now) for name in hooks]
+            rows += [
+                Delivery(
+                    id=IDS.new_id(),
+                    tenant_id=tenant_id,
+                    run_id=run_id,
+                    kind="hook",
+                    hook=name,
+                    event_type=event.type,
+                    event_sequence=seq,
+                    due_at=now,
+                    rung_at=now,
+                    created_at=now,
+                    updated_at=now,
+                )
+                for name in hooks
+            ]
         targets = [s["id"] for s in subscriptions if event.type in (s["event_types"] or [])]
         if not targets:
             continue
         context = context or _context(tenant_id, run_id)
         for subscription_id in targets:
             delivery_id = IDS.new_id()
-            rows.append(Delivery(id=delivery_id, tenant_id=tenant_id, run_id=run_id, kind="webhook", subscription_id=subscription_id,
-                                 event_type=event.type, event_sequence=seq, payload=payload(delivery_id, event, seq, context),
-                                 due_at=now, rung_at=now, created_at=now, updated_at=now))
+            rows.append(
+                Delivery(
+                    id=delivery_id,
+                    tenant_id=tenant_id,
+                    run_id=run_id,
+                    kind="webhook",
+                    subscription_id=subscription_id,
+                    event_type=event.type,
+                    event_sequence=seq,
+                    payload=payload(delivery_id, event, seq, context),
+                    due_at=now,
+                    rung_at=now,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
     if not rows:
         return 0
     Delivery.objects.bulk_create(rows)
@@ -79,7 +108,7 @@ def enqueue(cursor, *, tenant_id: UUID, run_id: UUID | None, events: list, seque
 
 
 def _db_now(cursor):
-    from runs.store import is_pg
+    from runs.store.repository import is_pg
 
     if is_pg():
         cursor.execute("SELECT clock_timestamp()")
@@ -91,18 +120,25 @@ def _db_now(cursor):
 
 def _context(tenant_id, run_id) -> dict:
     from runs.models import Run, Tenant
-    from runs.selectors import run_to_dict
+    from runs.services.selectors import run_to_dict
 
     run = Run.objects.select_related("agent").get(id=run_id)
-    return {"tenant": Tenant.objects.filter(id=tenant_id).values_list("name", flat=True).first(), "run": run_to_dict(run)}
+    return {
+        "tenant": Tenant.objects.filter(id=tenant_id).values_list("name", flat=True).first(),
+        "run": run_to_dict(run),
+    }
 
 
 def links(run_id: str, approval_id: str | None = None) -> dict:
     base = settings.AGENTRT_PUBLIC_URL
     out = {"run": f"{base}/runs/{run_id}/", "api": f"{base}/api/runs/{run_id}/"}
     if approval_id:
-        out.update(decide=f"{base}/runs/{run_id}/", approval=f"{base}/api/approvals/{approval_id}/",
-                   approve=f"{base}/api/approvals/{approval_id}/approve/", reject=f"{base}/api/approvals/{approval_id}/reject/")
+        out.update(
+            decide=f"{base}/runs/{run_id}/",
+            approval=f"{base}/api/approvals/{approval_id}/",
+            approve=f"{base}/api/approvals/{approval_id}/approve/",
+            reject=f"{base}/api/approvals/{approval_id}/reject/",
+        )
     return out
 
 
@@ -127,11 +163,14 @@ def payload(delivery_id, event, sequence: int, context: dict) -> dict:
 def _approval(approval_id: str | None, event_payload: dict) -> dict:
     """The approval in its REST shape (DESIGN §16), read in the event's own transaction."""
     from approvals.models import Approval
-
     from runs.api.serializers import ApprovalOut
 
     row = Approval.objects.select_related("decided_by").filter(id=approval_id).first() if approval_id else None
     if row is None:
-        return {"id": approval_id, "kind": event_payload.get("kind"), "presentation": event_payload.get("presentation"),
-                "request_hash": event_payload.get("request_hash")}
+        return {
+            "id": approval_id,
+            "kind": event_payload.get("kind"),
+            "presentation": event_payload.get("presentation"),
+            "request_hash": event_payload.get("request_hash"),
+        }
     return dict(ApprovalOut(row).data)

@@ -13,6 +13,7 @@ is not the key Django signs cookies with). Keys derived from
 `SECRET_KEY_FALLBACKS`, and from `SECRET_KEY` when dedicated keys are set,
 still decrypt, so rotating either does not orphan existing subscriptions.
 """
+
 from __future__ import annotations
 
 import base64
@@ -35,8 +36,9 @@ def new_secret() -> str:
 
 
 def _derived(secret_key: str) -> Fernet:
-    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=b"agentrt.webhooks.secrets",
-               info=b"webhook signing secrets at rest").derive(secret_key.encode())
+    key = HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=b"agentrt.webhooks.secrets", info=b"webhook signing secrets at rest"
+    ).derive(secret_key.encode())
     return Fernet(base64.urlsafe_b64encode(key))
 
 

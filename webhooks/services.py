@@ -1,10 +1,11 @@
 """The webhook service: the one path by which the admin and the REST API
 create, change, delete and test subscriptions (issue 17 item 2).
 
-Every read and write is scoped by runs.scoping: another tenant's
+Every read and write is scoped by runs.services.scoping: another tenant's
 subscription or delivery is 404 (a superuser sees every tenant's but acts
 only in its own). Writes need `webhooks.manage_webhooks`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,9 +13,9 @@ from typing import Any
 from django.db import transaction
 from django.db.models import QuerySet
 
-from runs import scoping
 from runs.clock import CLOCK, IDS
 from runs.errors import InvalidInput, RunError
+from runs.services import scoping
 
 from .models import EVENT_TYPES, TEST_EVENT, Delivery, WebhookSubscription
 from .outbound import UrlRefused, check_url
@@ -55,7 +56,9 @@ def subscription_for(*, user, subscription_id: Any, acting: bool = False) -> Web
     return row
 
 
-def check_fields(*, url: Any = None, event_types: Any = None, active: Any = None, description: Any = None, partial: bool = False) -> dict:
+def check_fields(
+    *, url: Any = None, event_types: Any = None, active: Any = None, description: Any = None, partial: bool = False
+) -> dict:
     """The fields in canonical form, or InvalidInput naming each bad one."""
     bad: dict[str, list[str]] = {}
     out: dict[str, Any] = {}
@@ -96,14 +99,25 @@ def _acting_tenant(user):
     return tenant
 
 
-def subscription_create(*, user, url: Any, event_types: Any, active: Any = True, description: Any = "") -> tuple[WebhookSubscription, str]:
+def subscription_create(
+    *, user, url: Any, event_types: Any, active: Any = True, description: Any = ""
+) -> tuple[WebhookSubscription, str]:
     """Create a subscription in the caller's tenant; return it and its secret (the only time the secret is shown)."""
     tenant = _acting_tenant(user)
-    fields = check_fields(url=url, event_types=event_types, active=True if active is None else active, description=description or "")
+    fields = check_fields(
+        url=url, event_types=event_types, active=True if active is None else active, description=description or ""
+    )
     secret = new_secret()
     now = CLOCK.now()
-    row = WebhookSubscription.objects.create(id=IDS.new_id(), tenant=tenant, secret_encrypted=encrypt(secret), created_by=user,
-                                             created_at=now, updated_at=now, **fields)
+    row = WebhookSubscription.objects.create(
+        id=IDS.new_id(),
+        tenant=tenant,
+        secret_encrypted=encrypt(secret),
+        created_by=user,
+        created_at=now,
+        updated_at=now,
+        **fields,
+    )
     return row, secret
 
 
@@ -122,8 +136,9 @@ def subscription_delete(*, user, subscription_id: Any) -> None:
     row = subscription_for(user=user, subscription_id=subscription_id, acting=True)
     _acting_tenant(user)
     with transaction.atomic():
-        Delivery.objects.filter(subscription=row, status="pending").update(status="cancelled", last_error="the subscription was deleted",
-                                                                           updated_at=CLOCK.now())
+        Delivery.objects.filter(subscription=row, status="pending").update(
+            status="cancelled", last_error="the subscription was deleted", updated_at=CLOCK.now()
+        )
         row.delete()
 
 
@@ -137,10 +152,26 @@ def send_test(*, user, subscription_id: Any) -> Delivery:
         raise InvalidInput(f"url: {exc}", fields={"url": [str(exc)]}) from None
     now = CLOCK.now()
     delivery_id = IDS.new_id()
-    payload = {"id": str(delivery_id), "type": TEST_EVENT, "occurred_at": now.isoformat(), "tenant": row.tenant.name,
-               "data": {"subscription": str(row.id), "sent_by": user.get_username()}, "links": {}}
+    payload = {
+        "id": str(delivery_id),
+        "type": TEST_EVENT,
+        "occurred_at": now.isoformat(),
+        "tenant": row.tenant.name,
+        "data": {"subscription": str(row.id), "sent_by": user.get_username()},
+        "links": {},
+    }
     with transaction.atomic():
-        delivery = Delivery.objects.create(id=delivery_id, tenant_id=row.tenant_id, kind="webhook", subscription=row, event_type=TEST_EVENT,
-                                           payload=payload, due_at=now, rung_at=now, created_at=now, updated_at=now)
+        delivery = Delivery.objects.create(
+            id=delivery_id,
+            tenant_id=row.tenant_id,
+            kind="webhook",
+            subscription=row,
+            event_type=TEST_EVENT,
+            payload=payload,
+            due_at=now,
+            rung_at=now,
+            created_at=now,
+            updated_at=now,
+        )
         ring(delivery.id)
     return delivery

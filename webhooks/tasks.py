@@ -1,4 +1,5 @@
 """django-q2 task functions: doorbells only (the delivery row is the truth)."""
+
 from .delivery import deliver as _deliver
 
 

@@ -9,6 +9,7 @@ lost). Ringing sets `rung_at` and enqueues the task in the sweep's
 transaction; a doorbell that finds the delivery not due (another worker has
 it) exits quietly, so a spare one costs one UPDATE of zero rows.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -18,7 +19,7 @@ from django.db import transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Concat
 
-from runs.queue import db_now
+from runs.runtime.queue import db_now
 from webhooks.models import Delivery
 from webhooks.outbox import ring
 
@@ -33,13 +34,17 @@ def sweep_deliveries() -> dict:
             return {"skipped": True}
         now = db_now()
         claim = timedelta(seconds=float(settings.AGENTRT_DELIVERY_CLAIM_SECONDS))
-        expired = Delivery.objects.filter(status="pending", due_at__lte=now,
-                                          created_at__lt=now - timedelta(seconds=float(settings.AGENTRT_DELIVERY_MAX_AGE_SECONDS)))
+        expired = Delivery.objects.filter(
+            status="pending",
+            due_at__lte=now,
+            created_at__lt=now - timedelta(seconds=float(settings.AGENTRT_DELIVERY_MAX_AGE_SECONDS)),
+        )
         gave_up = expired.update(status="failed", last_error=Concat(Value(_GAVE_UP), F("last_error")), updated_at=now)
         due = list(
             Delivery.objects.filter(status="pending", due_at__lte=now)
             .filter(Q(rung_at__isnull=True) | Q(rung_at__lt=F("due_at")) | Q(rung_at__lt=now - claim))
-            .order_by("due_at").values_list("id", flat=True)[:BATCH]
+            .order_by("due_at")
+            .values_list("id", flat=True)[:BATCH]
         )
         if due:
             Delivery.objects.filter(id__in=due).update(rung_at=now)

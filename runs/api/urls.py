@@ -1,9 +1,10 @@
 """Routes of the REST API (DESIGN §16), mounted under /api/."""
-from django.urls import path, re_path
-from webhooks import api as webhooks
 
-from . import views
-from .errors import api_not_found
+from django.urls import path, re_path
+
+from runs.api import views
+from runs.api.errors import api_not_found
+from webhooks import api as webhooks
 
 app_name = "api"
 

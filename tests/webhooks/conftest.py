@@ -1,10 +1,15 @@
 """Fixtures of the hook and webhook tests."""
+
 from __future__ import annotations
 
 import pytest
 
-APPROVER = {"default": "allow", "rules": [{"tool": "http_post", "decision": "require_approval",
-                                          "when": {"arg": "json.amount", "op": "gt", "value": 100}}]}
+APPROVER = {
+    "default": "allow",
+    "rules": [
+        {"tool": "http_post", "decision": "require_approval", "when": {"arg": "json.amount", "op": "gt", "value": 100}}
+    ],
+}
 
 
 @pytest.fixture
@@ -45,5 +50,12 @@ def subscribe(user, url, event_types, **kw):
 
 
 def approver_agent(load_agent, post_url="http://127.0.0.1:9/pay"):
-    return load_agent(name="payer", tools=["http_post"], policy=APPROVER, turns=[
-        {"tool_calls": [{"name": "http_post", "arguments": {"url": post_url, "json": {"amount": 500}}}]}, {"text": "paid"}])
+    return load_agent(
+        name="payer",
+        tools=["http_post"],
+        policy=APPROVER,
+        turns=[
+            {"tool_calls": [{"name": "http_post", "arguments": {"url": post_url, "json": {"amount": 500}}}]},
+            {"text": "paid"},
+        ],
+    )

@@ -2,6 +2,7 @@
 verifies the signature, dedupes on X-Agentrt-Delivery, and answers as the
 test scripts it. Every request is recorded (headers, raw body, arrival
 order), so tests can count attempts per delivery id."""
+
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +37,13 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with receiver._lock:
                     answer = receiver.script.pop(0) if receiver.script else "200"
-                    record = {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body,
-                              "answer": answer, "at": time.monotonic()}
+                    record = {
+                        "path": self.path,
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
+                        "body": body,
+                        "answer": answer,
+                        "at": time.monotonic(),
+                    }
                     receiver.requests.append(record)
                 if answer == "hold":
                     receiver.held.set()

@@ -1,6 +1,7 @@
 """The admin over subscriptions and deliveries: tenant-scoped (another
 tenant's row is 404), the secret shown once on the page after "Save", a
 "send test event" button and action, and a hook's failure visible."""
+
 from __future__ import annotations
 
 import re
@@ -8,8 +9,8 @@ import re
 import pytest
 from django.test import Client
 
-from runs.executor import run_drive
 from runs.models import Run
+from runs.runtime.executor import run_drive
 from runs.services import tenant_create
 from webhooks.delivery import deliver
 from webhooks.models import Delivery, WebhookSubscription
@@ -34,9 +35,15 @@ def _hosts(settings):
 
 def test_a_subscription_made_in_the_admin_shows_its_secret_once(tenant):
     client, _ = console("acme-op", "acme")
-    page = client.post("/admin/webhooks/webhooksubscription/add/", {
-        "url": "http://127.0.0.1:9/hook", "event_types": ["approval.requested", "run.waiting_for_user"], "active": "on",
-        "description": "pager"})
+    page = client.post(
+        "/admin/webhooks/webhooksubscription/add/",
+        {
+            "url": "http://127.0.0.1:9/hook",
+            "event_types": ["approval.requested", "run.waiting_for_user"],
+            "active": "on",
+            "description": "pager",
+        },
+    )
     assert page.status_code == 200, page.content[:500]
     assert "no-store" in page["Cache-Control"]
     secret = re.search(r'<code id="webhook-secret">(whsec_[A-Za-z0-9_\-]+)</code>', page.content.decode()).group(1)
@@ -50,7 +57,9 @@ def test_a_subscription_made_in_the_admin_shows_its_secret_once(tenant):
 
 def test_the_admin_refuses_a_url_off_the_allow_list(tenant):
     client, _ = console("acme-op", "acme")
-    page = client.post("/admin/webhooks/webhooksubscription/add/", {"url": "http://evil.example.net/", "event_types": ["run.failed"]})
+    page = client.post(
+        "/admin/webhooks/webhooksubscription/add/", {"url": "http://evil.example.net/", "event_types": ["run.failed"]}
+    )
     assert page.status_code == 200 and "not in AGENTRT_WEBHOOK_ALLOWED_HOSTS" in page.content.decode()
     assert not WebhookSubscription.objects.exists()
 
@@ -62,19 +71,34 @@ def test_send_test_event_button_and_tenant_scoping(tenant):
     change = mine.get(f"/admin/webhooks/webhooksubscription/{sub.id}/change/")
     assert change.status_code == 200 and "Send test event" in change.content.decode()
     assert mine.post(f"/admin/webhooks/webhooksubscription/{sub.id}/test/").status_code == 302
-    assert mine.post("/admin/webhooks/webhooksubscription/", {"action": "send_test_event", "_selected_action": [sub.id]}).status_code == 302
+    assert (
+        mine.post(
+            "/admin/webhooks/webhooksubscription/", {"action": "send_test_event", "_selected_action": [sub.id]}
+        ).status_code
+        == 302
+    )
     tests = list(Delivery.objects.filter(subscription=sub, event_type="webhook.test"))
     assert len(tests) == 2
     # globex's staff: nothing of acme's, 404 on every page and action
     assert str(sub.id) not in theirs.get("/admin/webhooks/webhooksubscription/").content.decode()
-    for path in (f"/admin/webhooks/webhooksubscription/{sub.id}/change/", f"/admin/webhooks/webhooksubscription/{sub.id}/delete/",
-                 f"/admin/webhooks/delivery/{tests[0].id}/change/"):
+    for path in (
+        f"/admin/webhooks/webhooksubscription/{sub.id}/change/",
+        f"/admin/webhooks/webhooksubscription/{sub.id}/delete/",
+        f"/admin/webhooks/delivery/{tests[0].id}/change/",
+    ):
         assert theirs.get(path).status_code == 404, path
     assert theirs.post(f"/admin/webhooks/webhooksubscription/{sub.id}/test/").status_code == 404
-    assert theirs.post(f"/admin/webhooks/webhooksubscription/{sub.id}/change/",
-                       {"url": "http://127.0.0.1:9/steal", "event_types": ["run.completed"]}).status_code == 404
+    assert (
+        theirs.post(
+            f"/admin/webhooks/webhooksubscription/{sub.id}/change/",
+            {"url": "http://127.0.0.1:9/steal", "event_types": ["run.completed"]},
+        ).status_code
+        == 404
+    )
     assert str(tests[0].id) not in theirs.get("/admin/webhooks/delivery/").content.decode()
-    assert Delivery.objects.filter(subscription=sub).count() == 2 and WebhookSubscription.objects.get(id=sub.id).url.endswith("/hook")
+    assert Delivery.objects.filter(subscription=sub).count() == 2 and WebhookSubscription.objects.get(
+        id=sub.id
+    ).url.endswith("/hook")
 
 
 def test_a_member_without_the_permission_cannot_add_or_test(tenant):

@@ -2,6 +2,7 @@
 back; writes need webhooks.manage_webhooks; another tenant's subscriptions
 and deliveries are 404 and stay unchanged; URLs off the allow-list are 400
 naming `url`."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,9 +45,13 @@ def test_the_secret_is_shown_once_at_creation_and_never_again(ops):
     assert body["event_types"] == ["run.completed", "approval.requested"] and body["active"] is True
     row = WebhookSubscription.objects.get(id=body["id"])
     assert secret not in row.secret_encrypted  # stored encrypted, not in clear
-    reads = [mine.get("/api/webhooks/"), mine.get(f"/api/webhooks/{row.id}/"),
-             mine.patch(f"/api/webhooks/{row.id}/", {"description": "pager 2"}, format="json"),
-             mine.post(f"/api/webhooks/{row.id}/test/", {}, format="json"), mine.get(f"/api/webhooks/{row.id}/deliveries/")]
+    reads = [
+        mine.get("/api/webhooks/"),
+        mine.get(f"/api/webhooks/{row.id}/"),
+        mine.patch(f"/api/webhooks/{row.id}/", {"description": "pager 2"}, format="json"),
+        mine.post(f"/api/webhooks/{row.id}/test/", {}, format="json"),
+        mine.get(f"/api/webhooks/{row.id}/deliveries/"),
+    ]
     assert [r.status_code for r in reads] == [200, 200, 200, 202, 200]
     for r in reads:
         assert "secret" not in r.json() and secret not in r.content.decode()
@@ -76,16 +81,19 @@ def test_the_stored_secret_decrypts_only_with_the_configured_keys(ops, settings)
         decrypt(row.secret_encrypted)
 
 
-@pytest.mark.parametrize("url, why", [
-    ("http://evil.example.net/hook", "not in AGENTRT_WEBHOOK_ALLOWED_HOSTS"),
-    ("http://127.0.0.1:10/hook", "not in AGENTRT_WEBHOOK_ALLOWED_HOSTS"),  # the right host, another port
-    ("ftp://127.0.0.1:9/hook", "only http and https"),
-    ("http://user:pw@127.0.0.1:9/hook", "credentials"),
-    ("http://127.0.0.1:9/hook#x", "fragment"),
-    ("http://hooks.example.com.evil.net/", "not in AGENTRT_WEBHOOK_ALLOWED_HOSTS"),
-    ("http://127.0.0.1:99999/", "port"),
-    ("javascript:alert(1)", "only http and https"),
-])
+@pytest.mark.parametrize(
+    "url, why",
+    [
+        ("http://evil.example.net/hook", "not in AGENTRT_WEBHOOK_ALLOWED_HOSTS"),
+        ("http://127.0.0.1:10/hook", "not in AGENTRT_WEBHOOK_ALLOWED_HOSTS"),  # the right host, another port
+        ("ftp://127.0.0.1:9/hook", "only http and https"),
+        ("http://user:pw@127.0.0.1:9/hook", "credentials"),
+        ("http://127.0.0.1:9/hook#x", "fragment"),
+        ("http://hooks.example.com.evil.net/", "not in AGENTRT_WEBHOOK_ALLOWED_HOSTS"),
+        ("http://127.0.0.1:99999/", "port"),
+        ("javascript:alert(1)", "only http and https"),
+    ],
+)
 def test_a_url_off_the_allow_list_is_refused_naming_url(ops, url, why):
     mine, _ = ops
     response = create(mine, url=url)
@@ -99,12 +107,20 @@ def test_a_url_off_the_allow_list_is_refused_naming_url(ops, url, why):
 
 def test_bad_fields_are_named(ops):
     mine, _ = ops
-    for body, field in [({"event_types": []}, "event_types"), ({"event_types": ["run.started"]}, "event_types"),
-                        ({"event_types": "run.completed"}, "event_types"), ({"active": "yes"}, "active"),
-                        ({"secret": "mine"}, "secret"), ({"tenant": "globex"}, "tenant")]:
+    for body, field in [
+        ({"event_types": []}, "event_types"),
+        ({"event_types": ["run.started"]}, "event_types"),
+        ({"event_types": "run.completed"}, "event_types"),
+        ({"active": "yes"}, "active"),
+        ({"secret": "mine"}, "secret"),
+        ({"tenant": "globex"}, "tenant"),
+    ]:
         response = create(mine, **body)
         fields = response.json()["fields"]
-        assert response.status_code == 400 and any(k == field or k.startswith(field + ".") for k in fields), (body, response.content)
+        assert response.status_code == 400 and any(k == field or k.startswith(field + ".") for k in fields), (
+            body,
+            response.content,
+        )
     assert not WebhookSubscription.objects.exists()
 
 
@@ -116,8 +132,12 @@ def test_a_member_without_the_permission_reads_but_cannot_write(ops, tenant):
     alice = token_client(get_user_model().objects.get(username="alice"))  # a plain member of acme
     assert alice.get("/api/webhooks/").json()["count"] == 1
     assert alice.get(f"/api/webhooks/{sub['id']}/").status_code == 200
-    for response in [create(alice), alice.patch(f"/api/webhooks/{sub['id']}/", {"active": False}, format="json"),
-                     alice.delete(f"/api/webhooks/{sub['id']}/"), alice.post(f"/api/webhooks/{sub['id']}/test/", {}, format="json")]:
+    for response in [
+        create(alice),
+        alice.patch(f"/api/webhooks/{sub['id']}/", {"active": False}, format="json"),
+        alice.delete(f"/api/webhooks/{sub['id']}/"),
+        alice.post(f"/api/webhooks/{sub['id']}/test/", {}, format="json"),
+    ]:
         assert response.status_code == 403 and response.json()["code"] == "permission_denied", response.content
     row = WebhookSubscription.objects.get(id=sub["id"])
     assert row.active and not Delivery.objects.exists() and WebhookSubscription.objects.count() == 1
@@ -127,16 +147,24 @@ def test_another_tenant_cannot_see_change_delete_or_test_a_subscription_or_its_d
     mine, theirs = ops
     sub = create(mine).json()
     assert mine.post(f"/api/webhooks/{sub['id']}/test/", {}, format="json").status_code == 202
-    before = (sorted(WebhookSubscription.objects.values_list("id", "url", "active", "event_types", "secret_encrypted")),
-              sorted(Delivery.objects.values_list("id", "status")))
+    before = (
+        sorted(WebhookSubscription.objects.values_list("id", "url", "active", "event_types", "secret_encrypted")),
+        sorted(Delivery.objects.values_list("id", "status")),
+    )
     listing = theirs.get("/api/webhooks/")
     assert listing.status_code == 200 and listing.json()["count"] == 0 and sub["id"] not in listing.content.decode()
-    for response in [theirs.get(f"/api/webhooks/{sub['id']}/"), theirs.get(f"/api/webhooks/{sub['id']}/deliveries/"),
-                     theirs.patch(f"/api/webhooks/{sub['id']}/", {"url": "http://hooks.example.com/steal"}, format="json"),
-                     theirs.delete(f"/api/webhooks/{sub['id']}/"), theirs.post(f"/api/webhooks/{sub['id']}/test/", {}, format="json")]:
+    for response in [
+        theirs.get(f"/api/webhooks/{sub['id']}/"),
+        theirs.get(f"/api/webhooks/{sub['id']}/deliveries/"),
+        theirs.patch(f"/api/webhooks/{sub['id']}/", {"url": "http://hooks.example.com/steal"}, format="json"),
+        theirs.delete(f"/api/webhooks/{sub['id']}/"),
+        theirs.post(f"/api/webhooks/{sub['id']}/test/", {}, format="json"),
+    ]:
         assert response.status_code == 404 and response.json()["code"] == "not_found", response.content
-    after = (sorted(WebhookSubscription.objects.values_list("id", "url", "active", "event_types", "secret_encrypted")),
-             sorted(Delivery.objects.values_list("id", "status")))
+    after = (
+        sorted(WebhookSubscription.objects.values_list("id", "url", "active", "event_types", "secret_encrypted")),
+        sorted(Delivery.objects.values_list("id", "status")),
+    )
     assert before == after
 
 
@@ -152,8 +180,8 @@ def test_delete_cancels_pending_deliveries_and_keeps_their_history(ops):
 
 
 def test_the_secret_never_reaches_the_event_log_or_a_delivery(ops, tenant, load_agent, submit):
-    from runs.executor import run_drive
     from runs.models import Event
+    from runs.runtime.executor import run_drive
 
     mine, _ = ops
     body = create(mine, event_types=["run.completed"]).json()

@@ -1,6 +1,7 @@
 """Hooks and webhooks end to end: a real `qcluster`, a real `run_maintenance`
 (it rings retries and lapsed claims), and a local receiver that verifies
 signatures and dedupes on X-Agentrt-Delivery (issue 17, "Evidence")."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,14 @@ from .receiver import verify
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-ALL = ["run.completed", "run.failed", "run.cancelled", "approval.requested", "approval.resolved", "run.waiting_for_user"]
+ALL = [
+    "run.completed",
+    "run.failed",
+    "run.cancelled",
+    "approval.requested",
+    "approval.resolved",
+    "run.waiting_for_user",
+]
 
 
 @pytest.fixture
@@ -29,13 +37,26 @@ def node(cluster, tmp_path, receiver):
     started = []
 
     def start(**extra):
-        env = dict(AGENTRT_WEBHOOK_ALLOWED_HOSTS=receiver.host, AGENTRT_DELIVERY_BACKOFF_SECONDS=0.5, AGENTRT_DELIVERY_CLAIM_SECONDS=4,
-                   AGENTRT_WEBHOOK_TIMEOUT_SECONDS=2, AGENTRT_DELIVERY_SWEEP_SECONDS=0.5,
-                   AGENTRT_HOOK_MODULES="tests.webhooks.hookmods", AGENTRT_TEST_HOOK_LOG=str(tmp_path / "hooks.jsonl"), **extra)
+        env = dict(
+            AGENTRT_WEBHOOK_ALLOWED_HOSTS=receiver.host,
+            AGENTRT_DELIVERY_BACKOFF_SECONDS=0.5,
+            AGENTRT_DELIVERY_CLAIM_SECONDS=4,
+            AGENTRT_WEBHOOK_TIMEOUT_SECONDS=2,
+            AGENTRT_DELIVERY_SWEEP_SECONDS=0.5,
+            AGENTRT_HOOK_MODULES="tests.webhooks.hookmods",
+            AGENTRT_TEST_HOOK_LOG=str(tmp_path / "hooks.jsonl"),
+            **extra,
+        )
         c = cluster(**env)
         log = open(tmp_path / "maintenance.log", "wb")
-        m = subprocess.Popen([sys.executable, "manage.py", "run_maintenance"], cwd=ROOT, env=subprocess_env(**env),
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        m = subprocess.Popen(
+            [sys.executable, "manage.py", "run_maintenance"],
+            cwd=ROOT,
+            env=subprocess_env(**env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         started.append((m, log))
         return c
 
@@ -55,7 +76,8 @@ def hook_log(tmp_path) -> list[dict]:
 
 
 def test_an_approval_is_announced_when_it_is_requested_and_when_it_is_resolved_then_the_run_completes(
-        node, tenant, load_agent, submit, operator, manager, receiver, sink, settings, tmp_path):
+    node, tenant, load_agent, submit, operator, manager, receiver, sink, settings, tmp_path
+):
     from approvals.services import approval_decide
 
     sub, secret = subscribe(manager, receiver.url, ALL)
@@ -63,7 +85,9 @@ def test_an_approval_is_announced_when_it_is_requested_and_when_it_is_resolved_t
     c = node(AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host)
     run = submit(agent="payer")
 
-    requested = wait_for(lambda: receiver.of_type("approval.requested"), timeout=60, message=f"approval.requested\n{c.output()}")
+    requested = wait_for(
+        lambda: receiver.of_type("approval.requested"), timeout=60, message=f"approval.requested\n{c.output()}"
+    )
     (request,) = requested
     assert verify(secret, request["headers"]["x-agentrt-signature"], request["body"])
     body = json.loads(request["body"])
@@ -73,15 +97,22 @@ def test_an_approval_is_announced_when_it_is_requested_and_when_it_is_resolved_t
     assert request["headers"]["x-agentrt-delivery"] == body["id"]
     assert Delivery.objects.get(id=body["id"]).event_sequence == body["data"]["event"]["sequence"]
 
-    approval_decide(user=operator, approval_id=approval["id"], approve=True, request_hash=approval["request_hash"], via="api")
+    approval_decide(
+        user=operator, approval_id=approval["id"], approve=True, request_hash=approval["request_hash"], via="api"
+    )
     wait_for(lambda: receiver.of_type("run.completed"), timeout=60, message=f"run.completed\n{c.output()}")
     resolved = wait_for(lambda: receiver.of_type("approval.resolved"), timeout=60, message="approval.resolved")
     completed = receiver.of_type("run.completed")
     assert len(resolved) == len(completed) == 1
     resolved_body, completed_body = json.loads(resolved[0]["body"]), json.loads(completed[0]["body"])
     assert resolved_body["data"]["event"]["payload"]["decision"] == "approved"
-    assert resolved_body["data"]["event"]["sequence"] < completed_body["data"]["event"]["sequence"]  # resolved, then completed
-    assert completed_body["data"]["run"]["status"] == "COMPLETED" and completed_body["data"]["run"]["final_message"] == "paid"
+    assert (
+        resolved_body["data"]["event"]["sequence"] < completed_body["data"]["event"]["sequence"]
+    )  # resolved, then completed
+    assert (
+        completed_body["data"]["run"]["status"] == "COMPLETED"
+        and completed_body["data"]["run"]["final_message"] == "paid"
+    )
     for r in receiver.requests:
         assert verify(secret, r["headers"]["x-agentrt-signature"], r["body"])
         assert secret not in r["body"].decode()
@@ -93,7 +124,9 @@ def test_an_approval_is_announced_when_it_is_requested_and_when_it_is_resolved_t
     (seen,) = hook_log(tmp_path)
     assert (seen["run"], seen["status"], seen["event"]) == (str(run.id), "COMPLETED", "run.completed")
     explode = Delivery.objects.get(run_id=run.id, hook="test.explode")
-    wait_for(lambda: Delivery.objects.get(id=explode.id).attempts >= 2, timeout=30, message="the failing hook to be retried")
+    wait_for(
+        lambda: Delivery.objects.get(id=explode.id).attempts >= 2, timeout=30, message="the failing hook to be retried"
+    )
     explode.refresh_from_db()
     assert explode.status == "pending" and f"RuntimeError: the hook exploded on run {run.id}" == explode.last_error
     assert Run.objects.get(id=run.id).status == "COMPLETED"
@@ -101,14 +134,18 @@ def test_an_approval_is_announced_when_it_is_requested_and_when_it_is_resolved_t
 
 
 def test_a_receiver_answering_500_twice_then_200_gets_three_attempts_with_one_delivery_id(
-        node, tenant, load_agent, submit, manager, receiver):
+    node, tenant, load_agent, submit, manager, receiver
+):
     sub, secret = subscribe(manager, receiver.url, ["run.completed"])
     receiver.script = ["500", "500", "200"]
     load_agent()
     c = node()
     run = submit()
-    wait_for(lambda: Delivery.objects.filter(run_id=run.id, kind="webhook", status="succeeded").exists(), timeout=60,
-             message=f"the webhook to be delivered\n{c.output()}")
+    wait_for(
+        lambda: Delivery.objects.filter(run_id=run.id, kind="webhook", status="succeeded").exists(),
+        timeout=60,
+        message=f"the webhook to be delivered\n{c.output()}",
+    )
     (delivery,) = Delivery.objects.filter(run_id=run.id, kind="webhook")
     assert delivery.attempts == 3 and delivery.last_error == ""
     assert [r["answer"] for r in receiver.requests] == ["500", "500", "200"]
@@ -119,7 +156,8 @@ def test_a_receiver_answering_500_twice_then_200_gets_three_attempts_with_one_de
 
 
 def test_a_worker_killed_mid_delivery_leaves_it_to_be_delivered_later_once_per_id(
-        node, tenant, load_agent, submit, manager, receiver):
+    node, tenant, load_agent, submit, manager, receiver
+):
     sub, secret = subscribe(manager, receiver.url, ["run.completed"])
     receiver.script = ["hold"]  # the first attempt arrives and gets no answer; later ones get 200
     load_agent()
@@ -130,8 +168,11 @@ def test_a_worker_killed_mid_delivery_leaves_it_to_be_delivered_later_once_per_i
     assert delivery.status == "pending" and delivery.attempts == 1
     pid = int(delivery.claimed_by.rsplit(":", 1)[1])
     os.kill(pid, signal.SIGKILL)  # the worker that holds the delivery dies mid-request
-    wait_for(lambda: Delivery.objects.get(id=delivery.id).status == "succeeded", timeout=90,
-             message=f"the delivery to complete after the kill\n{c.output()}")
+    wait_for(
+        lambda: Delivery.objects.get(id=delivery.id).status == "succeeded",
+        timeout=90,
+        message=f"the delivery to complete after the kill\n{c.output()}",
+    )
     delivery.refresh_from_db()
     assert delivery.attempts == 2 and int(delivery.claimed_by.rsplit(":", 1)[1]) != pid
     assert [r["headers"]["x-agentrt-delivery"] for r in receiver.requests] == [str(delivery.id)] * 2  # at least once...

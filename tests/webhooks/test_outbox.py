@@ -1,5 +1,6 @@
 """Deliveries are written in the transaction of the event they announce, and
 performed once per claim with a stable id (in-process, real PostgreSQL)."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,8 @@ import pytest
 from django.db import connection, transaction
 from pydantic import ValidationError
 
-from runs.executor import run_drive
 from runs.models import Run
+from runs.runtime.executor import run_drive
 from tests.conftest import wait_for
 from webhooks.delivery import deliver
 from webhooks.models import Delivery
@@ -37,7 +38,9 @@ def doorbells() -> list[str]:
     return [row.task["args"][0] for row in deliver_rows()]
 
 
-def test_the_terminal_transition_writes_each_hooks_delivery_and_its_task_in_its_own_transaction(load_agent, submit, hook_registry):
+def test_the_terminal_transition_writes_each_hooks_delivery_and_its_task_in_its_own_transaction(
+    load_agent, submit, hook_registry
+):
     seen = []
     hook_registry.register("t.one")(lambda view: seen.append(view))
     hook_registry.register("t.two")(lambda view: seen.append(view))
@@ -48,7 +51,9 @@ def test_the_terminal_transition_writes_each_hooks_delivery_and_its_task_in_its_
     assert Run.objects.get(id=run.id).status == "COMPLETED"
     rows = list(Delivery.objects.filter(run_id=run.id).order_by("hook"))
     assert [(d.kind, d.hook, d.event_type, d.status, d.attempts) for d in rows] == [
-        ("hook", "t.one", "run.completed", "pending", 0), ("hook", "t.two", "run.completed", "pending", 0)]
+        ("hook", "t.one", "run.completed", "pending", 0),
+        ("hook", "t.two", "run.completed", "pending", 0),
+    ]
     # One transaction: the run's terminal UPDATE, the delivery rows and django-q2's queue rows share one xmin.
     run_x = xmins("SELECT xmin::text FROM runs WHERE id = %s", [run.id])
     assert run_x == xmins("SELECT xmin::text FROM deliveries WHERE run_id = %s", [run.id])
@@ -71,23 +76,29 @@ def test_a_fenced_terminal_commit_writes_no_delivery(tenant, load_agent, submit,
     """The deliveries ride on the transition's transaction: no transition, no delivery."""
     from runs.domain.errors import WorkerFenced
     from runs.domain.writes import EventWrite, UnitOfWork
-    from runs.queue import run_claim
-    from runs.store import DjangoRunStore
+    from runs.runtime.queue import run_claim
+    from runs.store.repository import DjangoRunStore
 
     hook_registry.register("t.one")(lambda view: None)
     load_agent()
     run = submit()
     claim = run_claim(run_id=run.id, owner="w1")
-    store = DjangoRunStore(run_id=run.id, tenant_id=run.tenant_id, session_id=run.session_id, owner="w1", epoch=claim.epoch + 1)
+    store = DjangoRunStore(
+        run_id=run.id, tenant_id=run.tenant_id, session_id=run.session_id, owner="w1", epoch=claim.epoch + 1
+    )
     work = UnitOfWork()
-    work.events.append(EventWrite("run.completed", {"lease_epoch": claim.epoch + 1}, __import__("runs.clock", fromlist=["CLOCK"]).CLOCK.now()))
+    work.events.append(
+        EventWrite(
+            "run.completed", {"lease_epoch": claim.epoch + 1}, __import__("runs.clock", fromlist=["CLOCK"]).CLOCK.now()
+        )
+    )
     with pytest.raises(WorkerFenced):
         store.commit(work, transition_sql="status = 'COMPLETED', lease_owner = NULL, lease_expires_at = NULL")
     assert not Delivery.objects.exists() and not doorbells()
 
 
 def test_a_direct_cancel_enqueues_hooks_and_webhooks(tenant, load_agent, submit, hook_registry, manager, receiver):
-    from runs.lifecycle import run_cancel
+    from runs.services.lifecycle import run_cancel
 
     hook_registry.register("t.one")(lambda view: None)
     sub, secret = subscribe(manager, receiver.url, ["run.cancelled", "run.completed"])
@@ -100,12 +111,18 @@ def test_a_direct_cancel_enqueues_hooks_and_webhooks(tenant, load_agent, submit,
     assert deliver(rows["webhook"].id) == "succeeded"
     (request,) = receiver.requests
     body = json.loads(request["body"])
-    assert body["type"] == "run.cancelled" and body["data"]["run"]["status"] == "CANCELLED" and body["id"] == str(rows["webhook"].id)
+    assert (
+        body["type"] == "run.cancelled"
+        and body["data"]["run"]["status"] == "CANCELLED"
+        and body["id"] == str(rows["webhook"].id)
+    )
     assert verify(secret, request["headers"]["x-agentrt-signature"], request["body"])
     assert request["headers"]["x-agentrt-delivery"] == str(rows["webhook"].id)
 
 
-def test_approval_requested_carries_the_presentation_and_links_to_decide(tenant, load_agent, submit, manager, receiver, settings):
+def test_approval_requested_carries_the_presentation_and_links_to_decide(
+    tenant, load_agent, submit, manager, receiver, settings
+):
     settings.AGENTRT_PUBLIC_URL = "https://agentrt.example.com"
     sub, secret = subscribe(manager, receiver.url, ["approval.requested"])
     approver_agent(load_agent)
@@ -124,7 +141,9 @@ def test_approval_requested_carries_the_presentation_and_links_to_decide(tenant,
     assert secret not in receiver.requests[0]["body"].decode()
 
 
-def test_a_failing_receiver_is_retried_with_backoff_under_one_delivery_id(tenant, load_agent, submit, manager, receiver, settings):
+def test_a_failing_receiver_is_retried_with_backoff_under_one_delivery_id(
+    tenant, load_agent, submit, manager, receiver, settings
+):
     settings.AGENTRT_DELIVERY_BACKOFF_SECONDS = 0.3
     sub, secret = subscribe(manager, receiver.url, ["run.completed"])
     receiver.script = ["500", "500", "200"]
@@ -166,7 +185,9 @@ def test_past_the_maximum_age_a_delivery_is_marked_failed(tenant, load_agent, su
     assert deliver(d.id) == "not_claimed"
 
 
-def test_a_hook_that_raises_never_changes_the_run_and_its_failure_is_recorded(tenant, load_agent, submit, hook_registry, settings):
+def test_a_hook_that_raises_never_changes_the_run_and_its_failure_is_recorded(
+    tenant, load_agent, submit, hook_registry, settings
+):
     settings.AGENTRT_DELIVERY_BACKOFF_SECONDS = 60
 
     def boom(view):
@@ -195,7 +216,9 @@ def test_a_delivery_is_never_performed_inside_a_transaction(tenant, load_agent, 
     assert Delivery.objects.get(id=d.id).attempts == 0
 
 
-def test_a_host_no_longer_allowed_is_refused_at_delivery_and_nothing_is_sent(tenant, load_agent, submit, manager, receiver, settings):
+def test_a_host_no_longer_allowed_is_refused_at_delivery_and_nothing_is_sent(
+    tenant, load_agent, submit, manager, receiver, settings
+):
     subscribe(manager, receiver.url, ["run.completed"])
     load_agent()
     run = submit()
@@ -227,9 +250,11 @@ def test_a_redirect_is_never_followed(tenant, load_agent, submit, manager, recei
         elsewhere.close()
 
 
-def test_the_sweep_rings_due_deliveries_once_and_gives_up_on_old_ones(tenant, load_agent, submit, hook_registry, settings):
+def test_the_sweep_rings_due_deliveries_once_and_gives_up_on_old_ones(
+    tenant, load_agent, submit, hook_registry, settings
+):
     from maintenance.sweeps.deliveries import sweep_deliveries
-    from runs.queue import db_now
+    from runs.runtime.queue import db_now
 
     hook_registry.register("t.one")(lambda view: None)
     load_agent()
@@ -238,13 +263,18 @@ def test_the_sweep_rings_due_deliveries_once_and_gives_up_on_old_ones(tenant, lo
         run_drive(run_id=run.id)
     fresh, lapsed, old = (Delivery.objects.get(run_id=r.id) for r in runs)
     now = db_now()
-    # fresh: rung at creation, not yet claimed -> not rung again; lapsed: a claim that ran out; old: past the maximum age.
-    Delivery.objects.filter(id=lapsed.id).update(attempts=1, rung_at=now - timedelta(seconds=5), due_at=now - timedelta(seconds=1))
+    # fresh: rung at creation, not yet claimed -> not rung again;
+    # lapsed: a claim that ran out; old: past the maximum age.
+    Delivery.objects.filter(id=lapsed.id).update(
+        attempts=1, rung_at=now - timedelta(seconds=5), due_at=now - timedelta(seconds=1)
+    )
     Delivery.objects.filter(id=old.id).update(created_at=now - timedelta(days=2), last_error="HTTP 500: nope")
     before = len(doorbells())
     assert sweep_deliveries() == {"rung": 1, "gave_up": 1}
     assert doorbells()[before:] == [str(lapsed.id)]
     assert sweep_deliveries() == {"rung": 0, "gave_up": 0}  # rung once per time it became due
     row = Delivery.objects.get(id=old.id)
-    assert row.status == "failed" and row.last_error.startswith("gave up:") and row.last_error.endswith("HTTP 500: nope")
+    assert (
+        row.status == "failed" and row.last_error.startswith("gave up:") and row.last_error.endswith("HTTP 500: nope")
+    )
     assert Delivery.objects.get(id=fresh.id).status == "pending"

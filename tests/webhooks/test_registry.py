@@ -1,6 +1,7 @@
 """The post-run hook registry: AGENTRT_HOOK_MODULES and autodiscovered
 `agent_hooks` modules; a module that fails to import stops the process,
 naming the module and its error."""
+
 from __future__ import annotations
 
 import subprocess
@@ -40,23 +41,34 @@ def test_modules_from_the_setting_and_agent_hooks_of_installed_apps_are_loaded(s
 
 def test_a_hook_module_that_fails_to_import_is_named_with_its_error(settings, monkeypatch):
     settings.AGENTRT_HOOK_MODULES = ["tests.webhooks.broken_hooks"]
-    with pytest.raises(ImproperlyConfigured, match=r"'tests\.webhooks\.broken_hooks': ImportError: this hook module is broken on purpose"):
+    with pytest.raises(
+        ImproperlyConfigured,
+        match=r"'tests\.webhooks\.broken_hooks': ImportError: this hook module is broken on purpose",
+    ):
         hooks.load_hook_modules()
     settings.AGENTRT_HOOK_MODULES = ["tests.webhooks.no_such_module"]
     with pytest.raises(ImproperlyConfigured, match=r"'tests\.webhooks\.no_such_module': ModuleNotFoundError"):
         hooks.load_hook_modules()
     settings.AGENTRT_HOOK_MODULES = []
     fake_apps(monkeypatch, "tests.webhooks.brokenapp")
-    with pytest.raises(ImproperlyConfigured, match=r"'tests\.webhooks\.brokenapp\.agent_hooks': ValueError: brokenapp's hooks cannot load"):
+    with pytest.raises(
+        ImproperlyConfigured,
+        match=r"'tests\.webhooks\.brokenapp\.agent_hooks': ValueError: brokenapp's hooks cannot load",
+    ):
         hooks.load_hook_modules()
 
 
 def test_a_process_with_a_broken_hook_module_does_not_start():
     env = subprocess_env(AGENTRT_HOOK_MODULES="tests.webhooks.hookmods,tests.webhooks.broken_hooks")
     env.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode != 0
-    assert "post-run hooks: cannot import 'tests.webhooks.broken_hooks': ImportError: this hook module is broken on purpose" in done.stderr
+    assert (
+        "post-run hooks: cannot import 'tests.webhooks.broken_hooks': "
+        "ImportError: this hook module is broken on purpose" in done.stderr
+    )
 
 
 def test_register_refuses_bad_names_and_a_second_function_under_one_name():

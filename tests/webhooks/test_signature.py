@@ -1,4 +1,5 @@
 """The signature scheme as the README documents it (issue 17 item 5)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -13,7 +14,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def readme_verifier():
     """The README's verification snippet, executed as written (five lines)."""
-    block = re.search(r"<!-- verify-signature -->\n```python\n(.*?)```", README.read_text(), re.S).group(1)
+    found = re.search(r"<!-- verify-signature -->\n\n((?:    .*\n)+)", README.read_text())
+    block = "".join(line[4:] + "\n" for line in found.group(1).splitlines())
     assert len(block.strip().splitlines()) == 5, block
     namespace: dict = {}
     exec(block, namespace)  # noqa: S102 - our own README's code
