@@ -374,6 +374,8 @@ AGENTRT_HOOK_MODULES = env_list("AGENTRT_HOOK_MODULES", "")
 # Hosts (`host` or `host:port`) a webhook subscription's URL may name; checked when saved and before every attempt.
 AGENTRT_WEBHOOK_ALLOWED_HOSTS = env_list("AGENTRT_WEBHOOK_ALLOWED_HOSTS", "")
 AGENTRT_WEBHOOK_TIMEOUT_SECONDS = env_float("AGENTRT_WEBHOOK_TIMEOUT_SECONDS", 10)
+# Subscriptions per tenant: each event writes one delivery per matching subscription in the event's own transaction.
+AGENTRT_WEBHOOK_MAX_PER_TENANT = env_int("AGENTRT_WEBHOOK_MAX_PER_TENANT", 20)
 # Fernet keys for the signing secrets at rest (the first encrypts);
 # unset: a key derived from SECRET_KEY (webhooks/secrets.py).
 AGENTRT_WEBHOOK_SECRET_KEYS = env_list("AGENTRT_WEBHOOK_SECRET_KEYS", "")

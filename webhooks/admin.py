@@ -10,6 +10,7 @@ attempts, last error, status.
 """
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
@@ -35,6 +36,13 @@ class SubscriptionForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
+        limit = int(settings.AGENTRT_WEBHOOK_MAX_PER_TENANT)
+        tenant = scoping.tenant_for(self.user) if getattr(self, "user", None) else None
+        if self.instance._state.adding and tenant is not None:
+            if WebhookSubscription.objects.filter(tenant=tenant).count() >= limit:
+                raise forms.ValidationError(
+                    f"your tenant already has {limit} subscriptions (AGENTRT_WEBHOOK_MAX_PER_TENANT)"
+                )
         try:
             services.check_fields(url=data.get("url"), event_types=data.get("event_types"), partial=True)
         except RunError as exc:
@@ -53,6 +61,10 @@ class SubscriptionAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         return scoping.scope(super().get_queryset(request), request.user)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        return type(form.__name__, (form,), {"user": request.user})
 
     @admin.display(description="event types")
     def events(self, obj):

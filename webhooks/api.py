@@ -141,9 +141,9 @@ class WebhookListCreate(ApiListView):
         tags=["webhooks"],
         summary="Subscribe a URL to events",
         description=MANAGE_DOC + "The answer carries `secret`, shown this once. 400 naming `url` for a host not in "
-        "AGENTRT_WEBHOOK_ALLOWED_HOSTS.",
+        "AGENTRT_WEBHOOK_ALLOWED_HOSTS. 409 `webhook_limit` beyond AGENTRT_WEBHOOK_MAX_PER_TENANT subscriptions.",
         request=SubscriptionCreate,
-        responses={201: SubscriptionCreatedOut, **errors(*WRITE_ERRORS)},
+        responses={201: SubscriptionCreatedOut, **errors(*WRITE_ERRORS, 409)},
     )
     def post(self, request):
         data = parse(SubscriptionCreate, request.data)
@@ -188,7 +188,7 @@ class WebhookDetail(ApiView):
         summary="Delete (its pending deliveries are cancelled)",
         description=MANAGE_DOC,
         parameters=[ID_PARAM],
-        responses={204: OpenApiResponse(description="Deleted."), **errors(401, 403, 404, 429)},
+        responses={204: OpenApiResponse(description="Deleted."), **errors(400, 401, 403, 404, 429)},
     )
     def delete(self, request, id):
         services.subscription_delete(user=request.user, subscription_id=id)

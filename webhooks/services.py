@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 
 from runs.clock import CLOCK, IDS
 from runs.errors import InvalidInput, RunError
+from runs.models import Tenant
 from runs.services import scoping
 
 from .models import EVENT_TYPES, TEST_EVENT, Delivery, WebhookSubscription
@@ -28,6 +30,11 @@ MANAGE = "webhooks.manage_webhooks"
 class SubscriptionNotFound(RunError):
     code = "not_found"
     status = 404
+
+
+class SubscriptionLimit(RunError):
+    code = "webhook_limit"
+    status = 409
 
 
 class ManageForbidden(RunError):
@@ -107,6 +114,19 @@ def subscription_create(
     fields = check_fields(
         url=url, event_types=event_types, active=True if active is None else active, description=description or ""
     )
+    limit = int(settings.AGENTRT_WEBHOOK_MAX_PER_TENANT)
+    with transaction.atomic():
+        # The tenant row's lock serializes concurrent creates: the limit holds. Each event of a run writes
+        # one delivery per matching subscription in the run's own transaction, so their number is bounded.
+        Tenant.objects.select_for_update(no_key=True).filter(id=tenant.id).values_list("id", flat=True).first()
+        if WebhookSubscription.objects.filter(tenant=tenant).count() >= limit:
+            raise SubscriptionLimit(
+                f"the tenant already has {limit} webhook subscriptions (AGENTRT_WEBHOOK_MAX_PER_TENANT)"
+            )
+        return _create(tenant, user, fields)
+
+
+def _create(tenant, user, fields) -> tuple[WebhookSubscription, str]:
     secret = new_secret()
     now = CLOCK.now()
     row = WebhookSubscription.objects.create(

@@ -131,3 +131,14 @@ def test_a_failing_hook_shows_in_the_admin_and_the_run_stays_completed(tenant, l
     assert Run.objects.get(id=run.id).status == "COMPLETED"
     theirs, _ = console("globex-op", "globex")
     assert theirs.get(f"/admin/webhooks/delivery/{d.id}/change/").status_code == 404
+
+
+def test_the_admin_refuses_a_subscription_beyond_the_limit(tenant, settings):
+    settings.AGENTRT_WEBHOOK_MAX_PER_TENANT = 1
+    client, me = console("acme-op", "acme")
+    subscribe(me, "http://127.0.0.1:9/hook", ["run.completed"])
+    page = client.post(
+        "/admin/webhooks/webhooksubscription/add/", {"url": "http://127.0.0.1:9/b", "event_types": ["run.failed"]}
+    )
+    assert page.status_code == 200 and "AGENTRT_WEBHOOK_MAX_PER_TENANT" in page.content.decode()
+    assert WebhookSubscription.objects.count() == 1

@@ -191,3 +191,13 @@ def test_the_secret_never_reaches_the_event_log_or_a_delivery(ops, tenant, load_
     (delivery,) = Delivery.objects.filter(run_id=run.id)
     assert body["secret"] not in str(delivery.payload)
     assert not any(body["secret"] in str(p) for p in Event.objects.values_list("payload", flat=True))
+
+
+def test_a_tenant_has_at_most_the_configured_number_of_subscriptions(ops, settings):
+    settings.AGENTRT_WEBHOOK_MAX_PER_TENANT = 2
+    mine, theirs = ops
+    assert [create(mine).status_code for _ in range(2)] == [201, 201]
+    response = create(mine)
+    assert response.status_code == 409 and response.json()["code"] == "webhook_limit"
+    assert WebhookSubscription.objects.count() == 2
+    assert create(theirs).status_code == 201  # per tenant
