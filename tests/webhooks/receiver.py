@@ -43,6 +43,7 @@ class Receiver:
                         "body": body,
                         "answer": answer,
                         "at": time.monotonic(),
+                        "wall": time.time(),
                     }
                     receiver.requests.append(record)
                 if answer == "hold":
