@@ -40,9 +40,7 @@ def run_forever(stop=lambda: False) -> None:
                 try:
                     close_old_connections()
                     result = fn()
-                    if any(
-                        v for k, v in result.items() if k not in ("at", "skipped", "expired", "runs", "outcomes", "due")
-                    ):
+                    if any(v for k, v in result.items() if k not in ("at", "skipped", "expired", "runs", "outcomes")):
                         log.info("sweep %s: %s", name, result)
                 except Exception:
                     log.exception("sweep %s failed", name)
