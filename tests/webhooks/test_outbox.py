@@ -278,3 +278,43 @@ def test_the_sweep_rings_due_deliveries_once_and_gives_up_on_old_ones(
         row.status == "failed" and row.last_error.startswith("gave up:") and row.last_error.endswith("HTTP 500: nope")
     )
     assert Delivery.objects.get(id=fresh.id).status == "pending"
+
+
+def test_waiting_for_the_user_and_a_rejection_are_announced(tenant, load_agent, submit, manager, operator, receiver):
+    from approvals.models import Approval
+    from approvals.services import approval_decide
+
+    subscribe(manager, receiver.url, ["run.waiting_for_user", "approval.resolved", "run.failed", "run.completed"])
+    load_agent(
+        name="asker",
+        tools=["ask_user"],
+        turns=[{"tool_calls": [{"name": "ask_user", "arguments": {"question": "Which region?"}}]}, {"text": "ok"}],
+    )
+    asking = submit(agent="asker")
+    run_drive(run_id=asking.id)
+    (waiting,) = Delivery.objects.filter(run_id=asking.id)
+    assert waiting.event_type == "run.waiting_for_user"
+    assert waiting.payload["data"]["event"]["payload"]["question"] == "Which region?"
+    assert waiting.payload["data"]["run"]["status"] == "WAITING_FOR_USER"
+    # A rejected interrupted call fails the run: approval.resolved and run.failed, in the decision's transaction.
+    from runs.models import ToolInvocation
+
+    approver_agent(load_agent)
+    paying = submit(agent="payer")
+    run_drive(run_id=paying.id)
+    approval = Approval.objects.get(run_id=paying.id)
+    Approval.objects.filter(id=approval.id).update(
+        kind="interrupted_side_effect"
+    )  # test-only: a re-run grant, whose reject fails the run
+    ToolInvocation.objects.filter(id=approval.invocation_id).update(suspended_kind="interrupted_side_effect")
+    approval_decide(
+        user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash, via="api"
+    )
+    rows = {d.event_type: d for d in Delivery.objects.filter(run_id=paying.id)}
+    assert set(rows) == {"approval.resolved", "run.failed"}
+    assert rows["approval.resolved"].payload["data"]["approval"]["status"] == "rejected"
+    assert rows["run.failed"].payload["data"]["run"]["failure"]["reason"] == "operator_rejected"
+    assert rows["approval.resolved"].event_sequence < rows["run.failed"].event_sequence
+    assert xmins("SELECT xmin::text FROM deliveries WHERE run_id = %s", [paying.id]) == xmins(
+        "SELECT xmin::text FROM approvals WHERE id = %s", [approval.id]
+    )
