@@ -34,7 +34,8 @@ from runs.runtime.queue import run_claim
 from runs.services import run_submit
 from tests.api.conftest import WEBHOOK_URL, agent_definitions, webhook_world
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(480)]  # 21 operations (7 are /api/webhooks/)
+# 21 operations (7 are /api/webhooks/): 635 s measured at load average 17 on the 2-core VM
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(900)]
 
 EXAMPLES = {"positive": 40, "negative": 40, "seeded": 10}
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
