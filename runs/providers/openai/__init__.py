@@ -55,6 +55,26 @@ already builds such requests with no tools, and OpenAI refuses a
 any other value names a function to force.
 """
 
-from runs.providers.openai.client import OpenAIProvider
+from typing import Literal
 
-__all__ = ["OpenAIProvider"]
+from pydantic import Field
+
+from runs.providers import prices
+from runs.providers.config import EndpointModel
+from runs.providers.openai.client import OpenAIProvider
+from runs.providers.registry import register_provider
+
+
+class OpenAIModel(EndpointModel):
+    """`{"provider": "openai", "endpoint": "openai", "model": "gpt-4o-mini"}`."""
+
+    provider: Literal["openai"]
+    endpoint: str = Field("openai", min_length=1, max_length=100)
+
+
+@register_provider("openai", config=OpenAIModel, streams=True, endpoint=True, price_check=prices.require_price)
+def build(endpoint, block: dict, on_delta=None) -> OpenAIProvider:
+    return OpenAIProvider(endpoint, str(block.get("model") or ""), on_delta=on_delta)
+
+
+__all__ = ["OpenAIModel", "OpenAIProvider"]
