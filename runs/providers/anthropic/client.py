@@ -300,4 +300,4 @@ def _too_long(body: bytes) -> bool:
     except (ValueError, AttributeError):
         return False
     message = error.get("message") if isinstance(error, dict) else None
-    return isinstance(message, str) and ("too long" in message.lower() or "context" in message.lower())
+    return isinstance(message, str) and "too long" in message.lower()  # "prompt is too long: N tokens > M maximum"
