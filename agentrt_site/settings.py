@@ -110,6 +110,9 @@ INSTALLED_APPS = [
     "ops",
     "webhooks",
 ]
+# A project's own apps (their `agent_tools` / `agent_providers` modules are
+# found at startup), e.g. AGENTRT_EXTRA_APPS=examples.payments. Operator configuration.
+INSTALLED_APPS += env_list("AGENTRT_EXTRA_APPS", "")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -320,6 +323,12 @@ SPECTACULAR_SETTINGS = {
 AGENTRT_SLICE_SECONDS = env_float("AGENTRT_SLICE_SECONDS", 120)
 AGENTRT_MAX_CALL_SECONDS = env_float("AGENTRT_MAX_CALL_SECONDS", 300)
 AGENTRT_RECONCILER = os.environ.get("AGENTRT_RECONCILER", "")
+# A project's tools and providers (issue 13): comma-separated dotted module
+# paths imported by every process at startup (runs.extensions), in addition
+# to each installed app's `agent_tools` / `agent_providers` module. Operator
+# configuration only: never taken from a tenant.
+AGENTRT_TOOL_MODULES = os.environ.get("AGENTRT_TOOL_MODULES", "")
+AGENTRT_PROVIDER_MODULES = os.environ.get("AGENTRT_PROVIDER_MODULES", "")
 AGENTRT_RECONCILE_TIMEOUT = env_float("AGENTRT_RECONCILE_TIMEOUT", 30)
 AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = env_list("AGENTRT_HTTP_TOOL_ALLOWED_HOSTS", "")
 AGENTRT_APPROVAL_TTL_SECONDS = env_float("AGENTRT_APPROVAL_TTL_SECONDS", 86400)
@@ -348,7 +357,7 @@ def _model_endpoints():
     from runs.providers.endpoints import EndpointConfigError, parse_endpoints
 
     try:
-        return parse_endpoints(os.environ.get("AGENTRT_MODEL_ENDPOINTS"))
+        return parse_endpoints(os.environ.get("AGENTRT_MODEL_ENDPOINTS"), check_provider=False)
     except EndpointConfigError as exc:
         raise ImproperlyConfigured(str(exc)) from None
 
