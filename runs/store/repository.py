@@ -21,6 +21,7 @@ from django.db import connection, transaction
 
 from runs.domain.errors import WorkerFenced
 from runs.domain.writes import EventWrite, UnitOfWork
+from runs.store.fence import Transition, fence_statement
 from runs.store.pg import can_batch, unit_statement, watermark_statement
 
 
@@ -49,27 +50,6 @@ def sql_dt(value: datetime | None):
 def jp() -> str:
     """Placeholder for a JSON parameter."""
     return "%s::jsonb" if is_pg() else "%s"
-
-
-def fence_assignments(
-    work: UnitOfWork | None, at: datetime, extra_set: str = "", extra_params: list | None = None
-) -> tuple[str, list]:
-    """The SET list of the fenced UPDATE of the run row and its parameters:
-    `updated_at`, the usage and step count the unit carries, and finalize's
-    transition fragment. Both write paths (statement by statement, and the
-    one-statement CTE on PostgreSQL) use it."""
-    sets = ["updated_at = %s"]
-    params: list[Any] = [sql_dt(at)]
-    if work is not None and work.usage is not None:
-        sets.append(f"usage = {jp()}")
-        params.append(sql_json(work.usage))
-    if work is not None and work.step_count is not None:
-        sets.append("step_count = %s")
-        params.append(work.step_count)
-    if extra_set:
-        sets.append(extra_set)
-        params.extend(extra_params or [])
-    return ", ".join(sets), params
 
 
 class _Fenced(Exception):
@@ -175,30 +155,26 @@ class DjangoRunStore:
         self.commits = 0
 
     # -- the fence ---------------------------------------------------------
-    def _fence(
-        self, cursor, work: UnitOfWork | None, at: datetime, extra_set: str = "", extra_params: list | None = None
-    ) -> None:
-        sets, params = fence_assignments(work, at, extra_set, extra_params)
-        cursor.execute(
-            f"UPDATE runs SET {sets} WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'",
-            params + [sql_uuid(self.run_id), self.owner, self.epoch],
+    def _fence(self, cursor, work: UnitOfWork | None, at: datetime, transition: Transition | None = None) -> None:
+        sql, params = fence_statement(
+            work, at, transition, run_id=sql_uuid(self.run_id), owner=self.owner, epoch=self.epoch
         )
+        cursor.execute(sql, params)
         if cursor.rowcount != 1:
             raise _Fenced()
 
-    def commit(
-        self, work: UnitOfWork, *, transition_sql: str = "", transition_params: list | None = None, after=None
-    ) -> list[int]:
-        """Commit `work` in one fenced transaction. `transition_sql` is a SET
-        fragment only `finalize` passes (the terminal writer). `after(cursor)`
-        runs last inside the transaction (the drive_run enqueue joins it)."""
+    def commit(self, work: UnitOfWork, *, transition: Transition | None = None, after=None) -> list[int]:
+        """Commit `work` in one fenced transaction. `transition` is the run
+        row's change only `finalize` passes (the terminal writer).
+        `after(cursor)` runs last inside the transaction (the drive_run
+        enqueue joins it)."""
         at = work.events[0].occurred_at if work.events else None
         if is_pg() and can_batch(work):
-            return self._commit_one_statement(work, at or _latest(work), transition_sql, transition_params, after)
+            return self._commit_one_statement(work, at or _latest(work), transition, after)
         try:
             with transaction.atomic(durable=True):
                 with connection.cursor() as cursor:
-                    self._fence(cursor, work, at or _latest(work), transition_sql, transition_params)
+                    self._fence(cursor, work, at or _latest(work), transition)
                     self._apply(cursor, work)
                     seqs = append_events(
                         cursor,
@@ -215,9 +191,7 @@ class DjangoRunStore:
         self.commits += 1
         return seqs
 
-    def _commit_one_statement(
-        self, work: UnitOfWork, at: datetime, transition_sql: str, transition_params, after
-    ) -> list[int]:
+    def _commit_one_statement(self, work: UnitOfWork, at: datetime, transition: Transition | None, after) -> list[int]:
         sql, params = unit_statement(
             work,
             run_id=self.run_id,
@@ -227,7 +201,7 @@ class DjangoRunStore:
             epoch=self.epoch,
             code_version=self.code_version,
             checkpoint_id=_checkpoint_id(self.run_id, work.checkpoint.version) if work.checkpoint is not None else None,
-            fence=fence_assignments(work, at, transition_sql, transition_params),
+            fence=fence_statement(work, at, transition, run_id=self.run_id, owner=self.owner, epoch=self.epoch),
         )
         if after is None and connection.get_autocommit():
             with statement_cursor() as cursor:  # the statement is its own transaction
@@ -481,6 +455,18 @@ def _latest(work: UnitOfWork) -> datetime:
     if work.checkpoint is not None:
         return work.checkpoint.created_at
     raise ValueError("a unit of work with no timestamp")
+
+
+def record_events(
+    *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, events: Iterable[EventWrite]
+) -> list[int]:
+    """`append_events` on the connection's own cursor, for the ORM writes of
+    the cold paths (cancel, input, decisions, expiry): call it inside their
+    `transaction.atomic()` so the events commit with the rows."""
+    with connection.cursor() as cursor:
+        return append_events(
+            cursor, tenant_id=tenant_id, session_id=session_id, run_id=run_id, epoch=epoch, events=events
+        )
 
 
 def append_event_unfenced(
