@@ -100,7 +100,7 @@ def fence_statement(
     at: datetime,
     transition: Transition | None,
     *,
-    run_id: UUID,
+    run_id: UUID | str | None,
     owner: str,
     epoch: int,
 ) -> tuple[str, list[Any]]:

@@ -187,7 +187,8 @@ def _take_over_sql() -> str:
     return (
         "UPDATE runs SET lease_owner = %s, lease_epoch = lease_epoch + 1, lease_expires_at = %s,"
         " attempts = attempts + 1, lease_expirations = lease_expirations + 1, updated_at = %s"
-        " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)"
+        " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s AND (lease_expires_at IS NULL OR"
+        " lease_expires_at < %s)"
         " RETURNING lease_epoch, tenant_id, session_id, lease_expirations"
     )
 
@@ -233,7 +234,8 @@ def take_over(
             epoch, tenant_id, session_id, expirations = got
             leased = Leased(run_id=run_id, tenant_id=_uuid(tenant_id), session_id=_uuid(session_id), epoch=epoch)
             cursor.execute(
-                "UPDATE model_calls SET status = 'interrupted', finished_at = %s WHERE run_id = %s AND status = 'started'"
+                "UPDATE model_calls SET status = 'interrupted', finished_at = %s WHERE run_id = %s AND status ="
+                " 'started'"
                 " RETURNING step_number, attempt_number",
                 [sql_dt(now), sql_uuid(run_id)],
             )

@@ -314,8 +314,8 @@ def watermark_statement(
     invocation_id: UUID,
     attempt: int,
     at: datetime,
-    event_payload: dict,
-) -> tuple[str, list]:
+    event_payload: dict[str, Any],
+) -> tuple[str, list[Any]]:
     """The watermark, alone: the fence, `effect_sent_at`, `tool.call.started`."""
     sql = (
         "WITH fenced_run AS (UPDATE runs SET updated_at = %s WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"

@@ -11,7 +11,7 @@ also locks the row to commit; zero rows means fenced: roll back and raise
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -24,12 +24,15 @@ from runs.domain.writes import EventWrite, UnitOfWork
 from runs.store.fence import Transition, fence_statement
 from runs.store.pg import can_batch, unit_statement, watermark_statement
 
+# A database cursor (Django's CursorWrapper; the project has no Django stubs).
+Cursor = Any
+
 
 def is_pg() -> bool:
-    return connection.vendor == "postgresql"
+    return bool(connection.vendor == "postgresql")
 
 
-def sql_uuid(value: UUID | None):
+def sql_uuid(value: UUID | None) -> UUID | str | None:
     if value is None:
         return None
     return value if is_pg() else value.hex
@@ -41,7 +44,7 @@ def sql_json(value: Any) -> str | None:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
-def sql_dt(value: datetime | None):
+def sql_dt(value: datetime | None) -> Any:
     if value is None:
         return None
     return connection.ops.adapt_datetimefield_value(value)
@@ -52,11 +55,15 @@ def jp() -> str:
     return "%s::jsonb" if is_pg() else "%s"
 
 
+# What runs last inside a commit's transaction (finalize's enqueue of drive_run).
+After = Callable[[Cursor], None]
+
+
 class _Fenced(Exception):
     pass
 
 
-def statement_cursor():
+def statement_cursor() -> Cursor:
     """A cursor for the runtime's own single-statement transactions.
 
     Django's cursor binds parameters on the client, so PostgreSQL plans every
@@ -77,7 +84,7 @@ def statement_cursor():
     return connection.cursor()
 
 
-def _notify(run_id, tenant_id) -> None:
+def _notify(run_id: UUID | None, tenant_id: UUID) -> None:
     """Wake live sockets after commit (a hint only: consumers read the table);
     sent by runs.runtime.wake's thread, never on the step's path."""
     from runs.runtime.wake import waker
@@ -86,7 +93,7 @@ def _notify(run_id, tenant_id) -> None:
 
 
 def append_events(
-    cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, events: Iterable[EventWrite]
+    cursor: Cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, events: Iterable[EventWrite]
 ) -> list[int]:
     """Append events with sequences from the session counter, inside the
     caller's transaction: the counter row lock is held to commit, so commit
@@ -145,7 +152,7 @@ class DjangoRunStore:
 
     def __init__(
         self, *, run_id: UUID, tenant_id: UUID, session_id: UUID, owner: str, epoch: int, code_version: str = ""
-    ):
+    ) -> None:
         self.run_id = run_id
         self.tenant_id = tenant_id
         self.session_id = session_id
@@ -155,7 +162,9 @@ class DjangoRunStore:
         self.commits = 0
 
     # -- the fence ---------------------------------------------------------
-    def _fence(self, cursor, work: UnitOfWork | None, at: datetime, transition: Transition | None = None) -> None:
+    def _fence(
+        self, cursor: Cursor, work: UnitOfWork | None, at: datetime, transition: Transition | None = None
+    ) -> None:
         sql, params = fence_statement(
             work, at, transition, run_id=sql_uuid(self.run_id), owner=self.owner, epoch=self.epoch
         )
@@ -163,7 +172,9 @@ class DjangoRunStore:
         if cursor.rowcount != 1:
             raise _Fenced()
 
-    def commit(self, work: UnitOfWork, *, transition: Transition | None = None, after=None) -> list[int]:
+    def commit(
+        self, work: UnitOfWork, *, transition: Transition | None = None, after: After | None = None
+    ) -> list[int]:
         """Commit `work` in one fenced transaction. `transition` is the run
         row's change only `finalize` passes (the terminal writer).
         `after(cursor)` runs last inside the transaction (the drive_run
@@ -191,7 +202,9 @@ class DjangoRunStore:
         self.commits += 1
         return seqs
 
-    def _commit_one_statement(self, work: UnitOfWork, at: datetime, transition: Transition | None, after) -> list[int]:
+    def _commit_one_statement(
+        self, work: UnitOfWork, at: datetime, transition: Transition | None, after: After | None
+    ) -> list[int]:
         sql, params = unit_statement(
             work,
             run_id=self.run_id,
@@ -277,7 +290,8 @@ class DjangoRunStore:
                 with connection.cursor() as cursor:
                     self._fence(cursor, None, at)
                     cursor.execute(
-                        "UPDATE tool_invocations SET effect_sent_at = %s, status = 'executing', attempt = %s, updated_at = %s, lease_epoch = %s"
+                        "UPDATE tool_invocations SET effect_sent_at = %s, status = 'executing', attempt = %s,"
+                        " updated_at = %s, lease_epoch = %s"
                         " WHERE id = %s AND run_id = %s",
                         [sql_dt(at), attempt, sql_dt(at), self.epoch, sql_uuid(invocation_id), sql_uuid(self.run_id)],
                     )
@@ -296,12 +310,13 @@ class DjangoRunStore:
         self.commits += 1
 
     # -- the writes of a unit ---------------------------------------------
-    def _apply(self, cursor, work: UnitOfWork) -> None:
+    def _apply(self, cursor: Cursor, work: UnitOfWork) -> None:
         run, tenant, epoch = sql_uuid(self.run_id), sql_uuid(self.tenant_id), self.epoch
         if work.model_call_finishes:
             for f in work.model_call_finishes:
                 cursor.execute(
-                    f"UPDATE model_calls SET status = %s, usage = {jp()}, stop_reason = %s, stream_had_output = %s, error = {jp()},"
+                    f"UPDATE model_calls SET status = %s, usage = {jp()}, stop_reason = %s, stream_had_output ="
+                    f" %s, error = {jp()},"
                     " prefix_sha256 = %s, finished_at = %s WHERE id = %s AND run_id = %s",
                     [
                         f.status,
@@ -331,7 +346,8 @@ class DjangoRunStore:
                     sql_dt(m.started_at),
                 ]
             cursor.execute(
-                "INSERT INTO model_calls (id, tenant_id, run_id, step_number, attempt_number, status, usage, stream_had_output, lease_epoch, started_at)"
+                "INSERT INTO model_calls (id, tenant_id, run_id, step_number, attempt_number, status, usage,"
+                " stream_had_output, lease_epoch, started_at)"
                 f" VALUES {', '.join(rows)}",
                 params,
             )
@@ -365,8 +381,10 @@ class DjangoRunStore:
                     i.outcome,
                 ]
             cursor.execute(
-                "INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id, tool_name, arguments,"
-                " raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error, suspended_kind, lease_epoch,"
+                "INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id,"
+                " tool_name, arguments,"
+                " raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error,"
+                " suspended_kind, lease_epoch,"
                 " created_at, updated_at, outcome)"
                 f" VALUES {', '.join(rows)}",
                 params,
@@ -400,8 +418,10 @@ class DjangoRunStore:
             )
         for a in work.approval_inserts:
             cursor.execute(
-                "INSERT INTO approvals (id, tenant_id, run_id, invocation_id, kind, request_hash, capability, presentation, status,"
-                f" reason, expires_at, created_at) VALUES (%s, %s, %s, %s, %s, %s, {jp()}, {jp()}, 'pending', '', %s, %s)",
+                "INSERT INTO approvals (id, tenant_id, run_id, invocation_id, kind, request_hash, capability,"
+                " presentation, status,"
+                f" reason, expires_at, created_at) VALUES (%s, %s, %s, %s, %s, %s, {jp()}, {jp()}, 'pending', '',"
+                " %s, %s)",
                 [
                     sql_uuid(a.id),
                     tenant,
@@ -423,7 +443,8 @@ class DjangoRunStore:
         if work.checkpoint is not None:
             c = work.checkpoint
             cursor.execute(
-                'INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state, code_version, lease_epoch, created_at)'
+                'INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state,'
+                " code_version, lease_epoch, created_at)"
                 f" VALUES (%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s)",
                 [
                     sql_uuid(_checkpoint_id(self.run_id, c.version)),
@@ -449,9 +470,10 @@ def _checkpoint_id(run_id: UUID, version: int) -> UUID:
 
 
 def _latest(work: UnitOfWork) -> datetime:
-    for group in (work.model_call_inserts, work.model_call_finishes):
-        for item in group:
-            return getattr(item, "started_at", None) or item.finished_at
+    for started in work.model_call_inserts:
+        return started.started_at
+    for finished in work.model_call_finishes:
+        return finished.finished_at
     if work.checkpoint is not None:
         return work.checkpoint.created_at
     raise ValueError("a unit of work with no timestamp")

@@ -320,7 +320,8 @@ def test_planted_fixtures_are_not_collected_as_tests():
             ["status"],
         ),
         (
-            "UPDATE runs SET updated_at = now() WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'",
+            "UPDATE runs SET updated_at = now() WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND"
+            " status = 'RUNNING'",
             [],
         ),
         ("UPDATE approvals SET status = 'cancelled' WHERE run_id = %s", []),
