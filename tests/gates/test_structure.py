@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.gates.structure import (
+    ERROR_EXCEPTIONS,
     ROOT,
     WRITERS,
     ambient_identity_violations,
@@ -230,6 +231,15 @@ def test_writer_gate_reports_writes_it_cannot_read():
 
     assert_catches_exactly_the_planted_lines(violations, fixture)
     assert all(v.message.startswith("unanalysable") for v in violations), report(violations)
+
+
+def test_every_listed_error_exception_still_exists():
+    """The list of exceptions to the error gate cannot rot: each entry names a
+    class that is still where it says."""
+    files = [p for p in RUNTIME if rel(p).startswith("runs/")]
+    found = {f"{path}::{name}" for path, _, name in exception_classes(files)}
+
+    assert set(ERROR_EXCEPTIONS) - found == set()
 
 
 def test_error_gate_catches_the_planted_classes():
