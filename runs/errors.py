@@ -97,3 +97,10 @@ class RunNotWaitingForUser(RunError):
 
     code = "run_not_waiting_for_input"
     status = 409
+
+
+class RunWaitTimeout(RunError):
+    """`wait_for_run`: the run did not settle within the timeout; it goes on regardless."""
+
+    code = "run_wait_timeout"
+    status = 408

@@ -24,15 +24,8 @@ from django.db import connection
 
 from runs.clock import CLOCK
 from runs.domain.values import TERMINAL_STATUSES, WAITING_STATUSES
-from runs.errors import RunError, RunNotFound
+from runs.errors import RunNotFound, RunWaitTimeout
 from runs.models import Run
-
-
-class RunWaitTimeout(RunError):
-    """The run did not settle within the timeout; it goes on regardless."""
-
-    code = "run_wait_timeout"
-    status = 408
 
 
 def wait_for_run(run_id: UUID | str | Any, timeout: float, *, waiting: bool = True, poll_max: float = 1.0) -> Run:

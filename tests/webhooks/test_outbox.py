@@ -77,6 +77,7 @@ def test_a_fenced_terminal_commit_writes_no_delivery(tenant, load_agent, submit,
     from runs.domain.errors import WorkerFenced
     from runs.domain.writes import EventWrite, UnitOfWork
     from runs.runtime.queue import run_claim
+    from runs.store.fence import Transition
     from runs.store.repository import DjangoRunStore
 
     hook_registry.register("t.one")(lambda view: None)
@@ -93,7 +94,7 @@ def test_a_fenced_terminal_commit_writes_no_delivery(tenant, load_agent, submit,
         )
     )
     with pytest.raises(WorkerFenced):
-        store.commit(work, transition_sql="status = 'COMPLETED', lease_owner = NULL, lease_expires_at = NULL")
+        store.commit(work, transition=Transition(status="COMPLETED", release_lease=True))
     assert not Delivery.objects.exists() and not doorbells()
 
 
