@@ -36,7 +36,7 @@ var/secret_key:
 run: venv var/secret_key
 	DJANGO_SECRET_KEY="$$(cat var/secret_key)" AGENTRT_DEMO=1 $(PY) manage.py demo
 
-# Several nodes on one PostgreSQL and one Redis (docs/DEPLOYMENT.md): WORKERS
+# Several nodes on one PostgreSQL and one Redis (deploy/README.md): WORKERS
 # worker nodes, two web nodes on WEB_PORT and WEB_PORT+1, maintenance;
 # migrates first; Ctrl-C / SIGTERM / SIGHUP stop it all (worker nodes drain).
 # The secret key is DJANGO_SECRET_KEY if set, else the demo's var/secret_key

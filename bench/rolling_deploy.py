@@ -468,13 +468,17 @@ class Rolling:
             problems.append(f"{len(twice)} effect(s) sent more than once: {list(twice.items())[:5]}")
         if len(sends) != 2 * self.args.runs:
             problems.append(f"{len(sends)} distinct effects at the sink, {2 * self.args.runs} expected (two per run)")
+        web_exc = self.web_log_exceptions()
+        other = {k: n for k, n in web_exc.items() if not k.endswith("django.core.exceptions.RequestAborted")}
+        if other:
+            problems.append(f"web node logs show exceptions other than a request aborted by the stop: {other}")
         takeovers = sum(1 for e in snap["events"] if e["type"] == "lease.taken_over")
         if takeovers:
             problems.append(f"{takeovers} run(s) taken over after an expired lease: a draining node must yield every run it holds")
         violations = verdict["violations"]
 
         report = self.figures(recs, snap, sink, statuses)
-        report.update(violations=violations, problems=problems, checker={k: verdict.get(k) for k in ("outcomes", "sends", "statuses", "fencing")})
+        report.update(web_log_exceptions=web_exc, violations=violations, problems=problems, checker={k: verdict.get(k) for k in ("outcomes", "sends", "statuses", "fencing")})
         (self.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         md = render(report)
         (self.out / "report.md").write_text(md)
@@ -516,6 +520,10 @@ class Rolling:
         e2e = [done[i] - created[i] for i in done if i in created]
         t_first_created, t_last_done = min(created.values()), max(done.values()) if done else None
         requeues = Counter(e["payload"].get("reason") for e in snap["events"] if e["type"] == "run.requeued")
+        web_exc = self.web_log_exceptions()
+        other = {k: n for k, n in web_exc.items() if not k.endswith("django.core.exceptions.RequestAborted")}
+        if other:
+            problems.append(f"web node logs show exceptions other than a request aborted by the stop: {other}")
         takeovers = sum(1 for e in snap["events"] if e["type"] == "lease.taken_over")
         return {
             "bench": "rolling_deploy",
@@ -539,13 +547,33 @@ class Rolling:
         }
 
     def log_summary(self) -> dict:
+        """What the checker judges: the worker nodes' and maintenance's logs (as the soak does).
+        Web nodes are summarised apart (`web_log_exceptions`): daphne, stopped, aborts the
+        requests in flight and asyncio logs each abort's traceback; the client sees a
+        dropped connection and retries (counted under submit errors)."""
         out = {}
         for path in sorted((self.out / "nodes").glob("*.log")):
+            if path.stem.startswith("web-"):
+                continue
             lines = path.read_text(errors="replace").splitlines()
             out[path.stem] = {"tracebacks": sum(1 for line in lines if line.startswith("Traceback")),
                               "errors": sum(1 for line in lines if " ERROR " in line or " CRITICAL " in line),
                               "unhandled_run_errors": sum(1 for line in lines if "unhandled error" in line)}
         return out
+
+    def web_log_exceptions(self) -> dict:
+        """The exception each traceback in a web node's log ends with, counted. Only
+        `RequestAborted` (a request cut by the node's own stop) is expected."""
+        found: Counter = Counter()
+        for path in sorted((self.out / "nodes").glob("web-*.log")):
+            lines = path.read_text(errors="replace").splitlines()
+            for k, line in enumerate(lines):
+                if line.startswith("Traceback"):
+                    j = k + 1
+                    while j < len(lines) and (lines[j].startswith(" ") or not lines[j].strip()):
+                        j += 1
+                    found[f"{path.stem}: {lines[j].strip() if j < len(lines) else '?'}"] += 1
+        return dict(found)
 
 
 def render(r: dict) -> str:
@@ -594,8 +622,11 @@ def render(r: dict) -> str:
         if d["n"]:
             lines.append(f"| {phase} | {d['n']} | {d['p50']} | {d['p95']} | {d['p99']} | {d['max']} |")
     errs = ", ".join(f"{k} x{n}" for k, n in sorted(r["submit_errors"].items())) or "none"
+    web = ", ".join(f"{k} x{n}" for k, n in sorted(r["web_log_exceptions"].items())) or "none"
     lat = r["run_latency_ms"]
-    lines += ["", f"Failed submit attempts: {errs}; {r['submits_retried']} submits needed a retry.",
+    lines += ["", f"Failed submit attempts: {errs}; {r['submits_retried']} submits needed a retry (each on the other node, same "
+              "Idempotency-Key). `ConnectionRefusedError`: the node was down; `RemoteDisconnected`: a request in flight when "
+              f"daphne stopped — daphne aborts those on SIGTERM rather than finishing them. Tracebacks in the web nodes' logs: {web}.",
               "", f"Run latency (created → completed): p50 {lat.get('p50')} ms, p95 {lat.get('p95')} ms, max {lat.get('max')} ms; "
               f"throughput {r['throughput_runs_per_s']} runs/s over the whole test.", ""]
     return "\n".join(lines)

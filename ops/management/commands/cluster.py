@@ -1,7 +1,7 @@
 """`make cluster`: several nodes on one PostgreSQL and one Redis, supervised
 as one unit — N worker nodes (`qcluster`), web nodes (daphne, one port
 each) and one `run_maintenance`. It is the multi-node deployment of
-docs/DEPLOYMENT.md on one machine, for trying it, and for the rolling-deploy
+deploy/README.md on one machine, for trying it, and for the rolling-deploy
 and scaling benchmarks (bench/rolling_deploy.py, bench/scaling.py).
 
 1. Refuses anything but PostgreSQL (`DATABASE_URL`): several processes on
