@@ -618,7 +618,8 @@ def render(r: dict) -> str:
               f"{'ended before' if r['roll_ended_before_last_submit'] else 'ended after'} the last submit.",
               "", "## Submit latency (first attempt to success, retries included)", "",
               "| phase | n | p50 ms | p95 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
-    for phase, d in r["submit_latency_ms"].items():
+    order = ["before roll", "worker roll", "web roll", "after roll"]
+    for phase, d in sorted(r["submit_latency_ms"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 9):
         if d["n"]:
             lines.append(f"| {phase} | {d['n']} | {d['p50']} | {d['p95']} | {d['p99']} | {d['max']} |")
     errs = ", ".join(f"{k} x{n}" for k, n in sorted(r["submit_errors"].items())) or "none"
@@ -633,6 +634,9 @@ def render(r: dict) -> str:
 
 
 def main(argv=None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--render":  # re-render a report.json
+        print(render(json.loads(Path(sys.argv[2]).read_text())))
+        return 0
     return Rolling(parse_args(argv)).run()
 
 
