@@ -40,6 +40,7 @@ What it does
    retries, the verdict. Exit 1 when anything is lost, duplicated or judged a
    violation. Timings are figures, never a pass/fail criterion.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,7 +57,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -78,16 +79,24 @@ def log(msg: str) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--runs", type=int, default=300)
     p.add_argument("--worker-nodes", type=int, default=3, help="qcluster nodes (default 3)")
     p.add_argument("--worker-processes", type=int, default=2, help="workers per node, AGENTRT_WORKERS (default 2)")
     p.add_argument("--rate", type=float, default=3.0, help="submits per second (default 3: 300 runs flow for 100 s)")
     p.add_argument("--delay-ms", type=int, default=100, help="each scripted model turn takes this long (default 100)")
-    p.add_argument("--roll-after", type=float, default=0.1, help="start rolling once this share of the runs is submitted")
+    p.add_argument(
+        "--roll-after", type=float, default=0.1, help="start rolling once this share of the runs is submitted"
+    )
     p.add_argument("--pause", type=float, default=2.0, help="seconds between one node ready and the next SIGTERM")
-    p.add_argument("--wait-busy", type=float, default=10.0,
-                   help="before a worker node's SIGTERM, wait up to this long until it holds a run (so its drain has work)")
+    p.add_argument(
+        "--wait-busy",
+        type=float,
+        default=10.0,
+        help="before a worker node's SIGTERM, wait up to this long until it holds a run (so its drain has work)",
+    )
     p.add_argument("--database-url", default=None, help="default: agentrt_rolling on $DATABASE_URL's server")
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), help="'' for none")
     p.add_argument("--timeout", type=float, default=900.0, help="give up waiting for the runs after this many seconds")
@@ -100,10 +109,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def database_url(arg: str | None) -> str:
-    url = arg or urlunsplit(urlsplit(os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/agentrt")._replace(path="/agentrt_rolling"))
+    url = arg or urlunsplit(
+        urlsplit(os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/agentrt")._replace(
+            path="/agentrt_rolling"
+        )
+    )
     name = urlsplit(url).path.lstrip("/")
     if "rolling" not in name and "bench" not in name:
-        raise SystemExit(f"refusing to drop {name!r}: the rolling-deploy database's name must contain 'rolling' or 'bench'")
+        raise SystemExit(
+            f"refusing to drop {name!r}: the rolling-deploy database's name must contain 'rolling' or 'bench'"
+        )
     return url
 
 
@@ -136,11 +151,18 @@ def dist_ms(values: list[float]) -> dict:
     ms = [x * 1e3 for x in values]
     if not ms:
         return {"n": 0}
-    return {"n": len(ms), "p50": round(pct(ms, 0.5), 1), "p95": round(pct(ms, 0.95), 1), "p99": round(pct(ms, 0.99), 1),
-            "max": round(max(ms), 1), "mean": round(statistics.mean(ms), 1)}
+    return {
+        "n": len(ms),
+        "p50": round(pct(ms, 0.5), 1),
+        "p95": round(pct(ms, 0.95), 1),
+        "p99": round(pct(ms, 0.99), 1),
+        "max": round(max(ms), 1),
+        "mean": round(statistics.mean(ms), 1),
+    }
 
 
 # -- the client ------------------------------------------------------------------
+
 
 class Submitter:
     """Submits run i at t0 + i / rate to web node i mod 2; a failed attempt is
@@ -161,8 +183,16 @@ class Submitter:
 
     def post(self, port: int, i: int) -> tuple[int, dict]:
         body = json.dumps({"agent": AGENT, "input": f"rolling deploy run {i}"}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/runs/", data=body, method="POST", headers={
-            "Authorization": f"Token {self.token}", "Content-Type": "application/json", "Idempotency-Key": self.key(i)})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/runs/",
+            data=body,
+            method="POST",
+            headers={
+                "Authorization": f"Token {self.token}",
+                "Content-Type": "application/json",
+                "Idempotency-Key": self.key(i),
+            },
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.ATTEMPT_TIMEOUT) as resp:
                 return resp.status, json.loads(resp.read() or b"{}")
@@ -180,11 +210,13 @@ class Submitter:
             try:
                 status, data = self.post(port, i)
                 err = None if status in (200, 201) else f"http_{status}"
-            except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError, OSError) as exc:
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
                 status, data = None, {}
                 reason = getattr(exc, "reason", exc)
                 err = type(reason).__name__ if not isinstance(reason, str) else reason
-            rec["attempts"].append({"port": port, "t": a, "s": round(time.time() - a, 4), "status": status, "error": err})
+            rec["attempts"].append(
+                {"port": port, "t": a, "s": round(time.time() - a, 4), "status": status, "error": err}
+            )
             if err is None:
                 rec["run"], rec["status"] = data.get("id"), status
                 break
@@ -214,6 +246,7 @@ class Submitter:
 
 # -- the bench -------------------------------------------------------------------
 
+
 class Rolling:
     def __init__(self, args):
         self.args = args
@@ -232,8 +265,14 @@ class Rolling:
         recreate_database(self.db_url)
         env = dict(os.environ, DATABASE_URL=self.db_url)
         with open(self.out / "migrate.log", "wb") as fh:
-            subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, stdout=fh,
-                           stderr=subprocess.STDOUT, check=True)
+            subprocess.run(
+                [sys.executable, "manage.py", "migrate", "--noinput"],
+                cwd=ROOT,
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                check=True,
+            )
         os.environ["DATABASE_URL"] = self.db_url
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
         os.environ.pop("REDIS_URL", None)  # this process only seeds and reads
@@ -248,14 +287,28 @@ class Rolling:
         tenant, user = tenant_create(name="rolling", username="rolling-client")
         _, self.token = AuthToken.objects.create(user=user)
         d = self.args.delay_ms
-        post = lambda n: {"name": "http_post", "arguments": {"url": f"http://{self.sink_host}/effect", "json": {"effect": n}}}  # noqa: E731
-        agent_load(tenant=tenant, definition={
-            "name": AGENT, "instructions": "rolling-deploy agent", "tools": ["echo", "http_post"], "policy": {"default": "allow"},
-            "model": {"provider": "scripted", "turns": [
-                {"tool_calls": [post(1)], "delay_ms": d},
-                {"tool_calls": [{"name": "echo", "arguments": {"text": "between the effects"}}], "delay_ms": d},
-                {"tool_calls": [post(2)], "delay_ms": d},
-                {"text": "deployed", "delay_ms": d}]}})
+
+        def post(n: int) -> dict:
+            return {"name": "http_post", "arguments": {"url": f"http://{self.sink_host}/effect", "json": {"effect": n}}}
+
+        agent_load(
+            tenant=tenant,
+            definition={
+                "name": AGENT,
+                "instructions": "rolling-deploy agent",
+                "tools": ["echo", "http_post"],
+                "policy": {"default": "allow"},
+                "model": {
+                    "provider": "scripted",
+                    "turns": [
+                        {"tool_calls": [post(1)], "delay_ms": d},
+                        {"tool_calls": [{"name": "echo", "arguments": {"text": "between the effects"}}], "delay_ms": d},
+                        {"tool_calls": [post(2)], "delay_ms": d},
+                        {"text": "deployed", "delay_ms": d},
+                    ],
+                },
+            },
+        )
         from django.db import connections
 
         connections.close_all()
@@ -263,8 +316,12 @@ class Rolling:
     def start_sink(self) -> None:
         self.sink_log = open(self.out / "sink.stderr", "wb")
         cfg = {"seed": 0, "drop": 0.0, "delay": 0.0, "delay_s": 0.0}
-        self.sink = subprocess.Popen([sys.executable, "-c", SINK_SCRIPT, str(self.out / "sink.jsonl"), str(ROOT), json.dumps(cfg)],
-                                     stdout=subprocess.PIPE, stderr=self.sink_log, start_new_session=True)
+        self.sink = subprocess.Popen(
+            [sys.executable, "-c", SINK_SCRIPT, str(self.out / "sink.jsonl"), str(ROOT), json.dumps(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=self.sink_log,
+            start_new_session=True,
+        )
         self.sink_host = f"127.0.0.1:{int(self.sink.stdout.readline().decode().strip())}"
         log(f"sink on {self.sink_host}")
 
@@ -272,23 +329,50 @@ class Rolling:
         a = self.args
         self.port = two_free_ports()
         env = dict(os.environ)
-        env.update(DATABASE_URL=self.db_url, AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=self.sink_host, PYTHONUNBUFFERED="1",
-                   AGENTRT_LOG_LEVEL="INFO", AGENTRT_THROTTLE_RUNS_CREATE="100000/min")
+        env.update(
+            DATABASE_URL=self.db_url,
+            AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=self.sink_host,
+            PYTHONUNBUFFERED="1",
+            AGENTRT_LOG_LEVEL="INFO",
+            AGENTRT_THROTTLE_RUNS_CREATE="100000/min",
+        )
         env.pop("AGENTRT_ENABLE_FAULTPOINTS", None)
         if a.redis_url:
             env["REDIS_URL"] = a.redis_url
         else:
             env.pop("REDIS_URL", None)
         self.cluster_log = open(self.out / "cluster.log", "wb")
-        argv = [sys.executable, "manage.py", "cluster", "--workers", str(a.worker_nodes), "--worker-processes", str(a.worker_processes),
-                "--web", "2", "--port", str(self.port), "--log-dir", str(self.out / "nodes"), "--state-file", str(self.state_path)]
-        self.cluster = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.cluster_log, stderr=subprocess.STDOUT, start_new_session=True)
+        argv = [
+            sys.executable,
+            "manage.py",
+            "cluster",
+            "--workers",
+            str(a.worker_nodes),
+            "--worker-processes",
+            str(a.worker_processes),
+            "--web",
+            "2",
+            "--port",
+            str(self.port),
+            "--log-dir",
+            str(self.out / "nodes"),
+            "--state-file",
+            str(self.state_path),
+        ]
+        self.cluster = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=self.cluster_log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         deadline = time.time() + 180
         while time.time() < deadline:
             if self.cluster.poll() is not None:
-                raise SystemExit(f"the cluster exited ({self.cluster.returncode}):\n{(self.out / 'cluster.log').read_text()[-3000:]}")
+                raise SystemExit(
+                    f"the cluster exited ({self.cluster.returncode}):\n{(self.out / 'cluster.log').read_text()[-3000:]}"
+                )
             if "agentrt cluster is running" in (self.out / "cluster.log").read_text(errors="replace"):
-                log(f"cluster up: {a.worker_nodes} worker nodes x {a.worker_processes}, web on {self.port} and {self.port + 1}")
+                log(
+                    f"cluster up: {a.worker_nodes} worker nodes x {a.worker_processes}, "
+                    f"web on {self.port} and {self.port + 1}"
+                )
                 return
             time.sleep(0.2)
         raise SystemExit("the cluster did not become ready in 180 s")
@@ -305,12 +389,19 @@ class Rolling:
     def held_runs(self, pids: set[int]) -> list[str]:
         with self.conn.cursor() as cur:
             cur.execute("SELECT id, lease_owner FROM runs WHERE status = 'RUNNING'")
-            return [str(i) for i, owner in cur.fetchall() if owner and owner.split(":")[-2].isdigit() and int(owner.split(":")[-2]) in pids]
+            return [
+                str(i)
+                for i, owner in cur.fetchall()
+                if owner and owner.split(":")[-2].isdigit() and int(owner.split(":")[-2]) in pids
+            ]
 
     def drain_requeues(self, t_a: float, t_b: float) -> int:
         with self.conn.cursor() as cur:
-            cur.execute("SELECT count(*) FROM events WHERE type = 'run.requeued' AND payload->>'reason' = 'drain'"
-                        " AND occurred_at BETWEEN to_timestamp(%s) AND to_timestamp(%s)", [t_a, t_b + 0.5])
+            cur.execute(
+                "SELECT count(*) FROM events WHERE type = 'run.requeued' AND payload->>'reason' = 'drain'"
+                " AND occurred_at BETWEEN to_timestamp(%s) AND to_timestamp(%s)",
+                [t_a, t_b + 0.5],
+            )
             return cur.fetchone()[0]
 
     def restart_node(self, name: str) -> dict:
@@ -348,19 +439,33 @@ class Rolling:
                 raise SystemExit(f"{name} was not ready again within 300 s")
             time.sleep(0.05)
         t_ready = time.time()
-        step = {"node": name, "role": node["role"], "old_pid": pid, "new_pid": n["pid"], "t_sigterm": t_term,
-                "main_exit_s": round(t_main - t_term, 3), "drain_s": round(t_gone - t_term, 3),
-                "back_ready_s": round(t_ready - t_term, 3), "held_at_sigterm": len(held),
-                "submitted_during": self.submitter.submitted - submitted_before, "t_ready": t_ready}
+        step = {
+            "node": name,
+            "role": node["role"],
+            "old_pid": pid,
+            "new_pid": n["pid"],
+            "t_sigterm": t_term,
+            "main_exit_s": round(t_main - t_term, 3),
+            "drain_s": round(t_gone - t_term, 3),
+            "back_ready_s": round(t_ready - t_term, 3),
+            "held_at_sigterm": len(held),
+            "submitted_during": self.submitter.submitted - submitted_before,
+            "t_ready": t_ready,
+        }
         if node["role"] == "worker":
             step["yielded_by_drain"] = self.drain_requeues(t_term, t_gone)
-        log(f"{name}: SIGTERM -> gone {step['drain_s']:.2f} s (held {len(held)} runs), ready again after {step['back_ready_s']:.2f} s")
+        log(
+            f"{name}: SIGTERM -> gone {step['drain_s']:.2f} s (held {len(held)} runs), "
+            f"ready again after {step['back_ready_s']:.2f} s"
+        )
         self.roll.append(step)
         return step
 
     def do_roll(self) -> None:
         names = self.nodes()
-        order = sorted(n for n in names if names[n]["role"] == "worker") + sorted(n for n in names if names[n]["role"] == "web")
+        order = sorted(n for n in names if names[n]["role"] == "worker") + sorted(
+            n for n in names if names[n]["role"] == "web"
+        )
         for k, name in enumerate(order):
             if k:
                 time.sleep(self.args.pause)
@@ -432,33 +537,46 @@ class Rolling:
 
     # the verdict
     def finish(self) -> int:
+        from runs.runtime.resume import MAX_LEASE_EXPIRATIONS
         from tests.chaos.checker import check
         from tests.chaos.snapshot import take_snapshot
 
-        from runs.resume import MAX_LEASE_EXPIRATIONS
-
         recs = [r for r in self.submitter.records if r]
         run_ids = [r["run"] for r in recs if r["run"]]
-        snap = take_snapshot(meta={"runs_submitted": len(set(run_ids)), "t_first_submit": self.t_first_submit, "t_end": self.t_end,
-                                   "max_lease_expirations": MAX_LEASE_EXPIRATIONS, "reconciler": False})
+        snap = take_snapshot(
+            meta={
+                "runs_submitted": len(set(run_ids)),
+                "t_first_submit": self.t_first_submit,
+                "t_end": self.t_end,
+                "max_lease_expirations": MAX_LEASE_EXPIRATIONS,
+                "reconciler": False,
+            }
+        )
         snap["meta"]["process_logs"] = self.log_summary()
         (self.out / "snapshot.json").write_text(json.dumps(snap, default=str))
         (self.out / "submits.json").write_text(json.dumps(recs))
-        sink = [json.loads(line) for line in (self.out / "sink.jsonl").read_text().splitlines() if line.strip()] \
-            if (self.out / "sink.jsonl").exists() else []
+        sink = (
+            [json.loads(line) for line in (self.out / "sink.jsonl").read_text().splitlines() if line.strip()]
+            if (self.out / "sink.jsonl").exists()
+            else []
+        )
         verdict = check(snap, sink, [], [])
 
         # the client's side: one run per key, the database holds exactly those runs, nothing sent twice
         problems = []
-        unsubmitted = [r["key"] for r in recs if not r["run"]] + [f"#{i}" for i, r in enumerate(self.submitter.records) if r is None]
+        unsubmitted = [r["key"] for r in recs if not r["run"]] + [
+            f"#{i}" for i, r in enumerate(self.submitter.records) if r is None
+        ]
         if unsubmitted:
             problems.append(f"{len(unsubmitted)} submit(s) never succeeded: {unsubmitted[:5]}")
         if len(set(run_ids)) != len(run_ids):
             problems.append(f"{len(run_ids) - len(set(run_ids))} Idempotency-Keys share a run")
         db_runs = {r["id"] for r in snap["runs"]}
         if db_runs != set(run_ids):
-            problems.append(f"the database holds {len(db_runs)} runs, the client got {len(set(run_ids))} "
-                            f"({len(db_runs - set(run_ids))} unknown to the client, {len(set(run_ids) - db_runs)} missing)")
+            problems.append(
+                f"the database holds {len(db_runs)} runs, the client got {len(set(run_ids))} "
+                f"({len(db_runs - set(run_ids))} unknown to the client, {len(set(run_ids) - db_runs)} missing)"
+            )
         statuses = Counter(r["status"] for r in snap["runs"])
         if statuses.get("COMPLETED", 0) != self.args.runs:
             problems.append(f"not every run COMPLETED: {dict(statuses)}")
@@ -474,11 +592,18 @@ class Rolling:
             problems.append(f"web node logs show exceptions other than a request aborted by the stop: {other}")
         takeovers = sum(1 for e in snap["events"] if e["type"] == "lease.taken_over")
         if takeovers:
-            problems.append(f"{takeovers} run(s) taken over after an expired lease: a draining node must yield every run it holds")
+            problems.append(
+                f"{takeovers} run(s) taken over after an expired lease: a draining node must yield every run it holds"
+            )
         violations = verdict["violations"]
 
         report = self.figures(recs, snap, sink, statuses)
-        report.update(web_log_exceptions=web_exc, violations=violations, problems=problems, checker={k: verdict.get(k) for k in ("outcomes", "sends", "statuses", "fencing")})
+        report.update(
+            web_log_exceptions=web_exc,
+            violations=violations,
+            problems=problems,
+            checker={k: verdict.get(k) for k in ("outcomes", "sends", "statuses", "fencing")},
+        )
         (self.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         md = render(report)
         (self.out / "report.md").write_text(md)
@@ -520,28 +645,43 @@ class Rolling:
         e2e = [done[i] - created[i] for i in done if i in created]
         t_first_created, t_last_done = min(created.values()), max(done.values()) if done else None
         requeues = Counter(e["payload"].get("reason") for e in snap["events"] if e["type"] == "run.requeued")
-        web_exc = self.web_log_exceptions()
-        other = {k: n for k, n in web_exc.items() if not k.endswith("django.core.exceptions.RequestAborted")}
-        if other:
-            problems.append(f"web node logs show exceptions other than a request aborted by the stop: {other}")
         takeovers = sum(1 for e in snap["events"] if e["type"] == "lease.taken_over")
         return {
             "bench": "rolling_deploy",
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "command": "python bench/rolling_deploy.py " + " ".join(sys.argv[1:]),
-            "machine": {"cores": os.cpu_count(), "loadavg_1m_before": round(self.load_before[0], 2),
-                        "loadavg_1m_after": round(os.getloadavg()[0], 2)},
-            "config": {"runs": a.runs, "worker_nodes": a.worker_nodes, "workers_per_node": a.worker_processes, "web_nodes": 2,
-                       "rate_per_s": a.rate, "delay_ms": a.delay_ms, "steps_per_run": 4, "effects_per_run": 2,
-                       "redis": bool(a.redis_url), "database": urlsplit(self.db_url).path.lstrip("/"), "artifacts": str(self.out)},
+            "machine": {
+                "cores": os.cpu_count(),
+                "loadavg_1m_before": round(self.load_before[0], 2),
+                "loadavg_1m_after": round(os.getloadavg()[0], 2),
+            },
+            "config": {
+                "runs": a.runs,
+                "worker_nodes": a.worker_nodes,
+                "workers_per_node": a.worker_processes,
+                "web_nodes": 2,
+                "rate_per_s": a.rate,
+                "delay_ms": a.delay_ms,
+                "steps_per_run": 4,
+                "effects_per_run": 2,
+                "redis": bool(a.redis_url),
+                "database": urlsplit(self.db_url).path.lstrip("/"),
+                "artifacts": str(self.out),
+            },
             "roll": self.roll,
             "roll_window_s": round(self.t_roll_end - self.t_roll_start, 2),
-            "submits_during_roll": self.runs_submitted_at_roll_end - sum(1 for r in recs if r["t_end"] < self.t_roll_start),
+            "submits_during_roll": self.runs_submitted_at_roll_end
+            - sum(1 for r in recs if r["t_end"] < self.t_roll_start),
             "roll_ended_before_last_submit": self.t_roll_end < self.t_last_submit,
             "submit_latency_ms": {k: dist_ms(v) for k, v in sorted(lat.items())},
-            "submit_errors": dict(errors), "submits_retried": retried, "idempotent_replays": replays,
-            "statuses": dict(statuses), "requeues": dict(requeues), "takeovers": takeovers,
-            "sink_posts": len(sink), "distinct_effects": len({s["key"] for s in sink}),
+            "submit_errors": dict(errors),
+            "submits_retried": retried,
+            "idempotent_replays": replays,
+            "statuses": dict(statuses),
+            "requeues": dict(requeues),
+            "takeovers": takeovers,
+            "sink_posts": len(sink),
+            "distinct_effects": len({s["key"] for s in sink}),
             "run_latency_ms": dist_ms(e2e),
             "throughput_runs_per_s": round(len(done) / (t_last_done - t_first_created), 2) if done else None,
         }
@@ -556,9 +696,11 @@ class Rolling:
             if path.stem.startswith("web-"):
                 continue
             lines = path.read_text(errors="replace").splitlines()
-            out[path.stem] = {"tracebacks": sum(1 for line in lines if line.startswith("Traceback")),
-                              "errors": sum(1 for line in lines if " ERROR " in line or " CRITICAL " in line),
-                              "unhandled_run_errors": sum(1 for line in lines if "unhandled error" in line)}
+            out[path.stem] = {
+                "tracebacks": sum(1 for line in lines if line.startswith("Traceback")),
+                "errors": sum(1 for line in lines if " ERROR " in line or " CRITICAL " in line),
+                "unhandled_run_errors": sum(1 for line in lines if "unhandled error" in line),
+            }
         return out
 
     def web_log_exceptions(self) -> dict:
@@ -584,22 +726,26 @@ def render(r: dict) -> str:
         "",
         f"{r['date']}: `{r['command']}`",
         "",
-        f"{c['runs']} runs submitted over REST at {c['rate_per_s']:g}/s, round-robin to {c['web_nodes']} web nodes, each with its own "
-        f"Idempotency-Key (a failed submit retried on the other node with the same key); {c['worker_nodes']} worker nodes x "
-        f"{c['workers_per_node']} workers, maintenance, one PostgreSQL{', one Redis' if c['redis'] else ''} (`manage.py cluster`). "
-        f"Each run: {c['steps_per_run']} steps, {c['effects_per_run']} `http_post` side effects to a sink that logs every "
-        f"delivery, {c['delay_ms']} ms per model turn. While they flowed, each worker node and then each web node was sent "
-        "SIGTERM (main process only, as systemd's `KillMode=mixed`), left to drain, restarted by the supervisor, and waited "
-        "for until ready before the next.",
+        f"{c['runs']} runs submitted over REST at {c['rate_per_s']:g}/s, round-robin to {c['web_nodes']} web "
+        "nodes, each with its own Idempotency-Key (a failed submit retried on the other node with the same key); "
+        f"{c['worker_nodes']} worker nodes x {c['workers_per_node']} workers, maintenance, one PostgreSQL"
+        f"{', one Redis' if c['redis'] else ''} (`manage.py cluster`). Each run: {c['steps_per_run']} steps, "
+        f"{c['effects_per_run']} `http_post` side effects to a sink that logs every delivery, {c['delay_ms']} ms "
+        "per model turn. While they flowed, each worker node and then each web node was sent SIGTERM (main process "
+        "only, as systemd's `KillMode=mixed`), left to drain, restarted by the supervisor, and waited for until "
+        "ready before the next.",
         "",
-        f"Machine: {m['cores']} cores, shared with other engineers' work; 1-minute load average {m['loadavg_1m_before']} before, "
+        f"Machine: {m['cores']} cores, shared with other engineers' work; 1-minute load average "
+        f"{m['loadavg_1m_before']} before, "
         f"{m['loadavg_1m_after']} after. Timings are from that shared machine: figures, not limits.",
         "",
         f"## Verdict: {'nothing lost, nothing sent twice' if ok else 'FAILED'}",
         "",
-        f"- runs: {r['statuses']} (client got {c['runs'] - sum(1 for p in r['problems'] if 'never succeeded' in p)} runs for "
+        f"- runs: {r['statuses']} (client got "
+        f"{c['runs'] - sum(1 for p in r['problems'] if 'never succeeded' in p)} runs for "
         f"{c['runs']} keys; {r['idempotent_replays']} answered by an idempotent replay)",
-        f"- effects: {r['sink_posts']} deliveries of {r['distinct_effects']} distinct effects (expected {c['effects_per_run'] * c['runs']}, each once)",
+        f"- effects: {r['sink_posts']} deliveries of {r['distinct_effects']} distinct effects "
+        f"(expected {c['effects_per_run'] * c['runs']}, each once)",
         f"- checker (tests/chaos/checker.py, I1–I7): {len(r['violations'])} violations",
         f"- requeues: {r['requeues']}; takeovers after an expired lease: {r['takeovers']}",
     ]
@@ -607,17 +753,30 @@ def render(r: dict) -> str:
         lines.append(f"- **problem**: {p}")
     for v in r["violations"][:20]:
         lines.append(f"- **violation** {v.get('invariant')}: {v.get('detail')}")
-    lines += ["", "## The roll", "",
-              "| node | held runs at SIGTERM | main process exited | drained (every process gone) | yielded by drain | ready again | submits meanwhile |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## The roll",
+        "",
+        "| node | held runs at SIGTERM | main process exited | drained (every process gone) | yielded by drain "
+        "| ready again | submits meanwhile |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in r["roll"]:
-        lines.append(f"| {s['node']} | {s['held_at_sigterm'] if s['role'] == 'worker' else '–'} | {s['main_exit_s']:.2f} s | "
-                     f"{s['drain_s']:.2f} s | {s.get('yielded_by_drain', '–')} | {s['back_ready_s']:.2f} s | {s['submitted_during']} |")
-    lines += ["",
-              f"Roll: {r['roll_window_s']:.1f} s; {r['submits_during_roll']} runs submitted during it; the roll "
-              f"{'ended before' if r['roll_ended_before_last_submit'] else 'ended after'} the last submit.",
-              "", "## Submit latency (first attempt to success, retries included)", "",
-              "| phase | n | p50 ms | p95 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {s['node']} | {s['held_at_sigterm'] if s['role'] == 'worker' else '–'} | {s['main_exit_s']:.2f} s | "
+            f"{s['drain_s']:.2f} s | {s.get('yielded_by_drain', '–')} | {s['back_ready_s']:.2f} s | "
+            f"{s['submitted_during']} |"
+        )
+    lines += [
+        "",
+        f"Roll: {r['roll_window_s']:.1f} s; {r['submits_during_roll']} runs submitted during it; the roll "
+        f"{'ended before' if r['roll_ended_before_last_submit'] else 'ended after'} the last submit.",
+        "",
+        "## Submit latency (first attempt to success, retries included)",
+        "",
+        "| phase | n | p50 ms | p95 ms | p99 ms | max ms |",
+        "|---|---|---|---|---|---|",
+    ]
     order = ["before roll", "worker roll", "web roll", "after roll"]
     for phase, d in sorted(r["submit_latency_ms"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 9):
         if d["n"]:
@@ -625,11 +784,18 @@ def render(r: dict) -> str:
     errs = ", ".join(f"{k} x{n}" for k, n in sorted(r["submit_errors"].items())) or "none"
     web = ", ".join(f"{k} x{n}" for k, n in sorted(r["web_log_exceptions"].items())) or "none"
     lat = r["run_latency_ms"]
-    lines += ["", f"Failed submit attempts: {errs}; {r['submits_retried']} submits needed a retry (each on the other node, same "
-              "Idempotency-Key). `ConnectionRefusedError`: the node was down; `RemoteDisconnected`: a request in flight when "
-              f"daphne stopped — daphne aborts those on SIGTERM rather than finishing them. Tracebacks in the web nodes' logs: {web}.",
-              "", f"Run latency (created → completed): p50 {lat.get('p50')} ms, p95 {lat.get('p95')} ms, max {lat.get('max')} ms; "
-              f"throughput {r['throughput_runs_per_s']} runs/s over the whole test.", ""]
+    lines += [
+        "",
+        f"Failed submit attempts: {errs}; {r['submits_retried']} submits needed a retry (each on the other node, same "
+        "Idempotency-Key). `ConnectionRefusedError`: the node was down; `RemoteDisconnected`: a request in flight when "
+        "daphne stopped — daphne aborts those on SIGTERM rather than finishing them. "
+        f"Tracebacks in the web nodes' logs: {web}.",
+        "",
+        f"Run latency (created → completed): p50 {lat.get('p50')} ms, p95 {lat.get('p95')} ms, "
+        f"max {lat.get('max')} ms; "
+        f"throughput {r['throughput_runs_per_s']} runs/s over the whole test.",
+        "",
+    ]
     return "\n".join(lines)
 
 

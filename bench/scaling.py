@@ -29,6 +29,7 @@ it reached, and the 1-minute load average before and after. One database
 (default `agentrt_scaling_bench`, dropped and re-created once) serves every N.
 The machine's other users show in the load average: quote the figures with it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,6 @@ import datetime as dt
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -52,7 +52,9 @@ DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/agentrt_scaling_bench"
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--nodes", default="1,2,3,4", help="worker node counts, in order (default 1,2,3,4)")
     p.add_argument("--workers-per-node", type=int, default=2, help="AGENTRT_WORKERS of each node (default 2)")
     p.add_argument("--runs", type=int, default=60, help="runs per measurement (default 60)")
@@ -62,8 +64,11 @@ def parse_args(argv=None):
     p.add_argument("--idle-seconds", type=float, default=5.0)
     p.add_argument("--settle-seconds", type=float, default=11.0, help="idle backends flush their counters within 10 s")
     p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--database-url", default=None,
-                   help=f"default: agentrt_scaling_bench on $DATABASE_URL's server, else {DEFAULT_URL}; DROPPED and re-created")
+    p.add_argument(
+        "--database-url",
+        default=None,
+        help=f"default: agentrt_scaling_bench on $DATABASE_URL's server, else {DEFAULT_URL}; DROPPED and re-created",
+    )
     p.add_argument("--json", default=None, help="write every measurement here as JSON")
     p.add_argument("--markdown", default=None, help="write the table here")
     p.add_argument("--log-dir", default=None, help="the cluster's node logs (default: a temp folder)")
@@ -96,7 +101,9 @@ def commit_floor(url: str, clients: int, seconds: float) -> dict:
         with psycopg.connect(url) as conn:
             go.wait()
             while not stop.is_set():
-                conn.execute("INSERT INTO bench_floor (client, payload) VALUES (%s, '{\"tokens_in\": 123, \"status\": \"ok\"}')", [k])
+                conn.execute(
+                    'INSERT INTO bench_floor (client, payload) VALUES (%s, \'{"tokens_in": 123, "status": "ok"}\')', [k]
+                )
                 conn.commit()
                 counts[k] += 1
 
@@ -114,21 +121,48 @@ def commit_floor(url: str, clients: int, seconds: float) -> dict:
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("DROP TABLE bench_floor")
     total = sum(counts)
-    return {"clients": clients, "commits_per_s": round(total / elapsed, 1), "ms_per_commit_per_client": round(clients * elapsed * 1e3 / total, 3)}
+    return {
+        "clients": clients,
+        "commits_per_s": round(total / elapsed, 1),
+        "ms_per_commit_per_client": round(clients * elapsed * 1e3 / total, 3),
+    }
 
 
 class ClusterProc:
     """`manage.py cluster --workers N --web 0 --no-maintenance`."""
 
     def __init__(self, url: str, nodes: int, workers: int, log_dir: Path):
-        env = dict(os.environ, DATABASE_URL=url, AGENTRT_LOG_LEVEL=os.environ.get("AGENTRT_LOG_LEVEL", "WARNING"), PYTHONUNBUFFERED="1")
+        env = dict(
+            os.environ,
+            DATABASE_URL=url,
+            AGENTRT_LOG_LEVEL=os.environ.get("AGENTRT_LOG_LEVEL", "WARNING"),
+            PYTHONUNBUFFERED="1",
+        )
         env.pop("REDIS_URL", None)  # as bench/steps.py: nothing here needs live wake-ups
         log_dir.mkdir(parents=True, exist_ok=True)
         self.out_path = log_dir / f"cluster-{nodes}.log"
         self.out = open(self.out_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "manage.py", "cluster", "--workers", str(nodes), "--worker-processes", str(workers),
-                                      "--web", "0", "--no-maintenance", "--log-dir", str(log_dir / f"nodes-{nodes}")],
-                                     cwd=ROOT, env=env, stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "manage.py",
+                "cluster",
+                "--workers",
+                str(nodes),
+                "--worker-processes",
+                str(workers),
+                "--web",
+                "0",
+                "--no-maintenance",
+                "--log-dir",
+                str(log_dir / f"nodes-{nodes}"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait_ready(self, timeout: float = 240) -> None:
         deadline = time.time() + timeout
@@ -196,13 +230,23 @@ def measure(args, url: str, tenant, counters: sb.Counters, nodes: int, log_dir: 
     steps_per_s = total_steps / wall
     ceiling = floor["commits_per_s"] / per_step if per_step > 0 else None
     return {
-        "nodes": nodes, "workers": workers, "runs": args.runs, "steps": args.steps,
-        "wall_s": round(wall, 2), "runs_per_s": round(args.runs / wall, 2), "steps_per_s": round(steps_per_s, 1),
-        "step_gap_ms": ev["step_gap_ms"], "steps_ok": ev["step_counts_ok"],
-        "db_commits_per_s": round(commits / window, 1), "window_s": round(window, 2), "seen_after_s": round(t_seen - m0["t"], 2),
-        "commits_per_step": round(per_step, 3), "idle_commits_per_s": round(idle_rate, 2),
+        "nodes": nodes,
+        "workers": workers,
+        "runs": args.runs,
+        "steps": args.steps,
+        "wall_s": round(wall, 2),
+        "runs_per_s": round(args.runs / wall, 2),
+        "steps_per_s": round(steps_per_s, 1),
+        "step_gap_ms": ev["step_gap_ms"],
+        "steps_ok": ev["step_counts_ok"],
+        "db_commits_per_s": round(commits / window, 1),
+        "window_s": round(window, 2),
+        "seen_after_s": round(t_seen - m0["t"], 2),
+        "commits_per_step": round(per_step, 3),
+        "idle_commits_per_s": round(idle_rate, 2),
         "runs_commits_per_s": round(per_step * steps_per_s, 1),
-        "floor": floor, "floor_1_client": floor1,
+        "floor": floor,
+        "floor_1_client": floor1,
         "ceiling_steps_per_s": round(ceiling, 1) if ceiling else None,
         "share_of_ceiling": round(steps_per_s / ceiling, 3) if ceiling else None,
         "wal_sync_per_step": round(d["wal_sync"] / total_steps, 3),
@@ -215,15 +259,19 @@ def table(results: list[dict], meta: dict) -> str:
         f"`{meta['command']}` — {meta['date']}, {meta['cores']} cores, PostgreSQL {meta['server_version']}, "
         f"{meta['workers_per_node']} workers per node, {meta['runs']} runs x {meta['steps']} steps per measurement.",
         "",
-        "| worker nodes (workers) | runs/s | steps/s | step gap median ms | DB commits/s (raw) | commits/step (runs' own) | "
-        "floor commits/s at that many connections | ceiling steps/s (floor ÷ commits/step) | share of ceiling | load avg before / after |",
+        "| worker nodes (workers) | runs/s | steps/s | step gap median ms | DB commits/s (raw) "
+        "| commits/step (runs' own) | floor commits/s at that many connections "
+        "| ceiling steps/s (floor ÷ commits/step) | share of ceiling | load avg before / after |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         g = r["step_gap_ms"] or {}
-        lines.append(f"| {r['nodes']} ({r['workers']}) | {r['runs_per_s']} | {r['steps_per_s']} | {g.get('median')} | {r['db_commits_per_s']} | "
-                     f"{r['commits_per_step']} | {r['floor']['commits_per_s']} | {r['ceiling_steps_per_s']} | "
-                     f"{round(100 * r['share_of_ceiling'])} % | {r['loadavg_1m']['before']} / {r['loadavg_1m']['after']} |")
+        lines.append(
+            f"| {r['nodes']} ({r['workers']}) | {r['runs_per_s']} | {r['steps_per_s']} | {g.get('median')} "
+            f"| {r['db_commits_per_s']} | "
+            f"{r['commits_per_step']} | {r['floor']['commits_per_s']} | {r['ceiling_steps_per_s']} | "
+            f"{round(100 * r['share_of_ceiling'])} % | {r['loadavg_1m']['before']} / {r['loadavg_1m']['after']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -248,12 +296,23 @@ def main(argv=None) -> list[dict]:
             res = measure(args, url, tenant, counters, n, log_dir)
             res["round"] = r + 1
             results.append(res)
-            sb.log(f"round {r + 1}, {n} node(s) x {args.workers_per_node}: {res['runs_per_s']} runs/s, {res['steps_per_s']} steps/s, "
-                   f"DB {res['db_commits_per_s']} commits/s ({res['commits_per_step']}/step); floor {res['floor']['commits_per_s']}/s "
-                   f"at {res['workers']} connections -> ceiling {res['ceiling_steps_per_s']} steps/s; load {res['loadavg_1m']}")
-    meta = {"bench": "agentrt_scaling", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python bench/scaling.py " + " ".join(sys.argv[1:] if argv is None else argv), "cores": os.cpu_count(),
-            "server_version": server_version, "workers_per_node": args.workers_per_node, "runs": args.runs, "steps": args.steps}
+            sb.log(
+                f"round {r + 1}, {n} node(s) x {args.workers_per_node}: {res['runs_per_s']} runs/s, "
+                f"{res['steps_per_s']} steps/s, DB {res['db_commits_per_s']} commits/s "
+                f"({res['commits_per_step']}/step); "
+                f"floor {res['floor']['commits_per_s']}/s at {res['workers']} connections -> ceiling "
+                f"{res['ceiling_steps_per_s']} steps/s; load {res['loadavg_1m']}"
+            )
+    meta = {
+        "bench": "agentrt_scaling",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": "python bench/scaling.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "cores": os.cpu_count(),
+        "server_version": server_version,
+        "workers_per_node": args.workers_per_node,
+        "runs": args.runs,
+        "steps": args.steps,
+    }
     md = table(results, meta)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ child's **main process only** — as systemd's `KillMode=mixed` does: the
 `qcluster` main process then drains its cluster in order (a SIGTERM to the
 whole group would leave django-q2's sentinel waiting) — waits up to a grace,
 and then SIGKILLs whatever is left of each child's session."""
+
 from __future__ import annotations
 
 import ctypes
@@ -36,8 +37,15 @@ def _stop_with_parent() -> None:
 
 def start_child(args: Sequence[str], env: dict, *, stdout=None, cwd=None) -> subprocess.Popen:
     """Start `args` in a session of its own, stopped by the kernel with its supervisor."""
-    return subprocess.Popen(list(args), env=env, cwd=cwd, stdout=stdout, stderr=subprocess.STDOUT if stdout is not None else None,
-                            start_new_session=True, preexec_fn=_stop_with_parent)
+    return subprocess.Popen(
+        list(args),
+        env=env,
+        cwd=cwd,
+        stdout=stdout,
+        stderr=subprocess.STDOUT if stdout is not None else None,
+        start_new_session=True,
+        preexec_fn=_stop_with_parent,
+    )
 
 
 def session_alive(sid: int) -> bool:
@@ -58,8 +66,13 @@ def kill_session(sid: int) -> None:
         pass
 
 
-def stop_children(procs: Sequence[subprocess.Popen], names: Sequence[str], write: Callable[[str], None],
-                  grace: float = STOP_GRACE_SECONDS, leftovers: Sequence[int] = ()) -> None:
+def stop_children(
+    procs: Sequence[subprocess.Popen],
+    names: Sequence[str],
+    write: Callable[[str], None],
+    grace: float = STOP_GRACE_SECONDS,
+    leftovers: Sequence[int] = (),
+) -> None:
     """SIGTERM each child's main process, wait up to `grace` seconds for all of
     them, then SIGKILL what is left of each child's session (and of the
     `leftovers` sessions: children that exited earlier and left processes
@@ -81,7 +94,7 @@ def stop_children(procs: Sequence[subprocess.Popen], names: Sequence[str], write
         p.wait()
     for sid in leftovers:
         kill_session(sid)
-    write("stopped: " + ", ".join(f"{n} {p.returncode}" for n, p in zip(names, procs)))
+    write("stopped: " + ", ".join(f"{n} {p.returncode}" for n, p in zip(names, procs, strict=True)))
 
 
 def descendants(pid: int) -> list[int]:

@@ -1,6 +1,7 @@
 """Process and database plumbing for the chaos soak: children in their own
 sessions, the process tree and states read from /proc (no psutil), and the
 soak's own throw-away database."""
+
 from __future__ import annotations
 
 import os
@@ -27,6 +28,7 @@ def recreate_database(url: str) -> None:
 
 # -- processes -------------------------------------------------------------------
 
+
 class Proc:
     """A child process in its own session (so its whole group can be signalled)."""
 
@@ -34,7 +36,9 @@ class Proc:
         self.name = name
         self.log_path = log_path
         self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.pid = self.proc.pid
 
     def group(self, sig) -> None:

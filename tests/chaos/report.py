@@ -1,5 +1,6 @@
 """The chaos soak's markdown report (a pure function of the checker's report
 plus the soak's configuration)."""
+
 from __future__ import annotations
 
 
@@ -18,9 +19,12 @@ def render_markdown(r: dict) -> str:
         f"lease {c['lease_seconds']} s, max in flight {c['max_inflight']}, wall {c['wall_s']} s",
         f"- random kills every U{tuple(c['kill_every']) if c['kill_every'] else 'off'} s, stops every U{tuple(c['stop_every']) if c['stop_every'] else 'off'} s "
         f"for U(L, 3L); cancel rate {c['cancel_rate']}; approve rate {c['approve_rate']}; planned fraction {c['planned_fraction']}"
-        + (f"; sink drops {c['sink_drop_rate']} / delays {c['sink_delay_rate']} of the POSTs (answer after {c['sink_delay']} s, "
-           f"call timeout {c.get('post_timeout')} s); uncertain decisions approve/confirm-true/confirm-false/reject {c['uncertain_mix']}"
-           if c.get("sink_drop_rate") is not None else "")
+        + (
+            f"; sink drops {c['sink_drop_rate']} / delays {c['sink_delay_rate']} of the POSTs (answer after {c['sink_delay']} s, "
+            f"call timeout {c.get('post_timeout')} s); uncertain decisions approve/confirm-true/confirm-false/reject {c['uncertain_mix']}"
+            if c.get("sink_drop_rate") is not None
+            else ""
+        )
         + (" — **baseline, no faults**" if c["no_faults"] else ""),
         f"- artifacts: `{c['artifacts']}` (snapshot.json, sink.jsonl, faults.jsonl, decisions.jsonl, process logs; "
         f"re-check with `python -m tests.chaos.checker <dir>`)",
@@ -42,10 +46,16 @@ def render_markdown(r: dict) -> str:
         "|---|---|---|---|---|",
     ]
     for w in ("before_watermark", "watermark_to_result", "after_result", "no_effect", "idle"):
-        lines.append(f"| {w} | {f['kill_by_window'][w]} | {f['stop_by_window'][w]} | {ub.get(w, 0)} | {f['by_window'][w] + ub.get(w, 0)} |")
+        lines.append(
+            f"| {w} | {f['kill_by_window'][w]} | {f['stop_by_window'][w]} | {ub.get(w, 0)} | {f['by_window'][w] + ub.get(w, 0)} |"
+        )
     lines += ["", f"Kills landed in every window: {all(r['kill_windows_hit'].values())} {r['kill_windows_hit']}", ""]
     if r.get("planned"):
-        lines += ["Planned faults (plan: runs → landed): " + ", ".join(f"{k}: {v['runs']}→{v['landed']}" for k, v in r["planned"].items()), ""]
+        lines += [
+            "Planned faults (plan: runs → landed): "
+            + ", ".join(f"{k}: {v['runs']}→{v['landed']}" for k, v in r["planned"].items()),
+            "",
+        ]
     lines += [
         "## Method",
         "",
@@ -83,8 +93,12 @@ def render_markdown(r: dict) -> str:
         f"- effect sink: {r['sends']}",
         f"- takeovers: {r['takeovers']}",
         f"- throughput: {r['throughput']}"
-        + (f"; no-fault baseline {r['baseline']['runs_per_min']} runs/min ({r['baseline']['runs']} runs) → ratio **{r['baseline']['ratio']}** "
-           f"(gate ≥ 0.5)" if r.get("baseline") else ""),
+        + (
+            f"; no-fault baseline {r['baseline']['runs_per_min']} runs/min ({r['baseline']['runs']} runs) → ratio **{r['baseline']['ratio']}** "
+            f"(gate ≥ 0.5)"
+            if r.get("baseline")
+            else ""
+        ),
         f"- per-run latency (submit → terminal, s): {r['run_latency_s']}",
         f"- takeover latency (worker frozen → `lease.taken_over`, s) after SIGKILL: {lat['kill']}",
         f"- takeover while a worker was SIGSTOPped (s): {lat['stop_during_stop']}",
@@ -106,9 +120,13 @@ def render_markdown(r: dict) -> str:
         lines.append(f"  - fault {item['fault']} ({item['kind']}), run {item['run'][:8]}: {item['why']}")
     lines.append(f"- parks without a fault in the window: {len(i8['parks_without_watermark_fault'])}")
     for item in i8["parks_without_watermark_fault"][:20]:
-        lines.append(f"  - run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}")
+        lines.append(
+            f"  - run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}"
+        )
     for item in i8.get("parks_unexplained") or []:
-        lines.append(f"  - UNEXPLAINED run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}")
+        lines.append(
+            f"  - UNEXPLAINED run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}"
+        )
     lines += [
         "",
         "## Uncertain outcomes vs uncertain_side_effect approvals (issue 11)",
@@ -121,7 +139,9 @@ def render_markdown(r: dict) -> str:
         f"approvals without an uncertain outcome {len(u.get('parks_unexplained') or [])}",
     ]
     for item in (u.get("explained_otherwise") or [])[:20]:
-        lines.append(f"  - run {item['run'][:8]} invocation {str(item['invocation'])[:8]} attempt {item['attempt']}: {item['why']}")
+        lines.append(
+            f"  - run {item['run'][:8]} invocation {str(item['invocation'])[:8]} attempt {item['attempt']}: {item['why']}"
+        )
     lines += ["", "## Violations", ""]
     if not r["violations"]:
         lines.append("None (I1–I8 hold).")

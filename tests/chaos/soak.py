@@ -53,7 +53,7 @@ How a fault's window is determined ("freeze, classify, act")
 A worker is never killed blind. The soak first SIGSTOPs it, waits until
 /proc shows it stopped (state T) and 80 ms more (so a COMMIT already on the
 wire settles), then reads from the database which RUNNING run has a
-`lease_owner` naming that pid (`host:pid:nonce`, runs/executor.py
+`lease_owner` naming that pid (`host:pid:nonce`, runs/runtime/executor.py
 `worker_identity`) and that run's side-effect invocations. While the process
 is stopped nothing it does can change them, so the window is exact:
 an `executing` invocation (watermark committed, no result) →
@@ -72,6 +72,7 @@ victim picks and stop lengths come from `random.Random` seeded with --seed
 each fault hits still depends on timing, which is why every fault is
 classified from the database, not assumed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -85,13 +86,13 @@ import sys
 import time
 import traceback
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from tests import secret_env  # noqa: F401  (a throw-away DJANGO_SECRET_KEY for this and its processes)
-from tests.chaos.procs import ROOT, Proc, descendants, proc_state, proc_table, recreate_database
 from tests.chaos.plans import PLAN_NAMES, PLANS, POINTS, POST_TIMEOUT, RunSpec, agent_definition
+from tests.chaos.procs import ROOT, Proc, descendants, proc_state, proc_table, recreate_database
 from tests.chaos.report import render_markdown
 from tests.chaos.snapshot import take_snapshot
 
@@ -128,7 +129,7 @@ def log(msg: str) -> None:
 
 
 def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(t, tz=UTC).isoformat(timespec="milliseconds")
 
 
 def parse_range(text: str) -> tuple[float, float] | None:
@@ -147,20 +148,39 @@ def parse_args(argv):
     p.add_argument("--database-url", default=None, help="default: agentrt_chaos on $DATABASE_URL's server")
     p.add_argument("--duration-cap", type=float, default=1800.0, help="seconds after the first submit")
     p.add_argument("--max-inflight", type=int, default=None, help="unfinished runs at a time (default 2 x workers)")
-    p.add_argument("--planned-fraction", type=float, default=0.5,
-                   help="share of runs with a planned fault; >= 1 cycles through every plan (CI)")
+    p.add_argument(
+        "--planned-fraction",
+        type=float,
+        default=0.5,
+        help="share of runs with a planned fault; >= 1 cycles through every plan (CI)",
+    )
     p.add_argument("--plans", default="all", help="comma-separated plan names to draw from (default: all of them)")
     p.add_argument("--kill-every", default="3,10", help="random SIGKILL every U(a,b) s ('off' to disable)")
     p.add_argument("--stop-every", default="20,60", help="random SIGSTOP every U(a,b) s ('off' to disable)")
-    p.add_argument("--cancel-rate", type=float, default=0.1, help="share of the runs without a plan cancelled at a random moment")
+    p.add_argument(
+        "--cancel-rate", type=float, default=0.1, help="share of the runs without a plan cancelled at a random moment"
+    )
     p.add_argument("--approve-rate", type=float, default=0.7)
-    p.add_argument("--sink-drop-rate", type=float, default=0.03,
-                   help="share of the effect POSTs whose connection the sink closes after reading the request (no answer)")
-    p.add_argument("--sink-delay-rate", type=float, default=0.03,
-                   help="share of the effect POSTs the sink answers only after --sink-delay s (past the call's timeout)")
-    p.add_argument("--sink-delay", type=float, default=4.0, help="seconds; the agents' http_post calls time out after 2.5 s")
-    p.add_argument("--uncertain-mix", default="0.4,0.2,0.2,0.2",
-                   help="uncertain_side_effect decisions: approve, confirm took_effect=true, confirm took_effect=false, reject")
+    p.add_argument(
+        "--sink-drop-rate",
+        type=float,
+        default=0.03,
+        help="share of the effect POSTs whose connection the sink closes after reading the request (no answer)",
+    )
+    p.add_argument(
+        "--sink-delay-rate",
+        type=float,
+        default=0.03,
+        help="share of the effect POSTs the sink answers only after --sink-delay s (past the call's timeout)",
+    )
+    p.add_argument(
+        "--sink-delay", type=float, default=4.0, help="seconds; the agents' http_post calls time out after 2.5 s"
+    )
+    p.add_argument(
+        "--uncertain-mix",
+        default="0.4,0.2,0.2,0.2",
+        help="uncertain_side_effect decisions: approve, confirm took_effect=true, confirm took_effect=false, reject",
+    )
     p.add_argument("--no-faults", action="store_true", help="baseline: no fault points, no kills, stops or cancels")
     p.add_argument("--out", default=None, help="artifact folder (default artifacts/chaos/seed-S-<time>)")
     p.add_argument("--report", default=None, help="also write the markdown report here")
@@ -179,6 +199,7 @@ def default_db_url(arg: str | None) -> str:
 
 
 # -- the soak ------------------------------------------------------------------------
+
 
 class Soak:
     def __init__(self, args):
@@ -215,16 +236,18 @@ class Soak:
     # -- setup ---------------------------------------------------------------------
     def env(self, **extra) -> dict:
         env = dict(os.environ)
-        env.update({
-            "DATABASE_URL": self.db_url,
-            "AGENTRT_LEASE_SECONDS": str(LEASE),
-            "AGENTRT_HTTP_TOOL_ALLOWED_HOSTS": self.sink_host,
-            "AGENTRT_ENABLE_FAULTPOINTS": "0" if self.args.no_faults else "1",
-            "AGENTRT_FAULTPOINTS": "" if self.args.no_faults else ",".join(f"{p}=pause" for p in POINTS),
-            "AGENTRT_FAULTPOINT_DIR": str(self.fault_dir),
-            "AGENTRT_LOG_LEVEL": "WARNING",
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "DATABASE_URL": self.db_url,
+                "AGENTRT_LEASE_SECONDS": str(LEASE),
+                "AGENTRT_HTTP_TOOL_ALLOWED_HOSTS": self.sink_host,
+                "AGENTRT_ENABLE_FAULTPOINTS": "0" if self.args.no_faults else "1",
+                "AGENTRT_FAULTPOINTS": "" if self.args.no_faults else ",".join(f"{p}=pause" for p in POINTS),
+                "AGENTRT_FAULTPOINT_DIR": str(self.fault_dir),
+                "AGENTRT_LOG_LEVEL": "WARNING",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         env.pop("AGENTRT_RECONCILER", None)
         env.update({k: str(v) for k, v in extra.items()})
         return env
@@ -234,7 +257,14 @@ class Soak:
         recreate_database(self.db_url)
         env = dict(os.environ, DATABASE_URL=self.db_url)
         with open(self.out / "migrate.log", "wb") as fh:
-            subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, check=True)
+            subprocess.run(
+                [sys.executable, "manage.py", "migrate", "--noinput"],
+                cwd=ROOT,
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                check=True,
+            )
         os.environ["DATABASE_URL"] = self.db_url
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
         for key in ("AGENTRT_LEASE_SECONDS", "AGENTRT_ENABLE_FAULTPOINTS", "AGENTRT_FAULTPOINTS", "AGENTRT_RECONCILER"):
@@ -248,10 +278,18 @@ class Soak:
     def start_sink(self) -> None:
         log_path = self.out / "sink.jsonl"
         self.sink_log = open(self.out / "sink.stderr", "wb")
-        faults = {"seed": self.seed, "drop": 0.0 if self.args.no_faults else self.args.sink_drop_rate,
-                  "delay": 0.0 if self.args.no_faults else self.args.sink_delay_rate, "delay_s": self.args.sink_delay}
-        self.sink = subprocess.Popen([sys.executable, "-c", SINK_SCRIPT, str(log_path), str(ROOT), json.dumps(faults)], stdout=subprocess.PIPE,
-                                     stderr=self.sink_log, start_new_session=True)
+        faults = {
+            "seed": self.seed,
+            "drop": 0.0 if self.args.no_faults else self.args.sink_drop_rate,
+            "delay": 0.0 if self.args.no_faults else self.args.sink_delay_rate,
+            "delay_s": self.args.sink_delay,
+        }
+        self.sink = subprocess.Popen(
+            [sys.executable, "-c", SINK_SCRIPT, str(log_path), str(ROOT), json.dumps(faults)],
+            stdout=subprocess.PIPE,
+            stderr=self.sink_log,
+            start_new_session=True,
+        )
         port = int(self.sink.stdout.readline().decode().strip())
         self.sink_host = f"127.0.0.1:{port}"
         log(f"sink on {self.sink_host}")
@@ -272,8 +310,11 @@ class Soak:
             agent_load(tenant=self.tenant, definition=definition)
             crng = random.Random(f"{self.seed}:cancel:{i}")
             # random cancels only for runs without a planned fault, so that every plan lands
-            cancel_after = (crng.uniform(0.2, 4.0) if (not self.args.no_faults and plans[i] == "none" and crng.random() < self.args.cancel_rate)
-                            else None)
+            cancel_after = (
+                crng.uniform(0.2, 4.0)
+                if (not self.args.no_faults and plans[i] == "none" and crng.random() < self.args.cancel_rate)
+                else None
+            )
             spec = RunSpec(i, plans[i], definition["name"], posts, cancel_after)
             self.specs.append(spec)
         log(f"{len(self.specs)} agents; plans {dict(Counter(s.plan for s in self.specs))}")
@@ -299,9 +340,17 @@ class Soak:
         for k in range(self.n_clusters):
             w = 2 if k < self.n_clusters - 1 else max(1, left)
             left -= w
-            self.clusters.append(Proc(f"qcluster-{k}", [sys.executable, "manage.py", "qcluster"], self.env(AGENTRT_WORKERS=w),
-                                      self.out / f"qcluster-{k}.log"))
-        self.maintenance = Proc("maintenance", [sys.executable, "manage.py", "run_maintenance"], self.env(), self.out / "maintenance.log")
+            self.clusters.append(
+                Proc(
+                    f"qcluster-{k}",
+                    [sys.executable, "manage.py", "qcluster"],
+                    self.env(AGENTRT_WORKERS=w),
+                    self.out / f"qcluster-{k}.log",
+                )
+            )
+        self.maintenance = Proc(
+            "maintenance", [sys.executable, "manage.py", "run_maintenance"], self.env(), self.out / "maintenance.log"
+        )
         deadline = time.time() + 60
         while time.time() < deadline:
             self.refresh_workers()
@@ -373,8 +422,17 @@ class Soak:
                 elif done:
                     window, inv, attempt = "after_result", done[-1][0], done[-1][2]
                 spec = self.by_run.get(str(run_id))
-                held.append({"run": str(run_id), "run_index": spec.index if spec else None, "epoch": epoch, "lease_expired": bool(expired),
-                             "window": window, "invocation": str(inv) if inv else None, "attempt": attempt})
+                held.append(
+                    {
+                        "run": str(run_id),
+                        "run_index": spec.index if spec else None,
+                        "epoch": epoch,
+                        "lease_expired": bool(expired),
+                        "window": window,
+                        "invocation": str(inv) if inv else None,
+                        "attempt": attempt,
+                    }
+                )
         return held
 
     def record(self, fault: dict) -> dict:
@@ -382,7 +440,15 @@ class Soak:
         self.faults.append(fault)
         return fault
 
-    def inject(self, pid: int, kind: str, source: str, plan: str | None = None, point: str | None = None, require_lease: bool = True) -> dict | None:
+    def inject(
+        self,
+        pid: int,
+        kind: str,
+        source: str,
+        plan: str | None = None,
+        point: str | None = None,
+        require_lease: bool = True,
+    ) -> dict | None:
         """Freeze, classify, act (see the module docstring)."""
         if pid in self.stopped:
             if kind == "stop":
@@ -396,8 +462,16 @@ class Soak:
             if t_freeze is None:
                 return None
         held = self.classify(pid)
-        base = {"source": source, "plan": plan, "point": point, "pid": pid, "cluster": self.pid_cluster.get(pid),
-                "t_freeze": t_freeze, "at": iso(t_freeze), "held": held}
+        base = {
+            "source": source,
+            "plan": plan,
+            "point": point,
+            "pid": pid,
+            "cluster": self.pid_cluster.get(pid),
+            "t_freeze": t_freeze,
+            "at": iso(t_freeze),
+            "held": held,
+        }
         if require_lease and not held:
             self.cont(pid)
             self.record({**base, "kind": "aborted", "wanted": kind})
@@ -409,7 +483,9 @@ class Soak:
                 pass
             return self.record({**base, "kind": "kill", "t": time.time()})
         duration = self.rng.uniform(LEASE, 3 * LEASE)
-        fault = self.record({**base, "kind": "stop", "t": t_freeze, "duration": round(duration, 3), "t_cont": t_freeze + duration})
+        fault = self.record(
+            {**base, "kind": "stop", "t": t_freeze, "duration": round(duration, 3), "t_cont": t_freeze + duration}
+        )
         self.stopped[pid] = {"cont_at": t_freeze + duration, "fault": fault}
         return fault
 
@@ -452,8 +528,12 @@ class Soak:
             except FileNotFoundError:
                 return
         else:
-            names = [f"{p}.{s.run_id}.paused" for s in self.specs if s.run_id and self.statuses.get(s.run_id) not in TERMINAL
-                     for p in POINTS]
+            names = [
+                f"{p}.{s.run_id}.paused"
+                for s in self.specs
+                if s.run_id and self.statuses.get(s.run_id) not in TERMINAL
+                for p in POINTS
+            ]
             names = [n for n in names if n not in self.handled_markers and (self.fault_dir / n).exists()]
         for name in names:
             if not name.endswith(".paused") or name in self.handled_markers:
@@ -479,11 +559,13 @@ class Soak:
             fault = self.inject(pid, action, "planned", plan=plan, point=point, require_lease=False)
             go.touch()  # a stopped worker goes on at SIGCONT; a killed one never reads it
             if fault is None:
-                self.record({"kind": "missed", "plan": plan, "point": point, "pid": pid, "run": run_id, "t": time.time()})
+                self.record(
+                    {"kind": "missed", "plan": plan, "point": point, "pid": pid, "run": run_id, "t": time.time()}
+                )
 
     def planned_cancel(self, spec: RunSpec, go: Path, pid: int, point: str) -> None:
-        from runs.lifecycle import run_cancel
         from runs.models import Run
+        from runs.services.lifecycle import run_cancel
 
         run = Run.objects.get(id=spec.run_id)
         seen = run.lease_expires_at
@@ -491,8 +573,19 @@ class Soak:
             after = run_cancel(run=run, by="chaos")
         except Exception as exc:  # the run ended meanwhile
             after = type(exc).__name__
-        self.record({"kind": "cancel", "source": "planned", "plan": spec.plan, "point": point, "pid": pid, "run": spec.run_id,
-                     "t": time.time(), "at": iso(time.time()), "status_after": after})
+        self.record(
+            {
+                "kind": "cancel",
+                "source": "planned",
+                "plan": spec.plan,
+                "point": point,
+                "pid": pid,
+                "run": spec.run_id,
+                "t": time.time(),
+                "at": iso(time.time()),
+                "status_after": after,
+            }
+        )
         # release once a heartbeat has read the cancel (the token is set), as tests/fault does
         self.pending_cancels.append({"run": spec.run_id, "go": go, "seen": seen, "deadline": time.time() + 3 * LEASE})
 
@@ -513,8 +606,14 @@ class Soak:
         result is committed and nothing else is in flight."""
         from django.db import connection
 
-        waiting = [s.run_id for s in self.specs if s.plan == "kill@after_result" and s.run_id and not s.planned_done
-                   and self.statuses.get(s.run_id) in ("RUNNING", "QUEUED")]
+        waiting = [
+            s.run_id
+            for s in self.specs
+            if s.plan == "kill@after_result"
+            and s.run_id
+            and not s.planned_done
+            and self.statuses.get(s.run_id) in ("RUNNING", "QUEUED")
+        ]
         if not waiting:
             return
         with connection.cursor() as cur:
@@ -542,7 +641,9 @@ class Soak:
         from django.db import connection
 
         with connection.cursor() as cur:
-            cur.execute("SELECT lease_owner FROM runs WHERE status = 'RUNNING' AND lease_owner IS NOT NULL AND lease_expires_at > now()")
+            cur.execute(
+                "SELECT lease_owner FROM runs WHERE status = 'RUNNING' AND lease_owner IS NOT NULL AND lease_expires_at > now()"
+            )
             owners = [r[0] for r in cur.fetchall()]
         pids = set()
         for owner in owners:
@@ -569,8 +670,8 @@ class Soak:
                 del self.stopped[pid]
 
     def random_cancels(self) -> None:
-        from runs.lifecycle import run_cancel
         from runs.models import Run
+        from runs.services.lifecycle import run_cancel
 
         now = time.time()
         for spec in self.specs:
@@ -583,14 +684,25 @@ class Soak:
                 after = run_cancel(run=Run.objects.get(id=spec.run_id), by="chaos")
             except Exception as exc:
                 after = type(exc).__name__
-            self.record({"kind": "cancel", "source": "random", "run": spec.run_id, "t": now, "at": iso(now), "status_after": after})
+            self.record(
+                {
+                    "kind": "cancel",
+                    "source": "random",
+                    "run": spec.run_id,
+                    "t": now,
+                    "at": iso(now),
+                    "status_after": after,
+                }
+            )
 
     def operate(self) -> None:
         """The operator: decide every pending approval of a waiting run."""
         from approvals.models import Approval
 
         now = time.time()
-        pending = Approval.objects.filter(status="pending", run__status="WAITING_FOR_APPROVAL").values("id", "run_id", "request_hash", "kind")
+        pending = Approval.objects.filter(status="pending", run__status="WAITING_FOR_APPROVAL").values(
+            "id", "run_id", "request_hash", "kind"
+        )
         for a in pending:
             aid = str(a["id"])
             if aid in self.pending_decisions:
@@ -601,9 +713,16 @@ class Soak:
                 spec.approvals_seen += 1
             rng = random.Random(f"{self.seed}:approval:{spec.index if spec else aid}:{k}")
             self.pending_decisions[aid] = {
-                "approval": aid, "run": str(a["run_id"]), "hash": a["request_hash"], "kind": a["kind"],
-                "at": now + rng.uniform(0.1, 1.0), "approve": rng.random() < self.args.approve_rate,
-                "wrong_hash_first": rng.random() < 0.1, "twice": rng.random() < 0.2, "done": False, "cancel_after": False,
+                "approval": aid,
+                "run": str(a["run_id"]),
+                "hash": a["request_hash"],
+                "kind": a["kind"],
+                "at": now + rng.uniform(0.1, 1.0),
+                "approve": rng.random() < self.args.approve_rate,
+                "wrong_hash_first": rng.random() < 0.1,
+                "twice": rng.random() < 0.2,
+                "done": False,
+                "cancel_after": False,
                 "confirm": None,
             }
             if a["kind"] == "uncertain_side_effect":
@@ -625,11 +744,22 @@ class Soak:
             item["done"] = True
             status = Approval.objects.filter(id=item["approval"]).values_list("status", flat=True).first()
             if status != "pending":  # e.g. another approval of the batch was rejected, or the run was cancelled
-                self.decisions.append({"approval": item["approval"], "run": item["run"], "kind": item["kind"], "expect": "skip",
-                                       "why": f"no longer pending ({status})", "ok": None, "t": now})
+                self.decisions.append(
+                    {
+                        "approval": item["approval"],
+                        "run": item["run"],
+                        "kind": item["kind"],
+                        "expect": "skip",
+                        "why": f"no longer pending ({status})",
+                        "ok": None,
+                        "t": now,
+                    }
+                )
                 continue
             if item["wrong_hash_first"]:
-                self.decide(item, item["approve"], "0" * 64, expect="refused", why="wrong-hash", confirm=item["confirm"])
+                self.decide(
+                    item, item["approve"], "0" * 64, expect="refused", why="wrong-hash", confirm=item["confirm"]
+                )
             self.decide(item, item["approve"], item["hash"], expect="ok", why="decision", confirm=item["confirm"])
             if item["cancel_after"]:
                 self.cancel_now(item["run"], plan="approve+cancel@after_watermark", point="after_approval")
@@ -637,32 +767,64 @@ class Soak:
                 self.decide(item, not item["approve"], item["hash"], expect="refused", why="second")
 
     def cancel_now(self, run_id: str, *, plan: str, point: str) -> None:
-        from runs.lifecycle import run_cancel
         from runs.models import Run
+        from runs.services.lifecycle import run_cancel
 
         try:
             after = run_cancel(run=Run.objects.get(id=run_id), by="chaos")
         except Exception as exc:
             after = type(exc).__name__
-        self.record({"kind": "cancel", "source": "planned", "plan": plan, "point": point, "run": run_id, "t": time.time(),
-                     "at": iso(time.time()), "status_after": after})
+        self.record(
+            {
+                "kind": "cancel",
+                "source": "planned",
+                "plan": plan,
+                "point": point,
+                "run": run_id,
+                "t": time.time(),
+                "at": iso(time.time()),
+                "status_after": after,
+            }
+        )
 
-    def decide(self, item: dict, approve: bool, digest: str, *, expect: str, why: str, confirm: bool | None = None) -> None:
+    def decide(
+        self, item: dict, approve: bool, digest: str, *, expect: str, why: str, confirm: bool | None = None
+    ) -> None:
         """approve / reject (approval_decide) or, with `confirm` set, the operator's
         took_effect knowledge (approval_confirm, `POST /api/approvals/{id}/confirm/`)."""
         from approvals.services import approval_confirm, approval_decide
 
         decision = "confirm" if confirm is not None else ("approve" if approve else "reject")
-        entry = {"approval": item["approval"], "run": item["run"], "kind": item["kind"], "decision": decision,
-                 "expect": expect, "why": why, "t": time.time()}
+        entry = {
+            "approval": item["approval"],
+            "run": item["run"],
+            "kind": item["kind"],
+            "decision": decision,
+            "expect": expect,
+            "why": why,
+            "t": time.time(),
+        }
         if confirm is not None:
             entry["took_effect"] = confirm
         try:
             if confirm is not None:
-                approval_confirm(user=self.operator, approval_id=item["approval"], request_hash=digest, took_effect=confirm,
-                                 reason=f"chaos {why}", via="api")
+                approval_confirm(
+                    user=self.operator,
+                    approval_id=item["approval"],
+                    request_hash=digest,
+                    took_effect=confirm,
+                    reason=f"chaos {why}",
+                    via="api",
+                )
             else:
-                approval_decide(user=self.operator, approval_id=item["approval"], approve=approve, request_hash=digest, reason=f"chaos {why}", via="api")
+                approval_decide(
+                    user=self.operator,
+                    approval_id=item["approval"],
+                    approve=approve,
+                    request_hash=digest,
+                    reason=f"chaos {why}",
+                    via="api",
+                )
             entry["ok"] = True
         except Exception as exc:
             entry["ok"] = False
@@ -732,8 +894,10 @@ class Soak:
                 last_print = now
                 counts = Counter(self.statuses.get(s.run_id, "-") for s in submitted)
                 kinds = Counter(f["kind"] for f in self.faults)
-                log(f"t={now - self.t_start:5.0f}s submitted {len(submitted)}/{len(self.specs)} {dict(counts)} faults {dict(kinds)} "
-                    f"decisions {sum(1 for d in self.decisions if d.get('ok'))}")
+                log(
+                    f"t={now - self.t_start:5.0f}s submitted {len(submitted)}/{len(self.specs)} {dict(counts)} faults {dict(kinds)} "
+                    f"decisions {sum(1 for d in self.decisions if d.get('ok'))}"
+                )
             if len(submitted) == len(self.specs) and unfinished == 0 and not self.stopped:
                 log("every run is terminal")
                 break
@@ -760,26 +924,41 @@ class Soak:
 
     # -- the snapshot and the report -------------------------------------------------
     def snapshot(self) -> dict:
-        from runs.resume import MAX_LEASE_EXPIRATIONS
+        from runs.runtime.resume import MAX_LEASE_EXPIRATIONS
 
         def annotate(r: dict) -> None:
             spec = self.by_run.get(r["id"])
             if spec:
-                r.update(index=spec.index, plan=spec.plan, agent=spec.agent, posts=spec.posts, submitted_at=spec.submitted_at)
+                r.update(
+                    index=spec.index, plan=spec.plan, agent=spec.agent, posts=spec.posts, submitted_at=spec.submitted_at
+                )
 
-        return take_snapshot(annotate=annotate, meta={
-            "runs_submitted": sum(1 for s in self.specs if s.run_id), "runs_planned": len(self.specs), "seed": self.seed,
-            "t_first_submit": self.t_first_submit, "t_end": getattr(self, "t_end", None), "lease_seconds": LEASE,
-            "status_polls": self.polls, "observed_waiting_with_lease": self.waiting_with_lease[:100],
-            "max_lease_expirations": MAX_LEASE_EXPIRATIONS, "reconciler": False,  # env() drops AGENTRT_RECONCILER
-        })
+        return take_snapshot(
+            annotate=annotate,
+            meta={
+                "runs_submitted": sum(1 for s in self.specs if s.run_id),
+                "runs_planned": len(self.specs),
+                "seed": self.seed,
+                "t_first_submit": self.t_first_submit,
+                "t_end": getattr(self, "t_end", None),
+                "lease_seconds": LEASE,
+                "status_polls": self.polls,
+                "observed_waiting_with_lease": self.waiting_with_lease[:100],
+                "max_lease_expirations": MAX_LEASE_EXPIRATIONS,
+                "reconciler": False,  # env() drops AGENTRT_RECONCILER
+            },
+        )
 
     def finish(self) -> int:
         from tests.chaos.checker import check
 
         snap = self.snapshot()
         snap["meta"]["process_logs"] = self.log_summary()  # the checker judges unhandled errors too
-        sink = [json.loads(line) for line in (self.out / "sink.jsonl").read_text().splitlines() if line.strip()] if (self.out / "sink.jsonl").exists() else []
+        sink = (
+            [json.loads(line) for line in (self.out / "sink.jsonl").read_text().splitlines() if line.strip()]
+            if (self.out / "sink.jsonl").exists()
+            else []
+        )
         (self.out / "snapshot.json").write_text(json.dumps(snap, default=str))
         with open(self.out / "faults.jsonl", "w") as fh:
             for f in self.faults:
@@ -789,22 +968,46 @@ class Soak:
                 fh.write(json.dumps(d, default=str) + "\n")
         report = check(snap, sink, self.faults, self.decisions)
         report["config"] = {
-            "command": "python -m tests.chaos.soak " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("soak.py") else None,
-            "runs": self.args.runs, "seed": self.seed, "workers": self.workers, "clusters": self.n_clusters,
-            "lease_seconds": LEASE, "max_inflight": self.max_inflight, "planned_fraction": self.args.planned_fraction,
-            "kill_every": self.kill_every, "stop_every": self.stop_every, "cancel_rate": self.args.cancel_rate,
-            "approve_rate": self.args.approve_rate, "no_faults": self.args.no_faults, "database": self.db_url,
-            "sink_drop_rate": self.args.sink_drop_rate, "sink_delay_rate": self.args.sink_delay_rate, "sink_delay": self.args.sink_delay,
-            "post_timeout": POST_TIMEOUT, "uncertain_mix": self.args.uncertain_mix,
-            "duration_cap": self.args.duration_cap, "wall_s": round(self.t_end - self.t_start, 1), "artifacts": str(self.out),
+            "command": "python -m tests.chaos.soak " + " ".join(sys.argv[1:])
+            if sys.argv and sys.argv[0].endswith("soak.py")
+            else None,
+            "runs": self.args.runs,
+            "seed": self.seed,
+            "workers": self.workers,
+            "clusters": self.n_clusters,
+            "lease_seconds": LEASE,
+            "max_inflight": self.max_inflight,
+            "planned_fraction": self.args.planned_fraction,
+            "kill_every": self.kill_every,
+            "stop_every": self.stop_every,
+            "cancel_rate": self.args.cancel_rate,
+            "approve_rate": self.args.approve_rate,
+            "no_faults": self.args.no_faults,
+            "database": self.db_url,
+            "sink_drop_rate": self.args.sink_drop_rate,
+            "sink_delay_rate": self.args.sink_delay_rate,
+            "sink_delay": self.args.sink_delay,
+            "post_timeout": POST_TIMEOUT,
+            "uncertain_mix": self.args.uncertain_mix,
+            "duration_cap": self.args.duration_cap,
+            "wall_s": round(self.t_end - self.t_start, 1),
+            "artifacts": str(self.out),
             "plans": dict(Counter(s.plan for s in self.specs)),
         }
         report["planned"] = self.planned_summary()
         if self.args.baseline:
             base = json.loads(Path(self.args.baseline).read_text())
-            b, t = (base.get("throughput") or {}).get("runs_per_min"), (report.get("throughput") or {}).get("runs_per_min")
-            report["baseline"] = {"report": self.args.baseline, "runs": base.get("runs"), "runs_per_min": b,
-                                  "ratio": round(t / b, 2) if b and t else None, "run_latency_s": base.get("run_latency_s")}
+            b, t = (
+                (base.get("throughput") or {}).get("runs_per_min"),
+                (report.get("throughput") or {}).get("runs_per_min"),
+            )
+            report["baseline"] = {
+                "report": self.args.baseline,
+                "runs": base.get("runs"),
+                "runs_per_min": b,
+                "ratio": round(t / b, 2) if b and t else None,
+                "run_latency_s": base.get("run_latency_s"),
+            }
         report["logs"] = snap["meta"]["process_logs"]
         (self.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         md = render_markdown(report)

@@ -2,6 +2,7 @@
 starts every node and supervises them as one unit — a node that exits is
 started again, a node that cannot start stops the cluster with exit 1, and a
 stop signal stops every process it started (issue 14, item 6)."""
+
 from __future__ import annotations
 
 import json
@@ -41,9 +42,24 @@ class ClusterCommand:
         self.state = tmp_path / "state.json"
         self.log_path = tmp_path / "cluster.log"
         self.log = open(self.log_path, "wb")
-        argv = [sys.executable, "manage.py", "cluster", "--log-dir", str(tmp_path / "nodes"), "--state-file", str(self.state), *args]
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env or subprocess_env(), stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        argv = [
+            sys.executable,
+            "manage.py",
+            "cluster",
+            "--log-dir",
+            str(tmp_path / "nodes"),
+            "--state-file",
+            str(self.state),
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env or subprocess_env(),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -77,7 +93,9 @@ class ClusterCommand:
 def test_the_cluster_refuses_sqlite(tmp_path):
     env = {k: v for k, v in subprocess_env().items() if k != "DATABASE_URL"}
     env["AGENTRT_SQLITE_PATH"] = str(tmp_path / "x.sqlite3")
-    proc = subprocess.run([sys.executable, "manage.py", "cluster"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "cluster"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1
     assert "the cluster runs on PostgreSQL: set DATABASE_URL" in proc.stderr
 
@@ -105,8 +123,11 @@ def test_the_cluster_restarts_a_node_that_dies_and_a_signal_stops_every_node(sig
     port = two_free_ports()
     c = ClusterCommand(tmp_path, "--workers", "2", "--web", "2", "--port", str(port), "--restart-delay", "0.2")
     try:
-        wait_for(lambda: "agentrt cluster is running" in c.output() or c.proc.poll() is not None, timeout=240,
-                 message="every node to be ready")
+        wait_for(
+            lambda: "agentrt cluster is running" in c.output() or c.proc.poll() is not None,
+            timeout=240,
+            message="every node to be ready",
+        )
         assert c.proc.poll() is None, c.output()
         nodes = c.nodes()
         assert sorted(nodes) == ["maintenance", "web-1", "web-2", "worker-1", "worker-2"]
@@ -117,12 +138,17 @@ def test_the_cluster_restarts_a_node_that_dies_and_a_signal_stops_every_node(sig
         # a node killed outright is started again (Restart=always) and becomes ready
         for name in ("worker-1", "web-2"):
             os.kill(first[name], signal.SIGKILL)
-        wait_for(lambda: all(c.nodes()[n]["pid"] != first[n] and c.nodes()[n]["ready_at"] for n in ("worker-1", "web-2")),
-                 timeout=180, message="the killed nodes to be restarted and ready")
+        wait_for(
+            lambda: all(c.nodes()[n]["pid"] != first[n] and c.nodes()[n]["ready_at"] for n in ("worker-1", "web-2")),
+            timeout=180,
+            message="the killed nodes to be restarted and ready",
+        )
         after = c.nodes()
         assert after["worker-1"]["restarts"] == 1 and after["web-2"]["restarts"] == 1
         assert after["worker-1"]["last_exit"] == -signal.SIGKILL
-        assert {after[n]["pid"] for n in ("worker-2", "web-1", "maintenance")} == {first[n] for n in ("worker-2", "web-1", "maintenance")}
+        assert {after[n]["pid"] for n in ("worker-2", "web-1", "maintenance")} == {
+            first[n] for n in ("worker-2", "web-1", "maintenance")
+        }
         assert c.proc.poll() is None
         wait_for(lambda: listening(port + 1), timeout=60, message="the restarted web node to listen")
 

@@ -6,6 +6,7 @@ each node is sent SIGTERM, drains and is restarted in turn. Besides the
 command's own verdict, the test reads its artifacts — what the client got,
 the database and the effect sink's log — and checks them itself. No timing
 is asserted: the command reports drain times and submit latency."""
+
 from __future__ import annotations
 
 import json
@@ -33,13 +34,29 @@ def rolling_database_url() -> str:
 @pytest.mark.timeout(540)
 def test_a_rolling_deploy_under_load_loses_no_run_and_sends_nothing_twice(tmp_path):
     out = tmp_path / "rolling"
-    cmd = [sys.executable, "bench/rolling_deploy.py", "--runs", str(RUNS), "--worker-nodes", "2", "--rate", "3",
-           "--pause", "0.5", "--database-url", rolling_database_url(), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "bench/rolling_deploy.py",
+        "--runs",
+        str(RUNS),
+        "--worker-nodes",
+        "2",
+        "--rate",
+        "3",
+        "--pause",
+        "0.5",
+        "--database-url",
+        rolling_database_url(),
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=520)
     tail = f"\n--- stdout ---\n{proc.stdout[-5000:]}\n--- stderr ---\n{proc.stderr[-5000:]}"
     assert (out / "report.json").exists(), f"no report (exit {proc.returncode}){tail}"
     report = json.loads((out / "report.json").read_text())
-    assert report["violations"] == [] and report["problems"] == [], json.dumps(report["violations"][:10] + report["problems"]) + tail
+    assert report["violations"] == [] and report["problems"] == [], (
+        json.dumps(report["violations"][:10] + report["problems"]) + tail
+    )
     assert proc.returncode == 0, tail
 
     # every node was rolled: SIGTERM, gone, a new process ready

@@ -28,6 +28,7 @@ and scaling benchmarks (bench/rolling_deploy.py, bench/scaling.py).
 pid, port, start and ready times, restarts and last exit code: what an
 operator or a benchmark needs to find a node's main process.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,17 @@ WORKER_ROLES = ("qc-sentinel", "qc-pusher", "qc-monitor")
 
 
 class Node:
-    def __init__(self, name: str, role: str, argv: list[str], env: dict, *, port: int | None = None,
-                 workers: int = 0, log_dir: Path | None = None):
+    def __init__(
+        self,
+        name: str,
+        role: str,
+        argv: list[str],
+        env: dict,
+        *,
+        port: int | None = None,
+        workers: int = 0,
+        log_dir: Path | None = None,
+    ):
         self.name, self.role, self.argv, self.env = name, role, argv, env
         self.port, self.workers = port, workers
         self.log_path = log_dir / f"{name}.log" if log_dir else None
@@ -88,10 +98,18 @@ class Node:
         def wall(t):
             return None if t is None else round(t0_wall + (t - t0_mono), 3)
 
-        return {"name": self.name, "role": self.role, "pid": self.proc.pid if self.proc else None, "port": self.port,
-                "running": bool(self.proc and self.proc.poll() is None), "started_at": wall(self.started_at),
-                "ready_at": wall(self.ready_at), "restarts": self.restarts, "last_exit": self.last_exit,
-                "log": str(self.log_path) if self.log_path else None}
+        return {
+            "name": self.name,
+            "role": self.role,
+            "pid": self.proc.pid if self.proc else None,
+            "port": self.port,
+            "running": bool(self.proc and self.proc.poll() is None),
+            "started_at": wall(self.started_at),
+            "ready_at": wall(self.ready_at),
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+            "log": str(self.log_path) if self.log_path else None,
+        }
 
 
 def _answers_ready(port: int) -> bool:
@@ -107,36 +125,70 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--workers", type=int, default=2, help="worker nodes (qcluster processes); default 2")
-        parser.add_argument("--worker-processes", type=int, default=None,
-                            help="workers per node (AGENTRT_WORKERS); default: the environment's, else 2")
+        parser.add_argument(
+            "--worker-processes",
+            type=int,
+            default=None,
+            help="workers per node (AGENTRT_WORKERS); default: the environment's, else 2",
+        )
         parser.add_argument("--web", type=int, default=2, help="web nodes (daphne); default 2")
-        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)),
-                            help="first web node's port; node k listens on port + k - 1 (default 8000)")
+        parser.add_argument(
+            "--port",
+            type=int,
+            default=int(os.environ.get("PORT", 8000)),
+            help="first web node's port; node k listens on port + k - 1 (default 8000)",
+        )
         parser.add_argument("--bind", default="127.0.0.1", help="address the web nodes bind (default 127.0.0.1)")
-        parser.add_argument("--metrics-port", type=int, default=None,
-                            help="worker node k serves its histograms on this port + k - 1 (AGENTRT_METRICS_PORT)")
-        parser.add_argument("--no-maintenance", action="store_true", help="start no run_maintenance (another host runs it)")
-        parser.add_argument("--log-dir", default=None, help="each node's output to DIR/NAME.log (default: this terminal)")
-        parser.add_argument("--state-file", default=None, help="JSON with every node's pid, port and restarts, kept current")
-        parser.add_argument("--start-timeout", type=float, default=120.0, help="seconds for every node to be ready (default 120)")
-        parser.add_argument("--restart-delay", type=float, default=1.0, help="seconds before a node that exited is started again")
-        parser.add_argument("--give-up-after", type=int, default=5,
-                            help="a node that exits this many times in a row before it is ready stops the cluster (exit 1)")
-        parser.add_argument("--stop-grace", type=float, default=STOP_GRACE_SECONDS,
-                            help=f"seconds the nodes get to drain on stop before they are killed (default {STOP_GRACE_SECONDS})")
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            help="worker node k serves its histograms on this port + k - 1 (AGENTRT_METRICS_PORT)",
+        )
+        parser.add_argument(
+            "--no-maintenance", action="store_true", help="start no run_maintenance (another host runs it)"
+        )
+        parser.add_argument(
+            "--log-dir", default=None, help="each node's output to DIR/NAME.log (default: this terminal)"
+        )
+        parser.add_argument(
+            "--state-file", default=None, help="JSON with every node's pid, port and restarts, kept current"
+        )
+        parser.add_argument(
+            "--start-timeout", type=float, default=120.0, help="seconds for every node to be ready (default 120)"
+        )
+        parser.add_argument(
+            "--restart-delay", type=float, default=1.0, help="seconds before a node that exited is started again"
+        )
+        parser.add_argument(
+            "--give-up-after",
+            type=int,
+            default=5,
+            help="a node that exits this many times in a row before it is ready stops the cluster (exit 1)",
+        )
+        parser.add_argument(
+            "--stop-grace",
+            type=float,
+            default=STOP_GRACE_SECONDS,
+            help=f"seconds the nodes get to drain on stop before they are killed (default {STOP_GRACE_SECONDS})",
+        )
 
     def handle(self, *args, **opts):
         if connection.vendor != "postgresql":
-            raise CommandError("the cluster runs on PostgreSQL: set DATABASE_URL=postgres://... "
-                               "(several processes on one SQLite file is `make run`'s embedded default, not a cluster)")
+            raise CommandError(
+                "the cluster runs on PostgreSQL: set DATABASE_URL=postgres://... "
+                "(several processes on one SQLite file is `make run`'s embedded default, not a cluster)"
+            )
         for opt, low in (("workers", 1), ("web", 0)):
             if opts[opt] < low:
                 raise CommandError(f"--{opt} must be at least {low}")
         if opts["worker_processes"] is not None and opts["worker_processes"] < 1:
             raise CommandError("--worker-processes must be at least 1")
         if not os.environ.get("REDIS_URL"):
-            self.stderr.write("note: REDIS_URL is not set: live pages of one web node will not hear another node's runs "
-                              "(they fall back to polling), and throttles and socket limits are per process")
+            self.stderr.write(
+                "note: REDIS_URL is not set: live pages of one web node will not hear another node's runs "
+                "(they fall back to polling), and throttles and socket limits are per process"
+            )
         self.stopping = None
 
         def on_signal(signum, frame):
@@ -161,8 +213,13 @@ class Command(BaseCommand):
             for sig in STOP_SIGNALS:  # a second signal must not cut the drain short
                 signal.signal(sig, signal.SIG_IGN)
             started = [n for n in self.nodes if n.proc is not None]
-            stop_children([n.proc for n in started], [n.name for n in started], self._say, grace=opts["stop_grace"],
-                          leftovers=[s for s in self.leftovers if s not in {n.proc.pid for n in started}])
+            stop_children(
+                [n.proc for n in started],
+                [n.name for n in started],
+                self._say,
+                grace=opts["stop_grace"],
+                leftovers=[s for s in self.leftovers if s not in {n.proc.pid for n in started}],
+            )
             self._write_state()
             for n in self.nodes:
                 if n.log:
@@ -190,9 +247,13 @@ class Command(BaseCommand):
                 env["AGENTRT_METRICS_PORT"] = str(o["metrics_port"] + k - 1)
             if env.get("PROMETHEUS_MULTIPROC_DIR"):  # one directory per node: a starting node empties its own
                 env["PROMETHEUS_MULTIPROC_DIR"] = str(Path(env["PROMETHEUS_MULTIPROC_DIR"]) / f"worker-{k}")
-            nodes.append(Node(f"worker-{k}", "worker", manage + ["qcluster"], env, workers=workers, log_dir=self.log_dir))
+            nodes.append(
+                Node(f"worker-{k}", "worker", manage + ["qcluster"], env, workers=workers, log_dir=self.log_dir)
+            )
         if not o["no_maintenance"]:
-            nodes.append(Node("maintenance", "maintenance", manage + ["run_maintenance"], dict(base), log_dir=self.log_dir))
+            nodes.append(
+                Node("maintenance", "maintenance", manage + ["run_maintenance"], dict(base), log_dir=self.log_dir)
+            )
         return nodes
 
     def _supervise(self) -> str | None:
@@ -227,7 +288,10 @@ class Command(BaseCommand):
                     if n.ready_at is None:
                         n.failed_starts += 1
                         if n.failed_starts >= o["give_up_after"]:
-                            return f"{n.name} exited {n.failed_starts} times in a row before it was ready (last exit code {rc})"
+                            return (
+                                f"{n.name} exited {n.failed_starts} times in a row before it was ready "
+                                f"(last exit code {rc})"
+                            )
                     else:
                         n.failed_starts = 0
                     if n.role == "worker" and session_alive(n.proc.pid):
@@ -251,21 +315,30 @@ class Command(BaseCommand):
             if changed:
                 self._write_state()
             CLOCK.sleep(0.2)
-        self._say(f"{self.stopping}: stopping {len(self.nodes)} nodes (worker nodes drain: their runs yield back to the queue)")
+        self._say(
+            f"{self.stopping}: stopping {len(self.nodes)} nodes "
+            "(worker nodes drain: their runs yield back to the queue)"
+        )
         return None
 
     def _announce(self) -> None:
         webs = [n for n in self.nodes if n.role == "web"]
         workers = [n for n in self.nodes if n.role == "worker"]
-        self.stdout.write(self.style.SUCCESS(
-            f"\nagentrt cluster is running: {len(workers)} worker node(s) x {workers[0].workers} workers, "
-            f"{len(webs)} web node(s), {'maintenance' if any(n.role == 'maintenance' for n in self.nodes) else 'no maintenance'}, "
-            f"database {connection.settings_dict['NAME']}"))
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"\nagentrt cluster is running: {len(workers)} worker node(s) x {workers[0].workers} workers, "
+                f"{len(webs)} web node(s), "
+                f"{'maintenance' if any(n.role == 'maintenance' for n in self.nodes) else 'no maintenance'}, "
+                f"database {connection.settings_dict['NAME']}"
+            )
+        )
         for n in webs:
             self.stdout.write(f"  {n.name}: http://{self.opts['bind']}:{n.port}/   (/readyz, /metrics)")
         if self.state_file:
             self.stdout.write(f"  state: {self.state_file}")
-        self.stdout.write("SIGTERM a node's pid to restart it (it drains first); Ctrl-C, SIGTERM or SIGHUP here stops them all.\n")
+        self.stdout.write(
+            "SIGTERM a node's pid to restart it (it drains first); Ctrl-C, SIGTERM or SIGHUP here stops them all.\n"
+        )
 
     def _tail(self, n: Node) -> str:
         if not n.log_path:
@@ -283,8 +356,11 @@ class Command(BaseCommand):
     def _write_state(self) -> None:
         if not self.state_file:
             return
-        state = {"supervisor": os.getpid(), "database": connection.settings_dict["NAME"],
-                 "nodes": [n.state(self.t0_wall, self.t0_mono) for n in self.nodes]}
+        state = {
+            "supervisor": os.getpid(),
+            "database": connection.settings_dict["NAME"],
+            "nodes": [n.state(self.t0_wall, self.t0_mono) for n in self.nodes],
+        }
         tmp = self.state_file.with_suffix(self.state_file.suffix + ".tmp")
         tmp.write_text(json.dumps(state, indent=1))
         os.replace(tmp, self.state_file)

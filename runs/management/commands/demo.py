@@ -9,6 +9,7 @@ told by the kernel to stop if this command dies without a chance to (SIGKILL).
 The supervision is ops/supervise.py, shared with `manage.py cluster`.
 A child that dies on its own stops the rest, and the command exits 1 for
 whatever supervises it."""
+
 import os
 import signal
 import sys
@@ -56,7 +57,9 @@ class Command(BaseCommand):
         # refuse it), on purpose and nowhere else — create_tenant validates.
         tenant, operator = tenant_create(name="demo", username="operator", password="operator", operator=True)
         # The demo operator also publishes agents over REST and edits the tenant's policy floor.
-        operator.user_permissions.add(*Permission.objects.filter(codename__in=["publish_agent", "change_tenant", "view_tenant"]))
+        operator.user_permissions.add(
+            *Permission.objects.filter(codename__in=["publish_agent", "change_tenant", "view_tenant"])
+        )
         for path in sorted(DEMO.glob("*.json")):
             import json
 
@@ -79,7 +82,21 @@ class Command(BaseCommand):
         manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
         reason = None
         try:
-            procs.append(start_child([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentrt_site.asgi:application"], env))
+            procs.append(
+                start_child(
+                    [
+                        sys.executable,
+                        "-m",
+                        "daphne",
+                        "-b",
+                        "127.0.0.1",
+                        "-p",
+                        str(port),
+                        "agentrt_site.asgi:application",
+                    ],
+                    env,
+                )
+            )
             procs.append(start_child(manage + ["qcluster"], env))
             procs.append(start_child(manage + ["run_maintenance"], env))
             self._submit_and_print(tenant, port)
