@@ -22,8 +22,9 @@ For each node count N (in `--rounds` rounds, N in the given order each round):
    `pg_stat_database.xact_commit` before and after.
 
 Reported per N: runs/s and steps/s (first run created → last completed),
-the database's commit rate over that window (raw, and the runs' own commits
-per step with the idle polling subtracted), the floor at that concurrency and
+the database's commit rate over that window (raw, and per step with the idle
+nodes' polling subtracted: the runs' steps, claims and finishes, their
+submits and django-q2's queue and result rows), the floor at that concurrency and
 the ceiling it implies in steps/s (floor ÷ commits per step), the share of
 it reached, and the 1-minute load average before and after. One database
 (default `agentrt_scaling_bench`, dropped and re-created once) serves every N.
@@ -260,7 +261,7 @@ def table(results: list[dict], meta: dict) -> str:
         f"{meta['workers_per_node']} workers per node, {meta['runs']} runs x {meta['steps']} steps per measurement.",
         "",
         "| worker nodes (workers) | runs/s | steps/s | step gap median ms | DB commits/s (raw) "
-        "| commits/step (runs' own) | floor commits/s at that many connections "
+        "| commits/step (idle polling subtracted) | floor commits/s at that many connections "
         "| ceiling steps/s (floor ÷ commits/step) | share of ceiling | load avg before / after |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
