@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentrt
 
-.PHONY: run test venv dev browser smoke bench mutants clean
+.PHONY: run cluster test venv dev browser smoke bench mutants clean
 
 # requirements.txt / requirements-dev.txt are hashed locks compiled from the
 # .in files (README, "Dependencies"); pip refuses anything whose hash differs.
@@ -35,6 +35,20 @@ var/secret_key:
 
 run: venv var/secret_key
 	DJANGO_SECRET_KEY="$$(cat var/secret_key)" AGENTRT_DEMO=1 $(PY) manage.py demo
+
+# Several nodes on one PostgreSQL and one Redis (deploy/README.md): WORKERS
+# worker nodes, two web nodes on WEB_PORT and WEB_PORT+1, maintenance;
+# migrates first; Ctrl-C / SIGTERM / SIGHUP stop it all (worker nodes drain).
+# The secret key is DJANGO_SECRET_KEY if set, else the demo's var/secret_key
+# (every node must share one key: sessions and CSRF cross web nodes).
+WORKERS ?= 2
+WEB_PORT ?= 8000
+CLUSTER_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentrt
+CLUSTER_REDIS_URL ?= redis://127.0.0.1:6379/0
+cluster: venv var/secret_key
+	DATABASE_URL=$${DATABASE_URL:-$(CLUSTER_DATABASE_URL)} REDIS_URL=$${REDIS_URL-$(CLUSTER_REDIS_URL)} \
+	DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$(cat var/secret_key)}" \
+	$(PY) manage.py cluster --workers $(WORKERS) --port $(WEB_PORT) --log-dir var/cluster --state-file var/cluster/state.json $(CLUSTER_ARGS)
 
 # The browser test drives Debian's chromium (Playwright's own download is not
 # reachable everywhere): install it when it is missing and we may.

@@ -94,6 +94,7 @@ from tests import secret_env  # noqa: F401  (a throw-away DJANGO_SECRET_KEY for 
 from tests.chaos.plans import PLAN_NAMES, PLANS, POINTS, POST_TIMEOUT, RunSpec, agent_definition
 from tests.chaos.procs import ROOT, Proc, descendants, proc_state, proc_table, recreate_database
 from tests.chaos.report import render_markdown
+from tests.chaos.snapshot import take_snapshot
 
 LEASE = 2.0
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
@@ -923,129 +924,18 @@ class Soak:
 
     # -- the snapshot and the report -------------------------------------------------
     def snapshot(self) -> dict:
-        from django.db import connection
-
         from runs.runtime.resume import MAX_LEASE_EXPIRATIONS
 
-        def val(x):
-            if isinstance(x, datetime):
-                return x.timestamp()
-            if hasattr(x, "hex") and type(x).__name__ == "UUID":
-                return str(x)
-            return x
-
-        def js(x):
-            return json.loads(x) if isinstance(x, str) else x
-
-        def rows(sql, names, json_cols=()):
-            with connection.cursor() as cur:
-                cur.execute(sql)
-                out = []
-                for row in cur.fetchall():
-                    d = {n: val(v) for n, v in zip(names, row)}
-                    for c in json_cols:
-                        d[c] = js(d[c])
-                    out.append(d)
-                return out
-
-        with connection.cursor() as cur:
-            cur.execute("SET statement_timeout = 0")
-        runs = rows(
-            "SELECT id, status, session_id, lease_owner, lease_epoch, lease_expires_at, lease_expirations, attempts, failure,"
-            " cancel_requested_at, created_at, updated_at FROM runs",
-            [
-                "id",
-                "status",
-                "session_id",
-                "lease_owner",
-                "lease_epoch",
-                "lease_expires_at",
-                "lease_expirations",
-                "attempts",
-                "failure",
-                "cancel_requested_at",
-                "created_at",
-                "updated_at",
-            ],
-            ["failure"],
-        )
-        for r in runs:
+        def annotate(r: dict) -> None:
             spec = self.by_run.get(r["id"])
             if spec:
                 r.update(
                     index=spec.index, plan=spec.plan, agent=spec.agent, posts=spec.posts, submitted_at=spec.submitted_at
                 )
-        doorbells = []
-        try:
-            from django_q.models import OrmQ
 
-            for q in OrmQ.objects.all():
-                try:
-                    task = q.task
-                    doorbells.append(
-                        {"run": str(task.get("args", [None])[0]), "lock": val(q.lock), "func": task.get("func")}
-                    )
-                except Exception:
-                    continue
-        except Exception:
-            pass
-        return {
-            "doorbells": doorbells,
-            "runs": runs,
-            "sessions": rows("SELECT id, event_seq FROM sessions", ["id", "event_seq"]),
-            # xid: the writing transaction of each row's current version (xmin), for I3's "epoch at the time of the write"
-            "events": rows(
-                "SELECT session_id, sequence, run_id, type, payload, lease_epoch, occurred_at, xmin::text::bigint FROM events",
-                ["session_id", "sequence", "run_id", "type", "payload", "lease_epoch", "occurred_at", "xid"],
-                ["payload"],
-            ),
-            "invocations": rows(
-                "SELECT id, run_id, step_number, call_index, tool_name, read_only, status, effect_sent_at, attempt,"
-                " result IS NOT NULL, idempotency_key, lease_epoch, suspended_kind, xmin::text::bigint FROM tool_invocations",
-                [
-                    "id",
-                    "run_id",
-                    "step_number",
-                    "call_index",
-                    "tool_name",
-                    "read_only",
-                    "status",
-                    "effect_sent_at",
-                    "attempt",
-                    "has_result",
-                    "idempotency_key",
-                    "lease_epoch",
-                    "suspended_kind",
-                    "xid",
-                ],
-            ),
-            "model_calls": rows(
-                "SELECT run_id, step_number, attempt_number, status, lease_epoch, xmin::text::bigint FROM model_calls",
-                ["run_id", "step_number", "attempt_number", "status", "lease_epoch", "xid"],
-            ),
-            "checkpoints": rows(
-                'SELECT run_id, version, "trigger", lease_epoch, xmin::text::bigint FROM checkpoints',
-                ["run_id", "version", "trigger", "lease_epoch", "xid"],
-            ),
-            "approvals": [
-                {**a, "attempt": (a.pop("presentation") or {}).get("attempt")}
-                for a in rows(
-                    "SELECT id, run_id, invocation_id, kind, status, decided_at, decided_via, presentation, created_at FROM approvals",
-                    [
-                        "id",
-                        "run_id",
-                        "invocation_id",
-                        "kind",
-                        "status",
-                        "decided_at",
-                        "decided_via",
-                        "presentation",
-                        "created_at",
-                    ],
-                    ["presentation"],
-                )
-            ],
-            "meta": {
+        return take_snapshot(
+            annotate=annotate,
+            meta={
                 "runs_submitted": sum(1 for s in self.specs if s.run_id),
                 "runs_planned": len(self.specs),
                 "seed": self.seed,
@@ -1057,7 +947,7 @@ class Soak:
                 "max_lease_expirations": MAX_LEASE_EXPIRATIONS,
                 "reconciler": False,  # env() drops AGENTRT_RECONCILER
             },
-        }
+        )
 
     def finish(self) -> int:
         from tests.chaos.checker import check

@@ -6,13 +6,12 @@ SIGHUP each stop everything it started: the worker drains (its runs yield
 back to the queue), then the command exits. Each child runs in its own
 session, so a signal reaches it only through this command, once; and each is
 told by the kernel to stop if this command dies without a chance to (SIGKILL).
+The supervision is ops/supervise.py, shared with `manage.py cluster`.
 A child that dies on its own stops the rest, and the command exits 1 for
 whatever supervises it."""
 
-import ctypes
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,48 +20,15 @@ from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from ops.supervise import STOP_SIGNALS, start_child, stop_children
 from runs.clock import CLOCK
 from runs.services import agent_load, run_submit, tenant_create
 
 DEMO = Path(settings.BASE_DIR) / "demo"
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-STOP_GRACE_SECONDS = 60  # the worker finishes its step and yields; then what is left is killed
-PR_SET_PDEATHSIG = 1
 
 
 class _Stop(Exception):
     pass
-
-
-def _stop_with_parent() -> None:
-    """In the child, before exec: SIGTERM it when the demo dies (Linux)."""
-    try:
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except Exception:
-        pass
-
-
-def _start(args, env) -> subprocess.Popen:
-    return subprocess.Popen(args, env=env, start_new_session=True, preexec_fn=_stop_with_parent)
-
-
-def _stop_all(procs, names, write) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)  # qcluster drains; daphne and maintenance exit
-    deadline = CLOCK.monotonic() + STOP_GRACE_SECONDS
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - CLOCK.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for p in procs:  # whatever is left of each child's session (e.g. a wedged worker)
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        p.wait()
-    write("stopped: " + ", ".join(f"{n} {p.returncode}" for n, p in zip(names, procs)))
 
 
 class Command(BaseCommand):
@@ -117,7 +83,7 @@ class Command(BaseCommand):
         reason = None
         try:
             procs.append(
-                _start(
+                start_child(
                     [
                         sys.executable,
                         "-m",
@@ -131,8 +97,8 @@ class Command(BaseCommand):
                     env,
                 )
             )
-            procs.append(_start(manage + ["qcluster"], env))
-            procs.append(_start(manage + ["run_maintenance"], env))
+            procs.append(start_child(manage + ["qcluster"], env))
+            procs.append(start_child(manage + ["run_maintenance"], env))
             self._submit_and_print(tenant, port)
             while all(p.poll() is None for p in procs):
                 CLOCK.sleep(0.5)
@@ -143,7 +109,7 @@ class Command(BaseCommand):
         finally:
             for sig in STOP_SIGNALS:  # a second signal must not cut the drain short
                 signal.signal(sig, signal.SIG_IGN)
-            _stop_all(procs, names[: len(procs)], self.stdout.write)
+            stop_children(procs, names[: len(procs)], self.stdout.write)
         if reason:
             self.stderr.write(f"{reason}; stopped the rest")
             sys.exit(1)
