@@ -29,6 +29,55 @@ WAITING_STATUSES = (RunStatus.WAITING_FOR_APPROVAL, RunStatus.WAITING_FOR_USER)
 LIVE_STATUSES = (RunStatus.RUNNING, RunStatus.WAITING_FOR_APPROVAL, RunStatus.WAITING_FOR_USER)
 
 
+class InvocationStatus(StrEnum):
+    """`tool_invocations.status` (DESIGN §7): the model's `STATUSES` choices derive from it."""
+
+    PROPOSED = "proposed"
+    AUTHORIZED = "authorized"
+    EXECUTING = "executing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+    AWAITING_APPROVAL = "awaiting_approval"
+    UNCERTAIN = "uncertain"
+
+
+class InvocationOutcome(StrEnum):
+    """How a call's last attempt ended (DESIGN §7 step 11): `tool_invocations.outcome`."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNCERTAIN = "uncertain"
+
+
+class ApprovalStatus(StrEnum):
+    """`approvals.status` (DESIGN §8)."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    INVALIDATED = "invalidated"
+    CANCELLED = "cancelled"
+    CONFIRMED = "confirmed"
+
+
+class ModelCallStatus(StrEnum):
+    """`model_calls.status`: one row per model attempt."""
+
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    ABANDONED = "abandoned"
+
+
+def choices(enum: type[StrEnum]) -> list[tuple[str, str]]:
+    """Django `choices` for a vocabulary enum: each value as its own label."""
+    return [(member.value, member.value) for member in enum]
+
+
 class FailureReason(StrEnum):
     MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
     BUDGET_EXCEEDED = "budget_exceeded"
@@ -112,7 +161,7 @@ class RunLimits(Frozen):
 
     @model_validator(mode="before")
     @classmethod
-    def _reserves_below_limits(cls, data):
+    def _reserves_below_limits(cls, data: Any) -> Any:
         """A reserve as large as its limit would forbid tools from the first call: it is dropped."""
         if not isinstance(data, dict):
             return data
