@@ -20,6 +20,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db import close_old_connections
 
 from runs.clock import CLOCK
+from runs.domain.events import STATUS_EVENTS as STATUS_EVENT_TYPES
 from runs.models import Event, Membership, Run
 from runs.services import scoping
 from runs.services.selectors import event_to_dict
@@ -29,20 +30,7 @@ from runs.web.ws_limits import RENEW_EVERY_SECONDS, ws_admit, ws_release, ws_ren
 POLL_SECONDS = 0.5
 BATCH = 200
 MAX_FRAME_CHARS = 4096  # clients send at most a ping
-STATUS_EVENTS = (
-    "run.created",
-    "run.claimed",
-    "run.started",
-    "run.resumed",
-    "run.requeued",
-    "run.completed",
-    "run.failed",
-    "run.cancelled",
-    "run.waiting_for_approval",
-    "run.waiting_for_user",
-    "lease.taken_over",
-    "approval.resolved",
-)
+STATUS_EVENTS = tuple(t.value for t in STATUS_EVENT_TYPES)  # what ws/runs/ streams (runs.domain.events)
 
 
 def run_group(run_id) -> str:

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_POST
 from approvals.errors import ApprovalError
 from approvals.models import Approval
 from approvals.services import approval_confirm, approval_decide, can_resolve
+from runs.domain.events import page_vocabulary
 from runs.errors import RunError, RunNotFound
 from runs.models import Run
 from runs.services.lifecycle import run_cancel
@@ -41,7 +42,7 @@ def runs_list(request):
         a["run_id"]: a["kind"] for a in Approval.objects.filter(run__in=runs, status="pending").values("run_id", "kind")
     }
     rows = [{**run_to_dict(r), "waiting": waiting.get(r.id, "")} for r in runs]
-    return render(request, "runs/list.html", {"runs": rows})
+    return render(request, "runs/list.html", {"runs": rows, "event_types": page_vocabulary()})
 
 
 @csp_update(LIVE_PAGE_CSP)
@@ -64,6 +65,7 @@ def run_detail(request, run_id):
                 for p in pending
             ],
             "can_resolve": can_resolve(request.user) and runs_actionable_by(request.user).filter(id=run.id).exists(),
+            "event_types": page_vocabulary(),
         },
     )
 
