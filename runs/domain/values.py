@@ -9,6 +9,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from runs.domain.limits import BY_NAME
+
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -146,18 +148,27 @@ class RunUsage(Frozen):
         )
 
 
+def _limit(name: str) -> Any:
+    """The field of one limit: its default and lower bounds from the limits table."""
+    limit = BY_NAME[name]
+    return Field(limit.default, **limit.bounds(upper=False))
+
+
 class RunLimits(Frozen):
-    max_steps: int = Field(32, ge=1)
-    max_model_calls: int = Field(24, ge=1)
-    max_tool_calls: int = Field(64, ge=0)
-    max_input_tokens: int | None = Field(None, ge=1)
-    max_output_tokens: int | None = Field(None, ge=1)
-    max_cost_usd: float | None = Field(None, ge=0)
-    deadline_seconds: float | None = Field(3600, gt=0)
-    synthesis_reserve_steps: int = Field(0, ge=0)
-    synthesis_reserve_model_calls: int = Field(2, ge=0)
-    synthesis_reserve_tool_calls: int = Field(4, ge=0)
-    synthesis_reserve_cost_usd: float = Field(0, ge=0)
+    """A run's limits; names, defaults and bounds come from `runs.domain.limits.LIMITS`
+    (tests/unit/test_limits.py checks the fields are exactly the table's)."""
+
+    max_steps: int = _limit("max_steps")
+    max_model_calls: int = _limit("max_model_calls")
+    max_tool_calls: int = _limit("max_tool_calls")
+    max_input_tokens: int | None = _limit("max_input_tokens")
+    max_output_tokens: int | None = _limit("max_output_tokens")
+    max_cost_usd: float | None = _limit("max_cost_usd")
+    deadline_seconds: float | None = _limit("deadline_seconds")
+    synthesis_reserve_steps: int = _limit("synthesis_reserve_steps")
+    synthesis_reserve_model_calls: int = _limit("synthesis_reserve_model_calls")
+    synthesis_reserve_tool_calls: int = _limit("synthesis_reserve_tool_calls")
+    synthesis_reserve_cost_usd: float = _limit("synthesis_reserve_cost_usd")
 
     @model_validator(mode="before")
     @classmethod
