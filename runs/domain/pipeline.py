@@ -268,11 +268,19 @@ def _record_decision(
         "step": step_number,
     }
     work.event(EventType.TOOL_CALL_PROPOSED, proposed, now)
-    insert = _insert_row(entry, step_number, tool_name, now)
     if entry.is_error:
-        insert.status, insert.result, insert.error = InvocationStatus.FAILED, entry.result, entry.result
-        insert.outcome = InvocationOutcome.FAILED
-        work.invocation_inserts.append(insert)
+        work.invocation_inserts.append(
+            _insert_row(
+                entry,
+                step_number,
+                tool_name,
+                now,
+                InvocationStatus.FAILED,
+                result=entry.result,
+                error=entry.result,
+                outcome=InvocationOutcome.FAILED,
+            )
+        )
         work.events.append(
             events.call_not_run(
                 invocation_id=entry.invocation_id,
@@ -284,7 +292,9 @@ def _record_decision(
             )
         )
     elif entry.needs_approval and stop is None and ctx.approvals is not None:
-        insert.status, insert.suspended_kind = InvocationStatus.AWAITING_APPROVAL, "policy"
+        insert = _insert_row(
+            entry, step_number, tool_name, now, InvocationStatus.AWAITING_APPROVAL, suspended_kind="policy"
+        )
         work.invocation_inserts.append(insert)
         approval = ctx.approvals.request(
             step_number=step_number,
@@ -300,16 +310,14 @@ def _record_decision(
         entry.authorized = False
         entry.result = _error_result("cancelled", "the run was cancelled before this call ran")
         entry.is_error = True
-        insert.status = InvocationStatus.CANCELLED
-        work.invocation_inserts.append(insert)
+        work.invocation_inserts.append(_insert_row(entry, step_number, tool_name, now, InvocationStatus.CANCELLED))
         work.events.append(
             events.call_cancelled(
                 invocation_id=entry.invocation_id, call_id=entry.call.call_id, tool=tool_name, reason=str(stop), at=now
             )
         )
     else:  # 8: authorize.
-        insert.status = InvocationStatus.AUTHORIZED
-        work.invocation_inserts.append(insert)
+        work.invocation_inserts.append(_insert_row(entry, step_number, tool_name, now, InvocationStatus.AUTHORIZED))
         work.event(
             EventType.TOOL_CALL_AUTHORIZED,
             {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": tool_name},
@@ -317,8 +325,10 @@ def _record_decision(
         )
 
 
-def _insert_row(entry: _Entry, step_number: int, tool_name: str, now: datetime) -> InvocationInsert:
-    """The invocation row of a decided call; `_record_decision` sets its status."""
+def _insert_row(
+    entry: _Entry, step_number: int, tool_name: str, now: datetime, status: InvocationStatus, **decided: Any
+) -> InvocationInsert:
+    """The invocation row of a decided call, with its status and what the decision adds."""
     if entry.invocation_id is None:
         raise RuntimeError("a proposed call always has a new invocation id")
     spec = entry.spec
@@ -331,10 +341,11 @@ def _insert_row(entry: _Entry, step_number: int, tool_name: str, now: datetime) 
         arguments=entry.arguments,
         raw_arguments=scrub_text(entry.call.raw_arguments or "")[:MAX_ARGUMENT_BYTES],
         idempotency_key=entry.key,
-        status=InvocationStatus.PROPOSED,
+        status=status,
         read_only=spec.read_only if spec else True,
         side_effect=spec.side_effect if spec else "none",
         created_at=now,
+        **decided,
     )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.gates.structure import ROOT
 from tests.gates.tenancy import surface_files, tenant_filter_violations
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vocab"  # beside test_structure.py's own fixtures
 
 
 def test_no_surface_filters_by_tenant_itself():

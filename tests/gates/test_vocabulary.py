@@ -16,7 +16,7 @@ from tests.gates.vocabulary import (
     scanned_files,
 )
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vocab"  # beside test_structure.py's own fixtures
 
 
 def test_every_event_type_written_or_queried_is_an_enum_member():
