@@ -28,6 +28,7 @@ from runs.domain.budgets import Ledger
 from runs.domain.cancellation import Token
 from runs.domain.context import AgentSpec, RunContext, RunSnapshot, StepProgress
 from runs.domain.errors import BudgetExceeded, WorkerFenced
+from runs.domain.events import checkpointed
 from runs.domain.loop import run_loop
 from runs.domain.scrub import scrub_stream
 from runs.domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunLimits, RunOutcome, RunUsage
@@ -475,9 +476,7 @@ def _checkpoint(ctx: RunContext, work: UnitOfWork, trigger: str) -> None:
         ]
     row = ctx.state.next_checkpoint(trigger, ctx.clock.now(), force_full=True)
     work.checkpoint = row
-    work.events.append(
-        EventWrite("run.checkpointed", {"version": row.version, "trigger": trigger, "full": True}, row.created_at)
-    )
+    work.events.append(checkpointed(row))
 
 
 def _finalize_bare(claim: Claim, outcome: RunOutcome, clock) -> RunOutcome:
