@@ -497,32 +497,8 @@ def _run_one(
     if ctx.token.reason is not None:  # observation point 4
         _cancel(ctx, results, entry, ctx.token.reason, effect_sent=effect_sent)
         return False, ctx.token.reason
-    if entry.invocation_id is None:
-        raise RuntimeError("a call that runs has an invocation row")
     if not spec.read_only:
-        if not ctx.lease.may_start_effect():  # a stale worker writes no watermark for a call it will not make
-            raise WorkerFenced("self-fence before the watermark", late={"calls": late} if late else None)
-        try:
-            ctx.store.mark_effect_sent(
-                entry.invocation_id,
-                attempt,
-                {
-                    "invocation": str(entry.invocation_id),
-                    "call_id": entry.call.call_id,
-                    "tool": spec.name,
-                    "attempt": attempt,
-                    "idempotency_key": entry.key,
-                },
-                ctx.clock.now(),
-            )
-        except WorkerFenced as exc:
-            exc.late = {"calls": late} if late else None
-            raise
-        ctx.fault("tool.after_watermark")
-        if not ctx.lease.may_start_effect():
-            raise WorkerFenced(
-                "self-fence: no successful heartbeat within lease - interval", late={"calls": late} if late else None
-            )
+        _watermark(ctx, entry, attempt, late)
     _execute(ctx, entry, step_number, attempt)
     if not spec.read_only:
         ctx.fault("tool.after_execute")
@@ -535,6 +511,53 @@ def _run_one(
                 "outcome": entry.outcome,
             }
         )
+    _record_outcome(ctx, entry, attempt, results, prior_attempts)
+    return True, ctx.token.reason  # observation point 5: the call has finished; its result is kept
+
+
+def _watermark(ctx: RunContext, entry: _Entry, attempt: int, late: list[dict[str, Any]]) -> None:
+    """Step 9 for a side effect: the self-fence, the watermark (`effect_sent_at`,
+    `tool.call.started`) committed alone in its fenced transaction, and the
+    self-fence again right before the call."""
+    if entry.invocation_id is None:
+        raise RuntimeError("a call that runs has an invocation row")
+    if not ctx.lease.may_start_effect():  # a stale worker writes no watermark for a call it will not make
+        raise WorkerFenced("self-fence before the watermark", late={"calls": late} if late else None)
+    try:
+        ctx.store.mark_effect_sent(
+            entry.invocation_id,
+            attempt,
+            {
+                "invocation": str(entry.invocation_id),
+                "call_id": entry.call.call_id,
+                "tool": entry.tool.name,
+                "attempt": attempt,
+                "idempotency_key": entry.key,
+            },
+            ctx.clock.now(),
+        )
+    except WorkerFenced as exc:
+        exc.late = {"calls": late} if late else None
+        raise
+    ctx.fault("tool.after_watermark")
+    if not ctx.lease.may_start_effect():
+        raise WorkerFenced(
+            "self-fence: no successful heartbeat within lease - interval", late={"calls": late} if late else None
+        )
+
+
+def _record_outcome(
+    ctx: RunContext,
+    entry: _Entry,
+    attempt: int,
+    results: UnitOfWork,
+    prior_attempts: list[dict[str, Any]] | None,
+) -> None:
+    """Steps 12–14: the call's row (with its per-attempt history) and its
+    event into `results`. An uncertain side effect is recorded, not answered."""
+    if entry.invocation_id is None:
+        raise RuntimeError("a call that ran has an invocation row")
+    spec = entry.tool
     at = ctx.clock.now()
     history = _attempt_history(prior_attempts, attempt, read_only=spec.read_only)
     history.append(
@@ -575,7 +598,7 @@ def _run_one(
             {**payload, "result": None, "error": entry.result, "awaiting_decision": True},
             at,
         )
-        return True, ctx.token.reason
+        return
     results.invocation_updates.append(
         InvocationUpdate(
             id=entry.invocation_id,
@@ -590,7 +613,6 @@ def _run_one(
         )
     )
     results.event(EventType.TOOL_CALL_FAILED if entry.is_error else EventType.TOOL_CALL_COMPLETED, payload, at)
-    return True, ctx.token.reason  # observation point 5: the call has finished; its result is kept
 
 
 def _attempt_history(prior: list[dict[str, Any]] | None, attempt: int, *, read_only: bool) -> list[dict[str, Any]]:
