@@ -263,122 +263,166 @@ def _invoke_model(ctx: RunContext, step_number: int) -> ModelTurn:
 
 
 def _attempts(ctx: RunContext, step_number: int) -> ModelTurn:
-    progress = ctx.progress
+    """The attempts of one step's model call: up to MAX_STEP_FAILURES, each
+    with its own model-call row. A transient error or an empty turn is tried
+    again; anything else ends the step (`_ModelFailure`, a budget, a cancel)."""
     attempt = ctx.progress.next_attempt
     ctx.progress.next_attempt = 1
     step_failures = 0
     while True:
-        ctx.progress.current_attempt = attempt
-        ctx.budgets.check(progress.usage, BudgetScope.ATTEMPT, step_number=step_number, now=ctx.clock.now())
-        if ctx.progress.prepared_call != (step_number, attempt):
-            _start_model_call(ctx, step_number, attempt)
-            ctx.store.commit(ctx.progress.pending)
-            ctx.progress.pending = UnitOfWork()
-        ctx.progress.prepared_call = None
-        ctx.fault("model.before_call")
-        ctx.token.raise_if_cancelled()  # observation point 2
-        request, prefix, synthesis = build_with_pressure(ctx, step_number, attempt, lambda info: _compacted(ctx, info))
-        ctx.tracer.set_step("step.attempt_count", attempt)
-        ctx.tracer.set_step("context.prefix_sha256", prefix)
-        try:
-            with ctx.tracer.span("model.attempt", {"attempt.number": attempt, "context.prefix_sha256": prefix}):
-                turn = ctx.provider.complete(request, ctx.token)
-        except ModelError as exc:
-            # Every attempt is charged ("after" means record): a failed attempt's
-            # tokens and cost go into the ledger like a completed one's.
-            spent = exc.usage or ModelUsage()
-            over: BudgetExceeded | None = None
-            try:
-                progress.usage = ctx.budgets.record_model_usage(progress.usage, spent)
-            except BudgetExceeded as err:
-                progress.usage, over = err.usage or progress.usage, err
-            error = {"error_class": exc.error_class, "transient": exc.retryable, "message": scrub_text(str(exc))[:500]}
-            _finish(ctx, ModelCallStatus.FAILED, None, prefix, error, exc.stream_had_output, usage=spent)
-            progress.pending.events.append(
-                events.model_response_failed(
-                    step=step_number,
-                    attempt=attempt,
-                    error_class=exc.error_class,
-                    transient=exc.retryable,
-                    stream_had_output=exc.stream_had_output,
-                    at=ctx.clock.now(),
-                    usage=spent.model_dump(mode="json"),
-                )
-            )
-            if ctx.token.reason is not None:
-                raise RunCancelled(ctx.token.reason) from exc
-            if over is not None:
-                raise over from exc
+        prefix, synthesis, turn, error = _attempt(ctx, step_number, attempt)
+        if error is not None:
+            _record_failed_attempt(ctx, error, step_number, attempt, prefix)
             step_failures += 1
-            if exc.retryable and step_failures < MAX_STEP_FAILURES:
+            if error.retryable and step_failures < MAX_STEP_FAILURES:
                 attempt += 1
                 continue
-            if exc.retryable:
-                raise _ModelFailure(
-                    FailureReason.DEPENDENCY_UNAVAILABLE,
-                    exc.error_class,
-                    "the model failed transiently on every attempt of the step",
-                ) from exc
-            # The adapter's own words (never provider text, a URL or a variable name).
-            raise _ModelFailure(
-                FailureReason.MODEL_PERMANENT_ERROR,
-                exc.error_class,
-                f"the model provider refused the request: {scrub_text(str(exc))[:300]}",
-            ) from exc
-        turn = scrub_turn(turn)  # before anything of it is persisted: text, calls, final message, checkpoints
-        ctx.fault("model.after_call")
-        try:
-            progress.usage = ctx.budgets.record_model_usage(progress.usage, turn.usage)
-        except BudgetExceeded as exc:
-            progress.usage = exc.usage or progress.usage
-            _finish(ctx, ModelCallStatus.COMPLETED, turn, prefix)
-            raise
-        if turn.stop_reason is StopReason.CANCELLED or ctx.token.reason is not None:
-            _finish(ctx, ModelCallStatus.FAILED, turn, prefix, {"error_class": "Cancelled", "transient": False})
-            raise RunCancelled(ctx.token.reason or CancelReason.REQUESTED)
-        if synthesis and turn.tool_calls:
-            _finish(
-                ctx,
-                ModelCallStatus.FAILED,
-                turn,
-                prefix,
-                {"error_class": "SynthesisReserveViolation", "transient": False},
-            )
-            raise SynthesisReserveViolation(synthesis)
-        if turn.is_empty:
-            _finish(ctx, ModelCallStatus.FAILED, turn, prefix, {"error_class": "EmptyModelTurn", "transient": True})
-            progress.pending.events.append(
-                events.model_response_failed(
-                    step=step_number,
-                    attempt=attempt,
-                    error_class="EmptyModelTurn",
-                    transient=True,
-                    stream_had_output=False,
-                    at=ctx.clock.now(),
-                )
-            )
+            raise _model_failure(error) from error
+        assert turn is not None  # one of the two is set
+        if _empty_turn(ctx, turn, step_number, attempt, prefix, synthesis):
             step_failures += 1
             if step_failures < MAX_STEP_FAILURES:
                 attempt += 1
                 continue
             raise EmptyModelTurn()
-        _finish(ctx, ModelCallStatus.COMPLETED, turn, prefix)
-        progress.pending.event(
-            EventType.MODEL_RESPONSE_COMPLETED,
-            {
-                "step": step_number,
-                "attempt": attempt,
-                "text": turn.text,
-                "tool_calls": [
-                    {"id": c.call_id, "name": c.name, "arguments": c.raw_arguments} for c in turn.tool_calls
-                ],
-                "stop_reason": str(turn.stop_reason),
-                "usage": turn.usage.model_dump(mode="json"),
-                "tool_call_count_before_turn": progress.usage.tool_calls,
-            },
-            ctx.clock.now(),
-        )
+        _record_turn(ctx, turn, step_number, attempt, prefix)
         return turn
+
+
+def _attempt(
+    ctx: RunContext, step_number: int, attempt: int
+) -> tuple[str, str | None, ModelTurn | None, ModelError | None]:
+    """One attempt: its `started` row (committed unless the previous step
+    prepared it), the request built under context pressure, the provider's
+    answer. Return the request's prefix hash, the synthesis dimension, and
+    either the scrubbed turn or the provider's error."""
+    progress = ctx.progress
+    progress.current_attempt = attempt
+    ctx.budgets.check(progress.usage, BudgetScope.ATTEMPT, step_number=step_number, now=ctx.clock.now())
+    if progress.prepared_call != (step_number, attempt):
+        _start_model_call(ctx, step_number, attempt)
+        ctx.store.commit(progress.pending)
+        progress.pending = UnitOfWork()
+    progress.prepared_call = None
+    ctx.fault("model.before_call")
+    ctx.token.raise_if_cancelled()  # observation point 2
+    request, prefix, synthesis = build_with_pressure(ctx, step_number, attempt, lambda info: _compacted(ctx, info))
+    ctx.tracer.set_step("step.attempt_count", attempt)
+    ctx.tracer.set_step("context.prefix_sha256", prefix)
+    try:
+        with ctx.tracer.span("model.attempt", {"attempt.number": attempt, "context.prefix_sha256": prefix}):
+            turn = ctx.provider.complete(request, ctx.token)
+    except ModelError as exc:
+        return prefix, synthesis, None, exc
+    turn = scrub_turn(turn)  # before anything of it is persisted: text, calls, final message, checkpoints
+    ctx.fault("model.after_call")
+    return prefix, synthesis, turn, None
+
+
+def _record_failed_attempt(ctx: RunContext, exc: ModelError, step_number: int, attempt: int, prefix: str) -> None:
+    """A failed attempt is charged ("after" means record): its tokens and cost
+    go into the ledger like a completed one's, its row ends `failed` with
+    `model.response.failed`. A cancel seen meanwhile, or a budget it went
+    over, ends the step here."""
+    progress = ctx.progress
+    spent = exc.usage or ModelUsage()
+    over: BudgetExceeded | None = None
+    try:
+        progress.usage = ctx.budgets.record_model_usage(progress.usage, spent)
+    except BudgetExceeded as err:
+        progress.usage, over = err.usage or progress.usage, err
+    error = {"error_class": exc.error_class, "transient": exc.retryable, "message": scrub_text(str(exc))[:500]}
+    _finish(ctx, ModelCallStatus.FAILED, None, prefix, error, exc.stream_had_output, usage=spent)
+    progress.pending.events.append(
+        events.model_response_failed(
+            step=step_number,
+            attempt=attempt,
+            error_class=exc.error_class,
+            transient=exc.retryable,
+            stream_had_output=exc.stream_had_output,
+            at=ctx.clock.now(),
+            usage=spent.model_dump(mode="json"),
+        )
+    )
+    if ctx.token.reason is not None:
+        raise RunCancelled(ctx.token.reason) from exc
+    if over is not None:
+        raise over from exc
+
+
+def _model_failure(exc: ModelError) -> _ModelFailure:
+    """Why the step failed after its last attempt."""
+    if exc.retryable:
+        return _ModelFailure(
+            FailureReason.DEPENDENCY_UNAVAILABLE,
+            exc.error_class,
+            "the model failed transiently on every attempt of the step",
+        )
+    # The adapter's own words (never provider text, a URL or a variable name).
+    return _ModelFailure(
+        FailureReason.MODEL_PERMANENT_ERROR,
+        exc.error_class,
+        f"the model provider refused the request: {scrub_text(str(exc))[:300]}",
+    )
+
+
+def _empty_turn(
+    ctx: RunContext, turn: ModelTurn, step_number: int, attempt: int, prefix: str, synthesis: str | None
+) -> bool:
+    """Charge a turn and check it: a budget it went over, a cancel, tools
+    called inside the synthesis reserve end the step; an empty turn is a
+    failed attempt (recorded here, True) the step may try again."""
+    progress = ctx.progress
+    try:
+        progress.usage = ctx.budgets.record_model_usage(progress.usage, turn.usage)
+    except BudgetExceeded as exc:
+        progress.usage = exc.usage or progress.usage
+        _finish(ctx, ModelCallStatus.COMPLETED, turn, prefix)
+        raise
+    if turn.stop_reason is StopReason.CANCELLED or ctx.token.reason is not None:
+        _finish(ctx, ModelCallStatus.FAILED, turn, prefix, {"error_class": "Cancelled", "transient": False})
+        raise RunCancelled(ctx.token.reason or CancelReason.REQUESTED)
+    if synthesis and turn.tool_calls:
+        _finish(
+            ctx,
+            ModelCallStatus.FAILED,
+            turn,
+            prefix,
+            {"error_class": "SynthesisReserveViolation", "transient": False},
+        )
+        raise SynthesisReserveViolation(synthesis)
+    if not turn.is_empty:
+        return False
+    _finish(ctx, ModelCallStatus.FAILED, turn, prefix, {"error_class": "EmptyModelTurn", "transient": True})
+    progress.pending.events.append(
+        events.model_response_failed(
+            step=step_number,
+            attempt=attempt,
+            error_class="EmptyModelTurn",
+            transient=True,
+            stream_had_output=False,
+            at=ctx.clock.now(),
+        )
+    )
+    return True
+
+
+def _record_turn(ctx: RunContext, turn: ModelTurn, step_number: int, attempt: int, prefix: str) -> None:
+    """A completed attempt: its row and `model.response.completed` (the turn the checkpoint rebuild reads back)."""
+    _finish(ctx, ModelCallStatus.COMPLETED, turn, prefix)
+    ctx.progress.pending.event(
+        EventType.MODEL_RESPONSE_COMPLETED,
+        {
+            "step": step_number,
+            "attempt": attempt,
+            "text": turn.text,
+            "tool_calls": [{"id": c.call_id, "name": c.name, "arguments": c.raw_arguments} for c in turn.tool_calls],
+            "stop_reason": str(turn.stop_reason),
+            "usage": turn.usage.model_dump(mode="json"),
+            "tool_call_count_before_turn": ctx.progress.usage.tool_calls,
+        },
+        ctx.clock.now(),
+    )
 
 
 __all__ = ["run_loop", "checkpoint", "failed", "stop_outcome"]
