@@ -243,7 +243,7 @@ def _decide(ctx: RunContext, entry: _Entry) -> None:
         decision = "require_approval"
     if decision == "allow":
         entry.authorized = True
-        entry.asks_user = bool(entry.tool.control and entry.tool.name == "ask_user")
+        entry.asks_user = entry.tool.control == "ask_user"
     elif decision == "deny":
         _fail(entry, "denied_by_policy", "policy denied this call")
     elif ctx.approvals is None:

@@ -34,7 +34,7 @@ from runs.domain.scrub import scrub_stream
 from runs.domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunLimits, RunOutcome, RunUsage
 from runs.domain.writes import EventWrite, ModelCallFinish, UnitOfWork
 from runs.models import AgentVersion, ModelCall, Run
-from runs.providers import provider_for
+from runs.providers import provider_for, provider_streams
 from runs.runtime.faults import hook_for
 from runs.runtime.queue import Claim, run_claim
 from runs.runtime.supervisor import Supervisor
@@ -167,7 +167,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         ),
     )
     ctx.policy.floor = tenant_floor(run.tenant_id, step_of=lambda: ctx.state.step)
-    if definition["model"].get("provider") != "scripted":
+    if provider_streams(definition["model"]):
         ctx = replace(ctx, provider=provider_for(definition["model"], on_delta=DeltaBatcher(ctx)))
     return ctx
 

@@ -35,6 +35,8 @@ from runs.runtime.faults import fire
 from runs.runtime.queue import Claim
 from runs.store.repository import append_events, is_pg, jp, sql_dt, sql_json, sql_uuid
 from runs.tools import REGISTRY
+from runs.tools.reconcile import by_tool as reconcile_by_tool
+from runs.tools.reconcile import covers as tool_reconcilers_cover
 
 log = logging.getLogger("agentrt.resume")
 
@@ -287,7 +289,7 @@ def decide(takeover: Takeover) -> str:
         # The operator asked to cancel: end it; an unknown effect stays
         # `interrupted` with its outcome labelled unknown.
         return _end(claim, RunOutcome(kind=OutcomeKind.CANCELLED), UnitOfWork())
-    if settings.AGENTRT_RECONCILER:
+    if settings.AGENTRT_RECONCILER or tool_reconcilers_cover([inv.tool_name for inv in unknown]):
         return _reconcile(claim, run, unknown)
     if unknown:
         conflict = _cannot_wait(claim, unknown)
@@ -520,7 +522,7 @@ def _call_reconciler(view: RunView, claim: Claim) -> Any:
 
     def target():
         try:
-            fn = import_string(settings.AGENTRT_RECONCILER)
+            fn = import_string(settings.AGENTRT_RECONCILER) if settings.AGENTRT_RECONCILER else reconcile_by_tool
             box["value"] = fn(view)
         except BaseException as exc:  # recorded, never raised into the worker
             box["error"] = exc

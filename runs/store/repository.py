@@ -77,6 +77,14 @@ class _Fenced(Exception):
     pass
 
 
+def _announces(work: UnitOfWork) -> bool:
+    """The unit carries an event that hooks or webhooks announce: it commits in
+    a transaction that also writes their deliveries (webhooks.outbox)."""
+    from webhooks import outbox
+
+    return outbox.wants(work.events)
+
+
 def statement_cursor():
     """A cursor for the runtime's own single-statement transactions.
 
@@ -134,7 +142,9 @@ def append_events(
             """,
             [n, session_id, tenant_id, session_id, n, run_id, epoch, sql_json(rows)],
         )
-        return sorted(r[0] for r in cursor.fetchall())
+        seqs = sorted(r[0] for r in cursor.fetchall())
+        _deliveries(cursor, tenant_id, run_id, events, seqs)
+        return seqs
     cursor.execute(
         "UPDATE sessions SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq",
         [n, sql_uuid(session_id)],
@@ -158,7 +168,17 @@ def append_events(
             for i, e in enumerate(events)
         ],
     )
-    return list(range(first, last + 1))
+    seqs = list(range(first, last + 1))
+    _deliveries(cursor, tenant_id, run_id, events, seqs)
+    return seqs
+
+
+def _deliveries(cursor, tenant_id, run_id, events, seqs) -> None:
+    """Hooks and webhooks for these events, written in their transaction (webhooks.outbox)."""
+    from webhooks import outbox
+
+    if outbox.wants(events):
+        outbox.enqueue(cursor, tenant_id=tenant_id, run_id=run_id, events=events, sequences=seqs)
 
 
 class DjangoRunStore:
@@ -230,7 +250,7 @@ class DjangoRunStore:
             checkpoint_id=_checkpoint_id(self.run_id, work.checkpoint.version) if work.checkpoint is not None else None,
             fence=fence_assignments(work, at, transition_sql, transition_params),
         )
-        if after is None and connection.get_autocommit():
+        if after is None and connection.get_autocommit() and not _announces(work):
             with statement_cursor() as cursor:  # the statement is its own transaction
                 cursor.execute(sql, params)
                 fenced_rows, seqs = cursor.fetchone()
@@ -244,6 +264,7 @@ class DjangoRunStore:
                         fenced_rows, seqs = cursor.fetchone()
                         if fenced_rows != 1:
                             raise _Fenced()
+                        _deliveries(cursor, self.tenant_id, self.run_id, work.events, list(seqs or []))
                         if after is not None:
                             after(cursor)
             except _Fenced:

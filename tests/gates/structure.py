@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNTIME_PACKAGES = ("runs", "approvals", "checkpoints", "maintenance")
+RUNTIME_PACKAGES = ("runs", "approvals", "checkpoints", "maintenance", "webhooks")
 EXCLUDED_DIRS = {"migrations", "__pycache__"}
 
 
@@ -289,6 +289,8 @@ def _io_call(call: ast.Call, aliases: dict[str, str]) -> str | None:
     qualified = _qualified(func, aliases) or ""
     if qualified == "time.sleep" or qualified.startswith(("urllib.request.", "requests.", "httpx.")):
         return qualified
+    if qualified in ("webhooks.delivery.deliver", "webhooks.outbound.post", "webhooks.tasks.deliver"):
+        return f"{qualified} (a hook or webhook delivery)"
     if isinstance(func, ast.Name) and (func.id == "urlopen" or qualified.endswith(".urlopen")):
         return func.id
     if not isinstance(func, ast.Attribute):
@@ -298,6 +300,8 @@ def _io_call(call: ast.Call, aliases: dict[str, str]) -> str | None:
     attr = func.attr
     if attr == "complete":
         return f"{last}.complete (a model call)"
+    if attr == "post" and last == "outbound":
+        return "outbound.post (a webhook send)"
     if attr == "execute" and last in ("tools", "REGISTRY", "registry"):
         return f"{last}.execute (a tool call)"
     if attr == "urlopen":
@@ -333,7 +337,8 @@ def atomic_blocks(paths: Iterable[Path], root: Path = ROOT) -> list[tuple[str, i
 def transaction_io_violations(paths: Iterable[Path], root: Path = ROOT) -> list[Violation]:
     """Inside `with transaction.atomic(...)` (or an `@transaction.atomic`
     function): no model `.complete(`, no `tools.execute(`, no `urlopen` /
-    `_OPENER.open`, no `sleep`, no `.wait(`."""
+    `_OPENER.open`, no `sleep`, no `.wait(`, no hook or webhook delivery
+    (`webhooks.delivery.deliver`, `outbound.post`)."""
     found = []
     for path in paths:
         relpath = rel(path, root)
