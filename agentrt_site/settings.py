@@ -12,6 +12,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from runs.domain.limits import default_limits  # Django-free: the one limits table
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -363,19 +365,8 @@ def _model_endpoints():
 
 
 AGENTRT_MODEL_ENDPOINTS = _model_endpoints()
-AGENTRT_DEFAULT_LIMITS = {
-    "max_steps": 32,
-    "max_model_calls": 24,
-    "max_tool_calls": 64,
-    "max_input_tokens": None,
-    "max_output_tokens": None,
-    "max_cost_usd": None,
-    "deadline_seconds": 3600,
-    "synthesis_reserve_steps": 0,
-    "synthesis_reserve_model_calls": 2,
-    "synthesis_reserve_tool_calls": 4,
-    "synthesis_reserve_cost_usd": 0,
-}
+# Every limit's default, from the one limits table (runs/domain/limits.py; Django-free).
+AGENTRT_DEFAULT_LIMITS = default_limits()
 
 # --- Post-run hooks and webhooks (issue 17; README "Hooks and webhooks") -----
 # Modules that register post-run hooks (runs.hooks.register), besides each installed app's `agent_hooks`.

@@ -10,6 +10,7 @@ from django.conf import settings
 
 from approvals.hashing import request_hash, tool_spec_dict
 from approvals.models import Approval
+from runs.domain.records import ApprovalDecision
 from runs.domain.writes import ApprovalInsert
 
 POLICY_NOTICE = (
@@ -18,6 +19,9 @@ POLICY_NOTICE = (
 
 
 class ApprovalGate:
+    """The `runs.domain.ports.ApprovalGate` adapter (checked structurally by mypy
+    and by tests/unit/test_ports.py)."""
+
     def __init__(self, *, run, clock, ids):
         self.run = run
         self.clock = clock
@@ -64,7 +68,9 @@ class ApprovalGate:
             at=at,
         )
 
-    def request_again(self, *, step_number: int, invocation_id, tool, arguments, previous: dict, at) -> ApprovalInsert:
+    def request_again(
+        self, *, step_number: int, invocation_id, tool, arguments, previous: ApprovalDecision, at
+    ) -> ApprovalInsert:
         """A new approval of a re-run grant's kind after it was invalidated:
         the previous presentation and capability, with what runs (tool,
         arguments, side-effect class) taken from the current spec."""
@@ -73,9 +79,9 @@ class ApprovalGate:
             invocation_id=invocation_id,
             tool=tool,
             arguments=arguments,
-            kind=previous["kind"],
-            presentation={**(previous.get("presentation") or {}), **rerun_shown(tool, arguments)},
-            capability=dict(previous.get("capability") or {}) or {"tool": tool.name, "arguments": arguments},
+            kind=previous.kind,
+            presentation={**(previous.presentation or {}), **rerun_shown(tool, arguments)},
+            capability=dict(previous.capability or {}) or {"tool": tool.name, "arguments": arguments},
             at=at,
         )
 
@@ -101,13 +107,14 @@ class ApprovalGate:
             created_at=at,
         )
 
-    def decision_for(self, invocation_id) -> dict[str, Any] | None:
-        return (
+    def decision_for(self, invocation_id) -> ApprovalDecision | None:
+        row = (
             Approval.objects.filter(invocation_id=invocation_id)
             .order_by("-created_at")
             .values("id", "status", "kind", "request_hash", "presentation", "capability")
             .first()
         )
+        return None if row is None else ApprovalDecision(**row)
 
 
 def rerun_shown(tool, arguments) -> dict[str, Any]:

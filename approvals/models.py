@@ -6,6 +6,7 @@ from django.db import models
 
 from runs.clock import new_uuid, utcnow
 from runs.domain.pipeline import RERUN_KINDS as _DOMAIN_RERUN_KINDS
+from runs.domain.values import ApprovalStatus, choices
 
 # Approval kinds (DESIGN §8, §17). A "re-run grant" is an approval whose
 # approve runs the same invocation again with the same idempotency key; a
@@ -21,7 +22,7 @@ CONFIRMABLE_KINDS = (INTERRUPTED_SIDE_EFFECT, UNCERTAIN_SIDE_EFFECT)
 
 class Approval(models.Model):
     KINDS = [(k, k) for k in (POLICY, INTERRUPTED_SIDE_EFFECT, RECONCILE, UNCERTAIN_SIDE_EFFECT)]
-    STATUSES = [(s, s) for s in ("pending", "approved", "rejected", "expired", "invalidated", "cancelled", "confirmed")]
+    STATUSES = choices(ApprovalStatus)
     SURFACES = [(s, s) for s in ("admin", "api", "live")]
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
@@ -32,7 +33,7 @@ class Approval(models.Model):
     request_hash = models.CharField(max_length=64)
     capability = models.JSONField(default=dict)
     presentation = models.JSONField(default=dict)
-    status = models.CharField(max_length=16, choices=STATUSES, default="pending")
+    status = models.CharField(max_length=16, choices=STATUSES, default=ApprovalStatus.PENDING.value)
     decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
     decided_via = models.CharField(max_length=8, choices=SURFACES, null=True, blank=True)

@@ -16,8 +16,7 @@ from django.db.models import Max
 
 from checkpoints.models import Checkpoint
 from runs.domain.checkpoint import CheckpointState
-
-ANSWER_EVENTS = ("tool.call.completed", "tool.call.failed")
+from runs.domain.events import ANSWER_EVENTS, EventType
 
 
 def checkpoint_latest(run_id) -> CheckpointState | None:
@@ -93,7 +92,7 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
         return state  # no model call was even started after the checkpoint's step
     turns: dict[int, dict] = {}
     for payload in (
-        Event.objects.filter(run_id=run.id, type="model.response.completed")
+        Event.objects.filter(run_id=run.id, type=EventType.MODEL_RESPONSE_COMPLETED)
         .order_by("sequence")
         .values_list("payload", flat=True)
     ):
@@ -126,7 +125,9 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
     top = Checkpoint.objects.filter(run_id=run.id).aggregate(v=Max("version"))["v"] or 0
     logged_versions = [
         v
-        for v in Event.objects.filter(run_id=run.id, type="run.checkpointed").values_list("payload__version", flat=True)
+        for v in Event.objects.filter(run_id=run.id, type=EventType.RUN_CHECKPOINTED).values_list(
+            "payload__version", flat=True
+        )
         if isinstance(v, int)
     ]
     state.version = max([state.version, top, *logged_versions])
@@ -135,6 +136,7 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
 
 def _answer_open_batch(conversation: list[dict], state: CheckpointState, step: int, rows: dict, logged: dict) -> None:
     from runs.domain.pipeline import ANSWERED, _call_fingerprint
+    from runs.domain.values import InvocationStatus
 
     for i in range(len(conversation) - 1, -1, -1):
         if conversation[i].get("role") == "assistant":
@@ -149,12 +151,12 @@ def _answer_open_batch(conversation: list[dict], state: CheckpointState, step: i
             continue
         row = rows.get((step, call_id))
         if row is not None and row["status"] in ANSWERED and row["result"] is not None:
-            result, is_error = row["result"], row["status"] != "completed"
+            result, is_error = row["result"], row["status"] != InvocationStatus.COMPLETED
             if (row["attempt"] or 0) >= 1 and isinstance(row["arguments"], dict):
                 state.count_call(_call_fingerprint(row["tool_name"], row["arguments"]))
         elif call_id in logged:
             type_, payload = logged[call_id]
-            result, is_error = payload.get("result"), type_ == "tool.call.failed"
+            result, is_error = payload.get("result"), type_ == EventType.TOOL_CALL_FAILED
         else:
             result, is_error = {"error": "interrupted", "message": "no outcome of this call was recorded"}, True
         conversation.append(

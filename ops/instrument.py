@@ -5,9 +5,11 @@ free of metrics, and the log context follows the step."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from ops import tracing, worker_metrics
 from ops.logs import log_context_update
+from runs.domain.context import RunContext
 
 
 class _Proxy:
@@ -66,8 +68,8 @@ class StepWatch:
         self.started: float | None = None
 
     def __call__(self, point: str) -> None:
-        if point == "model.before_call" and self.ctx.current_step != self.step:
-            self.step, self.started = self.ctx.current_step, time.perf_counter()
+        if point == "model.before_call" and self.ctx.progress.current_step != self.step:
+            self.step, self.started = self.ctx.progress.current_step, time.perf_counter()
             log_context_update(step=self.step)
         elif point == "checkpoint.before_write":
             self.finish()
@@ -115,19 +117,24 @@ class TracedStore(_Proxy):
             return self._inner.commit(work, *args, **kwargs)
 
 
-def instrument(ctx) -> StepWatch:
-    """Wrap the context's adapters; return the step watch (finish it after `finalize`)."""
+def instrument(ctx: RunContext) -> tuple[RunContext, StepWatch]:
+    """Wrap the context's adapters (a new context: its ports are fixed for the
+    run); return it with the step watch (finish it after `finalize`)."""
     if tracing.enabled():
-        ctx.tracer = tracing.RunTracer(run_id=ctx.run.id, epoch=ctx.run.lease_epoch)
-        ctx.policy = TracedPolicy(ctx.policy)
-        ctx.tools = TracedTools(ctx.tools)
-        ctx.store = TracedStore(ctx.store)
+        ctx = replace(
+            ctx,
+            tracer=tracing.RunTracer(run_id=ctx.run.id, epoch=ctx.run.lease_epoch),
+            policy=TracedPolicy(ctx.policy),
+            tools=TracedTools(ctx.tools),
+            store=TracedStore(ctx.store),
+        )
     timed = worker_metrics.enabled()
     if timed:
-        ctx.provider = TimedProvider(ctx.provider)
-        ctx.tools = TimedTools(ctx.tools)
-        ctx.store = TimedStore(ctx.store)
+        ctx = replace(
+            ctx, provider=TimedProvider(ctx.provider), tools=TimedTools(ctx.tools), store=TimedStore(ctx.store)
+        )
     watch = StepWatch(ctx, ctx.fault, timed)
-    ctx.fault = watch
+    ctx = replace(ctx, fault=watch)
+    watch.ctx = ctx
     log_context_update(step=ctx.state.step + 1)  # the step this slice starts or re-enters
-    return watch
+    return ctx, watch

@@ -6,7 +6,15 @@ from django.db import models
 from django.db.models import Q
 
 from runs.clock import new_uuid, utcnow
-from runs.domain.values import LIVE_STATUSES, TERMINAL_STATUSES, RunStatus
+from runs.domain.values import (
+    LIVE_STATUSES,
+    TERMINAL_STATUSES,
+    InvocationOutcome,
+    InvocationStatus,
+    ModelCallStatus,
+    RunStatus,
+    choices,
+)
 
 TERMINAL = [s.value for s in TERMINAL_STATUSES]
 LIVE = [s.value for s in LIVE_STATUSES]
@@ -90,7 +98,7 @@ class Session(models.Model):
 
 
 class Run(models.Model):
-    STATUS_CHOICES = [(s.value, s.value) for s in RunStatus]
+    STATUS_CHOICES = choices(RunStatus)
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
@@ -160,9 +168,7 @@ class ModelCall(models.Model):
     )
     step_number = models.IntegerField()
     attempt_number = models.IntegerField()
-    status = models.CharField(
-        max_length=16, default="started"
-    )  # started | completed | failed | interrupted | abandoned
+    status = models.CharField(max_length=16, default=ModelCallStatus.STARTED.value)  # a ModelCallStatus
     usage = models.JSONField(default=dict)
     stop_reason = models.CharField(max_length=24, null=True, blank=True)
     stream_had_output = models.BooleanField(default=False)
@@ -180,21 +186,8 @@ class ModelCall(models.Model):
 
 
 class ToolInvocation(models.Model):
-    STATUSES = [
-        (s, s)
-        for s in (
-            "proposed",
-            "authorized",
-            "executing",
-            "completed",
-            "failed",
-            "cancelled",
-            "interrupted",
-            "awaiting_approval",
-            "uncertain",
-        )
-    ]
-    OUTCOMES = [(o, o) for o in ("succeeded", "failed", "uncertain")]  # DESIGN §7 step 11
+    STATUSES = choices(InvocationStatus)
+    OUTCOMES = choices(InvocationOutcome)  # DESIGN §7 step 11
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False, db_constraint=False)
@@ -208,7 +201,7 @@ class ToolInvocation(models.Model):
     arguments = models.JSONField(null=True, blank=True)
     raw_arguments = models.TextField(default="", blank=True)
     idempotency_key = models.CharField(max_length=300, unique=True)
-    status = models.CharField(max_length=20, choices=STATUSES, default="proposed")
+    status = models.CharField(max_length=20, choices=STATUSES, default=InvocationStatus.PROPOSED.value)
     read_only = models.BooleanField(default=True)
     side_effect = models.CharField(max_length=40, default="none")
     effect_sent_at = models.DateTimeField(null=True, blank=True)

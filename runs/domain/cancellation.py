@@ -11,7 +11,7 @@ from runs.domain.values import CancelReason
 class Token:
     """`CancellationToken` set by the supervisor; first reason wins, never cleared."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._event = threading.Event()
         self._reason: CancelReason | None = None
         self._lock = threading.Lock()

@@ -30,7 +30,7 @@ class CheckpointState:
     last_full_version: int = 0
     saved_len: int = 0  # conversation items already persisted in the chain
     needs_full: bool = False  # rebuilt without a chain: the next write must be full
-    _written: dict = field(default_factory=dict)  # identical-call counts as of the last write
+    _written: dict[str, int] = field(default_factory=dict)  # identical-call counts as of the last write
 
     def count_call(self, fingerprint: str) -> None:
         self.identical_calls[fingerprint] = self.identical_calls.get(fingerprint, 0) + 1

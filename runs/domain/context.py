@@ -12,6 +12,7 @@ from uuid import UUID
 
 from runs.domain.checkpoint import CheckpointState
 from runs.domain.ports import (
+    ApprovalGate,
     BudgetLedger,
     CancellationToken,
     Clock,
@@ -21,6 +22,7 @@ from runs.domain.ports import (
     PolicyEngine,
     RunStore,
     ToolRegistry,
+    Tracer,
 )
 from runs.domain.tracing import NullTracer
 from runs.domain.values import ModelRequest, RunUsage
@@ -32,9 +34,10 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunSnapshot:
-    """The run row as the executing worker holds it."""
+    """The run row as the executing worker claimed it: fixed for the slice.
+    What changes while the loop runs (usage, step count) is in `StepProgress`."""
 
     id: UUID
     tenant_id: UUID
@@ -42,14 +45,13 @@ class RunSnapshot:
     agent_name: str
     agent_version: str
     input: str
-    usage: RunUsage
-    step_count: int
     deadline_at: datetime | None
     attempts: int
     lease_epoch: int
+    principal: Any = None  # who the run acts for, when the composition root knows it
 
 
-@dataclass
+@dataclass(frozen=True)
 class AgentSpec:
     name: str
     version: str
@@ -60,7 +62,48 @@ class AgentSpec:
 
 
 @dataclass
+class PrefixCache:
+    """The running `prefix_sha256` of the conversation as last hashed: the
+    conversation only grows between compactions, so the next hash goes on
+    from where this one stopped."""
+
+    messages: list[dict[str, Any]]
+    head: str
+    done: int
+    hasher: Any  # a hashlib sha256 object
+
+
+@dataclass
+class StepProgress:
+    """What changes while the loop runs: the running usage and step count,
+    the writes not yet committed, which step and attempt are current, the
+    model-call row already committed for the next step, and the caches the
+    request builder keeps between steps."""
+
+    usage: RunUsage = field(default_factory=RunUsage)
+    step_count: int = 0
+    pending: UnitOfWork = field(default_factory=UnitOfWork)  # writes not yet committed
+    next_attempt: int = 1  # attempt number for the first model call of this execution
+    prepared_call: tuple[int, int] | None = None  # (step, attempt) whose `started` row is committed
+    prepared_id: UUID | None = None
+    current_step: int | None = None
+    current_attempt: int | None = None
+    prefix: PrefixCache | None = None
+    compactions: dict[int, int] = field(default_factory=dict)  # per step number
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass(frozen=True)
 class RunContext:
+    """What `run_loop` is handed: fixed for the run's slice (the run, its
+    agent, the ports, the slice's settings), plus two mutable parts the loop
+    works on — `state` (the checkpointed conversation) and `progress` (what
+    changes per step). The composition root swaps a port with
+    `dataclasses.replace`, never by assignment."""
+
     run: RunSnapshot
     agent: AgentSpec
     state: CheckpointState
@@ -75,18 +118,12 @@ class RunContext:
     lease: LeaseMonitor
     fault: Callable[[str], None]
     slice_seconds: float = 120.0
-    draining: Callable[[], bool] = lambda: False
+    draining: Callable[[], bool] = _never
     started_monotonic: float = 0.0
-    next_attempt: int = 1  # attempt number for the first model call of this execution
-    prepared_call: tuple[int, int] | None = None  # (step, attempt) whose `started` row is committed
     resumed: bool = False
-    approvals: Any = None  # the ApprovalGate port; None = require_approval fails closed
-    pending: UnitOfWork = field(default_factory=UnitOfWork)  # writes not yet committed
-    prepared_id: UUID | None = None
-    current_step: int | None = None
-    current_attempt: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    tracer: Any = field(default_factory=NullTracer)  # the Tracer port (seed 002's spans); no-op unless wired
+    approvals: ApprovalGate | None = None  # None = require_approval fails closed
+    tracer: Tracer = field(default_factory=NullTracer)  # seed 002's spans; no-op unless wired
+    progress: StepProgress = field(default_factory=StepProgress)
 
 
 def tool_schemas(ctx: RunContext) -> list[dict[str, Any]]:
@@ -124,13 +161,14 @@ def prefix_sha256(ctx: RunContext, tools: list[dict[str, Any]], messages: list[d
     is kept between steps because the conversation only grows (compaction
     replaces the list, which starts a new one)."""
     head = canonical_json({"instructions": ctx.agent.instructions, "tools": tools})
-    cache = ctx.extra.get("prefix")
-    if cache is None or cache[0] is not messages or cache[1] != head or cache[2] > len(messages):
+    cache = ctx.progress.prefix
+    if cache is None or cache.messages is not messages or cache.head != head or cache.done > len(messages):
         hasher = hashlib.sha256(head.encode() + b"\x1e")
         done = 0
     else:
-        _, _, done, hasher = cache
+        hasher, done = cache.hasher, cache.done
     for message in messages[done:]:
         hasher.update(canonical_json(message).encode() + b"\x1e")
-    ctx.extra["prefix"] = (messages, head, len(messages), hasher)
-    return hasher.copy().hexdigest()
+    ctx.progress.prefix = PrefixCache(messages, head, len(messages), hasher)
+    digest: str = hasher.copy().hexdigest()
+    return digest

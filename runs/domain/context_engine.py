@@ -11,6 +11,7 @@ byte-identical.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from runs.domain.context import RunContext, build_request, canonical_json
@@ -54,7 +55,7 @@ def measure(ctx: RunContext, request: ModelRequest) -> int:
     return estimate_tokens({"instructions": request.instructions, "tools": request.tools, "messages": request.messages})
 
 
-def _steps(conversation: list[dict]) -> list[tuple[int, int]]:
+def _steps(conversation: list[dict[str, Any]]) -> list[tuple[int, int]]:
     """(start, end) index ranges of whole steps: an assistant item and the
     tool results that answer it; the first user item is not a step."""
     ranges = []
@@ -71,7 +72,7 @@ def _steps(conversation: list[dict]) -> list[tuple[int, int]]:
     return ranges
 
 
-def _summarise(items: list[dict]) -> str:
+def _summarise(items: list[dict[str, Any]]) -> str:
     lines = []
     for item in items:
         role = item.get("role")
@@ -90,7 +91,7 @@ def _summarise(items: list[dict]) -> str:
     return "[summary of earlier steps]\n" + "\n".join(lines)
 
 
-def compact(conversation: list[dict]) -> list[dict] | None:
+def compact(conversation: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     """Fold the older half of the steps (never the open one) into a summary;
     None when there is nothing left to fold."""
     steps = _steps(conversation)
@@ -108,7 +109,7 @@ def compact(conversation: list[dict]) -> list[dict] | None:
 def synthesis_reason(ctx: RunContext, step_number: int) -> str | None:
     """The first reserve dimension the next request reaches, if any."""
     lim = ctx.budgets.limits
-    usage = ctx.run.usage
+    usage = ctx.progress.usage
     if usage.tool_calls >= lim.max_tool_calls:
         return "tool_calls_exhausted"
     if (
@@ -130,7 +131,7 @@ def synthesis_reason(ctx: RunContext, step_number: int) -> str | None:
 
 
 def build_with_pressure(
-    ctx: RunContext, step_number: int, attempt: int, on_compact
+    ctx: RunContext, step_number: int, attempt: int, on_compact: Callable[[dict[str, Any]], None]
 ) -> tuple[ModelRequest, str, str | None]:
     """Phases 3–5: measure, compact if needed (at most twice), build.
     Return the request, its prefix hash and the synthesis dimension (if any)."""
@@ -153,7 +154,7 @@ def build_with_pressure(
         tokens = measure(ctx, request)
         if tokens <= budget:
             return request, prefix, synthesis
-        compactions = ctx.extra.get(("compactions", step_number), 0)
+        compactions = ctx.progress.compactions.get(step_number, 0)
         if compactions >= MAX_COMPACTIONS_PER_STEP:
             raise ContextOverflow(tokens, budget)
         with ctx.tracer.span(
@@ -165,7 +166,7 @@ def build_with_pressure(
             before = len(ctx.state.conversation)
             ctx.state.conversation = folded
             ctx.state.saved_len = 0  # the next checkpoint is full (trigger compaction)
-            ctx.extra[("compactions", step_number)] = compactions + 1
+            ctx.progress.compactions[step_number] = compactions + 1
             ctx.tracer.set_step("step.compactions", compactions + 1)
             on_compact(
                 {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runs.domain.values import CancelReason, FailureReason, ModelUsage
+from runs.domain.values import CancelReason, FailureReason, ModelUsage, RunUsage
 
 
 class RuntimeCoreError(Exception):
@@ -32,6 +32,8 @@ class RunCancelled(RuntimeCoreError):
 
 class BudgetExceeded(RuntimeCoreError):
     """A limit was reached; permanent, never requeued."""
+
+    usage: RunUsage | None = None  # the totals after the attempt that went over, when recording it did
 
     def __init__(self, reason: FailureReason, message: str, **details: Any):
         super().__init__(message)

@@ -14,13 +14,28 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
 
+from runs.domain import events
 from runs.domain.context import RunContext, canonical_json
 from runs.domain.errors import ToolFailure, WorkerFenced
+from runs.domain.events import EventType
+from runs.domain.ports import CancellationToken, Clock
+from runs.domain.records import ApprovalDecision, InvocationRecord
 from runs.domain.scrub import bound, scrub, scrub_text
-from runs.domain.values import CancelReason, Suspension, SuspensionKind, ToolCallRequest, ToolSpec
-from runs.domain.writes import InvocationInsert, InvocationUpdate, UnitOfWork
+from runs.domain.values import (
+    ApprovalStatus,
+    CancelReason,
+    InvocationOutcome,
+    InvocationStatus,
+    Suspension,
+    SuspensionKind,
+    ToolCallRequest,
+    ToolSpec,
+)
+from runs.domain.writes import ApprovalInsert, InvocationInsert, InvocationUpdate, UnitOfWork
 
 IDENTICAL_CALL_LIMIT = 3
 MAX_ARGUMENT_BYTES = 64 * 1024
@@ -39,7 +54,7 @@ class CancelSignal:
 
     __slots__ = ("_token",)
 
-    def __init__(self, token: Any):
+    def __init__(self, token: CancellationToken):
         self._token = token
 
     def is_set(self) -> bool:
@@ -48,7 +63,7 @@ class CancelSignal:
     __bool__ = is_set
 
     @property
-    def reason(self) -> Any:
+    def reason(self) -> CancelReason | None:
         return self._token.reason if self.is_set() else None
 
     def wait(self, seconds: float | None = None) -> bool:
@@ -64,17 +79,17 @@ class ToolExecutionContext:
     the `cancelled` signal and the `principal` the run acts for.
     `step_number` and `token` stay as aliases of `step` and the raw token."""
 
-    run_id: Any
+    run_id: UUID
     step_number: int
     call_id: str
-    invocation_id: Any
+    invocation_id: UUID | None
     idempotency_key: str
     attempt: int
     timeout_seconds: float
-    token: Any
-    deadline: Any = None
+    token: CancellationToken
+    deadline: datetime | None = None
     principal: Any = None
-    clock: Any = None
+    clock: Clock | None = None
 
     @property
     def step(self) -> int:
@@ -100,7 +115,7 @@ class ToolExecutionContext:
 class _Entry:
     index: int
     call: ToolCallRequest
-    invocation_id: Any
+    invocation_id: UUID | None
     key: str
     spec: ToolSpec | None = None
     arguments: Any = None
@@ -109,8 +124,15 @@ class _Entry:
     authorized: bool = False
     needs_approval: bool = False
     asks_user: bool = False
-    outcome: str | None = None  # succeeded | failed | uncertain, once executed (step 11)
+    outcome: InvocationOutcome | None = None  # once executed (step 11)
     unknown: bool = False  # an uncertain side effect: nobody answers it until someone decides
+
+    @property
+    def tool(self) -> ToolSpec:
+        """The resolved spec of a call past step 2 (every call that runs has one)."""
+        if self.spec is None:
+            raise RuntimeError(f"call {self.call.call_id} has no resolved tool")
+        return self.spec
 
 
 @dataclass
@@ -120,7 +142,7 @@ class BatchResult:
     late: list[dict[str, Any]] = field(default_factory=list)
     suspension: Suspension | None = None
     all_denied: bool = False
-    unknown: list[Any] = field(default_factory=list)  # invocations whose side effect ended uncertain
+    unknown: list[UUID | None] = field(default_factory=list)  # invocations whose side effect ended uncertain
 
 
 def _error_result(code: str, message: str) -> dict[str, Any]:
@@ -132,240 +154,325 @@ def _call_fingerprint(name: str, arguments: Any) -> str:
 
 
 def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], work: UnitOfWork) -> BatchResult:
-    """Run a model turn's batch; commit `work` (with the decisions) first."""
+    """Run a model turn's batch; commit `work` (with the decisions) first.
+
+    Steps 1–8 decide every call in memory (`_resolve`, `_fit_budget`,
+    `_decide`), then each decision is recorded into `work`
+    (`_record_decision`). A call that needs approval pauses the whole batch;
+    otherwise `work` is committed (commit 1) and the authorized calls run in
+    order (`_run_batch`)."""
     now = ctx.clock.now()
-    run = ctx.run
     entries = [
-        _Entry(index=i, call=c, invocation_id=ctx.ids.new_id(), key=f"{run.id}:{step_number}:{c.call_id}")
+        _Entry(index=i, call=c, invocation_id=ctx.ids.new_id(), key=f"{ctx.run.id}:{step_number}:{c.call_id}")
         for i, c in enumerate(calls)
     ]
-
-    def fail(entry: _Entry, code: str, message: str) -> None:
-        entry.result = _error_result(code, message)
-        entry.is_error = True
-
-    # 1–3: propose, resolve in the pinned tool set, parse the arguments.
     for entry in entries:
-        call = entry.call
-        raw = call.raw_arguments if isinstance(call.raw_arguments, str) else ""
-        if call.name in ctx.agent.tools:
-            entry.spec = ctx.tools.spec(call.name)
-        if entry.spec is None:
-            fail(entry, "unknown_tool", f"no tool named {scrub_text(call.name)[:100]!r} is available to this agent")
-            continue
-        if len(raw.encode("utf-8", "replace")) > MAX_ARGUMENT_BYTES:
-            fail(entry, "invalid_arguments", "the arguments are larger than 64 KiB")
-            continue
-        try:
-            parsed = json.loads(raw) if raw.strip() else {}
-        except (ValueError, RecursionError):
-            fail(entry, "invalid_arguments", "the arguments are not valid JSON")
-            continue
-        if not isinstance(parsed, dict):
-            fail(entry, "invalid_arguments", "the arguments must be a JSON object")
-            continue
-        entry.arguments = scrub(parsed)
-
-    # 4: fit the batch to the remaining tool-call budget.
-    candidates = [e for e in entries if not e.is_error]
-    fits = ctx.budgets.fit_tool_batch(run.usage, len(candidates))
-    for entry in candidates[fits:]:
-        fail(entry, "tool.budget_exhausted", "the run's tool-call budget is exhausted; this call was not run")
-
-    # 5–6: identical-call guard, schema validation, policy.
+        _resolve(ctx, entry)
+    _fit_budget(ctx, entries)
     for entry in entries:
-        if entry.is_error:
-            continue
-        fp = _call_fingerprint(entry.call.name, entry.arguments)
-        if ctx.state.identical_calls.get(fp, 0) >= IDENTICAL_CALL_LIMIT:
-            fail(
-                entry,
-                "repeated_call",
-                "this exact call was already made several times in this run; it was not run again",
-            )
-            continue
-        errors = ctx.tools.validate(entry.call.name, entry.arguments)
-        if errors:
-            fail(entry, "schema_invalid", "; ".join(errors)[:1000])
-            continue
-        try:
-            decision = ctx.policy.evaluate(entry.call.name, entry.arguments)
-        except Exception:  # a broken policy fails closed
-            decision = "require_approval"
-        if decision == "allow":
-            entry.authorized = True
-            entry.asks_user = entry.spec.control == "ask_user"
-        elif decision == "deny":
-            fail(entry, "denied_by_policy", "policy denied this call")
-        elif ctx.approvals is None:
-            fail(entry, "approval_required", "policy requires approval for this call; it was not run")
-        else:
-            entry.needs_approval = True
+        _decide(ctx, entry)
     suspend = [e for e in entries if e.needs_approval]
-
-    # 7: cancellation check before authorizing (observation point 4).
-    stop = ctx.token.reason
+    stop = ctx.token.reason  # 7: cancellation check before authorizing (observation point 4)
     for entry in entries:
-        proposed = {
-            "invocation": str(entry.invocation_id),
-            "call_id": entry.call.call_id,
-            "tool": scrub_text(entry.call.name)[:200],
-            "arguments": entry.arguments
-            if entry.arguments is not None
-            else scrub_text(entry.call.raw_arguments or "")[:4096],
-            "step": step_number,
-        }
-        work.event("tool.call.proposed", proposed, now)
-        spec = entry.spec
-        base = dict(
-            id=entry.invocation_id,
-            step_number=step_number,
-            call_index=entry.index,
-            call_id=entry.call.call_id,
-            tool_name=scrub_text(entry.call.name)[:200],
-            arguments=entry.arguments,
-            raw_arguments=scrub_text(entry.call.raw_arguments or "")[:MAX_ARGUMENT_BYTES],
-            idempotency_key=entry.key,
-            read_only=spec.read_only if spec else True,
-            side_effect=spec.side_effect if spec else "none",
-            created_at=now,
-        )
-        if entry.is_error:
-            work.invocation_inserts.append(
-                InvocationInsert(status="failed", result=entry.result, error=entry.result, outcome="failed", **base)
-            )
-            work.event(
-                "tool.call.failed",
-                {
-                    "invocation": str(entry.invocation_id),
-                    "call_id": entry.call.call_id,
-                    "tool": base["tool_name"],
-                    "result": entry.result,
-                    "executed": False,
-                    "outcome": "failed",
-                },
-                now,
-            )
-        elif entry.needs_approval and stop is None:
-            work.invocation_inserts.append(
-                InvocationInsert(status="awaiting_approval", suspended_kind="policy", **base)
-            )
-            approval = ctx.approvals.request(
-                step_number=step_number,
-                invocation_id=entry.invocation_id,
-                tool=spec,
-                arguments=entry.arguments,
-                kind="policy",
-                at=now,
-            )
-            work.approval_inserts.append(approval)
-            work.event(
-                "approval.requested",
-                {
-                    "approval": str(approval.id),
-                    "invocation": str(entry.invocation_id),
-                    "kind": "policy",
-                    "tool": spec.name,
-                    "request_hash": approval.request_hash,
-                    "step": step_number,
-                    "presentation": approval.presentation,
-                },
-                now,
-            )
-        elif stop is not None:
-            entry.authorized = False
-            entry.result = _error_result("cancelled", "the run was cancelled before this call ran")
-            entry.is_error = True
-            work.invocation_inserts.append(InvocationInsert(status="cancelled", **base))
-            work.event(
-                "tool.run_cancelled",
-                {
-                    "invocation": str(entry.invocation_id),
-                    "call_id": entry.call.call_id,
-                    "tool": base["tool_name"],
-                    "reason": str(stop),
-                },
-                now,
-            )
-        else:
-            # 8: authorize.
-            work.invocation_inserts.append(InvocationInsert(status="authorized", **base))
-            work.event(
-                "tool.call.authorized",
-                {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": base["tool_name"]},
-                now,
-            )
+        _record_decision(ctx, work, entry, step_number, stop, now)
 
     if suspend and stop is None:
         # Policy is evaluated for the whole batch first: if any call needs
         # approval, none runs yet; finalize commits all of this with the pause.
         _append_results(ctx, [e for e in entries if e.is_error])
-        return BatchResult(
-            work=work,
-            suspension=Suspension(
-                kind=SuspensionKind.APPROVAL,
-                invocation_ids=[e.invocation_id for e in suspend],
-                approval_ids=[a.id for a in work.approval_inserts],
-                details={"reason": "policy"},
-            ),
-        )
+        return BatchResult(work=work, suspension=_approval_suspension(suspend, work, reason="policy"))
     ctx.store.commit(work)  # commit 1: the model response and every decision
     if stop is not None:
         _append_results(ctx, entries)
         return BatchResult(work=UnitOfWork(), stop=stop)
+    return _run_batch(ctx, step_number, entries)
 
+
+def _fail(entry: _Entry, code: str, message: str) -> None:
+    entry.result = _error_result(code, message)
+    entry.is_error = True
+
+
+def _resolve(ctx: RunContext, entry: _Entry) -> None:
+    """Steps 1–3: propose, resolve in the pinned tool set, parse the arguments."""
+    call = entry.call
+    raw = call.raw_arguments if isinstance(call.raw_arguments, str) else ""
+    if call.name in ctx.agent.tools:
+        entry.spec = ctx.tools.spec(call.name)
+    if entry.spec is None:
+        _fail(entry, "unknown_tool", f"no tool named {scrub_text(call.name)[:100]!r} is available to this agent")
+        return
+    if len(raw.encode("utf-8", "replace")) > MAX_ARGUMENT_BYTES:
+        _fail(entry, "invalid_arguments", "the arguments are larger than 64 KiB")
+        return
+    try:
+        parsed = json.loads(raw) if raw.strip() else {}
+    except (ValueError, RecursionError):
+        _fail(entry, "invalid_arguments", "the arguments are not valid JSON")
+        return
+    if not isinstance(parsed, dict):
+        _fail(entry, "invalid_arguments", "the arguments must be a JSON object")
+        return
+    entry.arguments = scrub(parsed)
+
+
+def _fit_budget(ctx: RunContext, entries: list[_Entry]) -> None:
+    """Step 4: fit the batch to the remaining tool-call budget."""
+    candidates = [e for e in entries if not e.is_error]
+    fits = ctx.budgets.fit_tool_batch(ctx.progress.usage, len(candidates))
+    for entry in candidates[fits:]:
+        _fail(entry, "tool.budget_exhausted", "the run's tool-call budget is exhausted; this call was not run")
+
+
+def _decide(ctx: RunContext, entry: _Entry) -> None:
+    """Steps 5–6: identical-call guard, schema validation, policy."""
+    if entry.is_error:
+        return
+    if ctx.state.identical_calls.get(_call_fingerprint(entry.call.name, entry.arguments), 0) >= IDENTICAL_CALL_LIMIT:
+        _fail(
+            entry, "repeated_call", "this exact call was already made several times in this run; it was not run again"
+        )
+        return
+    errors = ctx.tools.validate(entry.call.name, entry.arguments)
+    if errors:
+        _fail(entry, "schema_invalid", "; ".join(errors)[:1000])
+        return
+    try:
+        decision = ctx.policy.evaluate(entry.call.name, entry.arguments)
+    except Exception:  # a broken policy fails closed
+        decision = "require_approval"
+    if decision == "allow":
+        entry.authorized = True
+        entry.asks_user = entry.tool.control == "ask_user"
+    elif decision == "deny":
+        _fail(entry, "denied_by_policy", "policy denied this call")
+    elif ctx.approvals is None:
+        _fail(entry, "approval_required", "policy requires approval for this call; it was not run")
+    else:
+        entry.needs_approval = True
+
+
+def _record_decision(
+    ctx: RunContext, work: UnitOfWork, entry: _Entry, step_number: int, stop: CancelReason | None, now: datetime
+) -> None:
+    """Steps 7–8 for one call: `tool.call.proposed`, then its row and event —
+    refused, waiting for approval, cancelled before it ran, or authorized."""
+    tool_name = scrub_text(entry.call.name)[:200]
+    proposed = {
+        "invocation": str(entry.invocation_id),
+        "call_id": entry.call.call_id,
+        "tool": tool_name,
+        "arguments": entry.arguments
+        if entry.arguments is not None
+        else scrub_text(entry.call.raw_arguments or "")[:4096],
+        "step": step_number,
+    }
+    work.event(EventType.TOOL_CALL_PROPOSED, proposed, now)
+    if entry.is_error:
+        work.invocation_inserts.append(
+            _insert_row(
+                entry,
+                step_number,
+                tool_name,
+                now,
+                InvocationStatus.FAILED,
+                result=entry.result,
+                error=entry.result,
+                outcome=InvocationOutcome.FAILED,
+            )
+        )
+        work.events.append(
+            events.call_not_run(
+                invocation_id=entry.invocation_id,
+                call_id=entry.call.call_id,
+                tool=tool_name,
+                result=entry.result,
+                at=now,
+                outcome=InvocationOutcome.FAILED,
+            )
+        )
+    elif entry.needs_approval and stop is None and ctx.approvals is not None:
+        insert = _insert_row(
+            entry, step_number, tool_name, now, InvocationStatus.AWAITING_APPROVAL, suspended_kind="policy"
+        )
+        work.invocation_inserts.append(insert)
+        approval = ctx.approvals.request(
+            step_number=step_number,
+            invocation_id=insert.id,
+            tool=entry.tool,
+            arguments=entry.arguments,
+            kind="policy",
+            at=now,
+        )
+        work.approval_inserts.append(approval)
+        work.events.append(_approval_requested(approval, insert.id, "policy", entry.tool.name, step_number, now))
+    elif stop is not None:
+        entry.authorized = False
+        entry.result = _error_result("cancelled", "the run was cancelled before this call ran")
+        entry.is_error = True
+        work.invocation_inserts.append(_insert_row(entry, step_number, tool_name, now, InvocationStatus.CANCELLED))
+        work.events.append(
+            events.call_cancelled(
+                invocation_id=entry.invocation_id, call_id=entry.call.call_id, tool=tool_name, reason=str(stop), at=now
+            )
+        )
+    else:  # 8: authorize.
+        work.invocation_inserts.append(_insert_row(entry, step_number, tool_name, now, InvocationStatus.AUTHORIZED))
+        work.event(
+            EventType.TOOL_CALL_AUTHORIZED,
+            {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": tool_name},
+            now,
+        )
+
+
+def _insert_row(
+    entry: _Entry, step_number: int, tool_name: str, now: datetime, status: InvocationStatus, **decided: Any
+) -> InvocationInsert:
+    """The invocation row of a decided call, with its status and what the decision adds."""
+    if entry.invocation_id is None:
+        raise RuntimeError("a proposed call always has a new invocation id")
+    spec = entry.spec
+    return InvocationInsert(
+        id=entry.invocation_id,
+        step_number=step_number,
+        call_index=entry.index,
+        call_id=entry.call.call_id,
+        tool_name=tool_name,
+        arguments=entry.arguments,
+        raw_arguments=scrub_text(entry.call.raw_arguments or "")[:MAX_ARGUMENT_BYTES],
+        idempotency_key=entry.key,
+        status=status,
+        read_only=spec.read_only if spec else True,
+        side_effect=spec.side_effect if spec else "none",
+        created_at=now,
+        **decided,
+    )
+
+
+def _approval_requested(
+    approval: ApprovalInsert, invocation_id: UUID | None, kind: str, tool: str, step_number: int, at: datetime
+) -> Any:
+    return events.approval_requested(
+        approval_id=approval.id,
+        invocation_id=invocation_id,
+        kind=kind,
+        tool=tool,
+        request_hash=approval.request_hash,
+        step=step_number,
+        presentation=approval.presentation,
+        at=at,
+    )
+
+
+def _approval_suspension(entries: list[_Entry], work: UnitOfWork, *, reason: str) -> Suspension:
+    return Suspension(
+        kind=SuspensionKind.APPROVAL,
+        invocation_ids=[e.invocation_id for e in entries if e.invocation_id is not None],
+        approval_ids=[a.id for a in work.approval_inserts],
+        details={"reason": reason},
+    )
+
+
+def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry]) -> BatchResult:
+    """Steps 9–14 for the authorized calls of a committed batch, in order; an
+    `ask_user` call is not run but suspends the run once the others ran."""
     results = UnitOfWork()
     late: list[dict[str, Any]] = []
-    executed = 0
-    stop_after: CancelReason | None = None
-    question_entry = None
-    for position, entry in enumerate(entries):
-        if not entry.authorized:
-            continue
-        if entry.asks_user:
-            question_entry = question_entry or entry
-            continue
-        if stop_after is not None:
-            _cancel(ctx, results, entry, stop_after)
-            continue
-        ran, stop_after = _run_one(ctx, entry, step_number, 1, results, late)
-        if ran:
-            executed += 1
-            ctx.state.count_call(_call_fingerprint(entry.call.name, entry.arguments))
-        if entry.unknown and stop_after is None:
-            break  # the rest of the batch waits, still authorized, for the decision
-
-    if executed:
-        run.usage = run.usage.model_copy(update={"tool_calls": run.usage.tool_calls + executed})
-        results.usage = run.usage.model_dump(mode="json")
+    to_run = [_Planned(e) for e in entries if e.authorized and not e.asks_user]
+    question_entry = next((e for e in entries if e.authorized and e.asks_user), None)
+    stop = _run_in_order(ctx, step_number, to_run, results, late, count_calls=True)
     unknown = [e.invocation_id for e in entries if e.unknown]
-    if unknown and stop_after is None:
+    if unknown and stop is None:
         # Seed 000: the model sees no result for an unknown outcome; the
         # reconciler or an operator decides first (the executor hands over).
         return BatchResult(work=results, late=late, unknown=unknown)
-    denied = [e for e in entries if e.is_error and isinstance(e.result, dict) and e.result.get("error") in DENIALS]
-    if question_entry is not None and stop_after is None:
-        _append_results(ctx, [e for e in entries if e is not question_entry and not (e.asks_user)])
-        question = str((question_entry.arguments or {}).get("question", ""))[:4000]
-        results.invocation_updates.append(
-            InvocationUpdate(
-                id=question_entry.invocation_id,
-                status="awaiting_approval",
-                suspended_kind="user",
-                updated_at=ctx.clock.now(),
-            )
-        )
-        return BatchResult(
-            work=results,
-            late=late,
-            suspension=Suspension(
-                kind=SuspensionKind.USER, invocation_ids=[question_entry.invocation_id], question=question
-            ),
-        )
+    if question_entry is not None and stop is None:
+        return _ask_user(ctx, entries, question_entry, results, late)
     _append_results(ctx, entries)
-    return BatchResult(
-        work=results, stop=stop_after, late=late, all_denied=bool(entries) and len(denied) == len(entries)
+    return BatchResult(work=results, stop=stop, late=late, all_denied=_all_denied(entries))
+
+
+@dataclass
+class _Planned:
+    """A call about to run: its attempt number and what an earlier attempt left."""
+
+    entry: _Entry
+    attempt: int = 1
+    effect_sent: bool = False
+    prior_attempts: list[dict[str, Any]] | None = None
+
+
+def _run_in_order(
+    ctx: RunContext,
+    step_number: int,
+    planned: list[_Planned],
+    results: UnitOfWork,
+    late: list[dict[str, Any]],
+    *,
+    count_calls: bool,
+) -> CancelReason | None:
+    """Run each call in turn; after a cancellation the rest are cancelled,
+    and an uncertain side effect leaves the rest waiting, still authorized,
+    for the decision. Count the calls that ran into the run's usage; return
+    the cancel reason seen."""
+    executed = 0
+    stop: CancelReason | None = None
+    for plan in planned:
+        entry = plan.entry
+        if stop is not None:
+            _cancel(ctx, results, entry, stop, effect_sent=plan.effect_sent)
+            continue
+        ran, stop = _run_one(
+            ctx,
+            entry,
+            step_number,
+            plan.attempt,
+            results,
+            late,
+            effect_sent=plan.effect_sent,
+            prior_attempts=plan.prior_attempts,
+        )
+        if ran:
+            executed += 1
+            if count_calls:
+                ctx.state.count_call(_call_fingerprint(entry.call.name, entry.arguments))
+        if entry.unknown and stop is None:
+            break  # the rest of the batch waits, still authorized, for the decision
+    if executed:
+        progress = ctx.progress
+        progress.usage = progress.usage.model_copy(update={"tool_calls": progress.usage.tool_calls + executed})
+        results.usage = progress.usage.model_dump(mode="json")
+    return stop
+
+
+def _ask_user(
+    ctx: RunContext, entries: list[_Entry], question_entry: _Entry, results: UnitOfWork, late: list[dict[str, Any]]
+) -> BatchResult:
+    """The batch asked the user: the other calls are answered, the question waits."""
+    if question_entry.invocation_id is None:
+        raise RuntimeError("a proposed call always has a new invocation id")
+    _append_results(ctx, [e for e in entries if e is not question_entry and not (e.asks_user)])
+    question = str((question_entry.arguments or {}).get("question", ""))[:4000]
+    results.invocation_updates.append(
+        InvocationUpdate(
+            id=question_entry.invocation_id,
+            status=InvocationStatus.AWAITING_APPROVAL,
+            suspended_kind="user",
+            updated_at=ctx.clock.now(),
+        )
     )
+    return BatchResult(
+        work=results,
+        late=late,
+        suspension=Suspension(
+            kind=SuspensionKind.USER, invocation_ids=[question_entry.invocation_id], question=question
+        ),
+    )
+
+
+def _all_denied(entries: list[_Entry]) -> bool:
+    denied = [e for e in entries if e.is_error and isinstance(e.result, dict) and e.result.get("error") in DENIALS]
+    return bool(entries) and len(denied) == len(entries)
 
 
 def _run_one(
@@ -384,36 +491,14 @@ def _run_one(
     self-fence, the call, and its result into `results`. Return whether the
     call ran and the cancel reason seen (before it: clean stop; after it:
     the result is kept)."""
-    spec = entry.spec
+    spec = entry.tool
     if not spec.read_only:
         ctx.fault("tool.before_watermark")
     if ctx.token.reason is not None:  # observation point 4
         _cancel(ctx, results, entry, ctx.token.reason, effect_sent=effect_sent)
         return False, ctx.token.reason
     if not spec.read_only:
-        if not ctx.lease.may_start_effect():  # a stale worker writes no watermark for a call it will not make
-            raise WorkerFenced("self-fence before the watermark", late={"calls": late} if late else None)
-        try:
-            ctx.store.mark_effect_sent(
-                entry.invocation_id,
-                attempt,
-                {
-                    "invocation": str(entry.invocation_id),
-                    "call_id": entry.call.call_id,
-                    "tool": spec.name,
-                    "attempt": attempt,
-                    "idempotency_key": entry.key,
-                },
-                ctx.clock.now(),
-            )
-        except WorkerFenced as exc:
-            exc.late = {"calls": late} if late else None
-            raise
-        ctx.fault("tool.after_watermark")
-        if not ctx.lease.may_start_effect():
-            raise WorkerFenced(
-                "self-fence: no successful heartbeat within lease - interval", late={"calls": late} if late else None
-            )
+        _watermark(ctx, entry, attempt, late)
     _execute(ctx, entry, step_number, attempt)
     if not spec.read_only:
         ctx.fault("tool.after_execute")
@@ -426,6 +511,53 @@ def _run_one(
                 "outcome": entry.outcome,
             }
         )
+    _record_outcome(ctx, entry, attempt, results, prior_attempts)
+    return True, ctx.token.reason  # observation point 5: the call has finished; its result is kept
+
+
+def _watermark(ctx: RunContext, entry: _Entry, attempt: int, late: list[dict[str, Any]]) -> None:
+    """Step 9 for a side effect: the self-fence, the watermark (`effect_sent_at`,
+    `tool.call.started`) committed alone in its fenced transaction, and the
+    self-fence again right before the call."""
+    if entry.invocation_id is None:
+        raise RuntimeError("a call that runs has an invocation row")
+    if not ctx.lease.may_start_effect():  # a stale worker writes no watermark for a call it will not make
+        raise WorkerFenced("self-fence before the watermark", late={"calls": late} if late else None)
+    try:
+        ctx.store.mark_effect_sent(
+            entry.invocation_id,
+            attempt,
+            {
+                "invocation": str(entry.invocation_id),
+                "call_id": entry.call.call_id,
+                "tool": entry.tool.name,
+                "attempt": attempt,
+                "idempotency_key": entry.key,
+            },
+            ctx.clock.now(),
+        )
+    except WorkerFenced as exc:
+        exc.late = {"calls": late} if late else None
+        raise
+    ctx.fault("tool.after_watermark")
+    if not ctx.lease.may_start_effect():
+        raise WorkerFenced(
+            "self-fence: no successful heartbeat within lease - interval", late={"calls": late} if late else None
+        )
+
+
+def _record_outcome(
+    ctx: RunContext,
+    entry: _Entry,
+    attempt: int,
+    results: UnitOfWork,
+    prior_attempts: list[dict[str, Any]] | None,
+) -> None:
+    """Steps 12–14: the call's row (with its per-attempt history) and its
+    event into `results`. An uncertain side effect is recorded, not answered."""
+    if entry.invocation_id is None:
+        raise RuntimeError("a call that ran has an invocation row")
+    spec = entry.tool
     at = ctx.clock.now()
     history = _attempt_history(prior_attempts, attempt, read_only=spec.read_only)
     history.append(
@@ -453,22 +585,24 @@ def _run_one(
         results.invocation_updates.append(
             InvocationUpdate(
                 id=entry.invocation_id,
-                status="uncertain",
+                status=InvocationStatus.UNCERTAIN,
                 error=entry.result,
                 attempt=attempt,
-                outcome="uncertain",
+                outcome=InvocationOutcome.UNCERTAIN,
                 attempts=history,
                 updated_at=at,
             )
         )
         results.event(
-            "tool.call.failed", {**payload, "result": None, "error": entry.result, "awaiting_decision": True}, at
+            EventType.TOOL_CALL_FAILED,
+            {**payload, "result": None, "error": entry.result, "awaiting_decision": True},
+            at,
         )
-        return True, ctx.token.reason
+        return
     results.invocation_updates.append(
         InvocationUpdate(
             id=entry.invocation_id,
-            status="failed" if entry.is_error else "completed",
+            status=InvocationStatus.FAILED if entry.is_error else InvocationStatus.COMPLETED,
             result=entry.result,
             error=entry.result if entry.is_error else None,
             clear_error=not entry.is_error,
@@ -478,8 +612,7 @@ def _run_one(
             updated_at=at,
         )
     )
-    results.event("tool.call.failed" if entry.is_error else "tool.call.completed", payload, at)
-    return True, ctx.token.reason  # observation point 5: the call has finished; its result is kept
+    results.event(EventType.TOOL_CALL_FAILED if entry.is_error else EventType.TOOL_CALL_COMPLETED, payload, at)
 
 
 def _attempt_history(prior: list[dict[str, Any]] | None, attempt: int, *, read_only: bool) -> list[dict[str, Any]]:
@@ -491,7 +624,7 @@ def _attempt_history(prior: list[dict[str, Any]] | None, attempt: int, *, read_o
         seen = {a.get("attempt") for a in history}
         for earlier in range(1, attempt):
             if earlier not in seen:
-                history.append({"attempt": earlier, "outcome": "uncertain", "error": UNKNOWN_OUTCOME})
+                history.append({"attempt": earlier, "outcome": InvocationOutcome.UNCERTAIN, "error": UNKNOWN_OUTCOME})
         history.sort(key=lambda a: a.get("attempt") or 0)
     return history
 
@@ -510,24 +643,29 @@ def _cancel(
     cancelled call with an effect that may have happened (I6)."""
     at = ctx.clock.now()
     entry.is_error = True
+    if entry.invocation_id is None:
+        raise RuntimeError("a call that is cancelled has an invocation row")
     if effect_sent:
         entry.result = _error_result("interrupted", "an earlier attempt of this call started; its outcome is unknown")
         work.invocation_updates.append(
-            InvocationUpdate(id=entry.invocation_id, status="interrupted", error=UNKNOWN_OUTCOME, updated_at=at)
+            InvocationUpdate(
+                id=entry.invocation_id, status=InvocationStatus.INTERRUPTED, error=UNKNOWN_OUTCOME, updated_at=at
+            )
         )
     else:
         entry.result = _error_result("cancelled", "the run was cancelled before this call ran")
-        work.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="cancelled", updated_at=at))
-    work.event(
-        "tool.run_cancelled",
-        {
-            "invocation": str(entry.invocation_id),
-            "call_id": entry.call.call_id,
-            "tool": entry.call.name,
-            "reason": str(reason),
-            **({"outcome": "unknown"} if effect_sent else {}),
-        },
-        at,
+        work.invocation_updates.append(
+            InvocationUpdate(id=entry.invocation_id, status=InvocationStatus.CANCELLED, updated_at=at)
+        )
+    work.events.append(
+        events.call_cancelled(
+            invocation_id=entry.invocation_id,
+            call_id=entry.call.call_id,
+            tool=entry.call.name,
+            reason=str(reason),
+            at=at,
+            outcome_unknown=effect_sent,
+        )
     )
 
 
@@ -542,7 +680,7 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1)
     reached the running tool is `uncertain` too. Any other exception is `failed` for a read-only tool
     and `uncertain` for one with a side effect: nobody can tell whether the
     bug struck before or after the effect."""
-    spec = entry.spec
+    spec = entry.tool
     tctx = ToolExecutionContext(
         run_id=ctx.run.id,
         step_number=step_number,
@@ -553,21 +691,21 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1)
         timeout_seconds=spec.timeout_seconds,
         token=ctx.token,
         deadline=ctx.run.deadline_at,
-        principal=getattr(ctx.run, "principal", None),
+        principal=ctx.run.principal,
         clock=ctx.clock,
     )
     cancelled_before = tctx.cancelled.is_set()
     try:
         value = ctx.tools.execute(spec.name, entry.arguments, tctx)
         entry.result, truncated = bound(value)
-        entry.outcome = "succeeded"
+        entry.outcome = InvocationOutcome.SUCCEEDED
     except ToolFailure as exc:
         # A failure that follows a cancellation reaching the running tool is
         # not a definite answer (seed 000: observed as unknown).
         uncertain = bool(exc.uncertain) or (not cancelled_before and tctx.cancelled.is_set())
         entry.result = {"error": exc.code, "message": scrub_text(str(exc))[:2000], "uncertain": uncertain}
         entry.is_error = True
-        entry.outcome = "uncertain" if uncertain else "failed"
+        entry.outcome = InvocationOutcome.UNCERTAIN if uncertain else InvocationOutcome.FAILED
     except Exception as exc:  # a tool bug is a failed result, never a worker crash
         uncertain = not spec.read_only or (not cancelled_before and tctx.cancelled.is_set())
         entry.result = {
@@ -576,7 +714,7 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1)
             "uncertain": uncertain,
         }
         entry.is_error = True
-        entry.outcome = "uncertain" if uncertain else "failed"
+        entry.outcome = InvocationOutcome.UNCERTAIN if uncertain else InvocationOutcome.FAILED
 
 
 def _append_results(ctx: RunContext, entries: list[_Entry]) -> None:
@@ -593,7 +731,13 @@ def _append_results(ctx: RunContext, entries: list[_Entry]) -> None:
         )
 
 
-ANSWERED = ("completed", "failed", "cancelled", "interrupted", "uncertain")
+ANSWERED = (
+    InvocationStatus.COMPLETED,
+    InvocationStatus.FAILED,
+    InvocationStatus.CANCELLED,
+    InvocationStatus.INTERRUPTED,
+    InvocationStatus.UNCERTAIN,
+)
 DENIALS = ("denied_by_policy", "rejected_by_operator", "approval_required", "approval_expired")
 
 
@@ -620,12 +764,14 @@ class RerunConflict(Exception):
         self.details = details
 
 
-def _unknown_status(kind: str) -> str:
+def _unknown_status(kind: str) -> InvocationStatus:
     """The status of a call whose outcome is unknown, by the approval kind it waits on."""
-    return "uncertain" if kind == "uncertain_side_effect" else "interrupted"
+    return InvocationStatus.UNCERTAIN if kind == "uncertain_side_effect" else InvocationStatus.INTERRUPTED
 
 
-def _recheck_grant(ctx: RunContext, step_number: int, entry: _Entry, row: dict, decision: dict) -> bool:
+def _recheck_grant(
+    ctx: RunContext, step_number: int, entry: _Entry, row: InvocationRecord, decision: ApprovalDecision
+) -> bool:
     """DESIGN §8 for a re-run grant: before the approved call runs again, the
     tool must still be registered, the recorded arguments must pass its
     schema (else `RerunConflict`), the request hash recomputed from the
@@ -635,46 +781,30 @@ def _recheck_grant(ctx: RunContext, step_number: int, entry: _Entry, row: dict, 
     now = ctx.clock.now()
     unknown = UnitOfWork()  # the grant is not used: the call stays as it was, its outcome unknown
     unknown.invocation_updates.append(
-        InvocationUpdate(id=row["id"], status=_unknown_status(decision["kind"]), updated_at=now)
+        InvocationUpdate(id=row.id, status=_unknown_status(decision.kind), updated_at=now)
     )
     if entry.spec is None:
         raise RerunConflict(
-            f"tool {row['tool_name']!r} is no longer registered; the approved re-run cannot run",
+            f"tool {row.tool_name!r} is no longer registered; the approved re-run cannot run",
             work=unknown,
-            invocation=str(row["id"]),
+            invocation=str(row.id),
         )
-    if not isinstance(entry.arguments, dict) or ctx.tools.validate(row["tool_name"], entry.arguments):
+    if not isinstance(entry.arguments, dict) or ctx.tools.validate(row.tool_name, entry.arguments):
         work = UnitOfWork()
         failed = _error_result("invalid_decision", "the arguments no longer pass the tool's schema")
         work.invocation_updates.append(
-            InvocationUpdate(id=row["id"], status="failed", result=failed, error=failed, updated_at=now)
+            InvocationUpdate(id=row.id, status=InvocationStatus.FAILED, result=failed, error=failed, updated_at=now)
         )
-        work.event(
-            "tool.call.failed",
-            {
-                "invocation": str(row["id"]),
-                "call_id": row["call_id"],
-                "tool": row["tool_name"],
-                "result": failed,
-                "executed": False,
-            },
-            now,
+        work.events.append(
+            events.call_not_run(invocation_id=row.id, call_id=row.call_id, tool=row.tool_name, result=failed, at=now)
         )
         raise RerunConflict(
-            "the approved call's arguments no longer pass its schema", work=work, invocation=str(row["id"])
+            "the approved call's arguments no longer pass its schema", work=work, invocation=str(row.id)
         )
-    current = ctx.approvals.current_hash(
-        step_number=step_number,
-        invocation_id=row["id"],
-        tool=entry.spec,
-        arguments=entry.arguments,
-        kind=decision["kind"],
-        presentation=decision["presentation"],
-    )
-    if current != decision["request_hash"]:
+    if not _as_approved(ctx, step_number, entry, row, decision):
         return False
     try:
-        verdict = ctx.policy.evaluate(row["tool_name"], entry.arguments)
+        verdict = ctx.policy.evaluate(row.tool_name, entry.arguments)
     except Exception:  # fails closed to require_approval, which the grant is
         verdict = "require_approval"
     if verdict == "deny":
@@ -682,9 +812,26 @@ def _recheck_grant(ctx: RunContext, step_number: int, entry: _Entry, row: dict, 
             "policy now denies the approved re-run; the first attempt's outcome stays unknown",
             error_class="PolicyDenied",
             work=unknown,
-            invocation=str(row["id"]),
+            invocation=str(row.id),
         )
     return True
+
+
+def _as_approved(
+    ctx: RunContext, step_number: int, entry: _Entry, row: InvocationRecord, decision: ApprovalDecision
+) -> bool:
+    """The request hash of the call as it would be shown now equals the approved one."""
+    if ctx.approvals is None or entry.spec is None:
+        return False
+    current = ctx.approvals.current_hash(
+        step_number=step_number,
+        invocation_id=row.id,
+        tool=entry.spec,
+        arguments=entry.arguments,
+        kind=decision.kind,
+        presentation=decision.presentation,
+    )
+    return current == decision.request_hash
 
 
 def open_batch(ctx: RunContext) -> tuple[int, list[dict[str, Any]]] | None:
@@ -711,173 +858,151 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
     An `authorized` call runs once — a side effect under a new watermark with
     its attempt incremented. An interrupted side effect with no recorded
     outcome never runs here."""
-    rows = {r["call_id"]: r for r in ctx.store.invocations_for_step(step_number)}
+    rows = {r.call_id: r for r in ctx.store.invocations_for_step(step_number)}
     results = UnitOfWork()
     entries: list[_Entry] = []
-    to_run: list[tuple[_Entry, dict]] = []
-    invalidated: list[tuple[_Entry, dict]] = []
+    to_run: list[_Planned] = []
+    invalidated: list[tuple[_Entry, ApprovalDecision]] = []
     now = ctx.clock.now()
     for index, call in enumerate(pending):
-        req = ToolCallRequest(call_id=call["id"], name=call["name"], raw_arguments=call.get("arguments") or "")
         row = rows.get(call["id"])
-        entry = _Entry(
-            index=index, call=req, invocation_id=row["id"] if row else None, key=row["idempotency_key"] if row else ""
-        )
+        entry = _reentry(index, call, row)
         entries.append(entry)
         if row is None:
-            entry.result = _error_result(
-                "interrupted", "the process stopped before this call was recorded; it was not run"
-            )
-            entry.is_error = True
+            _fail(entry, "interrupted", "the process stopped before this call was recorded; it was not run")
             continue
-        status = row["status"]
-        if status in ANSWERED and row["result"] is not None:
-            entry.result = row["result"]
-            entry.is_error = status != "completed"
-            continue
-        entry.spec = ctx.tools.spec(row["tool_name"])
-        entry.arguments = row["arguments"]
-        if status == "awaiting_approval" and row.get("suspended_kind") == "policy" and ctx.approvals is not None:
-            decision = ctx.approvals.decision_for(row["id"])
-            if decision is None or decision["status"] != "approved":
-                raise UnknownOutcome(f"invocation {row['id']} is waiting for a decision")
-            valid = entry.spec is not None and not ctx.tools.validate(row["tool_name"], entry.arguments)
-            shown = (
-                valid
-                and ctx.approvals.current_hash(
-                    step_number=step_number,
-                    invocation_id=row["id"],
-                    tool=entry.spec,
-                    arguments=entry.arguments,
-                    kind=decision["kind"],
-                    presentation=decision["presentation"],
-                )
-                == decision["request_hash"]
-            )
-            if not shown:
-                invalidated.append((entry, decision))
-                continue
-            status = "authorized"
-        elif status == "authorized" and row["effect_sent_at"] is not None and ctx.approvals is not None:
-            # A re-run grant (an earlier attempt started): re-check what was approved.
-            decision = ctx.approvals.decision_for(row["id"])
-            if decision is not None and decision["kind"] in RERUN_KINDS and decision["status"] == "approved":
-                if not _recheck_grant(ctx, step_number, entry, row, decision):
-                    invalidated.append((entry, decision))
-                    continue
-        if status != "authorized":
-            raise UnknownOutcome(f"invocation {row['id']} is {status} with no recorded outcome")
-        if entry.spec is None or ctx.tools.validate(row["tool_name"], entry.arguments):
-            entry.result = _error_result("invalid_decision", "the tool or its schema changed; the call was not run")
-            entry.is_error = True
-            results.invocation_updates.append(
-                InvocationUpdate(
-                    id=entry.invocation_id, status="failed", result=entry.result, error=entry.result, updated_at=now
+        verdict, decision = _triage(ctx, step_number, entry, row, results, now)
+        if verdict == "invalidated" and decision is not None:
+            invalidated.append((entry, decision))
+        elif verdict == "run":
+            to_run.append(
+                _Planned(
+                    entry,
+                    attempt=(row.attempt or 0) + 1,
+                    effect_sent=row.effect_sent_at is not None,
+                    prior_attempts=row.attempts,
                 )
             )
-            results.event(
-                "tool.call.failed",
-                {
-                    "invocation": str(entry.invocation_id),
-                    "call_id": req.call_id,
-                    "tool": req.name,
-                    "result": entry.result,
-                    "executed": False,
-                },
-                now,
-            )
-            continue
-        to_run.append((entry, row))
 
     if invalidated:
-        for entry, decision in invalidated:
-            results.event(
-                "approval.invalidated",
-                {
-                    "approval": str(decision["id"]),
-                    "invocation": str(entry.invocation_id),
-                    "reason": "the tool, its schema or the arguments changed since approval",
-                },
-                now,
-            )
-            results.approval_invalidations.append(decision["id"])
-            if entry.spec is None or ctx.tools.validate(entry.call.name, entry.arguments):
-                raise UnknownOutcome("an approved call can no longer run and cannot be asked again")
-            kind = decision["kind"]
-            if kind in RERUN_KINDS:  # a new approval of the same kind, showing the current spec
-                approval = ctx.approvals.request_again(
-                    step_number=step_number,
-                    invocation_id=entry.invocation_id,
-                    tool=entry.spec,
-                    arguments=entry.arguments,
-                    previous=decision,
-                    at=now,
-                )
-                results.invocation_updates.append(
-                    InvocationUpdate(
-                        id=entry.invocation_id, status=_unknown_status(kind), suspended_kind=kind, updated_at=now
-                    )
-                )
-            else:
-                approval = ctx.approvals.request(
-                    step_number=step_number,
-                    invocation_id=entry.invocation_id,
-                    tool=entry.spec,
-                    arguments=entry.arguments,
-                    kind="policy",
-                    at=now,
-                )
-            results.approval_inserts.append(approval)
-            results.event(
-                "approval.requested",
-                {
-                    "approval": str(approval.id),
-                    "invocation": str(entry.invocation_id),
-                    "kind": kind,
-                    "tool": entry.spec.name,
-                    "request_hash": approval.request_hash,
-                    "step": step_number,
-                    "presentation": approval.presentation,
-                },
-                now,
-            )
-        return BatchResult(
-            work=results,
-            suspension=Suspension(
-                kind=SuspensionKind.APPROVAL,
-                invocation_ids=[e.invocation_id for e, _ in invalidated],
-                approval_ids=[a.id for a in results.approval_inserts],
-                details={"reason": "invalidated"},
-            ),
-        )
-
+        return _ask_again(ctx, step_number, invalidated, results, now)
     late: list[dict[str, Any]] = []
-    executed = 0
-    stop: CancelReason | None = None
-    for entry, row in to_run:
-        effect_sent = row["effect_sent_at"] is not None
-        if stop is not None:
-            _cancel(ctx, results, entry, stop, effect_sent=effect_sent)
-            continue
-        ran, stop = _run_one(
-            ctx,
-            entry,
-            step_number,
-            (row["attempt"] or 0) + 1,
-            results,
-            late,
-            effect_sent=effect_sent,
-            prior_attempts=row.get("attempts"),
-        )
-        executed += ran
-        if entry.unknown and stop is None:
-            break
-    if executed:
-        ctx.run.usage = ctx.run.usage.model_copy(update={"tool_calls": ctx.run.usage.tool_calls + executed})
-        results.usage = ctx.run.usage.model_dump(mode="json")
-    unknown = [e.invocation_id for e, _ in to_run if e.unknown]
+    stop = _run_in_order(ctx, step_number, to_run, results, late, count_calls=False)
+    unknown = [p.entry.invocation_id for p in to_run if p.entry.unknown]
     if unknown and stop is None:
         return BatchResult(work=results, late=late, unknown=unknown)
     _append_results(ctx, entries)
-    denied = [e for e in entries if e.is_error and isinstance(e.result, dict) and e.result.get("error") in DENIALS]
-    return BatchResult(work=results, stop=stop, late=late, all_denied=bool(entries) and len(denied) == len(entries))
+    return BatchResult(work=results, stop=stop, late=late, all_denied=_all_denied(entries))
+
+
+def _reentry(index: int, call: dict[str, Any], row: InvocationRecord | None) -> _Entry:
+    """An entry for a call of the open batch, bound to its row when it has one."""
+    req = ToolCallRequest(call_id=call["id"], name=call["name"], raw_arguments=call.get("arguments") or "")
+    return _Entry(index=index, call=req, invocation_id=row.id if row else None, key=row.idempotency_key if row else "")
+
+
+def _triage(
+    ctx: RunContext, step_number: int, entry: _Entry, row: InvocationRecord, results: UnitOfWork, now: datetime
+) -> tuple[Literal["answered", "invalidated", "run"], ApprovalDecision | None]:
+    """What to do with one recorded call of the open batch: its recorded
+    answer, an approval that no longer holds (invalidated, with the decision),
+    or run it. Raises `UnknownOutcome` for a call nobody has decided yet."""
+    status = row.status
+    if status in ANSWERED and row.result is not None:
+        entry.result = row.result
+        entry.is_error = status != InvocationStatus.COMPLETED
+        return "answered", None
+    entry.spec = ctx.tools.spec(row.tool_name)
+    entry.arguments = row.arguments
+    if status == InvocationStatus.AWAITING_APPROVAL and row.suspended_kind == "policy" and ctx.approvals is not None:
+        decision = ctx.approvals.decision_for(row.id)
+        if decision is None or decision.status != ApprovalStatus.APPROVED:
+            raise UnknownOutcome(f"invocation {row.id} is waiting for a decision")
+        valid = entry.spec is not None and not ctx.tools.validate(row.tool_name, entry.arguments)
+        if not (valid and _as_approved(ctx, step_number, entry, row, decision)):
+            return "invalidated", decision
+        status = InvocationStatus.AUTHORIZED
+    elif status == InvocationStatus.AUTHORIZED and row.effect_sent_at is not None and ctx.approvals is not None:
+        # A re-run grant (an earlier attempt started): re-check what was approved.
+        decision = ctx.approvals.decision_for(row.id)
+        if decision is not None and decision.kind in RERUN_KINDS and decision.status == ApprovalStatus.APPROVED:
+            if not _recheck_grant(ctx, step_number, entry, row, decision):
+                return "invalidated", decision
+    if status != InvocationStatus.AUTHORIZED:
+        raise UnknownOutcome(f"invocation {row.id} is {status} with no recorded outcome")
+    if entry.spec is None or ctx.tools.validate(row.tool_name, entry.arguments):
+        _fail(entry, "invalid_decision", "the tool or its schema changed; the call was not run")
+        results.invocation_updates.append(
+            InvocationUpdate(
+                id=row.id, status=InvocationStatus.FAILED, result=entry.result, error=entry.result, updated_at=now
+            )
+        )
+        results.events.append(
+            events.call_not_run(
+                invocation_id=row.id, call_id=entry.call.call_id, tool=entry.call.name, result=entry.result, at=now
+            )
+        )
+        return "answered", None
+    return "run", None
+
+
+def _ask_again(
+    ctx: RunContext,
+    step_number: int,
+    invalidated: list[tuple[_Entry, ApprovalDecision]],
+    results: UnitOfWork,
+    now: datetime,
+) -> BatchResult:
+    """Approvals that no longer hold: each is invalidated and asked again (a
+    re-run grant as its own kind, showing the current spec); nothing of the
+    batch runs."""
+    for entry, decision in invalidated:
+        results.event(
+            EventType.APPROVAL_INVALIDATED,
+            {
+                "approval": str(decision.id),
+                "invocation": str(entry.invocation_id),
+                "reason": "the tool, its schema or the arguments changed since approval",
+            },
+            now,
+        )
+        results.approval_invalidations.append(decision.id)
+        if (
+            entry.spec is None
+            or entry.invocation_id is None
+            or ctx.approvals is None
+            or ctx.tools.validate(entry.call.name, entry.arguments)
+        ):
+            raise UnknownOutcome("an approved call can no longer run and cannot be asked again")
+        kind = decision.kind
+        if kind in RERUN_KINDS:  # a new approval of the same kind, showing the current spec
+            approval = ctx.approvals.request_again(
+                step_number=step_number,
+                invocation_id=entry.invocation_id,
+                tool=entry.spec,
+                arguments=entry.arguments,
+                previous=decision,
+                at=now,
+            )
+            results.invocation_updates.append(
+                InvocationUpdate(
+                    id=entry.invocation_id, status=_unknown_status(kind), suspended_kind=kind, updated_at=now
+                )
+            )
+        else:
+            approval = ctx.approvals.request(
+                step_number=step_number,
+                invocation_id=entry.invocation_id,
+                tool=entry.spec,
+                arguments=entry.arguments,
+                kind="policy",
+                at=now,
+            )
+        results.approval_inserts.append(approval)
+        results.events.append(
+            _approval_requested(approval, entry.invocation_id, kind, entry.spec.name, step_number, now)
+        )
+    return BatchResult(
+        work=results,
+        suspension=_approval_suspension([e for e, _ in invalidated], results, reason="invalidated"),
+    )

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
-from runs.domain.values import BudgetScope, CancelReason, ModelRequest, ModelTurn, ModelUsage, RunUsage, ToolSpec
-from runs.domain.writes import UnitOfWork
+from runs.domain.records import ApprovalDecision, InvocationRecord
+from runs.domain.values import (
+    BudgetScope,
+    CancelReason,
+    ModelRequest,
+    ModelTurn,
+    ModelUsage,
+    RunLimits,
+    RunUsage,
+    ToolSpec,
+)
+from runs.domain.writes import ApprovalInsert, UnitOfWork
 
 
 class Clock(Protocol):
@@ -55,7 +66,7 @@ class RunStore(Protocol):
         `work`, commit. Raise `WorkerFenced` (after rolling back) if the fence
         affected zero rows."""
 
-    def invocations_for_step(self, step_number: int) -> list[dict[str, Any]]:
+    def invocations_for_step(self, step_number: int) -> list[InvocationRecord]:
         """Read one step's invocation rows, to re-enter an open batch."""
 
     def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
@@ -94,6 +105,8 @@ class PolicyEngine(Protocol):
 
 
 class BudgetLedger(Protocol):
+    limits: RunLimits
+
     def check(self, usage: RunUsage, scope: BudgetScope, *, step_number: int, now: datetime) -> None:
         """Raise `BudgetExceeded` if the run may not go on at this scope."""
 
@@ -103,6 +116,43 @@ class BudgetLedger(Protocol):
 
     def fit_tool_batch(self, usage: RunUsage, requested: int) -> int:
         """Return how many calls of a batch fit the remaining tool-call budget."""
+
+
+class ApprovalGate(Protocol):
+    """Hash-bound approvals (DESIGN §8): builds the rows the pipeline commits
+    and reads decisions back when a run re-enters an open batch."""
+
+    def request(
+        self, *, step_number: int, invocation_id: UUID, tool: ToolSpec, arguments: Any, kind: str, at: datetime
+    ) -> ApprovalInsert:
+        """A new pending approval for one call, its hash bound to what it presents."""
+
+    def request_again(
+        self,
+        *,
+        step_number: int,
+        invocation_id: UUID,
+        tool: ToolSpec,
+        arguments: Any,
+        previous: ApprovalDecision,
+        at: datetime,
+    ) -> ApprovalInsert:
+        """A new approval of an invalidated re-run grant's kind, showing the current spec."""
+
+    def current_hash(
+        self,
+        *,
+        step_number: int,
+        invocation_id: UUID,
+        tool: ToolSpec,
+        arguments: Any,
+        kind: str,
+        presentation: dict[str, Any],
+    ) -> str:
+        """The request hash of this call as it would be presented now."""
+
+    def decision_for(self, invocation_id: UUID) -> ApprovalDecision | None:
+        """The newest approval of the invocation, or None."""
 
 
 FaultHook = Callable[[str], None]
@@ -118,7 +168,9 @@ class Tracer(Protocol):
     `run.step` rather than on whatever span is open (context.build is the
     step's child even while model.invoke is open)."""
 
-    def span(self, name: str, attributes: dict[str, Any] | None = None, *, under: str | None = None) -> Any:
+    def span(
+        self, name: str, attributes: dict[str, Any] | None = None, *, under: str | None = None
+    ) -> AbstractContextManager[Span]:
         """A context manager yielding a `Span`."""
 
     def begin_step(self, step_number: int, attributes: dict[str, Any] | None = None) -> None:

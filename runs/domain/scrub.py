@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runs.domain.values import ModelTurn
 
 MAX_RESULT_BYTES = 64 * 1024
 MAX_DEPTH = 32
@@ -38,7 +41,7 @@ def scrub_text(text: str) -> str:
     return text
 
 
-def scrub_turn(turn):
+def scrub_turn(turn: ModelTurn) -> ModelTurn:
     """A model turn with its text, call names and raw arguments scrubbed.
 
     Raw arguments stay JSON text: a redaction replaces characters inside a

@@ -9,6 +9,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from runs.domain.limits import BY_NAME
+
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -27,6 +29,55 @@ class RunStatus(StrEnum):
 TERMINAL_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 WAITING_STATUSES = (RunStatus.WAITING_FOR_APPROVAL, RunStatus.WAITING_FOR_USER)
 LIVE_STATUSES = (RunStatus.RUNNING, RunStatus.WAITING_FOR_APPROVAL, RunStatus.WAITING_FOR_USER)
+
+
+class InvocationStatus(StrEnum):
+    """`tool_invocations.status` (DESIGN §7): the model's `STATUSES` choices derive from it."""
+
+    PROPOSED = "proposed"
+    AUTHORIZED = "authorized"
+    EXECUTING = "executing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+    AWAITING_APPROVAL = "awaiting_approval"
+    UNCERTAIN = "uncertain"
+
+
+class InvocationOutcome(StrEnum):
+    """How a call's last attempt ended (DESIGN §7 step 11): `tool_invocations.outcome`."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNCERTAIN = "uncertain"
+
+
+class ApprovalStatus(StrEnum):
+    """`approvals.status` (DESIGN §8)."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    INVALIDATED = "invalidated"
+    CANCELLED = "cancelled"
+    CONFIRMED = "confirmed"
+
+
+class ModelCallStatus(StrEnum):
+    """`model_calls.status`: one row per model attempt."""
+
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    ABANDONED = "abandoned"
+
+
+def choices(enum: type[StrEnum]) -> list[tuple[str, str]]:
+    """Django `choices` for a vocabulary enum: each value as its own label."""
+    return [(member.value, member.value) for member in enum]
 
 
 class FailureReason(StrEnum):
@@ -97,22 +148,31 @@ class RunUsage(Frozen):
         )
 
 
+def _limit(name: str) -> Any:
+    """The field of one limit: its default and lower bounds from the limits table."""
+    limit = BY_NAME[name]
+    return Field(limit.default, **limit.bounds(upper=False))
+
+
 class RunLimits(Frozen):
-    max_steps: int = Field(32, ge=1)
-    max_model_calls: int = Field(24, ge=1)
-    max_tool_calls: int = Field(64, ge=0)
-    max_input_tokens: int | None = Field(None, ge=1)
-    max_output_tokens: int | None = Field(None, ge=1)
-    max_cost_usd: float | None = Field(None, ge=0)
-    deadline_seconds: float | None = Field(3600, gt=0)
-    synthesis_reserve_steps: int = Field(0, ge=0)
-    synthesis_reserve_model_calls: int = Field(2, ge=0)
-    synthesis_reserve_tool_calls: int = Field(4, ge=0)
-    synthesis_reserve_cost_usd: float = Field(0, ge=0)
+    """A run's limits; names, defaults and bounds come from `runs.domain.limits.LIMITS`
+    (tests/unit/test_limits.py checks the fields are exactly the table's)."""
+
+    max_steps: int = _limit("max_steps")
+    max_model_calls: int = _limit("max_model_calls")
+    max_tool_calls: int = _limit("max_tool_calls")
+    max_input_tokens: int | None = _limit("max_input_tokens")
+    max_output_tokens: int | None = _limit("max_output_tokens")
+    max_cost_usd: float | None = _limit("max_cost_usd")
+    deadline_seconds: float | None = _limit("deadline_seconds")
+    synthesis_reserve_steps: int = _limit("synthesis_reserve_steps")
+    synthesis_reserve_model_calls: int = _limit("synthesis_reserve_model_calls")
+    synthesis_reserve_tool_calls: int = _limit("synthesis_reserve_tool_calls")
+    synthesis_reserve_cost_usd: float = _limit("synthesis_reserve_cost_usd")
 
     @model_validator(mode="before")
     @classmethod
-    def _reserves_below_limits(cls, data):
+    def _reserves_below_limits(cls, data: Any) -> Any:
         """A reserve as large as its limit would forbid tools from the first call: it is dropped."""
         if not isinstance(data, dict):
             return data

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from dataclasses import replace
 from uuid import UUID
 
 from django.conf import settings
@@ -25,8 +26,9 @@ from ops.tracing import run_span
 from runs.clock import CLOCK, IDS
 from runs.domain.budgets import Ledger
 from runs.domain.cancellation import Token
-from runs.domain.context import AgentSpec, RunContext, RunSnapshot
+from runs.domain.context import AgentSpec, RunContext, RunSnapshot, StepProgress
 from runs.domain.errors import BudgetExceeded, WorkerFenced
+from runs.domain.events import checkpointed
 from runs.domain.loop import run_loop
 from runs.domain.scrub import scrub_stream
 from runs.domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunLimits, RunOutcome, RunUsage
@@ -124,8 +126,6 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         agent_name=run.agent.name,
         agent_version=run.agent_version,
         input=run.input,
-        usage=RunUsage(**(run.usage or {})),
-        step_count=run.step_count,
         deadline_at=run.deadline_at,
         attempts=run.attempts,
         lease_epoch=claim.epoch,
@@ -161,13 +161,15 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         slice_seconds=float(settings.AGENTRT_SLICE_SECONDS),
         draining=lambda: _DRAINING["flag"],
         started_monotonic=clock.monotonic(),
-        next_attempt=(last_attempt or 0) + 1,
         resumed=state.version > 1 or run.attempts > 1,
         approvals=ApprovalGate(run=run, clock=clock, ids=ids),
+        progress=StepProgress(
+            usage=RunUsage(**(run.usage or {})), step_count=run.step_count, next_attempt=(last_attempt or 0) + 1
+        ),
     )
     ctx.policy.floor = tenant_floor(run.tenant_id, step_of=lambda: ctx.state.step)
     if provider_streams(definition["model"]):
-        ctx.provider = provider_for(definition["model"], on_delta=DeltaBatcher(ctx))
+        ctx = replace(ctx, provider=provider_for(definition["model"], on_delta=DeltaBatcher(ctx)))
     return ctx
 
 
@@ -189,8 +191,16 @@ class DeltaBatcher:
         self.key: tuple | None = None
         self.index = 0
 
+    @staticmethod
+    def bind(ctx: RunContext) -> None:
+        """Point the provider's batcher at the context the loop runs with (the
+        composition root replaces ports after the provider is built)."""
+        batcher = getattr(ctx.provider, "on_delta", None)
+        if isinstance(batcher, DeltaBatcher):
+            batcher.ctx = ctx
+
     def __call__(self, text: str) -> None:
-        key = (self.ctx.current_step, self.ctx.current_attempt)
+        key = (self.ctx.progress.current_step, self.ctx.progress.current_attempt)
         if key != self.key:
             self.key, self.index, self.raw, self.shown, self.size = key, 0, [], "", 0
         self.raw.append(text)
@@ -243,11 +253,14 @@ def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
     ):
         try:
             ctx = build_context(claim, token=token, lease=supervisor, clock=clock, ids=ids)
-            watch = instrument(ctx)
+            ctx, watch = instrument(ctx)
+            DeltaBatcher.bind(ctx)
             log.info("run %s: slice started (epoch %s)", claim.run_id, claim.epoch)
             supervisor.start()
             try:
-                ctx.budgets.check(ctx.run.usage, BudgetScope.ADMISSION, step_number=ctx.state.step + 1, now=clock.now())
+                ctx.budgets.check(
+                    ctx.progress.usage, BudgetScope.ADMISSION, step_number=ctx.state.step + 1, now=clock.now()
+                )
                 outcome = run_loop(ctx)
             except BudgetExceeded as exc:
                 outcome = _failed(ctx, exc.reason, "BudgetExceeded", str(exc))
@@ -270,11 +283,11 @@ def _failed(ctx: RunContext, reason: FailureReason, error_class: str, message: s
         reason=reason,
         error_class=error_class,
         message=message,
-        step_number=ctx.current_step,
-        attempt_number=ctx.current_attempt,
+        step_number=ctx.progress.current_step,
+        attempt_number=ctx.progress.current_attempt,
         occurred_at=ctx.clock.now(),
     )
-    return RunOutcome(kind=OutcomeKind.FAILED, failure=failure, pending=ctx.pending)
+    return RunOutcome(kind=OutcomeKind.FAILED, failure=failure, pending=ctx.progress.pending)
 
 
 def _unhandled(ctx: RunContext | None, exc: Exception, clock, ids) -> RunOutcome:
@@ -282,8 +295,8 @@ def _unhandled(ctx: RunContext | None, exc: Exception, clock, ids) -> RunOutcome
         reason=FailureReason.INTERNAL_ERROR,
         error_class=type(exc).__name__,
         message="the runtime hit an unexpected error; see the diagnostic id in the worker log",
-        step_number=ctx.current_step if ctx else None,
-        attempt_number=ctx.current_attempt if ctx else None,
+        step_number=ctx.progress.current_step if ctx else None,
+        attempt_number=ctx.progress.current_attempt if ctx else None,
         occurred_at=clock.now(),
         details={"diagnostic_id": str(ids.new_id())},
     )
@@ -311,10 +324,10 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
         return _finalize_bare(claim, outcome, clock)
     work: UnitOfWork = outcome.pending or UnitOfWork()
     now = clock.now()
-    if ctx.prepared_call is not None and ctx.prepared_id is not None:
+    if ctx.progress.prepared_call is not None and ctx.progress.prepared_id is not None:
         work.model_call_finishes.append(
             ModelCallFinish(
-                id=ctx.prepared_id,
+                id=ctx.progress.prepared_id,
                 status="abandoned",
                 usage={},
                 stop_reason=None,
@@ -324,7 +337,7 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
                 finished_at=now,
             )
         )
-    work.usage = ctx.run.usage.model_dump(mode="json")
+    work.usage = ctx.progress.usage.model_dump(mode="json")
     if outcome.kind is OutcomeKind.YIELDED:
         if ctx.state.saved_len < len(ctx.state.conversation):
             _checkpoint(ctx, work, "yield")
@@ -464,9 +477,7 @@ def _checkpoint(ctx: RunContext, work: UnitOfWork, trigger: str) -> None:
         ]
     row = ctx.state.next_checkpoint(trigger, ctx.clock.now(), force_full=True)
     work.checkpoint = row
-    work.events.append(
-        EventWrite("run.checkpointed", {"version": row.version, "trigger": trigger, "full": True}, row.created_at)
-    )
+    work.events.append(checkpointed(row))
 
 
 def _finalize_bare(claim: Claim, outcome: RunOutcome, clock) -> RunOutcome:

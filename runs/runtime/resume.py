@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from approvals.hashing import INTERRUPTED_NOTICE, UNCERTAIN_NOTICE, request_hash, tool_spec_dict
 from approvals.models import INTERRUPTED_SIDE_EFFECT, RECONCILE, UNCERTAIN_SIDE_EFFECT
 from runs.clock import CLOCK, IDS
+from runs.domain.events import approval_requested, call_not_run, checkpointed
 from runs.domain.pipeline import UNKNOWN_OUTCOME
 from runs.domain.values import FailureReason, OutcomeKind, RunFailure, RunOutcome, Suspension, SuspensionKind
 from runs.domain.writes import ApprovalInsert, EventWrite, InvocationUpdate, UnitOfWork
@@ -323,18 +324,15 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
             InvocationUpdate(id=inv.id, status=inv.status, suspended_kind=inv_kind, updated_at=now)
         )
         work.events.append(
-            EventWrite(
-                "approval.requested",
-                {
-                    "approval": str(approval_id),
-                    "invocation": str(inv.id),
-                    "kind": inv_kind,
-                    "tool": inv.tool_name,
-                    "request_hash": digest,
-                    "step": inv.step_number,
-                    "presentation": presentation,
-                },
-                now,
+            approval_requested(
+                approval_id=approval_id,
+                invocation_id=inv.id,
+                kind=inv_kind,
+                tool=inv.tool_name,
+                request_hash=digest,
+                step=inv.step_number,
+                presentation=presentation,
+                at=now,
             )
         )
         approval_ids.append(approval_id)
@@ -345,9 +343,7 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
     ]
     row = state.next_checkpoint("suspension", now, force_full=True)
     work.checkpoint = row
-    work.events.append(
-        EventWrite("run.checkpointed", {"version": row.version, "trigger": "suspension", "full": True}, now)
-    )
+    work.events.append(checkpointed(row))
     outcome = RunOutcome(
         kind=OutcomeKind.SUSPENDED,
         suspension=Suspension(
@@ -385,17 +381,7 @@ def _cannot_wait(claim: Claim, unknown: list[ToolInvocation]) -> str | None:
                 InvocationUpdate(id=inv.id, status="failed", result=failed, error=failed, updated_at=now)
             )
             work.events.append(
-                EventWrite(
-                    "tool.call.failed",
-                    {
-                        "invocation": str(inv.id),
-                        "call_id": inv.call_id,
-                        "tool": inv.tool_name,
-                        "result": failed,
-                        "executed": False,
-                    },
-                    now,
-                )
+                call_not_run(invocation_id=inv.id, call_id=inv.call_id, tool=inv.tool_name, result=failed, at=now)
             )
         return _end(
             claim,

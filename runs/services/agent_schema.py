@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from approvals.policy import DECISIONS, OPS
+from runs.domain.limits import BY_NAME
 from runs.domain.values import RunLimits
 from runs.providers import PROVIDERS
 from runs.providers.anthropic import AnthropicModel  # noqa: F401  (public: the built-in blocks)
@@ -107,18 +108,27 @@ class Policy(Strict):
         return d
 
 
+def _optional(name: str) -> Any:
+    """A definition's field for one limit: optional, within the table's lower bound
+    and the most a definition may ask for."""
+    return Field(None, **BY_NAME[name].bounds(upper=True))
+
+
 class Limits(Strict):
-    max_steps: int | None = Field(None, ge=1, le=10000)
-    max_model_calls: int | None = Field(None, ge=1, le=10000)
-    max_tool_calls: int | None = Field(None, ge=0, le=100000)
-    max_input_tokens: int | None = Field(None, ge=1)
-    max_output_tokens: int | None = Field(None, ge=1)
-    max_cost_usd: float | None = Field(None, ge=0)
-    deadline_seconds: float | None = Field(None, gt=0, le=30 * 86400)
-    synthesis_reserve_steps: int | None = Field(None, ge=0)
-    synthesis_reserve_model_calls: int | None = Field(None, ge=0)
-    synthesis_reserve_tool_calls: int | None = Field(None, ge=0)
-    synthesis_reserve_cost_usd: float | None = Field(None, ge=0)
+    """An agent definition's `limits`: every key of the limits table (runs/domain/limits.py),
+    each optional (tests/unit/test_limits.py checks the fields are exactly the table's)."""
+
+    max_steps: int | None = _optional("max_steps")
+    max_model_calls: int | None = _optional("max_model_calls")
+    max_tool_calls: int | None = _optional("max_tool_calls")
+    max_input_tokens: int | None = _optional("max_input_tokens")
+    max_output_tokens: int | None = _optional("max_output_tokens")
+    max_cost_usd: float | None = _optional("max_cost_usd")
+    deadline_seconds: float | None = _optional("deadline_seconds")
+    synthesis_reserve_steps: int | None = _optional("synthesis_reserve_steps")
+    synthesis_reserve_model_calls: int | None = _optional("synthesis_reserve_model_calls")
+    synthesis_reserve_tool_calls: int | None = _optional("synthesis_reserve_tool_calls")
+    synthesis_reserve_cost_usd: float | None = _optional("synthesis_reserve_cost_usd")
 
     def given(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if v is not None}

@@ -50,6 +50,27 @@ def scope(queryset: QuerySet, user, *, acting: bool = False, field: str = "tenan
     return queryset.filter(**{field: tenant.id})
 
 
+def user_with_access(user_id: Any, tenant_id: Any):
+    """The re-check of a long-lived connection (the run sockets): the user if it
+    is still a member of `tenant_id`, or — with no tenant — still a superuser
+    (one query either way); None when the access is gone. Whether the user is
+    active and its credential still valid is the caller's to check."""
+    if tenant_id is not None:  # the user and its membership in one query
+        membership = Membership.objects.filter(user_id=user_id, tenant_id=tenant_id).select_related("user").first()
+        return membership.user if membership else None
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.filter(pk=user_id, is_superuser=True).first()
+
+
+def tenant_events(tenant_id: Any) -> QuerySet:
+    """Every event of one tenant: what the tenant's runs socket streams (the
+    socket took `tenant_id` from `tenant_for` when it opened)."""
+    from runs.models import Event
+
+    return Event.objects.filter(tenant_id=tenant_id)
+
+
 def runs_visible_to(user) -> QuerySet:
     return scope(Run.objects.select_related("agent"), user)
 

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from runs.domain.errors import WorkerFenced
+from runs.domain.records import InvocationRecord
 from runs.domain.writes import EventWrite, UnitOfWork
 from runs.store.fence import Transition, fence_statement
 from runs.store.pg import can_batch, unit_statement, watermark_statement
@@ -260,12 +261,13 @@ class DjangoRunStore:
         self.commits += 1
         return list(seqs or [])
 
-    def invocations_for_step(self, step_number: int) -> list[dict[str, Any]]:
+    def invocations_for_step(self, step_number: int) -> list[InvocationRecord]:
         """Read the invocation rows of one step (to re-enter an open batch)."""
         from runs.models import ToolInvocation
 
-        return list(
-            ToolInvocation.objects.filter(run_id=self.run_id, step_number=step_number)
+        return [
+            InvocationRecord(**row)
+            for row in ToolInvocation.objects.filter(run_id=self.run_id, step_number=step_number)
             .order_by("call_index")
             .values(
                 "id",
@@ -282,7 +284,7 @@ class DjangoRunStore:
                 "suspended_kind",
                 "attempts",
             )
-        )
+        ]
 
     def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
         if is_pg() and connection.get_autocommit():

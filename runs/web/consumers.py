@@ -20,7 +20,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db import close_old_connections
 
 from runs.clock import CLOCK
-from runs.models import Event, Membership, Run
+from runs.domain.events import STATUS_EVENTS as STATUS_EVENT_TYPES
+from runs.models import Event, Run
 from runs.services import scoping
 from runs.services.selectors import event_to_dict
 from runs.web.ws_auth import credential_of, credential_still_valid
@@ -29,20 +30,7 @@ from runs.web.ws_limits import RENEW_EVERY_SECONDS, ws_admit, ws_release, ws_ren
 POLL_SECONDS = 0.5
 BATCH = 200
 MAX_FRAME_CHARS = 4096  # clients send at most a ping
-STATUS_EVENTS = (
-    "run.created",
-    "run.claimed",
-    "run.started",
-    "run.resumed",
-    "run.requeued",
-    "run.completed",
-    "run.failed",
-    "run.cancelled",
-    "run.waiting_for_approval",
-    "run.waiting_for_user",
-    "lease.taken_over",
-    "approval.resolved",
-)
+STATUS_EVENTS = tuple(t.value for t in STATUS_EVENT_TYPES)  # what ws/runs/ streams (runs.domain.events)
 
 
 def run_group(run_id) -> str:
@@ -70,14 +58,7 @@ def _still_allowed(kind, key, user_id, tenant_id) -> bool:
     not revoked or expired, user active) and the user still has the access:
     a member of the same tenant, or still a superuser."""
     close_old_connections()
-    if tenant_id is not None:  # the user and its membership in one query
-        membership = Membership.objects.filter(user_id=user_id, tenant_id=tenant_id).select_related("user").first()
-        user = membership.user if membership else None
-    else:
-        from django.contrib.auth import get_user_model
-
-        user = get_user_model().objects.filter(pk=user_id, is_superuser=True).first()
-    return credential_still_valid(kind, key, user)
+    return credential_still_valid(kind, key, scoping.user_with_access(user_id, tenant_id))
 
 
 def _frame_problem(text_data, bytes_data) -> str | None:
@@ -247,14 +228,15 @@ class RunsConsumer(_Streaming):
 
     @database_sync_to_async
     def _start_cursor(self):
-        last = Event.objects.filter(tenant_id=self.tenant_id).order_by("-id").values_list("id", flat=True).first()
+        last = scoping.tenant_events(self.tenant_id).order_by("-id").values_list("id", flat=True).first()
         return last or 0
 
     @database_sync_to_async
     def _fetch(self):
         close_old_connections()
         rows = list(
-            Event.objects.filter(tenant_id=self.tenant_id, id__gt=self.cursor, type__in=STATUS_EVENTS)
+            scoping.tenant_events(self.tenant_id)
+            .filter(id__gt=self.cursor, type__in=STATUS_EVENTS)
             .select_related("run", "run__agent")
             .order_by("id")[:BATCH]
         )

@@ -14,6 +14,8 @@ from django.views.decorators.http import require_POST
 from approvals.errors import ApprovalError
 from approvals.models import Approval
 from approvals.services import approval_confirm, approval_decide, can_resolve
+from runs.domain.events import page_vocabulary
+from runs.domain.values import ApprovalStatus
 from runs.errors import RunError, RunNotFound
 from runs.models import Run
 from runs.services.lifecycle import run_cancel
@@ -38,10 +40,11 @@ def _run_or_404(user, run_id, *, acting: bool = False) -> Run:
 def runs_list(request):
     runs = list(runs_visible_to(request.user).order_by("-created_at")[:100])
     waiting = {
-        a["run_id"]: a["kind"] for a in Approval.objects.filter(run__in=runs, status="pending").values("run_id", "kind")
+        a["run_id"]: a["kind"]
+        for a in Approval.objects.filter(run__in=runs, status=ApprovalStatus.PENDING).values("run_id", "kind")
     }
     rows = [{**run_to_dict(r), "waiting": waiting.get(r.id, "")} for r in runs]
-    return render(request, "runs/list.html", {"runs": rows})
+    return render(request, "runs/list.html", {"runs": rows, "event_types": page_vocabulary()})
 
 
 @csp_update(LIVE_PAGE_CSP)
@@ -49,7 +52,7 @@ def runs_list(request):
 def run_detail(request, run_id):
     run = _run_or_404(request.user, run_id)
     pending = list(
-        Approval.objects.filter(run=run, status="pending").values(
+        Approval.objects.filter(run=run, status=ApprovalStatus.PENDING).values(
             "id", "kind", "request_hash", "presentation", "expires_at"
         )
     )
@@ -64,6 +67,7 @@ def run_detail(request, run_id):
                 for p in pending
             ],
             "can_resolve": can_resolve(request.user) and runs_actionable_by(request.user).filter(id=run.id).exists(),
+            "event_types": page_vocabulary(),
         },
     )
 

@@ -114,7 +114,7 @@ def test_without_a_provider_the_loop_keeps_the_null_tracer(load_agent, submit):
 
     claim = run_claim(run_id=run.id, owner="test:1:abc")
     ctx = build_context(claim, token=Token(), lease=None)
-    instrument(ctx)
+    ctx, _ = instrument(ctx)
     assert isinstance(ctx.tracer, NullTracer)
 
 

@@ -18,8 +18,9 @@ from jsonschema import Draft202012Validator
 from runs.domain.budgets import Ledger
 from runs.domain.cancellation import Token
 from runs.domain.checkpoint import CheckpointState
-from runs.domain.context import AgentSpec, RunContext, RunSnapshot
+from runs.domain.context import AgentSpec, RunContext, RunSnapshot, StepProgress
 from runs.domain.errors import WorkerFenced
+from runs.domain.records import InvocationRecord
 from runs.domain.values import ModelRequest, ModelTurn, RunLimits, RunUsage, ToolSpec
 from runs.domain.writes import UnitOfWork
 from runs.providers.scripted import ScriptedProvider
@@ -107,7 +108,7 @@ class FakeStore:
         self.watermarks.append(Watermark(invocation_id, attempt, copy.deepcopy(event_payload), at))
         self.log.append(("watermark", invocation_id))
 
-    def invocations_for_step(self, step_number: int) -> list[dict[str, Any]]:
+    def invocations_for_step(self, step_number: int) -> list[InvocationRecord]:
         """The invocation rows of one step as the committed writes left them."""
         rows: dict[Any, dict[str, Any]] = {}
         for work in self.commits:
@@ -136,7 +137,7 @@ class FakeStore:
         for mark in self.watermarks:
             if mark.invocation_id in rows:
                 rows[mark.invocation_id].update(status="executing", effect_sent_at=mark.at, attempt=mark.attempt)
-        return sorted(rows.values(), key=lambda r: r["call_index"])
+        return [InvocationRecord(**r) for r in sorted(rows.values(), key=lambda r: r["call_index"])]
 
     # -- reading what was written -----------------------------------------
     def committed_event_types(self) -> list[list[str]]:
@@ -336,8 +337,6 @@ def build_context(
         agent_name="tester",
         agent_version="v1",
         input="hello",
-        usage=RunUsage(),
-        step_count=0,
         deadline_at=deadline_at,
         attempts=1,
         lease_epoch=1,
@@ -382,5 +381,6 @@ def build_context(
         fault=hook,
         slice_seconds=slice_seconds,
         started_monotonic=clock.monotonic(),
+        progress=StepProgress(usage=RunUsage()),
     )
     return harness

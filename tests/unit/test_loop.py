@@ -3,6 +3,7 @@ limits, slices and fencing. No database."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from uuid import UUID
 
@@ -38,11 +39,11 @@ def test_three_step_run_completes_with_the_final_text():
     assert outcome.failure is None
     assert h.tools.count("echo") == 2
     assert [a for a, _, _ in h.tools.calls] == ["echo", "echo"]
-    assert h.ctx.run.usage.tool_calls == 2
-    assert h.ctx.run.usage.model_calls == 3
-    assert h.ctx.run.usage.steps == 3
+    assert h.ctx.progress.usage.tool_calls == 2
+    assert h.ctx.progress.usage.model_calls == 3
+    assert h.ctx.progress.usage.steps == 3
     assert h.ctx.state.step == 3
-    assert h.ctx.prepared_call is None  # nothing left for finalize to abandon
+    assert h.ctx.progress.prepared_call is None  # nothing left for finalize to abandon
 
 
 def test_three_step_run_events_come_in_step_order_grouped_by_commit():
@@ -149,7 +150,7 @@ def test_run_started_names_the_epoch_and_a_resumed_run_says_resumed():
     assert first.payload == {"lease_epoch": 1, "attempts": 1, "checkpoint_version": 1}
 
     h = build_context([{"text": "hi"}])
-    h.ctx.resumed = True
+    h.ctx = replace(h.ctx, resumed=True)
     run_loop(h.ctx)
     assert h.store.commits[0].events[0].type == "run.resumed"
 
@@ -191,7 +192,7 @@ def test_output_token_budget_exceeded_by_a_response_fails_the_run():
     assert outcome.kind is OutcomeKind.FAILED
     assert outcome.failure.reason is FailureReason.BUDGET_EXCEEDED
     assert outcome.failure.details == {"dimension": "output_tokens"}
-    assert h.ctx.run.usage.output_tokens == 50  # the attempt's usage is recorded anyway
+    assert h.ctx.progress.usage.output_tokens == 50  # the attempt's usage is recorded anyway
     assert [f.status for f in outcome.pending.model_call_finishes] == ["completed"]
 
 
@@ -226,7 +227,7 @@ def test_slice_end_yields_without_preparing_the_next_call():
 
     assert outcome.kind is OutcomeKind.YIELDED
     assert outcome.pending.is_empty()
-    assert h.ctx.prepared_call is None
+    assert h.ctx.progress.prepared_call is None
     assert [m.step_number for m in h.store.model_call_inserts()] == [1]
     assert len(h.provider.requests) == 1
 
@@ -234,7 +235,7 @@ def test_slice_end_yields_without_preparing_the_next_call():
 def test_draining_worker_yields_at_the_step_boundary():
     h = build_context([{"tool_calls": [echo_call("a")]}, {"text": "b"}])
     flag = {"drain": False}
-    h.ctx.draining = lambda: flag["drain"]
+    h.ctx = replace(h.ctx, draining=lambda: flag["drain"])
 
     def echo_then_drain(arguments, context):
         flag["drain"] = True
@@ -283,7 +284,7 @@ def test_a_transient_error_then_success_completes_on_attempt_two():
     assert outcome.kind is OutcomeKind.COMPLETED
     assert outcome.final_message == "recovered"
     assert [(m.step_number, m.attempt_number) for m in h.store.model_call_inserts()] == [(1, 1), (1, 2)]
-    assert h.ctx.run.usage.model_calls == 2
+    assert h.ctx.progress.usage.model_calls == 2
     failed = [e for e in h.store.all_events() if e.type == "model.response.failed"]
     assert [(e.payload["attempt"], e.payload["transient"]) for e in failed] == [(1, True)]
     finishes = [f.status for w in h.store.commits for f in w.model_call_finishes] + [

@@ -132,7 +132,7 @@ def test_malformed_call_becomes_a_failed_result_the_model_sees(call, code):
     assert inserted.status == "failed" and inserted.error["error"] == code
     failed = [e for e in h.store.all_events() if e.type == "tool.call.failed"]
     assert [e.payload["executed"] for e in failed] == [False]
-    assert h.ctx.run.usage.tool_calls == 0
+    assert h.ctx.progress.usage.tool_calls == 0
 
 
 def test_tool_registered_but_not_pinned_to_the_agent_is_unknown():
@@ -170,7 +170,7 @@ def test_tool_failure_and_tool_crash_are_failed_results_not_worker_errors():
     assert [error_code(e) for e in tool_entries(h)] == ["upstream_down", "tool_error"]
     failed = [e for e in h.store.all_events() if e.type == "tool.call.failed"]
     assert [e.payload["executed"] for e in failed] == [True, True]
-    assert h.ctx.run.usage.tool_calls == 2  # executed calls count, even failed ones
+    assert h.ctx.progress.usage.tool_calls == 2  # executed calls count, even failed ones
 
 
 def test_identical_call_is_refused_after_three_executions():
@@ -199,7 +199,7 @@ def test_tool_call_budget_fits_the_batch():
     entries = tool_entries(h)
     assert [e["is_error"] for e in entries] == [False, True, True]
     assert [error_code(e) for e in entries[1:]] == ["tool.budget_exhausted", "tool.budget_exhausted"]
-    assert h.ctx.run.usage.tool_calls == 1
+    assert h.ctx.progress.usage.tool_calls == 1
     statuses = [i.status for i in h.store.invocation_inserts()]
     assert statuses == ["authorized", "failed", "failed"]
 
@@ -218,7 +218,7 @@ def test_tool_call_budget_already_spent_refuses_the_whole_batch():
     assert outcome.kind is OutcomeKind.FAILED
     assert outcome.failure.error_class == "SynthesisReserveViolation"
     assert outcome.failure.details["dimension"] == "tool_calls_exhausted"
-    assert h.ctx.run.usage.tool_calls == 1
+    assert h.ctx.progress.usage.tool_calls == 1
 
 
 # -- policy -----------------------------------------------------------------------
@@ -274,7 +274,7 @@ def test_cancel_before_the_watermark_stops_cleanly_without_calling_the_tool():
     assert "tool.call.started" not in types
     assert [u.status for u in outcome.pending.invocation_updates] == ["cancelled"]
     assert len(h.provider.requests) == 1
-    assert h.ctx.run.usage.tool_calls == 0
+    assert h.ctx.progress.usage.tool_calls == 0
 
 
 def test_cancel_after_watermark_keeps_the_result():
@@ -296,7 +296,7 @@ def test_cancel_after_watermark_keeps_the_result():
     assert second.status == "cancelled"
     types = [e.type for e in outcome.pending.events]
     assert types == ["tool.call.completed", "tool.run_cancelled"]
-    assert h.ctx.run.usage.tool_calls == 1
+    assert h.ctx.progress.usage.tool_calls == 1
     assert len(h.provider.requests) == 1
 
 

@@ -5,6 +5,7 @@ the model; a read-only uncertain call is a failed observation. No database."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -191,7 +192,10 @@ def test_a_tool_refusing_because_the_run_was_already_cancelled_is_failed():
         raise ToolFailure("cancelled", "not sent")
 
     h.tools.add(POST, post)
-    h.ctx.fault = lambda point: h.ctx.token.cancel(CancelReason.REQUESTED) if point == "tool.after_watermark" else None
+    h.ctx = replace(
+        h.ctx,
+        fault=lambda point: h.ctx.token.cancel(CancelReason.REQUESTED) if point == "tool.after_watermark" else None,
+    )
     outcome = run_loop(h.ctx)
 
     assert calls == [1] and outcome.kind is OutcomeKind.CANCELLED

@@ -19,12 +19,13 @@
   ];
   const TITLES = { interrupted_side_effect: 'Interrupted side effect: ', uncertain_side_effect: 'Outcome unknown: ' };
 
-  const CLASS = { 'run.completed': 'good', 'tool.call.completed': 'good', 'run.failed': 'bad', 'tool.call.failed': 'bad',
-                  'model.response.failed': 'bad', 'run.fenced': 'bad', 'step.interrupted': 'warn', 'lease.taken_over': 'warn',
-                  'approval.requested': 'warn', 'run.waiting_for_approval': 'warn', 'run.waiting_for_user': 'warn', 'run.cancelled': 'bad' };
-  const STATUS = { 'run.claimed': 'RUNNING', 'run.started': 'RUNNING', 'run.resumed': 'RUNNING', 'run.requeued': 'QUEUED',
-                   'run.completed': 'COMPLETED', 'run.failed': 'FAILED', 'run.cancelled': 'CANCELLED',
-                   'run.waiting_for_approval': 'WAITING_FOR_APPROVAL', 'run.waiting_for_user': 'WAITING_FOR_USER' };
+  // The event vocabulary (runs.domain.events.page_vocabulary), written by the server with json_script: the
+  // wire name of each type by member name (T.RUN_COMPLETED is 'run.completed'), the timeline's classes and the
+  // status each event leaves the run in. A new event type needs no change here.
+  const EVENTS = data('event-types');
+  const T = EVENTS.types;
+  const CLASS = EVENTS.classes;
+  const STATUS = EVENTS.status_after;
 
   function data(id) { return JSON.parse(document.getElementById(id).textContent); }
 
@@ -44,25 +45,25 @@
   function describe(e) {
     const p = e.payload || {};
     switch (e.type) {
-      case 'model.request.started': return 'step ' + p.step + ', attempt ' + p.attempt;
-      case 'model.response.completed': return (p.text ? p.text + '  ' : '') + (p.tool_calls && p.tool_calls.length ? p.tool_calls.length + ' tool call(s)' : '') +
+      case T.MODEL_REQUEST_STARTED: return 'step ' + p.step + ', attempt ' + p.attempt;
+      case T.MODEL_RESPONSE_COMPLETED: return (p.text ? p.text + '  ' : '') + (p.tool_calls && p.tool_calls.length ? p.tool_calls.length + ' tool call(s)' : '') +
         '  [' + (p.usage ? p.usage.input_tokens + ' in / ' + p.usage.output_tokens + ' out' : '') + ', ' + p.stop_reason + ']';
-      case 'model.response.failed': return p.error_class + (p.transient ? ' (transient)' : '');
-      case 'tool.call.proposed': return p.tool + ' ' + pretty(p.arguments);
-      case 'tool.call.started': return p.tool + ' attempt ' + p.attempt + ' — watermark set';
-      case 'tool.call.completed': case 'tool.call.failed': return p.tool + ' → ' + pretty(p.result);
-      case 'approval.requested': return p.kind + ' approval for ' + p.tool;
-      case 'approval.resolved': return p.decision + (p.decided_by ? ' by ' + p.decided_by : '') + (p.decided_via ? ' via ' + p.decided_via : '') + (p.reason ? ': ' + p.reason : '');
-      case 'lease.taken_over': return 'from ' + (p.previous_owner || '?') + ' (epoch ' + p.previous_epoch + ' → ' + p.lease_epoch + ')';
-      case 'step.interrupted': return 'step ' + p.step + ' ' + p.phase + (p.tool ? ' ' + p.tool : '') + (p.outcome ? ' — outcome ' + p.outcome : '');
-      case 'run.failed': return p.failure ? p.failure.reason + ': ' + p.failure.message : '';
-      case 'run.completed': return p.final_message || '';
-      case 'run.waiting_for_user': return p.question || '';
-      case 'run.input_received': return p.text || '';
-      case 'run.requeued': return p.reason || '';
-      case 'model.response.delta': return p.text || '';
-      case 'run.claimed': return p.lease_owner + ' epoch ' + p.lease_epoch;
-      case 'run.fenced': return 'epoch ' + p.lease_epoch + (p.late ? ' (late outcome recorded)' : '');
+      case T.MODEL_RESPONSE_FAILED: return p.error_class + (p.transient ? ' (transient)' : '');
+      case T.TOOL_CALL_PROPOSED: return p.tool + ' ' + pretty(p.arguments);
+      case T.TOOL_CALL_STARTED: return p.tool + ' attempt ' + p.attempt + ' — watermark set';
+      case T.TOOL_CALL_COMPLETED: case T.TOOL_CALL_FAILED: return p.tool + ' → ' + pretty(p.result);
+      case T.APPROVAL_REQUESTED: return p.kind + ' approval for ' + p.tool;
+      case T.APPROVAL_RESOLVED: return p.decision + (p.decided_by ? ' by ' + p.decided_by : '') + (p.decided_via ? ' via ' + p.decided_via : '') + (p.reason ? ': ' + p.reason : '');
+      case T.LEASE_TAKEN_OVER: return 'from ' + (p.previous_owner || '?') + ' (epoch ' + p.previous_epoch + ' → ' + p.lease_epoch + ')';
+      case T.STEP_INTERRUPTED: return 'step ' + p.step + ' ' + p.phase + (p.tool ? ' ' + p.tool : '') + (p.outcome ? ' — outcome ' + p.outcome : '');
+      case T.RUN_FAILED: return p.failure ? p.failure.reason + ': ' + p.failure.message : '';
+      case T.RUN_COMPLETED: return p.final_message || '';
+      case T.RUN_WAITING_FOR_USER: return p.question || '';
+      case T.RUN_INPUT_RECEIVED: return p.text || '';
+      case T.RUN_REQUEUED: return p.reason || '';
+      case T.MODEL_RESPONSE_DELTA: return p.text || '';
+      case T.RUN_CLAIMED: return p.lease_owner + ' epoch ' + p.lease_epoch;
+      case T.RUN_FENCED: return 'epoch ' + p.lease_epoch + (p.late ? ' (late outcome recorded)' : '');
       default: return '';
     }
   }
@@ -122,19 +123,19 @@
       if (e.sequence <= last) return;  // exactly once, in order
       last = e.sequence;
       const p = e.payload || {};
-      const li = el('li', 'ev ' + (CLASS[e.type] || '') + (e.type === 'model.request.started' ? ' step' : ''));
+      const li = el('li', 'ev ' + (CLASS[e.type] || '') + (e.type === T.MODEL_REQUEST_STARTED ? ' step' : ''));
       li.dataset.sequence = e.sequence;
       li.appendChild(el('span', 'seq', '#' + e.sequence));
       li.appendChild(el('span', 'type', e.type));
       const d = el('span', 'mono', describe(e)); d.title = e.occurred_at || ''; li.appendChild(d);
       timeline.appendChild(li);
-      if (e.type === 'model.request.started') document.getElementById('steps').textContent = p.step;
-      if (e.type === 'approval.requested') approvalCard({ id: p.approval, kind: p.kind, request_hash: p.request_hash, tool: p.tool, presentation: p.presentation || { tool: p.tool } });
-      if (e.type === 'approval.resolved') { const c = document.getElementById('approval-' + p.approval); if (c) c.remove(); }
+      if (e.type === T.MODEL_REQUEST_STARTED) document.getElementById('steps').textContent = p.step;
+      if (e.type === T.APPROVAL_REQUESTED) approvalCard({ id: p.approval, kind: p.kind, request_hash: p.request_hash, tool: p.tool, presentation: p.presentation || { tool: p.tool } });
+      if (e.type === T.APPROVAL_RESOLVED) { const c = document.getElementById('approval-' + p.approval); if (c) c.remove(); }
       if (STATUS[e.type]) setStatus(STATUS[e.type]);
-      if (e.type === 'model.response.delta') showAnswer('Answer (streaming…)', 'delta:' + p.step + ':' + p.attempt).textContent += p.text || '';
-      if (e.type === 'run.completed') showAnswer('Answer', 'final').textContent = p.final_message || '';
-      if (e.type === 'run.failed' && p.failure) { failure.hidden = false; failure.textContent = 'Failed: ' + p.failure.reason + ' — ' + p.failure.message; }
+      if (e.type === T.MODEL_RESPONSE_DELTA) showAnswer('Answer (streaming…)', 'delta:' + p.step + ':' + p.attempt).textContent += p.text || '';
+      if (e.type === T.RUN_COMPLETED) showAnswer('Answer', 'final').textContent = p.final_message || '';
+      if (e.type === T.RUN_FAILED && p.failure) { failure.hidden = false; failure.textContent = 'Failed: ' + p.failure.reason + ' — ' + p.failure.message; }
     }
 
     data('pending-data').forEach(approvalCard);

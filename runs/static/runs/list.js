@@ -3,6 +3,9 @@
 (function () {
   'use strict';
 
+  // The event vocabulary (runs.domain.events), written by the server with json_script.
+  const T = JSON.parse(document.getElementById('event-types').textContent).types;
+
   function el(tag, cls, text) {
     const e = document.createElement(tag);
     if (cls) e.className = cls;
@@ -35,8 +38,8 @@
     tr.querySelector('[data-field=steps]').textContent = frame.step_count;
     tr.querySelector('[data-field=cost]').textContent = frame.cost_usd;
     const w = tr.querySelector('[data-field=waiting]');
-    if (frame.type === 'run.waiting_for_approval') w.textContent = (frame.payload && frame.payload.reason) || 'approval';
-    else if (frame.type === 'run.waiting_for_user') w.textContent = 'user input';
+    if (frame.type === T.RUN_WAITING_FOR_APPROVAL) w.textContent = (frame.payload && frame.payload.reason) || 'approval';
+    else if (frame.type === T.RUN_WAITING_FOR_USER) w.textContent = 'user input';
     else if (!String(frame.run_status).startsWith('WAITING')) w.textContent = '';
   }
 

@@ -1,0 +1,40 @@
+"""Frozen records the ports hand the domain: rows read back from the store,
+typed, never ORM `.values()` dicts read by column name. No Django here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+
+@dataclass(frozen=True, slots=True)
+class InvocationRecord:
+    """One `tool_invocations` row, as the pipeline needs it to re-enter an open batch."""
+
+    id: UUID
+    call_id: str
+    call_index: int
+    tool_name: str
+    arguments: Any
+    status: str  # an InvocationStatus value
+    result: Any
+    effect_sent_at: datetime | None
+    attempt: int | None
+    read_only: bool
+    idempotency_key: str
+    suspended_kind: str | None = None
+    attempts: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalDecision:
+    """The newest approval of an invocation, as the pipeline re-checks it."""
+
+    id: UUID
+    status: str  # an ApprovalStatus value
+    kind: str
+    request_hash: str
+    presentation: dict[str, Any]
+    capability: dict[str, Any]
