@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import os
 import platform
@@ -74,8 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL") or DEFAULT_URL,
-        help="PostgreSQL URL of the bench database (default $DATABASE_URL, else %s); it is DROPPED and re-created"
-        % DEFAULT_URL,
+        help=f"PostgreSQL URL of the bench database (default $DATABASE_URL, else {DEFAULT_URL}); it is DROPPED and re-created",
     )
     p.add_argument(
         "--single", action="store_true", help="1 run x 200 steps with 1 worker (overrides --runs/--steps/--workers)"
@@ -95,7 +95,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="add an untimed pass with log_statement=all on the bench database and count statements per step from the server log",
     )
-    p.add_argument("--pg-log", default=PG_LOG, help="server log file for --trace (default %s)" % PG_LOG)
+    p.add_argument("--pg-log", default=PG_LOG, help=f"server log file for --trace (default {PG_LOG})")
     p.add_argument("--cluster-log", default=None, help="where the qcluster's output goes (default: a temp file)")
     a = p.parse_args(argv)
     if a.single:
@@ -168,6 +168,7 @@ class Counters:
                         "next_xid",
                     ],
                     [int(x) for x in row],
+                    strict=True,
                 )
             )
             if self.pgss:
@@ -445,7 +446,7 @@ def event_figures(url: str, ids: list, steps: int) -> dict:
     gaps, queue, startup, finish, e2e, created, completed = [], [], [], [], [], [], []
     for evs in per_run.values():
         starts = [t for typ, t in evs if typ == "model.request.started"]
-        gaps += [(b - a) * 1e3 for a, b in zip(starts, starts[1:])]
+        gaps += [(b - a) * 1e3 for a, b in itertools.pairwise(starts)]
         first = {typ: t for typ, t in reversed(evs)}  # first occurrence of each type
         last = {typ: t for typ, t in evs}
         if {"run.created", "run.claimed", "run.completed"} <= first.keys() and starts:
@@ -609,7 +610,7 @@ def trace_pass(args, url: str, tenant, agents: dict, log_path: Path) -> dict:
         from django.db import connection
 
         results = {}
-        for label, agent, n in (("S", small, n_small), ("B", big, n_big)):
+        for label, agent in (("S", small), ("B", big)):
             mark(label + "0")
             with connection.cursor() as cur:
                 cur.execute("SELECT pg_backend_pid()")
@@ -724,7 +725,7 @@ def main(argv=None) -> dict:
         t0 = time.time()
         ids = submit(tenant, agents["main"], args.runs, "bench")
         t_submitted = time.time()
-        t_seen = poller.wait(ids, args.timeout, cluster)
+        poller.wait(ids, args.timeout, cluster)
         poller.close()
         close_django()
         t_term = time.time()

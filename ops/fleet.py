@@ -60,7 +60,7 @@ def _histograms(rows, bounds) -> dict[str, Histogram]:
     out = {}
     for label, *values in rows:
         cumulative, count, total = values[: len(bounds)], values[len(bounds)], values[len(bounds) + 1]
-        buckets = [(float(b), int(n)) for b, n in zip(bounds, cumulative)] + [(float("inf"), int(count))]
+        buckets = [(float(b), int(n)) for b, n in zip(bounds, cumulative, strict=True)] + [(float("inf"), int(count))]
         out[label] = Histogram(buckets=buckets, count=int(count), total=float(total))
     return out
 

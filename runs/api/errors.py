@@ -140,7 +140,7 @@ def exception_handler(exc: Exception, context: dict) -> Response:
         if getattr(exc, "auth_header", None):
             headers["WWW-Authenticate"] = exc.auth_header
         if getattr(exc, "wait", None):
-            headers["Retry-After"] = "%d" % exc.wait
+            headers["Retry-After"] = f"{exc.wait:.0f}"
         if isinstance(exc, exceptions.ValidationError):
             fields = flatten(exc.detail)
             first = next(iter(fields.items()), None)

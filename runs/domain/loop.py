@@ -305,9 +305,9 @@ def _attempts(ctx: RunContext, step_number: int) -> ModelTurn:
                 ctx.clock.now(),
             )
             if ctx.token.reason is not None:
-                raise RunCancelled(ctx.token.reason)
+                raise RunCancelled(ctx.token.reason) from exc
             if over is not None:
-                raise over
+                raise over from exc
             step_failures += 1
             if exc.retryable and step_failures < MAX_STEP_FAILURES:
                 attempt += 1
@@ -317,13 +317,13 @@ def _attempts(ctx: RunContext, step_number: int) -> ModelTurn:
                     FailureReason.DEPENDENCY_UNAVAILABLE,
                     exc.error_class,
                     "the model failed transiently on every attempt of the step",
-                )
+                ) from exc
             # The adapter's own words (never provider text, a URL or a variable name).
             raise _ModelFailure(
                 FailureReason.MODEL_PERMANENT_ERROR,
                 exc.error_class,
                 f"the model provider refused the request: {scrub_text(str(exc))[:300]}",
-            )
+            ) from exc
         turn = scrub_turn(turn)  # before anything of it is persisted: text, calls, final message, checkpoints
         ctx.fault("model.after_call")
         try:

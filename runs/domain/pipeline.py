@@ -319,7 +319,7 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
     executed = 0
     stop_after: CancelReason | None = None
     question_entry = None
-    for position, entry in enumerate(entries):
+    for entry in entries:
         if not entry.authorized:
             continue
         if entry.asks_user:

@@ -11,10 +11,12 @@ def render_markdown(r: dict) -> str:
     lat = r["takeover_latency_s"]
     u = r.get("uncertain") or {}
     ub = f.get("uncertain_by_window") or {}
+    default_command = f"python -m tests.chaos.soak --runs {c['runs']} --workers {c['workers']} --seed {c['seed']}"
+    verdict = f"FAIL — {len(r['violations'])} violation(s)" if r["violations"] else "PASS — 0 violations"
     lines = [
         "# Chaos soak report",
         "",
-        f"- command: `{c.get('command') or 'python -m tests.chaos.soak --runs %s --workers %s --seed %s' % (c['runs'], c['workers'], c['seed'])}`",
+        f"- command: `{c.get('command') or default_command}`",
         f"- N = {c['runs']} runs, seed {c['seed']}, {c['workers']} workers in {c['clusters']} qcluster(s) + 1 run_maintenance, "
         f"lease {c['lease_seconds']} s, max in flight {c['max_inflight']}, wall {c['wall_s']} s",
         f"- random kills every U{tuple(c['kill_every']) if c['kill_every'] else 'off'} s, stops every U{tuple(c['stop_every']) if c['stop_every'] else 'off'} s "
@@ -29,7 +31,7 @@ def render_markdown(r: dict) -> str:
         f"- artifacts: `{c['artifacts']}` (snapshot.json, sink.jsonl, faults.jsonl, decisions.jsonl, process logs; "
         f"re-check with `python -m tests.chaos.checker <dir>`)",
         "",
-        f"## Verdict: {'PASS — 0 violations' if not r['violations'] else 'FAIL — %d violation(s)' % len(r['violations'])}",
+        f"## Verdict: {verdict}",
         "",
         "## Faults",
         "",

@@ -942,7 +942,7 @@ class Soak:
                 cur.execute(sql)
                 out = []
                 for row in cur.fetchall():
-                    d = {n: val(v) for n, v in zip(names, row)}
+                    d = {n: val(v) for n, v in zip(names, row, strict=True)}
                     for c in json_cols:
                         d[c] = js(d[c])
                     out.append(d)

@@ -111,15 +111,18 @@ def test_seeded_small_soak_holds_every_invariant_and_hits_every_window(tmp_path)
 
 def _snapshot():
     run, sess, inv = "r1", "s1", "i1"
-    ev = lambda seq, typ, epoch, **p: {
-        "session_id": sess,
-        "sequence": seq,
-        "run_id": run,
-        "type": typ,
-        "payload": p,  # noqa: E731
-        "lease_epoch": epoch,
-        "occurred_at": 100.0 + seq,
-    }
+
+    def ev(seq, typ, epoch, **p):
+        return {
+            "session_id": sess,
+            "sequence": seq,
+            "run_id": run,
+            "type": typ,
+            "payload": p,
+            "lease_epoch": epoch,
+            "occurred_at": 100.0 + seq,
+        }
+
     return {
         "runs": [
             {

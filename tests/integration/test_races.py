@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
@@ -50,10 +51,8 @@ def test_approve_and_reject_racing_have_exactly_one_winner_and_one_requeue(load_
         approval = Approval.objects.create(
             tenant_id=run.tenant_id, run=run, kind="policy", request_hash="h" * 64, presentation={"tool": "echo"}
         )
-        results = race(
-            lambda: approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash="h" * 64),
-            lambda: approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash="h" * 64),
-        )
+        decide = functools.partial(approval_decide, user=operator, approval_id=approval.id, request_hash="h" * 64)
+        results = race(functools.partial(decide, approve=True), functools.partial(decide, approve=False))
         wins = [r for r in results if isinstance(r, Approval)]
         losses = [r for r in results if isinstance(r, ApprovalDecided)]
         requeues = Event.objects.filter(run=run, type="run.requeued").count()

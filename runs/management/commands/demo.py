@@ -62,7 +62,7 @@ def _stop_all(procs, names, write) -> None:
         except (ProcessLookupError, PermissionError):
             pass
         p.wait()
-    write("stopped: " + ", ".join(f"{n} {p.returncode}" for n, p in zip(names, procs)))
+    write("stopped: " + ", ".join(f"{n} {p.returncode}" for n, p in zip(names, procs, strict=True)))
 
 
 class Command(BaseCommand):
@@ -136,7 +136,7 @@ class Command(BaseCommand):
             self._submit_and_print(tenant, port)
             while all(p.poll() is None for p in procs):
                 CLOCK.sleep(0.5)
-            died = next(n for n, p in zip(names, procs) if p.poll() is not None)
+            died = next(n for n, p in zip(names, procs, strict=True) if p.poll() is not None)
             reason = f"{died} exited with code {procs[names.index(died)].returncode}"
         except _Stop as stop:
             self.stdout.write(f"\n{stop.args[0]}: stopping web, worker and maintenance (the worker yields its runs)")
