@@ -77,7 +77,8 @@ def approval_decide(
         with connection.cursor() as cursor:
             cursor.execute(
                 "UPDATE approvals SET status = %s, decided_by_id = %s, decided_at = %s, decided_via = %s, reason = %s"
-                " WHERE id = %s AND status = 'pending' AND request_hash = %s AND (expires_at IS NULL OR expires_at > %s)"
+                " WHERE id = %s AND status = 'pending' AND request_hash = %s"
+                " AND (expires_at IS NULL OR expires_at > %s)"
                 " AND run_id IN (SELECT id FROM runs WHERE status = 'WAITING_FOR_APPROVAL')",
                 [status, user.pk, sql_dt(now), via, reason, sql_uuid(approval.id), request_hash, sql_dt(now)],
             )
@@ -104,7 +105,8 @@ def approval_decide(
                 if approval.invocation_id and approval.kind in RERUN_KINDS:
                     # The grant: the same invocation runs again once, same key, attempt + 1.
                     cursor.execute(
-                        "UPDATE tool_invocations SET status = 'authorized', suspended_kind = NULL, updated_at = %s WHERE id = %s",
+                        "UPDATE tool_invocations SET status = 'authorized', suspended_kind = NULL, updated_at = %s"
+                        " WHERE id = %s",
                         [sql_dt(now), sql_uuid(approval.invocation_id)],
                     )
                 _requeue_if_last(cursor, run, now, events)
@@ -123,7 +125,8 @@ def approval_decide(
             else:
                 denied = {"error": "rejected_by_operator", "message": "an operator rejected this call; it was not run"}
                 cursor.execute(
-                    f"UPDATE tool_invocations SET status = 'failed', result = {jp()}, error = {jp()}, suspended_kind = NULL, updated_at = %s WHERE id = %s",
+                    f"UPDATE tool_invocations SET status = 'failed', result = {jp()}, error = {jp()},"
+                    " suspended_kind = NULL, updated_at = %s WHERE id = %s",
                     [sql_json(denied), sql_json(denied), sql_dt(now), sql_uuid(approval.invocation_id)],
                 )
                 _requeue_if_last(cursor, run, now, events)
@@ -164,8 +167,10 @@ def approval_confirm(
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
             cursor.execute(
-                "UPDATE approvals SET status = 'confirmed', decided_by_id = %s, decided_at = %s, decided_via = %s, reason = %s"
-                " WHERE id = %s AND status = 'pending' AND request_hash = %s AND (expires_at IS NULL OR expires_at > %s)"
+                "UPDATE approvals SET status = 'confirmed',"
+                " decided_by_id = %s, decided_at = %s, decided_via = %s, reason = %s"
+                " WHERE id = %s AND status = 'pending' AND request_hash = %s"
+                " AND (expires_at IS NULL OR expires_at > %s)"
                 " AND run_id IN (SELECT id FROM runs WHERE status = 'WAITING_FOR_APPROVAL')",
                 [user.pk, sql_dt(now), via, reason, sql_uuid(approval.id), request_hash, sql_dt(now)],
             )
@@ -197,7 +202,8 @@ def approval_confirm(
                 }
             )
             cursor.execute(
-                f"UPDATE tool_invocations SET status = %s, outcome = %s, result = {jp()}, attempts = {jp()}, suspended_kind = NULL,"
+                f"UPDATE tool_invocations SET status = %s, outcome = %s, result = {jp()}, attempts = {jp()},"
+                " suspended_kind = NULL,"  # (the error is cleared only when the call took effect)
                 + (" error = NULL," if took_effect else "")
                 + " updated_at = %s WHERE id = %s",
                 [

@@ -75,7 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL") or DEFAULT_URL,
-        help=f"PostgreSQL URL of the bench database (default $DATABASE_URL, else {DEFAULT_URL}); it is DROPPED and re-created",
+        help=f"PostgreSQL URL of the bench database (default $DATABASE_URL, else {DEFAULT_URL}); it is DROPPED and "
+        "re-created",
     )
     p.add_argument(
         "--single", action="store_true", help="1 run x 200 steps with 1 worker (overrides --runs/--steps/--workers)"
@@ -93,7 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--trace",
         action="store_true",
-        help="add an untimed pass with log_statement=all on the bench database and count statements per step from the server log",
+        help="add an untimed pass with log_statement=all on the bench database and count statements per step from the "
+        "server log",
     )
     p.add_argument("--pg-log", default=PG_LOG, help=f"server log file for --trace (default {PG_LOG})")
     p.add_argument("--cluster-log", default=None, help="where the qcluster's output goes (default: a temp file)")
@@ -389,7 +391,8 @@ class Poller:
                 return time.time()
             if bad:
                 rows = self.conn.execute(
-                    "SELECT id, status, failure FROM runs WHERE id = ANY(%s::uuid[]) AND status IN ('FAILED', 'CANCELLED') LIMIT 3",
+                    "SELECT id, status, failure FROM runs WHERE id = ANY(%s::uuid[])"
+                    " AND status IN ('FAILED', 'CANCELLED') LIMIT 3",
                     [ids_s],
                 ).fetchall()
                 raise SystemExit(f"benchmark runs ended badly: {rows}\n{cluster.tail() if cluster else ''}")
@@ -659,9 +662,12 @@ def trace_pass(args, url: str, tenant, agents: dict, log_path: Path) -> dict:
         "djq_side_big_batch": b["djq"],
         "no_table_big_batch": b["other"],
         "sample_step_statements": sample,
-        "note": "runtime = transactions that touch agentrt tables (worker + heartbeat backends; the bench's own submits excluded); "
-        "djq = transactions on django-q2 tables only (pusher polling, result saves); "
-        "no_table = SELECT 1 health checks and set_config. statements include BEGIN/COMMIT.",
+        "note": (
+            "runtime = transactions that touch agentrt tables (worker + heartbeat backends; "
+            "the bench's own submits excluded); "
+            "djq = transactions on django-q2 tables only (pusher polling, result saves); "
+            "no_table = SELECT 1 health checks and set_config. statements include BEGIN/COMMIT."
+        ),
     }
 
 
@@ -708,7 +714,8 @@ def main(argv=None) -> dict:
         ready_s = time.time() - t_start
         poller.close()
         log(
-            f"cluster warm after {ready_s:.1f}s; settling {args.settle_seconds:.0f}s, then {args.idle_seconds:.0f}s idle window"
+            f"cluster warm after {ready_s:.1f}s; settling {args.settle_seconds:.0f}s, then {args.idle_seconds:.0f}s "
+            "idle window"
         )
         time.sleep(args.settle_seconds)
         i0 = counters.read()
@@ -802,9 +809,13 @@ def main(argv=None) -> dict:
                 "measured_window_s": round(window, 2),
                 "cluster_stop_s": round(t_stop - t_term, 2),
                 "submit_commits_per_run": round(submit_commits, 2),
-                "note": "raw = window delta - snapshot overhead - the bench's own polls (includes the submits, the idle polling and the cluster's shutdown); "
-                "idle_adjusted = raw - idle rate x window - submit commits: the workers' commits for the runs only. "
-                "Precision about +-1 s of idle polling (PostgreSQL flushes busy backends' counters once a second).",
+                "note": (
+                    "raw = window delta - snapshot overhead - the bench's own polls "
+                    "(includes the submits, the idle polling and the cluster's shutdown); "
+                    "idle_adjusted = raw - idle rate x window - submit commits: "
+                    "the workers' commits for the runs only. "
+                    "Precision about +-1 s of idle polling (PostgreSQL flushes busy backends' counters once a second)."
+                ),
             },
             "write_txns_per_step": {
                 "raw": round(xids_raw / steps_total, 3),
@@ -827,7 +838,10 @@ def main(argv=None) -> dict:
             else {
                 "available": False,
                 "reason": pgss_error or "no pg_stat_statements counts",
-                "hint": "pg_stat_statements needs shared_preload_libraries (server restart); --trace counts them from the server log",
+                "hint": (
+                    "pg_stat_statements needs shared_preload_libraries (server restart); "
+                    "--trace counts them from the server log"
+                ),
             },
         },
     }
@@ -894,7 +908,8 @@ def print_table(r: dict) -> None:
     rows.append(
         (
             "load average",
-            f"{r['loadavg_1m']['before']:.2f} before, {r['loadavg_1m']['after']:.2f} after (2 cores: > 0.5 means someone else was busy)",
+            f"{r['loadavg_1m']['before']:.2f} before, {r['loadavg_1m']['after']:.2f} after (2 cores: > 0.5 means "
+            "someone else was busy)",
         )
     )
     rows.append(

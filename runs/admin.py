@@ -183,8 +183,10 @@ class TenantForm(forms.ModelForm):
         model = Tenant
         fields = ("name", "policy_floor", "max_active_runs")
         help_texts = {
-            "policy_floor": 'Agent policy shape, e.g. {"default": "allow", "rules": [{"tool": "*", "side_effect": true, '
-            '"decision": "require_approval"}]}. Each call gets the stricter of this and the agent\'s policy.',
+            "policy_floor": (
+                'Agent policy shape, e.g. {"default": "allow", "rules": [{"tool": "*", "side_effect": true, '
+                '"decision": "require_approval"}]}. Each call gets the stricter of this and the agent\'s policy.'
+            ),
             "max_active_runs": "Active runs allowed at once; empty: AGENTRT_MAX_ACTIVE_RUNS.",
         }
 

@@ -115,7 +115,10 @@ class Pagination(PageNumberPagination):
 
 def errors(*codes: int) -> dict[int, OpenApiResponse]:
     described = {
-        400: "Invalid input (`fields` names the fields), unparseable JSON (`parse_error`) or nesting too deep (`depth_exceeded`).",
+        400: (
+            "Invalid input (`fields` names the fields), unparseable JSON (`parse_error`)"
+            " or nesting too deep (`depth_exceeded`)."
+        ),
         401: "Not authenticated.",
         403: "Not a tenant member, CSRF failure for session auth, or missing permission.",
         404: "No such object in your tenant (for lists: no such page).",

@@ -141,6 +141,7 @@ def check_model_priced(model_config: Any) -> Price | None:
         raise ValueError(
             f"model {model!r} has no price: add it to AGENTRT_MODEL_PRICES "
             "(USD per million tokens: input_per_mtok, output_per_mtok, optional cache_read_per_mtok, "
-            "cache_creation_per_mtok; explicit zeros for a free local model) — an unpriced model is never counted as free"
+            "cache_creation_per_mtok; explicit zeros for a free local model) — "
+            "an unpriced model is never counted as free"
         )
     return price

@@ -54,7 +54,8 @@ def _claim_sql(where: str, from_: str = "") -> tuple[str, bool]:
     else:
         sets = CLAIM_SET.format(expires="%s", now="%s")
     return (
-        f"UPDATE runs SET {sets} {from_} WHERE {where} RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id",
+        f"UPDATE runs SET {sets} {from_} WHERE {where} RETURNING runs.id, runs.lease_epoch, runs.tenant_id,"
+        " runs.session_id",
         is_pg(),
     )
 
@@ -84,13 +85,15 @@ def run_claim_next(*, owner: str) -> Claim | None:
     if is_pg():
         sql, _ = _claim_sql(
             "runs.id = c.id",
-            from_="FROM (SELECT id FROM runs WHERE status = 'QUEUED' AND (scheduled_for IS NULL OR scheduled_for <= now())"
+            from_="FROM (SELECT id FROM runs WHERE status = 'QUEUED' AND (scheduled_for IS NULL"
+            " OR scheduled_for <= now())"
             " ORDER BY priority, created_at FOR UPDATE SKIP LOCKED LIMIT 1) AS c",
         )
         params = _claim_params(owner)
     else:
         sql, _ = _claim_sql(
-            "id = (SELECT id FROM runs WHERE status = 'QUEUED' ORDER BY priority, created_at LIMIT 1) AND status = 'QUEUED'"
+            "id = (SELECT id FROM runs WHERE status = 'QUEUED' ORDER BY priority, created_at LIMIT 1)"
+            " AND status = 'QUEUED'"
         )
         params = _claim_params(owner)
     with transaction.atomic(durable=True):

@@ -40,7 +40,9 @@ log = logging.getLogger("agentrt.resume")
 MAX_LEASE_EXPIRATIONS = 3
 INTERRUPTED_OBSERVATION = {
     "error": "interrupted",
-    "message": "the process stopped while this call was in flight; its result was not recorded. You may ask for it again.",
+    "message": (
+        "the process stopped while this call was in flight; its result was not recorded. You may ask for it again."
+    ),
 }
 
 
@@ -117,9 +119,11 @@ def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeove
     now = CLOCK.now()
     if is_pg():
         sql = (
-            "UPDATE runs SET lease_owner = %s, lease_epoch = lease_epoch + 1, lease_expires_at = now() + make_interval(secs => %s),"
+            "UPDATE runs SET lease_owner = %s, lease_epoch = lease_epoch + 1,"
+            " lease_expires_at = now() + make_interval(secs => %s),"
             " attempts = attempts + 1, lease_expirations = lease_expirations + 1, updated_at = now()"
-            " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s AND (lease_expires_at IS NULL OR lease_expires_at < now())"
+            " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s AND (lease_expires_at IS NULL"
+            " OR lease_expires_at < now())"
             " RETURNING lease_epoch, tenant_id, session_id, NULL, lease_expirations"
         )
         params = [owner, lease, run_id, seen_epoch]
@@ -127,7 +131,8 @@ def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeove
         sql = (
             "UPDATE runs SET lease_owner = %s, lease_epoch = lease_epoch + 1, lease_expires_at = %s,"
             " attempts = attempts + 1, lease_expirations = lease_expirations + 1, updated_at = %s"
-            " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)"
+            " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s AND (lease_expires_at IS NULL"
+            " OR lease_expires_at < %s)"
             " RETURNING lease_epoch, tenant_id, session_id, NULL, lease_expirations"
         )
         params = [owner, sql_dt(now + timedelta(seconds=lease)), sql_dt(now), run_id.hex, seen_epoch, sql_dt(now)]
@@ -163,8 +168,8 @@ def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeove
             ]
             interrupted: list[dict[str, Any]] = []
             cursor.execute(
-                "UPDATE model_calls SET status = 'interrupted', finished_at = %s WHERE run_id = %s AND status = 'started'"
-                " RETURNING step_number, attempt_number",
+                "UPDATE model_calls SET status = 'interrupted', finished_at = %s WHERE run_id = %s"
+                " AND status = 'started' RETURNING step_number, attempt_number",
                 [sql_dt(now), sql_uuid(run_id)],
             )
             for step, attempt in cursor.fetchall():
@@ -172,8 +177,10 @@ def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeove
                     EventWrite("step.interrupted", {"step": step, "attempt": attempt, "phase": "deciding"}, now)
                 )
             cursor.execute(
-                f"UPDATE tool_invocations SET status = 'interrupted', result = {jp()}, error = {jp()}, updated_at = %s, lease_epoch = %s"
-                " WHERE run_id = %s AND status = 'authorized' AND read_only = %s RETURNING id, step_number, call_id, tool_name",
+                f"UPDATE tool_invocations SET status = 'interrupted', result = {jp()}, error = {jp()},"
+                " updated_at = %s, lease_epoch = %s"
+                " WHERE run_id = %s AND status = 'authorized' AND read_only = %s"
+                " RETURNING id, step_number, call_id, tool_name",
                 [
                     sql_json(INTERRUPTED_OBSERVATION),
                     sql_json(INTERRUPTED_OBSERVATION),

@@ -34,7 +34,8 @@ def run_input(*, run: Run, text: str, by: str = "") -> Run:
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
             cursor.execute(
-                "UPDATE runs SET status = 'QUEUED', updated_at = %s WHERE id = %s AND status = 'WAITING_FOR_USER' AND lease_owner IS NULL",
+                "UPDATE runs SET status = 'QUEUED', updated_at = %s WHERE id = %s AND status = 'WAITING_FOR_USER'"
+                " AND lease_owner IS NULL",
                 [sql_dt(now), sql_uuid(run.id)],
             )
             if cursor.rowcount != 1:
@@ -42,8 +43,8 @@ def run_input(*, run: Run, text: str, by: str = "") -> Run:
             if question is not None:
                 answer = {"answer": text}
                 cursor.execute(
-                    f"UPDATE tool_invocations SET status = 'completed', result = {jp()}, suspended_kind = NULL, updated_at = %s"
-                    " WHERE id = %s AND status = 'awaiting_approval'",
+                    f"UPDATE tool_invocations SET status = 'completed', result = {jp()}, suspended_kind = NULL,"
+                    " updated_at = %s WHERE id = %s AND status = 'awaiting_approval'",
                     [sql_json(answer), sql_dt(now), sql_uuid(question.id)],
                 )
             append_events(

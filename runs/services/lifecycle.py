@@ -23,19 +23,22 @@ def run_cancel(*, run: Run, by: str = "") -> str:
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
             cursor.execute(
-                "UPDATE runs SET status = 'CANCELLED', cancel_requested_at = COALESCE(cancel_requested_at, %s), updated_at = %s"
-                " WHERE id = %s AND status IN ('QUEUED', 'WAITING_FOR_APPROVAL', 'WAITING_FOR_USER') AND lease_owner IS NULL",
+                "UPDATE runs SET status = 'CANCELLED', cancel_requested_at = COALESCE(cancel_requested_at, %s),"
+                " updated_at = %s WHERE id = %s AND status IN ('QUEUED', 'WAITING_FOR_APPROVAL', 'WAITING_FOR_USER')"
+                " AND lease_owner IS NULL",
                 [sql_dt(now), sql_dt(now), sql_uuid(run.id)],
             )
             if cursor.rowcount == 1:
                 cursor.execute(
-                    "UPDATE approvals SET status = 'cancelled', decided_at = %s WHERE run_id = %s AND status = 'pending'",
+                    "UPDATE approvals SET status = 'cancelled', decided_at = %s WHERE run_id = %s"
+                    " AND status = 'pending'",
                     [sql_dt(now), sql_uuid(run.id)],
                 )
                 # A granted re-run that never ran keeps its first attempt's record: outcome unknown (I6).
                 cursor.execute(
                     f"UPDATE tool_invocations SET status = 'interrupted', error = {jp()}, updated_at = %s"
-                    " WHERE run_id = %s AND effect_sent_at IS NOT NULL AND result IS NULL AND status IN ('authorized', 'executing')",
+                    " WHERE run_id = %s AND effect_sent_at IS NOT NULL AND result IS NULL"
+                    " AND status IN ('authorized', 'executing')",
                     [sql_json(UNKNOWN_OUTCOME), sql_dt(now), sql_uuid(run.id)],
                 )
                 append_events(
@@ -48,7 +51,8 @@ def run_cancel(*, run: Run, by: str = "") -> str:
                 )
                 return "CANCELLED"
             cursor.execute(
-                "UPDATE runs SET cancel_requested_at = COALESCE(cancel_requested_at, %s), updated_at = %s WHERE id = %s AND status = 'RUNNING'",
+                "UPDATE runs SET cancel_requested_at = COALESCE(cancel_requested_at, %s), updated_at = %s"
+                " WHERE id = %s AND status = 'RUNNING'",
                 [sql_dt(now), sql_dt(now), sql_uuid(run.id)],
             )
             if cursor.rowcount == 1:

@@ -66,8 +66,9 @@ def unit_statement(
         ctes.append(
             "mcf AS (UPDATE model_calls m SET status = x.status, usage = x.usage, stop_reason = x.stop_reason,"
             " stream_had_output = x.sho, error = x.error, prefix_sha256 = x.prefix, finished_at = x.fin"
-            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, status text, usage jsonb, stop_reason text, sho boolean,"
-            " error jsonb, prefix text, fin timestamptz) WHERE m.id = x.id AND m.run_id = f.id RETURNING 1)"
+            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, status text, usage jsonb, stop_reason text,"
+            " sho boolean, error jsonb, prefix text, fin timestamptz)"
+            " WHERE m.id = x.id AND m.run_id = f.id RETURNING 1)"
         )
         params.append(
             _j(
@@ -91,7 +92,8 @@ def unit_statement(
             "mci AS (INSERT INTO model_calls (id, tenant_id, run_id, step_number, attempt_number, status, usage,"
             " stream_had_output, lease_epoch, started_at)"
             " SELECT x.id, %s, f.id, x.step, x.attempt, 'started', '{}'::jsonb, false, %s, x.started"
-            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, step int, attempt int, started timestamptz) RETURNING 1)"
+            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, step int, attempt int, started timestamptz)"
+            " RETURNING 1)"
         )
         params += [
             tenant_id,
@@ -105,13 +107,14 @@ def unit_statement(
         ]
     if work.invocation_inserts:
         ctes.append(
-            "ii AS (INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id, tool_name, arguments,"
-            " raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error, suspended_kind, lease_epoch,"
-            " created_at, updated_at, outcome)"
-            " SELECT x.id, %s, f.id, x.step, x.idx, x.call_id, x.tool, x.args, x.raw, x.key, x.status, x.ro, x.se, 0, x.result,"
-            " x.error, x.sk, %s, x.at, x.at, x.outcome"
-            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, step int, idx int, call_id text, tool text, args jsonb, raw text,"
-            " key text, status text, ro boolean, se text, result jsonb, error jsonb, sk text, at timestamptz, outcome text) RETURNING 1)"
+            "ii AS (INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id, tool_name,"
+            " arguments, raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error,"
+            " suspended_kind, lease_epoch, created_at, updated_at, outcome)"
+            " SELECT x.id, %s, f.id, x.step, x.idx, x.call_id, x.tool, x.args, x.raw, x.key, x.status, x.ro, x.se, 0,"
+            " x.result, x.error, x.sk, %s, x.at, x.at, x.outcome"
+            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, step int, idx int, call_id text, tool text,"
+            " args jsonb, raw text, key text, status text, ro boolean, se text, result jsonb, error jsonb, sk text,"
+            " at timestamptz, outcome text) RETURNING 1)"
         )
         params += [
             tenant_id,
@@ -149,9 +152,9 @@ def unit_statement(
             " suspended_kind = CASE WHEN x.has_sk THEN x.sk ELSE t.suspended_kind END,"
             " outcome = COALESCE(x.outcome, t.outcome),"
             " attempts = CASE WHEN x.has_attempts THEN x.attempts ELSE t.attempts END"
-            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, status text, at timestamptz, has_result boolean, result jsonb,"
-            " has_error boolean, error jsonb, attempt int, has_sk boolean, sk text, outcome text, has_attempts boolean, attempts jsonb)"
-            " WHERE t.id = x.id AND t.run_id = f.id RETURNING 1)"
+            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, status text, at timestamptz, has_result boolean,"
+            " result jsonb, has_error boolean, error jsonb, attempt int, has_sk boolean, sk text, outcome text,"
+            " has_attempts boolean, attempts jsonb) WHERE t.id = x.id AND t.run_id = f.id RETURNING 1)"
         )
         params += [
             epoch,
@@ -178,11 +181,11 @@ def unit_statement(
         ]
     if work.approval_inserts:
         ctes.append(
-            "ai AS (INSERT INTO approvals (id, tenant_id, run_id, invocation_id, kind, request_hash, capability, presentation,"
-            " status, reason, expires_at, created_at)"
+            "ai AS (INSERT INTO approvals (id, tenant_id, run_id, invocation_id, kind, request_hash, capability,"
+            " presentation, status, reason, expires_at, created_at)"
             " SELECT x.id, %s, f.id, x.inv, x.kind, x.hash, x.cap, x.pres, 'pending', '', x.exp, x.at"
-            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, inv uuid, kind text, hash text, cap jsonb, pres jsonb,"
-            " exp timestamptz, at timestamptz) RETURNING 1)"
+            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, inv uuid, kind text, hash text, cap jsonb,"
+            " pres jsonb, exp timestamptz, at timestamptz) RETURNING 1)"
         )
         params += [
             tenant_id,
@@ -205,8 +208,9 @@ def unit_statement(
     if work.checkpoint is not None:
         c = work.checkpoint
         ctes.append(
-            'cp AS (INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state, code_version,'
-            " lease_epoch, created_at) SELECT %s, %s, f.id, %s, %s, %s, %s, %s::jsonb, %s, %s, %s FROM f RETURNING 1)"
+            'cp AS (INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state,'
+            " code_version, lease_epoch, created_at)"
+            " SELECT %s, %s, f.id, %s, %s, %s, %s, %s::jsonb, %s, %s, %s FROM f RETURNING 1)"
         )
         params += [
             checkpoint_id,
@@ -223,12 +227,13 @@ def unit_statement(
     n = len(work.events)
     if n:
         ctes.append(
-            "s AS (UPDATE sessions SET event_seq = event_seq + %s WHERE id = %s AND EXISTS (SELECT 1 FROM f) RETURNING event_seq)"
+            "s AS (UPDATE sessions SET event_seq = event_seq + %s WHERE id = %s AND EXISTS (SELECT 1 FROM f)"
+            " RETURNING event_seq)"
         )
         params += [n, session_id]
         ctes.append(
-            "ev AS (INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch, occurred_at)"
-            " SELECT %s, %s, s.event_seq - %s + x.o, %s, x.t, x.p, %s, x.a"
+            "ev AS (INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch,"
+            " occurred_at) SELECT %s, %s, s.event_seq - %s + x.o, %s, x.t, x.p, %s, x.a"
             " FROM s, jsonb_to_recordset(%s::jsonb) AS x(o int, t text, p jsonb, a timestamptz) RETURNING sequence)"
         )
         params += [
@@ -266,9 +271,11 @@ def watermark_statement(
     sql = (
         "WITH f AS (UPDATE runs SET updated_at = %s WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
         " AND status = 'RUNNING' RETURNING id),"
-        " u AS (UPDATE tool_invocations t SET effect_sent_at = %s, status = 'executing', attempt = %s, updated_at = %s, lease_epoch = %s"
+        " u AS (UPDATE tool_invocations t SET effect_sent_at = %s, status = 'executing', attempt = %s,"
+        " updated_at = %s, lease_epoch = %s"
         " FROM f WHERE t.id = %s AND t.run_id = f.id RETURNING 1),"
-        " s AS (UPDATE sessions SET event_seq = event_seq + 1 WHERE id = %s AND EXISTS (SELECT 1 FROM u) RETURNING event_seq),"
+        " s AS (UPDATE sessions SET event_seq = event_seq + 1 WHERE id = %s AND EXISTS (SELECT 1 FROM u)"
+        " RETURNING event_seq),"
         " ev AS (INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch, occurred_at)"
         " SELECT %s, %s, s.event_seq, %s, 'tool.call.started', %s::jsonb, %s, %s FROM s RETURNING sequence)"
         " SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM u)"

@@ -303,7 +303,8 @@ class DjangoRunStore:
                 with connection.cursor() as cursor:
                     self._fence(cursor, None, at)
                     cursor.execute(
-                        "UPDATE tool_invocations SET effect_sent_at = %s, status = 'executing', attempt = %s, updated_at = %s, lease_epoch = %s"
+                        "UPDATE tool_invocations SET effect_sent_at = %s, status = 'executing', attempt = %s,"
+                        " updated_at = %s, lease_epoch = %s"
                         " WHERE id = %s AND run_id = %s",
                         [sql_dt(at), attempt, sql_dt(at), self.epoch, sql_uuid(invocation_id), sql_uuid(self.run_id)],
                     )
@@ -327,8 +328,8 @@ class DjangoRunStore:
         if work.model_call_finishes:
             for f in work.model_call_finishes:
                 cursor.execute(
-                    f"UPDATE model_calls SET status = %s, usage = {jp()}, stop_reason = %s, stream_had_output = %s, error = {jp()},"
-                    " prefix_sha256 = %s, finished_at = %s WHERE id = %s AND run_id = %s",
+                    f"UPDATE model_calls SET status = %s, usage = {jp()}, stop_reason = %s, stream_had_output = %s,"
+                    f" error = {jp()}, prefix_sha256 = %s, finished_at = %s WHERE id = %s AND run_id = %s",
                     [
                         f.status,
                         sql_json(f.usage),
@@ -357,7 +358,8 @@ class DjangoRunStore:
                     sql_dt(m.started_at),
                 ]
             cursor.execute(
-                "INSERT INTO model_calls (id, tenant_id, run_id, step_number, attempt_number, status, usage, stream_had_output, lease_epoch, started_at)"
+                "INSERT INTO model_calls (id, tenant_id, run_id, step_number, attempt_number, status, usage,"
+                " stream_had_output, lease_epoch, started_at)"
                 f" VALUES {', '.join(rows)}",
                 params,
             )
@@ -391,9 +393,9 @@ class DjangoRunStore:
                     i.outcome,
                 ]
             cursor.execute(
-                "INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id, tool_name, arguments,"
-                " raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error, suspended_kind, lease_epoch,"
-                " created_at, updated_at, outcome)"
+                "INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id, tool_name,"
+                " arguments, raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error,"
+                " suspended_kind, lease_epoch, created_at, updated_at, outcome)"
                 f" VALUES {', '.join(rows)}",
                 params,
             )
@@ -426,8 +428,9 @@ class DjangoRunStore:
             )
         for a in work.approval_inserts:
             cursor.execute(
-                "INSERT INTO approvals (id, tenant_id, run_id, invocation_id, kind, request_hash, capability, presentation, status,"
-                f" reason, expires_at, created_at) VALUES (%s, %s, %s, %s, %s, %s, {jp()}, {jp()}, 'pending', '', %s, %s)",
+                "INSERT INTO approvals (id, tenant_id, run_id, invocation_id, kind, request_hash, capability,"
+                " presentation, status, reason, expires_at, created_at)"
+                f" VALUES (%s, %s, %s, %s, %s, %s, {jp()}, {jp()}, 'pending', '', %s, %s)",
                 [
                     sql_uuid(a.id),
                     tenant,
@@ -449,7 +452,8 @@ class DjangoRunStore:
         if work.checkpoint is not None:
             c = work.checkpoint
             cursor.execute(
-                'INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state, code_version, lease_epoch, created_at)'
+                'INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state,'
+                " code_version, lease_epoch, created_at)"
                 f" VALUES (%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s)",
                 [
                     sql_uuid(_checkpoint_id(self.run_id, c.version)),

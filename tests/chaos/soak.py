@@ -399,14 +399,15 @@ class Soak:
         held = []
         with connection.cursor() as cur:
             cur.execute(
-                "SELECT id, lease_epoch, lease_expires_at < now() FROM runs WHERE status = 'RUNNING' AND lease_owner LIKE %s",
+                "SELECT id, lease_epoch, lease_expires_at < now() FROM runs WHERE status = 'RUNNING'"
+                " AND lease_owner LIKE %s",
                 [f"%:{pid}:%"],
             )
             rows = cur.fetchall()
             for run_id, epoch, expired in rows:
                 cur.execute(
-                    "SELECT id, status, attempt, result IS NOT NULL FROM tool_invocations WHERE run_id = %s AND NOT read_only"
-                    " ORDER BY step_number, call_index",
+                    "SELECT id, status, attempt, result IS NOT NULL FROM tool_invocations WHERE run_id = %s AND"
+                    " NOT read_only ORDER BY step_number, call_index",
                     [run_id],
                 )
                 invs = cur.fetchall()
@@ -617,10 +618,13 @@ class Soak:
             return
         with connection.cursor() as cur:
             cur.execute(
-                "SELECT r.id, r.lease_owner FROM runs r WHERE r.id = ANY(%s::uuid[]) AND r.status = 'RUNNING' AND r.lease_owner IS NOT NULL"
+                "SELECT r.id, r.lease_owner FROM runs r WHERE r.id = ANY(%s::uuid[]) AND r.status = 'RUNNING'"
+                " AND r.lease_owner IS NOT NULL"
                 " AND r.lease_expires_at > now()"
-                " AND EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = r.id AND NOT t.read_only AND t.result IS NOT NULL)"
-                " AND NOT EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = r.id AND NOT t.read_only AND t.status IN ('authorized', 'executing'))",
+                " AND EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = r.id AND NOT t.read_only"
+                " AND t.result IS NOT NULL)"
+                " AND NOT EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = r.id AND NOT t.read_only"
+                " AND t.status IN ('authorized', 'executing'))",
                 [waiting],
             )
             rows = cur.fetchall()
@@ -641,7 +645,8 @@ class Soak:
 
         with connection.cursor() as cur:
             cur.execute(
-                "SELECT lease_owner FROM runs WHERE status = 'RUNNING' AND lease_owner IS NOT NULL AND lease_expires_at > now()"
+                "SELECT lease_owner FROM runs WHERE status = 'RUNNING' AND lease_owner IS NOT NULL"
+                " AND lease_expires_at > now()"
             )
             owners = [r[0] for r in cur.fetchall()]
         pids = set()
@@ -894,8 +899,8 @@ class Soak:
                 counts = Counter(self.statuses.get(s.run_id, "-") for s in submitted)
                 kinds = Counter(f["kind"] for f in self.faults)
                 log(
-                    f"t={now - self.t_start:5.0f}s submitted {len(submitted)}/{len(self.specs)} {dict(counts)} faults {dict(kinds)} "
-                    f"decisions {sum(1 for d in self.decisions if d.get('ok'))}"
+                    f"t={now - self.t_start:5.0f}s submitted {len(submitted)}/{len(self.specs)} {dict(counts)} faults "
+                    f"{dict(kinds)} decisions {sum(1 for d in self.decisions if d.get('ok'))}"
                 )
             if len(submitted) == len(self.specs) and unfinished == 0 and not self.stopped:
                 log("every run is terminal")
@@ -951,8 +956,8 @@ class Soak:
         with connection.cursor() as cur:
             cur.execute("SET statement_timeout = 0")
         runs = rows(
-            "SELECT id, status, session_id, lease_owner, lease_epoch, lease_expires_at, lease_expirations, attempts, failure,"
-            " cancel_requested_at, created_at, updated_at FROM runs",
+            "SELECT id, status, session_id, lease_owner, lease_epoch, lease_expires_at, lease_expirations, attempts,"
+            " failure, cancel_requested_at, created_at, updated_at FROM runs",
             [
                 "id",
                 "status",
@@ -993,15 +998,18 @@ class Soak:
             "doorbells": doorbells,
             "runs": runs,
             "sessions": rows("SELECT id, event_seq FROM sessions", ["id", "event_seq"]),
-            # xid: the writing transaction of each row's current version (xmin), for I3's "epoch at the time of the write"
+            # xid: the writing transaction of each row's current version (xmin), for I3's "epoch at the time of the
+            # write"
             "events": rows(
-                "SELECT session_id, sequence, run_id, type, payload, lease_epoch, occurred_at, xmin::text::bigint FROM events",
+                "SELECT session_id, sequence, run_id, type, payload, lease_epoch, occurred_at, xmin::text::bigint"
+                " FROM events",
                 ["session_id", "sequence", "run_id", "type", "payload", "lease_epoch", "occurred_at", "xid"],
                 ["payload"],
             ),
             "invocations": rows(
                 "SELECT id, run_id, step_number, call_index, tool_name, read_only, status, effect_sent_at, attempt,"
-                " result IS NOT NULL, idempotency_key, lease_epoch, suspended_kind, xmin::text::bigint FROM tool_invocations",
+                " result IS NOT NULL, idempotency_key, lease_epoch, suspended_kind, xmin::text::bigint"
+                " FROM tool_invocations",
                 [
                     "id",
                     "run_id",
@@ -1030,7 +1038,8 @@ class Soak:
             "approvals": [
                 {**a, "attempt": (a.pop("presentation") or {}).get("attempt")}
                 for a in rows(
-                    "SELECT id, run_id, invocation_id, kind, status, decided_at, decided_via, presentation, created_at FROM approvals",
+                    "SELECT id, run_id, invocation_id, kind, status, decided_at, decided_via, presentation, created_at"
+                    " FROM approvals",
                     [
                         "id",
                         "run_id",

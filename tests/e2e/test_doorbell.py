@@ -29,7 +29,8 @@ def is_completed(run_id):
 def listeners() -> list[int]:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = %s AND pid <> pg_backend_pid()",
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = %s"
+            " AND pid <> pg_backend_pid()",
             [f"LISTEN {CHANNEL}"],
         )
         return [row[0] for row in cursor.fetchall()]

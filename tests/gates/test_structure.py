@@ -185,10 +185,8 @@ def test_domain_gate_resolves_relative_imports(tmp_path):
     module = domain / "thing.py"
     module.write_text(
         "from .values import RunStatus\n"
-        "from . import errors\n"
-        "from ..models import Run\n"
-        "from .. import store\n"
-        "from ...django_stuff import x\n"
+        "from . import errors\nfrom ..models import Run\n"
+        "from .. import store\nfrom ...django_stuff import x\n"
     )
 
     violations = domain_import_violations([module], root=tmp_path)
@@ -240,7 +238,8 @@ def test_planted_fixtures_are_not_collected_as_tests():
             ["status"],
         ),
         (
-            "UPDATE runs SET updated_at = now() WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'",
+            "UPDATE runs SET updated_at = now() WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
+            " AND status = 'RUNNING'",
             [],
         ),
         ("UPDATE runs SET {} {} WHERE id = %s AND status = 'QUEUED' RETURNING runs.id", []),
