@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentrt
 
-.PHONY: run test venv dev browser smoke bench mutants clean
+.PHONY: run test lint venv dev browser smoke bench mutants clean
 
 # requirements.txt / requirements-dev.txt are hashed locks compiled from the
 # .in files (README, "Dependencies"); pip refuses anything whose hash differs.
@@ -46,6 +46,12 @@ browser:
 	  else \
 	    echo "the browser test needs chromium at /usr/bin/chromium: sudo apt-get install -y chromium"; exit 1; \
 	  fi; }
+
+# Format, lint and type check (settings in pyproject.toml); .ci/run runs it before the tests and fails on findings.
+lint: dev
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 test: dev browser
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest $(PYTEST_ARGS)

@@ -107,7 +107,7 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
         "step_number", "call_id", "status", "result", "arguments", "tool_name", "attempt"
     ):
         rows[(row["step_number"], row["call_id"])] = row
-    logged: dict[str, tuple[str, dict]] = {}
+    logged: dict[str | None, tuple[str, dict]] = {}
     for type_, payload in (
         Event.objects.filter(run_id=run.id, type__in=ANSWER_EVENTS).order_by("sequence").values_list("type", "payload")
     ):

@@ -53,7 +53,7 @@ class JsonFormatter(logging.Formatter):
     the exception (type and traceback) when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {
+        out: dict[str, object] = {
             "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,

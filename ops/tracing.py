@@ -107,9 +107,9 @@ class RunTracer:
     def __init__(self, *, run_id, epoch: int):
         self._tracer = _tracer()
         self._base = {"run.id": str(run_id), "run.epoch": epoch}
-        self._step = None
-        self._step_ctx = None
-        self._token = None
+        self._step: Any = None
+        self._step_ctx: Any = None
+        self._token: Any = None
 
     @contextlib.contextmanager
     def span(self, name: str, attributes: dict | None = None, *, under: str | None = None):

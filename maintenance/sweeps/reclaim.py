@@ -67,7 +67,8 @@ def sweep_reclaim(*, queued_grace_seconds: float = 5.0) -> dict:
                 status="QUEUED", updated_at__lt=now - timedelta(seconds=queued_grace_seconds)
             ).values_list("id", flat=True)[:BATCH]
         )
-    resumed, outcomes = 0, {}
+    resumed = 0
+    outcomes: dict[str, int] = {}
     for run_id, epoch in expired:
         fire("sweep.after_select", run_id)
         try:

@@ -585,8 +585,8 @@ class ApprovalConfirm(ApiView):
 # -- schema and docs -------------------------------------------------------------------
 
 
-class JsonErrors:
-    """Errors of the schema and docs pages are the API's JSON error body too."""
+class JsonErrors(APIView):
+    """Errors of the schema and docs pages are the API's JSON error body too (a mixin: put it first)."""
 
     def handle_exception(self, exc):
         response = super().handle_exception(exc)

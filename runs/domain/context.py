@@ -85,7 +85,7 @@ class RunContext:
     prepared_id: UUID | None = None
     current_step: int | None = None
     current_attempt: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[Any, Any] = field(default_factory=dict)
     tracer: Any = field(default_factory=NullTracer)  # the Tracer port (seed 002's spans); no-op unless wired
 
 

@@ -37,6 +37,7 @@ class BudgetExceeded(RuntimeCoreError):
         super().__init__(message)
         self.reason = reason
         self.details = details
+        self.usage: Any = None  # the usage that crossed the limit, when the ledger knows it
 
 
 class ModelError(RuntimeCoreError):

@@ -240,6 +240,7 @@ def _finish(
     usage: ModelUsage | None = None,
 ) -> None:
     spent = turn.usage if turn else usage
+    assert ctx.prepared_id is not None  # _start_model_call set it for this attempt
     ctx.pending.model_call_finishes.append(
         ModelCallFinish(
             id=ctx.prepared_id,

@@ -194,7 +194,7 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
             decision = "require_approval"
         if decision == "allow":
             entry.authorized = True
-            entry.asks_user = bool(entry.spec.control and entry.spec.name == "ask_user")
+            entry.asks_user = bool(entry.spec and entry.spec.control and entry.spec.name == "ask_user")
         elif decision == "deny":
             fail(entry, "denied_by_policy", "policy denied this call")
         elif ctx.approvals is None:
@@ -247,6 +247,7 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
                 now,
             )
         elif entry.needs_approval and stop is None:
+            assert spec is not None  # a call needs approval only once its tool is known
             work.invocation_inserts.append(
                 InvocationInsert(status="awaiting_approval", suspended_kind="policy", **base)
             )
@@ -385,6 +386,7 @@ def _run_one(
     call ran and the cancel reason seen (before it: clean stop; after it:
     the result is kept)."""
     spec = entry.spec
+    assert spec is not None  # only a call with a known tool is authorized
     if not spec.read_only:
         ctx.fault("tool.before_watermark")
     if ctx.token.reason is not None:  # observation point 4
@@ -543,6 +545,7 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1)
     and `uncertain` for one with a side effect: nobody can tell whether the
     bug struck before or after the effect."""
     spec = entry.spec
+    assert spec is not None  # only a call with a known tool is authorized
     tctx = ToolExecutionContext(
         run_id=ctx.run.id,
         step_number=step_number,

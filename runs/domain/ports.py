@@ -7,7 +7,16 @@ from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
-from runs.domain.values import BudgetScope, CancelReason, ModelRequest, ModelTurn, ModelUsage, RunUsage, ToolSpec
+from runs.domain.values import (
+    BudgetScope,
+    CancelReason,
+    ModelRequest,
+    ModelTurn,
+    ModelUsage,
+    RunLimits,
+    RunUsage,
+    ToolSpec,
+)
 from runs.domain.writes import UnitOfWork
 
 
@@ -50,7 +59,7 @@ class ModelProvider(Protocol):
 class RunStore(Protocol):
     """The hot-path repository: one fenced transaction per call."""
 
-    def commit(self, work: UnitOfWork) -> None:
+    def commit(self, work: UnitOfWork) -> object:  # (what an adapter returns is its own; the loop ignores it)
         """Open a transaction, run the fenced UPDATE of the run row first, apply
         `work`, commit. Raise `WorkerFenced` (after rolling back) if the fence
         affected zero rows."""
@@ -94,6 +103,8 @@ class PolicyEngine(Protocol):
 
 
 class BudgetLedger(Protocol):
+    limits: RunLimits
+
     def check(self, usage: RunUsage, scope: BudgetScope, *, step_number: int, now: datetime) -> None:
         """Raise `BudgetExceeded` if the run may not go on at this scope."""
 

@@ -107,8 +107,10 @@ def parse_endpoints(raw: str | Mapping[str, Any] | None) -> dict[str, dict[str, 
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise EndpointConfigError(f"{SETTING}: not valid JSON ({exc.msg} at position {exc.pos})") from None
+        except ValueError as exc:  # e.g. an integer longer than Python's digit limit
+            raise EndpointConfigError(f"{SETTING}: not valid JSON ({exc})") from None
     if not isinstance(raw, Mapping):
         raise EndpointConfigError(f"{SETTING}: must be a JSON object of endpoint name -> endpoint")
     out: dict[str, dict[str, Any]] = {}

@@ -780,10 +780,10 @@ def _int(value: Any) -> int:
 def _usage(raw: dict) -> dict[str, Any] | None:
     if "prompt_tokens" not in raw and "completion_tokens" not in raw:
         return None
-    prompt_details = raw.get("prompt_tokens_details") if isinstance(raw.get("prompt_tokens_details"), dict) else {}
-    completion_details = (
-        raw.get("completion_tokens_details") if isinstance(raw.get("completion_tokens_details"), dict) else {}
-    )
+    prompt_details = raw.get("prompt_tokens_details")
+    prompt_details = prompt_details if isinstance(prompt_details, dict) else {}
+    completion_details = raw.get("completion_tokens_details")
+    completion_details = completion_details if isinstance(completion_details, dict) else {}
     creation = (
         raw.get("cache_creation_input_tokens")
         or prompt_details.get("cache_creation_tokens")

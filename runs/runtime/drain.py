@@ -46,7 +46,7 @@ def patch_sentinel() -> None:
                 pass
         return original(self)
 
-    stop._agentrt = True
+    stop._agentrt = True  # type: ignore[attr-defined]  # marks the patch as applied (idempotent)
     cluster.Sentinel.stop = stop
 
 

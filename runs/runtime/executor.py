@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from typing import cast
 from uuid import UUID
 
 from django.conf import settings
@@ -129,6 +130,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         attempts=run.attempts,
         lease_epoch=claim.epoch,
     )
+    policy = PolicyEngine(definition.get("policy"), read_only_of=_read_only_of)
     ctx = RunContext(
         run=snapshot,
         agent=AgentSpec(
@@ -152,7 +154,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
             code_version=settings.AGENTRT_CODE_VERSION,
         ),
         tools=REGISTRY,
-        policy=PolicyEngine(definition.get("policy"), read_only_of=_read_only_of),
+        policy=policy,
         budgets=Ledger(limits, run.deadline_at),
         token=token,
         lease=lease,
@@ -164,7 +166,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         resumed=state.version > 1 or run.attempts > 1,
         approvals=ApprovalGate(run=run, clock=clock, ids=ids),
     )
-    ctx.policy.floor = tenant_floor(run.tenant_id, step_of=lambda: ctx.state.step)
+    policy.floor = tenant_floor(run.tenant_id, step_of=lambda: ctx.state.step)
     if definition["model"].get("provider") != "scripted":
         ctx.provider = provider_for(definition["model"], on_delta=DeltaBatcher(ctx))
     return ctx
@@ -209,6 +211,7 @@ class DeltaBatcher:
             return  # nothing new that is safe to show (the final turn carries the whole text)
         text, self.shown = stable[len(self.shown) :], stable
         self.index += 1
+        assert self.key is not None  # set by the delta that filled the buffer
         work = UnitOfWork()
         work.event(
             "model.response.delta",
@@ -336,7 +339,8 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
     reason = "drain" if ctx.draining() else "slice_end"
     transition, params, after = _transition(claim, outcome, work, now, reason)
     try:
-        ctx.store.commit(work, transition_sql=transition, transition_params=params, after=after)
+        # the terminal transition is the adapter's, not part of the domain's RunStore port
+        cast(DjangoRunStore, ctx.store).commit(work, transition_sql=transition, transition_params=params, after=after)
     except WorkerFenced:
         late = outcome.late
         if late is None and work.invocation_updates:
@@ -388,6 +392,7 @@ def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_
         transition = "status = 'QUEUED', lease_owner = NULL, lease_expires_at = NULL"
         after = lambda cursor: enqueue_drive(claim.run_id)  # noqa: E731 - joins this transaction
     elif outcome.kind is OutcomeKind.SUSPENDED:
+        assert outcome.suspension is not None  # a SUSPENDED outcome carries its suspension
         kind = outcome.suspension.kind.value
         status = "WAITING_FOR_USER" if kind == "user" else "WAITING_FOR_APPROVAL"
         payload = {

@@ -47,6 +47,7 @@ import sys
 import threading
 from multiprocessing import Event, RawValue
 from queue import Full
+from typing import Any
 
 from django import db
 from django_q import cluster as q_cluster
@@ -95,7 +96,7 @@ class HealingQueue(Queue):
         self._add(1)
 
     def get(self, *args, **kwargs):
-        item = multiprocessing.queues.Queue.get(self, *args, **kwargs)
+        item: Any = multiprocessing.queues.Queue.get(self, *args, **kwargs)
         self._add(-1)
         return item
 

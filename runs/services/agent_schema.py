@@ -111,7 +111,7 @@ class OpenAIModel(Strict):
         name = info.data.get("endpoint")
         endpoint = endpoint_for(name) if name else None
         if endpoint is not None and not endpoint.allows(model):
-            raise ValueError(f"endpoint {name!r} serves only: {', '.join(endpoint.models)}")
+            raise ValueError(f"endpoint {name!r} serves only: {', '.join(endpoint.models or ())}")
         return model
 
 

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from runs.domain.errors import WorkerFenced
-from runs.domain.writes import EventWrite, UnitOfWork
+from runs.domain.writes import EventWrite, ModelCallInsert, UnitOfWork
 from runs.store.pg import can_batch, unit_statement, watermark_statement
 
 
@@ -481,7 +481,7 @@ def _checkpoint_id(run_id: UUID, version: int) -> UUID:
 def _latest(work: UnitOfWork) -> datetime:
     for group in (work.model_call_inserts, work.model_call_finishes):
         for item in group:
-            return getattr(item, "started_at", None) or item.finished_at
+            return item.started_at if isinstance(item, ModelCallInsert) else item.finished_at
     if work.checkpoint is not None:
         return work.checkpoint.created_at
     raise ValueError("a unit of work with no timestamp")
