@@ -68,10 +68,6 @@ class EmptyModelTurn(RuntimeCoreError):
     reason = FailureReason.EMPTY_MODEL_TURN
 
 
-class RunDrain(RuntimeCoreError):
-    """The slice ended or the worker is draining: yield the run back to QUEUED."""
-
-
 class ToolFailure(RuntimeCoreError):
     """A tool outcome the model should see as an error result."""
 

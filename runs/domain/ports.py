@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
@@ -78,14 +77,6 @@ class LeaseMonitor(Protocol):
         (monotonic clock): the self-fence check made right before a side effect."""
 
 
-class ToolContext(Protocol):
-    run_id: UUID
-    step_number: int
-    idempotency_key: str
-    deadline_monotonic: float | None
-    token: CancellationToken
-
-
 class ToolRegistry(Protocol):
     def spec(self, name: str) -> ToolSpec | None:
         """Return the spec of a registered tool, or None."""
@@ -114,9 +105,6 @@ class BudgetLedger(Protocol):
 
     def fit_tool_batch(self, usage: RunUsage, requested: int) -> int:
         """Return how many calls of a batch fit the remaining tool-call budget."""
-
-
-FaultHook = Callable[[str], None]
 
 
 class Span(Protocol):

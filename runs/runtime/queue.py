@@ -80,31 +80,6 @@ def run_claim(*, run_id: UUID, owner: str) -> Claim | None:
             return _claimed(cursor, row, owner)
 
 
-def run_claim_next(*, owner: str) -> Claim | None:
-    """Claim the next runnable run (FOR UPDATE SKIP LOCKED on PostgreSQL)."""
-    if is_pg():
-        sql, _ = _claim_sql(
-            "runs.id = c.id",
-            from_="FROM (SELECT id FROM runs WHERE status = 'QUEUED' AND (scheduled_for IS NULL"
-            " OR scheduled_for <= now())"
-            " ORDER BY priority, created_at FOR UPDATE SKIP LOCKED LIMIT 1) AS c",
-        )
-        params = _claim_params(owner)
-    else:
-        sql, _ = _claim_sql(
-            "id = (SELECT id FROM runs WHERE status = 'QUEUED' ORDER BY priority, created_at LIMIT 1)"
-            " AND status = 'QUEUED'"
-        )
-        params = _claim_params(owner)
-    with transaction.atomic(durable=True):
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-            if row is None:
-                return None
-            return _claimed(cursor, row, owner)
-
-
 def _claimed(cursor, row, owner: str) -> Claim:
     claim = Claim(
         run_id=_as_uuid(row[0]), epoch=row[1], tenant_id=_as_uuid(row[2]), session_id=_as_uuid(row[3]), owner=owner

@@ -12,8 +12,6 @@ from runs.errors import RunTerminal
 from runs.models import Run
 from runs.store.repository import append_events, jp, sql_dt, sql_json, sql_uuid
 
-WAITING = ("WAITING_FOR_APPROVAL", "WAITING_FOR_USER")
-
 
 def run_cancel(*, run: Run, by: str = "") -> str:
     """Cancel a run. A QUEUED or waiting run ends CANCELLED at once; a RUNNING
