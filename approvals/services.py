@@ -269,7 +269,7 @@ def _requeue_if_last(cursor, run: Run, now, events: list) -> None:
     )
     if cursor.rowcount == 1:
         events.append(EventWrite("run.requeued", {"reason": "approval"}, now))
-        from runs.runtime.executor import enqueue_drive
+        from runs.runtime.finalize import enqueue_drive
 
         enqueue_drive(run.id)
 

@@ -6,6 +6,7 @@ class RunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from runs.runtime import drain
+        # imported here, not at the top: the wiring imports models, which need the app registry ready
+        from runs.runtime import wiring
 
-        drain.connect()
+        wiring.connect_cluster()

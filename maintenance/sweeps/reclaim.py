@@ -16,8 +16,8 @@ from django.db import transaction
 from maintenance.locks import try_sweep_lock
 from runs.clock import CLOCK
 from runs.models import Run
-from runs.runtime.executor import enqueue_drive
 from runs.runtime.faults import fire
+from runs.runtime.finalize import enqueue_drive
 from runs.runtime.queue import db_now
 from runs.runtime.resume import RunLeased, RunNotRunning, run_resume
 

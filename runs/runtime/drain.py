@@ -17,10 +17,20 @@ import signal
 
 log = logging.getLogger("agentrt.drain")
 
+_DRAINING = {"flag": False}
+
+
+def request_drain() -> None:
+    """Graceful stop: each executing run yields at its next step boundary."""
+    _DRAINING["flag"] = True
+
+
+def draining() -> bool:
+    """Whether this worker process was asked to drain (the loop's `draining` port)."""
+    return _DRAINING["flag"]
+
 
 def _on_signal(signum, frame):
-    from runs.runtime.executor import request_drain
-
     request_drain()
 
 
@@ -48,13 +58,3 @@ def patch_sentinel() -> None:
 
     stop._agentrt = True  # type: ignore[attr-defined]  # marks the patch as applied (idempotent)
     cluster.Sentinel.stop = stop
-
-
-def connect() -> None:
-    from django_q.signals import post_spawn
-
-    from runs.runtime import qheal
-
-    post_spawn.connect(install_worker_handlers, dispatch_uid="agentrt.drain")
-    qheal.patch()  # first: the drain's stop wraps the supervised one
-    patch_sentinel()

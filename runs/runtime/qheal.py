@@ -55,6 +55,7 @@ from django_q.conf import Conf
 from django_q.queues import Queue
 
 from runs.clock import CLOCK, IDS
+from runs.runtime.drain import request_drain
 
 log = logging.getLogger("agentrt.qheal")
 
@@ -183,8 +184,6 @@ def _watch_parent(parent: int, timer) -> None:
         if timer is None:
             os._exit(0)
         if not draining:
-            from runs.runtime.executor import request_drain
-
             request_drain()
             draining = True
         if timer.get_obj().value in (-1, -2, 0):

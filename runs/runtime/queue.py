@@ -1,11 +1,14 @@
 """The run queue: claim a QUEUED run under a new lease epoch, and heartbeat.
 
 Lease expiry is database time (`now() + lease` in SQL on PostgreSQL). The
-lease is released only by `finalize` (runs/runtime/executor.py).
+lease is released only by `finalize` (runs/runtime/finalize.py). `worker_identity` names
+the claiming worker (host:pid:nonce), the lease owner.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
@@ -13,7 +16,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 
-from runs.clock import CLOCK
+from runs.clock import CLOCK, IDS
 from runs.domain.writes import EventWrite
 from runs.store.repository import append_events, is_pg, sql_dt, sql_uuid
 
@@ -32,6 +35,10 @@ class Heartbeat:
     alive: bool
     cancel_requested: bool = False
     deadline_passed: bool = False
+
+
+def worker_identity(ids=IDS) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{ids.new_id().hex[:8]}"
 
 
 def _as_uuid(value) -> UUID:

@@ -29,9 +29,9 @@ from runs.domain.values import FailureReason, OutcomeKind, RunFailure, RunOutcom
 from runs.domain.writes import ApprovalInsert, EventWrite, InvocationUpdate, UnitOfWork
 from runs.errors import RunError, RunNotFound
 from runs.models import ModelCall, Run, ToolInvocation
-from runs.runtime.executor import finalize_detached, worker_identity
 from runs.runtime.faults import fire
-from runs.runtime.queue import Claim
+from runs.runtime.finalize import finalize_detached
+from runs.runtime.queue import Claim, worker_identity
 from runs.store.repository import append_events, is_pg, jp, sql_dt, sql_json, sql_uuid
 from runs.tools import REGISTRY
 

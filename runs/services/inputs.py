@@ -62,7 +62,7 @@ def run_input(*, run: Run, text: str, by: str = "") -> Run:
                     EventWrite("run.requeued", {"reason": "input"}, now),
                 ],
             )
-            from runs.runtime.executor import enqueue_drive
+            from runs.runtime.finalize import enqueue_drive
 
             enqueue_drive(run.id)
     return Run.objects.get(id=run.id)

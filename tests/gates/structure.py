@@ -363,7 +363,7 @@ def transaction_io_violations(paths: Iterable[Path], root: Path = ROOT) -> list[
 LEASE_COLUMNS = ("lease_owner", "lease_epoch", "lease_expires_at")
 GUARDED_COLUMNS = ("status", *LEASE_COLUMNS)
 WRITERS: dict[str, frozenset[str]] = {
-    "runs/runtime/executor.py": frozenset({"status", "lease_owner", "lease_expires_at"}),  # finalize
+    "runs/runtime/finalize.py": frozenset({"status", "lease_owner", "lease_expires_at"}),  # finalize
     "runs/runtime/queue.py": frozenset(
         {"status", "lease_owner", "lease_epoch", "lease_expires_at"}
     ),  # claim, heartbeat

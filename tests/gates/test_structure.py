@@ -83,7 +83,7 @@ def test_the_writer_gate_sees_the_writes_the_writers_make():
     for write in terminal_writes(RUNTIME):
         columns[write.path].add(write.column)
 
-    assert columns["runs/runtime/executor.py"] == {"status", "lease_owner", "lease_expires_at"}
+    assert columns["runs/runtime/finalize.py"] == {"status", "lease_owner", "lease_expires_at"}
     assert columns["runs/runtime/queue.py"] == {"status", "lease_owner", "lease_epoch", "lease_expires_at"}
     assert columns["runs/services/lifecycle.py"] == {"status"}
     assert "runs/store/repository.py" not in columns
