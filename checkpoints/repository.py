@@ -16,6 +16,8 @@ from django.db.models import Max
 
 from checkpoints.models import Checkpoint
 from runs.domain.checkpoint import CheckpointState
+from runs.domain.pipeline import ANSWERED, _call_fingerprint
+from runs.models import Event, Run, ToolInvocation
 
 ANSWER_EVENTS = ("tool.call.completed", "tool.call.failed")
 
@@ -46,8 +48,6 @@ def checkpoint_latest(run_id) -> CheckpointState | None:
 def session_history(run) -> list[dict]:
     """The conversation the session carried before this run: each earlier
     run's input and final answer."""
-    from runs.models import Run
-
     items: list[dict] = []
     earlier = (
         Run.objects.filter(session_id=run.session_id, created_at__lt=run.created_at)
@@ -87,8 +87,6 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
     re-enters the pipeline for it, which answers recorded calls from their
     rows and never runs a call twice. The next write is a full snapshot
     numbered after every version the log has seen."""
-    from runs.models import Event, ToolInvocation
-
     if not always and (run.step_count or 0) <= state.step:
         return state  # no model call was even started after the checkpoint's step
     turns: dict[int, dict] = {}
@@ -134,8 +132,6 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
 
 
 def _answer_open_batch(conversation: list[dict], state: CheckpointState, step: int, rows: dict, logged: dict) -> None:
-    from runs.domain.pipeline import ANSWERED, _call_fingerprint
-
     for i in range(len(conversation) - 1, -1, -1):
         if conversation[i].get("role") == "assistant":
             calls = conversation[i].get("tool_calls") or []

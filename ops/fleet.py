@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from django.db import connection
 
+from approvals.models import Approval
 from runs.domain.values import RunStatus
 
 STEP_BUCKETS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89)
@@ -194,7 +195,6 @@ def fleet_snapshot() -> dict:
             f" AND lease_expires_at > {now_sql}"
         )
     ]
-    from approvals.models import Approval
 
     approvals = {kind: {"pending": 0, "oldest_age_seconds": 0.0} for kind, _ in Approval.KINDS}
     approvals.update(

@@ -14,7 +14,7 @@ from django.http import Http404
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
-from runs.errors import RunError
+from runs.errors import InvalidInput, RunError
 from runs.models import Agent, AgentVersion, Event, Run, Tenant, ToolInvocation
 from runs.runtime.resume import run_resume
 from runs.services import policy_floor_check, scoping, tenant_configure
@@ -191,8 +191,6 @@ class TenantForm(forms.ModelForm):
         }
 
     def clean_policy_floor(self):
-        from runs.errors import InvalidInput
-
         try:
             return policy_floor_check(self.cleaned_data.get("policy_floor"))
         except InvalidInput as exc:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
+from django_q.models import OrmQ
 
 from maintenance.locks import try_sweep_lock
 from runs.clock import CLOCK
@@ -32,10 +34,6 @@ def pending_doorbells(now, grace_seconds: float) -> set[str]:
     A row a worker took longer ago than that, for a run that is still QUEUED,
     is a lost doorbell: the worker died with it (django-q2 hands it out again
     only after `retry`, minutes later), so it does not count."""
-    from datetime import timedelta
-
-    from django.conf import settings
-    from django_q.models import OrmQ
 
     retry = timedelta(seconds=settings.Q_CLUSTER["retry"])
     ids = set()

@@ -115,9 +115,8 @@ def _code_of(exc: exceptions.APIException) -> str:
 
 def exception_handler(exc: Exception, context: dict) -> Response:
     """Map every exception a view raises to the one error body."""
-    from rest_framework.views import (
-        set_rollback,
-    )  # not at import time: views imports the parser, which imports this module
+    # not at import time: DRF's views load our parser (DEFAULT_PARSER_CLASSES), which imports this module
+    from rest_framework.views import set_rollback
 
     request = context.get("request")
     headers: dict[str, str] = {}

@@ -6,6 +6,8 @@ import logging
 
 from runs.domain.errors import ModelError
 from runs.domain.values import ModelTurn, StopReason
+from runs.providers.endpoints import DEFAULT_ENDPOINT, endpoint_for
+from runs.providers.openai import OpenAIProvider
 from runs.providers.scripted import ScriptedProvider
 
 log = logging.getLogger("agentrt.providers")
@@ -37,9 +39,6 @@ def provider_for(model: dict, on_delta=None):
     if kind == "scripted":
         return ScriptedProvider(model)
     if kind == "openai":
-        from runs.providers.endpoints import DEFAULT_ENDPOINT, endpoint_for
-        from runs.providers.openai import OpenAIProvider
-
         if "base_url" in model or "api_key_env" in model:
             log.warning(
                 "refusing a stored model block with base_url/api_key_env (publish a version that names an endpoint)"

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from django.conf import settings
+
 # Providers whose adapters take an endpoint. A provider module registering
 # another such adapter adds its name here.
 ENDPOINT_PROVIDERS = {"openai"}
@@ -126,8 +128,6 @@ def configured() -> dict[str, Endpoint]:
     """Every endpoint: the built-in ones, then the operator's (which override)."""
     table: Mapping[str, Any] | None = None
     try:
-        from django.conf import settings
-
         if settings.configured:
             table = getattr(settings, SETTING, None)
     except ImportError:  # pragma: no cover - Django is always installed here

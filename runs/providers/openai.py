@@ -72,6 +72,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from django.conf import settings
 
 from runs.clock import CLOCK
 from runs.domain.errors import ModelError
@@ -95,8 +96,6 @@ ERROR_BODY_LIMIT = 64 * 1024
 
 def _default_max_call_seconds() -> float:
     try:
-        from django.conf import settings
-
         if settings.configured:
             return float(getattr(settings, "AGENTRT_MAX_CALL_SECONDS", 300))
     except Exception:  # pragma: no cover - settings unusable: fall back

@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 # OpenAI list prices (USD per 1M tokens, 2025). Verify against the provider's
 # price page and override with AGENTRT_MODEL_PRICES; local models are not here
 # on purpose (price them explicitly, even at zero).
@@ -102,8 +104,6 @@ def parse_price(model: str, entry: Any) -> Price:
 def price_table() -> Mapping[str, Any]:
     """`settings.AGENTRT_MODEL_PRICES` when defined (and not None), else the built-in table."""
     try:
-        from django.conf import settings
-
         if settings.configured:
             table = getattr(settings, "AGENTRT_MODEL_PRICES", None)
             if table is not None:

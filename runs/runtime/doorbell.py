@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connections
 from django_q.brokers.orm import ORM
@@ -99,8 +100,6 @@ class DoorbellORM(ORM):
         if CLOCK.monotonic() < self._retry_at:
             return None
         try:
-            import psycopg
-
             params = connections[Conf.ORM].get_connection_params()
             params.pop("cursor_factory", None)
             params.pop("prepare_threshold", None)

@@ -15,6 +15,8 @@ import logging
 import os
 import signal
 
+from django_q import cluster
+
 log = logging.getLogger("agentrt.drain")
 
 _DRAINING = {"flag": False}
@@ -42,8 +44,6 @@ def install_worker_handlers(sender=None, proc_name=None, **kwargs) -> None:
 
 def patch_sentinel() -> None:
     """Make the sentinel tell its workers to drain before it stops them."""
-    from django_q import cluster
-
     if getattr(cluster.Sentinel.stop, "_agentrt", False):
         return
     original = cluster.Sentinel.stop

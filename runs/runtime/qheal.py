@@ -50,8 +50,10 @@ from queue import Full
 from typing import Any
 
 from django import db
+from django.conf import settings
 from django_q import cluster as q_cluster
 from django_q.conf import Conf
+from django_q.management.commands import qcluster
 from django_q.queues import Queue
 
 from runs.clock import CLOCK, IDS
@@ -414,8 +416,6 @@ def cluster_start(self):
 
 def supervise(c) -> None:
     """Block while the sentinel lives; exit 1 if it dies without being asked to stop."""
-    from django.conf import settings
-
     stall = float(settings.AGENTRT_SENTINEL_STALL_SECONDS)
     while c.sentinel.is_alive():
         c.sentinel.join(timeout=min(1.0, stall / 3))
@@ -453,7 +453,6 @@ _ORIGINAL: dict = {}
 def patch() -> None:
     if getattr(q_cluster.Sentinel, "_agentrt_qheal", False):
         return
-    from django_q.management.commands import qcluster
 
     _ORIGINAL.update(
         reincarnate=q_cluster.Sentinel.reincarnate,

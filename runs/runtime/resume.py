@@ -9,6 +9,7 @@ The reclaim sweep, a `drive_run` that finds an expired lease and
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -22,16 +23,27 @@ from django.utils.module_loading import import_string
 from pydantic import BaseModel, ConfigDict
 
 from approvals.hashing import INTERRUPTED_NOTICE, UNCERTAIN_NOTICE, request_hash, tool_spec_dict
-from approvals.models import INTERRUPTED_SIDE_EFFECT, RECONCILE, UNCERTAIN_SIDE_EFFECT
+from approvals.models import INTERRUPTED_SIDE_EFFECT, RECONCILE, UNCERTAIN_SIDE_EFFECT, Approval
+from checkpoints.repository import checkpoint_current, checkpoint_latest
 from runs.clock import CLOCK, IDS
 from runs.domain.pipeline import UNKNOWN_OUTCOME
-from runs.domain.values import FailureReason, OutcomeKind, RunFailure, RunOutcome, Suspension, SuspensionKind
+from runs.domain.values import (
+    FailureReason,
+    OutcomeKind,
+    RunFailure,
+    RunLimits,
+    RunOutcome,
+    RunUsage,
+    Suspension,
+    SuspensionKind,
+)
 from runs.domain.writes import ApprovalInsert, EventWrite, InvocationUpdate, UnitOfWork
 from runs.errors import RunError, RunNotFound
-from runs.models import ModelCall, Run, ToolInvocation
+from runs.models import AgentVersion, ModelCall, Run, ToolInvocation
 from runs.runtime.faults import fire
 from runs.runtime.finalize import finalize_detached
-from runs.runtime.queue import Claim, worker_identity
+from runs.runtime.queue import Claim, run_heartbeat, worker_identity
+from runs.services.selectors import run_to_dict
 from runs.store.repository import append_events, is_pg, jp, sql_dt, sql_json, sql_uuid
 from runs.tools import REGISTRY
 
@@ -317,9 +329,6 @@ def _end(claim: Claim, outcome: RunOutcome, work: UnitOfWork) -> str:
 
 def _damaged(run: Run) -> str | None:
     """Refuse to continue from a record that will not decode (no rewrite)."""
-    from checkpoints.repository import checkpoint_latest
-    from runs.domain.values import RunLimits, RunUsage
-    from runs.models import AgentVersion
 
     try:
         RunLimits(**run.limits)
@@ -345,8 +354,6 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
     """Pause the interrupted side effects on hash-bound approvals: finalize
     writes them, a full checkpoint, WAITING_FOR_APPROVAL and the lease release
     in one transaction."""
-    from checkpoints.repository import checkpoint_current
-
     now = CLOCK.now()
     work = UnitOfWork()
     approval_ids, inv_ids = [], []
@@ -488,8 +495,6 @@ def _cannot_wait(claim: Claim, unknown: list[ToolInvocation]) -> str | None:
 
 
 def _view(run: Run) -> RunView:
-    from approvals.models import Approval
-    from runs.services.selectors import run_to_dict
 
     return RunView(
         run=run_to_dict(run),
@@ -535,8 +540,6 @@ class _Fenced(Exception):
 def _call_reconciler(view: RunView, claim: Claim) -> Any:
     """Call the reconciler in a thread, outside any transaction, with
     AGENTRT_RECONCILE_TIMEOUT; keep the takeover's lease alive meanwhile."""
-    from runs.runtime.queue import run_heartbeat
-
     box: dict[str, Any] = {}
 
     def target():
@@ -580,8 +583,6 @@ def _as_dict(value: Any) -> dict | None:
 
 
 def _usable_json(value: Any) -> bool:
-    import json
-
     try:
         json.dumps(value, allow_nan=False)
         return True

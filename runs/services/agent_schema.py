@@ -8,6 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from approvals.policy import DECISIONS, OPS
 from runs.domain.values import RunLimits
+from runs.errors import InvalidInput
+from runs.providers.endpoints import configured, endpoint_for
+from runs.providers.prices import check_model_priced
+from runs.tools import REGISTRY
 
 
 class Strict(BaseModel):
@@ -93,8 +97,6 @@ class OpenAIModel(Strict):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, name, info):
-        from runs.providers.endpoints import configured
-
         endpoint = configured().get(name)
         if endpoint is None:
             raise ValueError(f"no model endpoint named {name!r} is configured (endpoints are set by the operator)")
@@ -106,8 +108,6 @@ class OpenAIModel(Strict):
     @field_validator("model")
     @classmethod
     def _model(cls, model, info):
-        from runs.providers.endpoints import endpoint_for
-
         name = info.data.get("endpoint")
         endpoint = endpoint_for(name) if name else None
         if endpoint is not None and not endpoint.allows(model):
@@ -202,16 +202,12 @@ class AgentDefinition(Strict):
 
     @model_validator(mode="after")
     def _priced(self):
-        from runs.providers.prices import check_model_priced
-
         check_model_priced(self.model)  # a model with no price is never counted as free
         return self
 
     @field_validator("tools")
     @classmethod
     def _tools(cls, tools):
-        from runs.tools import REGISTRY
-
         unknown = [t for t in tools if REGISTRY.spec(t) is None]
         if unknown:
             raise ValueError(f"unknown tools: {', '.join(unknown)} (registered: {', '.join(REGISTRY.names())})")
@@ -227,8 +223,6 @@ def resolve_limits(defaults: dict[str, Any], agent: dict[str, Any], requested: d
     for key, value in (requested or {}).items():
         current = merged.get(key)
         if current is not None and value is not None and value > current:
-            from runs.errors import InvalidInput
-
             raise InvalidInput(
                 f"limits.{key} may only tighten the agent's limit ({current})",
                 fields={f"limits.{key}": [f"must be at most {current}"]},

@@ -19,6 +19,8 @@ from uuid import UUID
 
 from django.db.models import QuerySet
 
+from approvals.models import Approval
+from runs.errors import RunNotFound
 from runs.models import AgentVersion, Membership, Run, Tenant
 
 
@@ -63,14 +65,10 @@ def agent_versions_visible_to(user) -> QuerySet:
 
 
 def approvals_visible_to(user) -> QuerySet:
-    from approvals.models import Approval
-
     return scope(Approval.objects.select_related("run", "invocation", "decided_by"), user)
 
 
 def approvals_actionable_by(user) -> QuerySet:
-    from approvals.models import Approval
-
     return scope(Approval.objects.select_related("run", "invocation", "decided_by"), user, acting=True)
 
 
@@ -93,8 +91,6 @@ def run_actionable(user, run_id: Any) -> Run:
 
 
 def _one(queryset: QuerySet, run_id: Any) -> Run:
-    from runs.errors import RunNotFound
-
     rid = as_uuid(run_id)
     run = queryset.filter(id=rid).first() if rid else None
     if run is None:

@@ -11,6 +11,7 @@ also locks the row to commit; zero rows means fenced: roll back and raise
 from __future__ import annotations
 
 import json
+import uuid as _uuid
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -18,9 +19,12 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.backends.postgresql.base import ServerBindingCursor
 
 from runs.domain.errors import WorkerFenced
 from runs.domain.writes import EventWrite, ModelCallInsert, UnitOfWork
+from runs.models import ToolInvocation
+from runs.runtime.wake import waker
 from runs.store.pg import can_batch, unit_statement, watermark_statement
 
 
@@ -90,8 +94,6 @@ def statement_cursor():
         connection.ensure_connection()
         raw = connection.connection
         if raw.prepare_threshold is not None:
-            from django.db.backends.postgresql.base import ServerBindingCursor
-
             with connection.wrap_database_errors:
                 return connection._prepare_cursor(ServerBindingCursor(raw))
     return connection.cursor()
@@ -100,8 +102,6 @@ def statement_cursor():
 def _notify(run_id, tenant_id) -> None:
     """Wake live sockets after commit (a hint only: consumers read the table);
     sent by runs.runtime.wake's thread, never on the step's path."""
-    from runs.runtime.wake import waker
-
     waker.wake(run_id, tenant_id)
 
 
@@ -254,8 +254,6 @@ class DjangoRunStore:
 
     def invocations_for_step(self, step_number: int) -> list[dict[str, Any]]:
         """Read the invocation rows of one step (to re-enter an open batch)."""
-        from runs.models import ToolInvocation
-
         return list(
             ToolInvocation.objects.filter(run_id=self.run_id, step_number=step_number)
             .order_by("call_index")
@@ -473,8 +471,6 @@ class DjangoRunStore:
 
 def _checkpoint_id(run_id: UUID, version: int) -> UUID:
     """Deterministic: a checkpoint is named by (run, version)."""
-    import uuid as _uuid
-
     return _uuid.uuid5(run_id, f"checkpoint:{version}")
 
 

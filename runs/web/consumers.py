@@ -13,14 +13,16 @@ from __future__ import annotations
 import asyncio
 import json
 from urllib.parse import parse_qs
-from uuid import UUID
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.contrib.auth import get_user_model
 from django.db import close_old_connections
 
+from runs.api.parsers import MAX_DEPTH, check_document
 from runs.clock import CLOCK
 from runs.models import Event, Membership, Run
+from runs.runtime.wake import run_group, tenant_group
 from runs.services import scoping
 from runs.services.selectors import event_to_dict
 from runs.web.ws_auth import credential_of, credential_still_valid
@@ -45,14 +47,6 @@ STATUS_EVENTS = (
 )
 
 
-def run_group(run_id) -> str:
-    return f"run.{UUID(str(run_id)).hex}"
-
-
-def tenant_group(tenant_id) -> str:
-    return f"tenant.{UUID(str(tenant_id)).hex}"
-
-
 @database_sync_to_async
 def _tenant_of(user):
     tenant = scoping.tenant_for(user)
@@ -74,8 +68,6 @@ def _still_allowed(kind, key, user_id, tenant_id) -> bool:
         membership = Membership.objects.filter(user_id=user_id, tenant_id=tenant_id).select_related("user").first()
         user = membership.user if membership else None
     else:
-        from django.contrib.auth import get_user_model
-
         user = get_user_model().objects.filter(pk=user_id, is_superuser=True).first()
     return credential_still_valid(kind, key, user)
 
@@ -86,7 +78,6 @@ def _frame_problem(text_data, bytes_data) -> str | None:
         return "only text frames are accepted"
     if len(text_data) > MAX_FRAME_CHARS:
         return f"frames are at most {MAX_FRAME_CHARS} characters"
-    from runs.api.parsers import MAX_DEPTH, check_document
 
     try:
         content = json.loads(text_data)

@@ -3,9 +3,10 @@
 An AST walk (no code is imported) collects every import of every module under the apps — at the top of the
 module and inside functions alike, since a function-local import is how a cycle hides — resolves each to the
 project module it loads (`from a.b import c` is the module `a.b.c` when that is a module, else `a.b`), and
-reports each strongly connected component of two or more modules. An import that names a package loads its
-`__init__`; the implicit load of a parent package by `import a.b.c` is not an edge (Python allows it, and
-every package whose `__init__` re-exports its submodules would otherwise be a cycle)."""
+reports each strongly connected component of two or more modules. Loading `a.b.c` first runs the `__init__`
+of `a` and of `a.b`: those are edges too (`from runs.services import scoping` runs the services facade, which
+imports every service), except the packages the importing module itself lives in, which are already loading
+when it runs (so a package's `__init__` may import its own submodules and they may import each other)."""
 
 from __future__ import annotations
 
@@ -46,21 +47,11 @@ def _resolve(name: str, known: dict[str, Path]) -> str | None:
     return name or None
 
 
-def _local_lines(tree: ast.Module) -> set[int]:
-    return {
-        node.lineno
-        for func in ast.walk(tree)
-        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef))
-        for node in ast.walk(func)
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-    }
-
-
 def edges(known: dict[str, Path]) -> list[Edge]:
     out = []
     for source, path in known.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        local = _local_lines(tree)
+        local = {n.lineno for n in _local_nodes(tree)}
         package = source if path.name == "__init__.py" else source.rpartition(".")[0]
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -73,10 +64,20 @@ def edges(known: dict[str, Path]) -> list[Edge]:
                 names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
             else:
                 continue
-            for target in dict.fromkeys(_resolve(name, known) for name in names):
-                if target is not None and target != source:
-                    out.append(Edge(source, target, node.lineno, node.lineno in local))
+            targets = [t for t in (_resolve(name, known) for name in names) if t is not None]
+            for target in dict.fromkeys(loaded for t in targets for loaded in _loads(t, source, known)):
+                out.append(Edge(source, target, node.lineno, node.lineno in local))
     return out
+
+
+def _loads(target: str, source: str, known: dict[str, Path]) -> list[str]:
+    """The modules importing `target` from `source` runs: the packages on the way down (but those `source` is
+    inside of, already loading) and `target` itself."""
+    parts = target.split(".")
+    chain = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    mine = source.split(".")
+    mine = {".".join(mine[:i]) for i in range(1, len(mine) + 1)}
+    return [m for m in chain if m in known and m not in mine and m != source]
 
 
 def cycles(known: dict[str, Path]) -> list[list[Edge]]:
@@ -117,4 +118,36 @@ def cycles(known: dict[str, Path]) -> list[list[Edge]]:
     return [
         sorted((e for m in sorted(c) for e in graph.get(m, []) if e.target in c), key=lambda e: (e.source, e.line))
         for c in components
+    ]
+
+
+def unexplained_local_imports(known: dict[str, Path]) -> list[str]:
+    """Function-local imports with no reason written next to them: a comment on the import, or on the line
+    above it (or above the run of imports it belongs to). A local import is kept only for a reason (the app
+    registry is not ready yet, settings imports the module, an optional SDK); habit moves to the top."""
+    found = []
+    for name, path in known.items():
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        tree = ast.parse(text, filename=str(path))
+        local = sorted(_local_nodes(tree), key=lambda n: n.lineno)
+        ends = {n.end_lineno for n in local}
+        for node in local:
+            own = lines[node.lineno - 1 : node.end_lineno]
+            above = node.lineno  # the first line of the run of imports this one belongs to
+            while above - 1 in ends:
+                above = min(n.lineno for n in local if n.end_lineno == above - 1)
+            before = lines[above - 2].strip() if above >= 2 else ""
+            if not any("#" in line for line in own) and not before.startswith("#"):
+                found.append(f"{name}:{node.lineno} {lines[node.lineno - 1].strip()}")
+    return found
+
+
+def _local_nodes(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    return [
+        node
+        for func in ast.walk(tree)
+        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for node in ast.walk(func)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
     ]

@@ -10,6 +10,7 @@ A child that dies on its own stops the rest, and the command exits 1 for
 whatever supervises it."""
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -95,8 +96,6 @@ class Command(BaseCommand):
             *Permission.objects.filter(codename__in=["publish_agent", "change_tenant", "view_tenant"])
         )
         for path in sorted(DEMO.glob("*.json")):
-            import json
-
             definition = json.loads(path.read_text())
             for turn in definition["model"].get("turns", []):
                 for call in turn.get("tool_calls", []):
