@@ -151,3 +151,56 @@ def _local_nodes(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
         for node in ast.walk(func)
         if isinstance(node, (ast.Import, ast.ImportFrom))
     ]
+
+
+# -- layers -----------------------------------------------------------------------------------------------
+
+# A module's layer: the first prefix that matches (ARCHITECTURE.md draws the same picture).
+LAYERS = (
+    ("runs.domain", "domain"),
+    ("runs.tools", "tools"),
+    ("runs.providers", "providers"),
+    ("runs.store", "store"),
+    ("checkpoints", "checkpoints"),
+    ("runs.runtime", "runtime"),
+    ("runs.tasks", "runtime"),
+    ("runs.services", "services"),
+    ("runs.api", "api"),
+    ("runs.web", "web"),
+    ("approvals", "approvals"),
+    ("maintenance", "maintenance"),
+    ("ops", "ops"),
+    ("runs", "app"),  # the runs app's root: models, admin, apps, errors, clock, management commands
+)
+_INNER = {"domain", "tools", "providers", "store", "checkpoints"}
+_ADAPTERS = {"api", "web"}
+# layer -> the layers it must not import
+FORBIDDEN: dict[str, set[str]] = {
+    "domain": {layer for _, layer in LAYERS} - {"domain"},
+    **{inner: {"runtime", "services", "approvals", "maintenance", "ops", *_ADAPTERS} for inner in _INNER},
+    **{core: set(_ADAPTERS) for core in ("runtime", "services", "approvals", "maintenance", "ops")},
+    "api": {"web"},
+}
+# Known, deliberate crossings: (module, module it imports) -> why.
+EXCEPTIONS = {
+    ("runs.store.repository", "runs.runtime.wake"): "the post-commit wake-up hint (a thread; never on the step's path)",
+}
+
+
+def layer_of(module: str) -> str:
+    return next(layer for prefix, layer in LAYERS if module == prefix or module.startswith(prefix + "."))
+
+
+def layer_violations(known: dict[str, Path]) -> list[Edge]:
+    """Imports that go from an inner layer outwards (the domain imports none of the project)."""
+    return [
+        e for e in edges(known) if layer_of(e.target) in FORBIDDEN.get(layer_of(e.source), set()) and not _excepted(e)
+    ]
+
+
+def _excepted(edge: Edge) -> bool:
+    """An exception covers its module and the packages loaded on the way to it."""
+    return any(
+        edge.source == source and (edge.target == target or target.startswith(edge.target + "."))
+        for source, target in EXCEPTIONS
+    )

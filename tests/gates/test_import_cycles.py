@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.gates.imports import PACKAGES, ROOT, cycles, edges, modules, unexplained_local_imports
+from tests.gates.imports import (
+    EXCEPTIONS,
+    PACKAGES,
+    ROOT,
+    cycles,
+    edges,
+    layer_of,
+    layer_violations,
+    modules,
+    unexplained_local_imports,
+)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "planted_cycle"
+LAYERED = Path(__file__).resolve().parent / "fixtures" / "planted_layers"
 
 
 def test_the_apps_have_no_import_cycle():
@@ -62,3 +73,28 @@ def test_the_gate_resolves_relative_and_package_imports():
 
     assert ("pkg.c", "pkg.a") in targets  # `from .a import VALUE` from a module of pkg
     assert ("pkg", "pkg.c") in targets  # the package's __init__ re-exports c
+
+
+def test_no_layer_imports_an_outer_one():
+    found = layer_violations(modules())
+
+    assert found == [], "\n".join(str(e) for e in found)
+
+
+def test_every_module_has_a_layer_and_each_exception_is_a_real_import():
+    known = modules()
+    graph = {(e.source, e.target) for e in edges(known)}
+
+    assert {layer_of(m) for m in known} >= {"domain", "store", "runtime", "services", "api", "web", "app"}
+    assert set(EXCEPTIONS) <= graph  # an exception nobody needs any more is removed
+
+
+def test_the_layer_gate_catches_the_planted_violations():
+    found = {(e.source, e.target) for e in layer_violations(modules(LAYERED, ("runs",)))}
+
+    assert found == {
+        ("runs.domain.loop", "runs.services"),
+        ("runs.domain.loop", "runs.services.api"),
+        ("runs.services.api", "runs.web"),
+        ("runs.services.api", "runs.web.page"),
+    }
