@@ -29,10 +29,10 @@ import django
 
 django.setup()
 
-from django.core.management import call_command  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test import Client  # noqa: E402
-from django.test.utils import CaptureQueriesContext  # noqa: E402
+from django.core.management import call_command  # noqa: E402 - after django.setup()
+from django.db import connection  # noqa: E402 - after django.setup()
+from django.test import Client  # noqa: E402 - after django.setup()
+from django.test.utils import CaptureQueriesContext  # noqa: E402 - after django.setup()
 
 HOT = [
     "model.request.started",

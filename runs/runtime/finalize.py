@@ -113,7 +113,10 @@ def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_
     if outcome.kind is OutcomeKind.YIELDED:
         work.events.append(EventWrite("run.requeued", {"reason": yield_reason, "lease_epoch": claim.epoch}, now))
         transition = "status = 'QUEUED', lease_owner = NULL, lease_expires_at = NULL"
-        after = lambda cursor: enqueue_drive(claim.run_id)  # noqa: E731 - joins this transaction
+
+        def after(cursor):  # the doorbell joins this transaction
+            enqueue_drive(claim.run_id)
+
     elif outcome.kind is OutcomeKind.SUSPENDED:
         assert outcome.suspension is not None  # a SUSPENDED outcome carries its suspension
         kind = outcome.suspension.kind.value

@@ -59,7 +59,10 @@ def seeds(world, tenant):
     rejectable = Approval.objects.get(run=submit_driven(tenant, "approver"))
     confirmable = uncertain_approval(tenant)
     agent = dict(agent_definitions()[0], name="fuzzed")
-    by_id = lambda run: {"id": str(run.id)}  # noqa: E731
+
+    def by_id(run):
+        return {"id": str(run.id)}
+
     return {
         "GET /api/agents/": {},
         "POST /api/agents/": {"body": agent},
