@@ -61,6 +61,12 @@ browser:
 	    echo "the browser test needs chromium at /usr/bin/chromium: sudo apt-get install -y chromium"; exit 1; \
 	  fi; }
 
+# Format, lint and type check (settings in pyproject.toml); .ci/run runs it before the tests and fails on findings.
+lint: dev
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
 test: dev browser
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest $(PYTEST_ARGS)
 

@@ -11,11 +11,11 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 - needs the app registry: after get_asgi_application()
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402 - needs the app registry: after get_asgi_application()
 
-from runs.web.routing import websocket_urlpatterns  # noqa: E402
-from runs.web.ws_auth import TokenAuthMiddlewareStack  # noqa: E402
+from runs.web.routing import websocket_urlpatterns  # noqa: E402 - needs the app registry: after get_asgi_application()
+from runs.web.ws_auth import TokenAuthMiddlewareStack  # noqa: E402 - needs the app registry: after get_asgi_application()
 
 application = ProtocolTypeRouter(
     {

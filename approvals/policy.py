@@ -43,7 +43,8 @@ def _matches(when: dict, arguments: Any) -> bool:
     value = _lookup(arguments, when["arg"])
     if value is _MISSING:
         raise PolicyError(f"argument {when['arg']!r} is missing")
-    op, expected = when["op"], when.get("value")
+    op = when["op"]
+    expected: Any = when.get("value")
     if op == "eq":
         return value == expected
     if op == "ne":

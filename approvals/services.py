@@ -27,7 +27,11 @@ from approvals.models import CONFIRMABLE_KINDS, RERUN_KINDS, Approval
 from runs.clock import CLOCK
 from runs.domain.values import FailureReason, RunFailure
 from runs.domain.writes import EventWrite
+from runs.errors import InvalidInput
 from runs.models import Run, ToolInvocation
+from runs.runtime.finalize import enqueue_drive
+from runs.services.lifecycle import fail_waiting
+from runs.services.scoping import approvals_actionable_by, approvals_visible_to, as_uuid
 from runs.store.repository import record_events
 
 SURFACES = ("admin", "api", "live")
@@ -39,8 +43,6 @@ def can_resolve(user) -> bool:
 
 def approval_for(*, user, approval_id: Any, acting: bool = False) -> Approval:
     """The approval, if `user` may see it (with `acting`: act on it — its own tenant only, a superuser too)."""
-    from runs.services.scoping import approvals_actionable_by, approvals_visible_to, as_uuid
-
     aid = as_uuid(approval_id)
     qs = approvals_actionable_by(user) if acting else approvals_visible_to(user)
     approval = qs.filter(id=aid).first() if aid else None
@@ -53,8 +55,6 @@ def _decision_input(*, user, approval_id: Any, request_hash: Any, reason: Any, v
     """What every decision checks first, in this order: the surface, the
     approval in the user's acting scope (404), the permission (403), then the
     shown hash and the reason (400 naming the field)."""
-    from runs.errors import InvalidInput
-
     if via not in SURFACES:
         raise ValueError(f"unknown surface {via!r}")
     approval = approval_for(user=user, approval_id=approval_id, acting=True)
@@ -112,7 +112,6 @@ def approval_decide(
                 occurred_at=now,
                 details={"approval": str(approval.id)},
             ).as_json()
-            from runs.services.lifecycle import fail_waiting
 
             if fail_waiting(run_id=run.id, failure=failure, now=now):
                 events.append(EventWrite("run.failed", {"failure": failure}, now))
@@ -144,8 +143,6 @@ def approval_confirm(
     back to the queue. A `policy` or `reconcile` approval cannot be
     confirmed (409 `approval_not_confirmable`): nothing of it ran, or the
     reconciler owns the question."""
-    from runs.errors import InvalidInput
-
     approval = _decision_input(user=user, approval_id=approval_id, request_hash=request_hash, reason=reason, via=via)
     if not isinstance(took_effect, bool):
         raise InvalidInput(
@@ -257,7 +254,6 @@ def _requeue_if_last(run: Run, now, events: list) -> None:
         return
     if Run.objects.filter(id=run.id, status="WAITING_FOR_APPROVAL").update(status="QUEUED", updated_at=now) == 1:
         events.append(EventWrite("run.requeued", {"reason": "approval"}, now))
-        from runs.runtime.executor import enqueue_drive
 
         enqueue_drive(run.id)
 

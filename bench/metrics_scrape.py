@@ -25,14 +25,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
 
-import django  # noqa: E402
+import django
 
 django.setup()
 
-from django.core.management import call_command  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test import Client  # noqa: E402
-from django.test.utils import CaptureQueriesContext  # noqa: E402
+from django.core.management import call_command  # noqa: E402 - after django.setup()
+from django.db import connection  # noqa: E402 - after django.setup()
+from django.test import Client  # noqa: E402 - after django.setup()
+from django.test.utils import CaptureQueriesContext  # noqa: E402 - after django.setup()
 
 HOT = [
     "model.request.started",

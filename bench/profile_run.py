@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import steps as bench  # noqa: E402
+import steps as bench
 
 
 def main() -> None:

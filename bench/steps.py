@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import os
 import platform
@@ -74,8 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL") or DEFAULT_URL,
-        help="PostgreSQL URL of the bench database (default $DATABASE_URL, else %s); it is DROPPED and re-created"
-        % DEFAULT_URL,
+        help=f"PostgreSQL URL of the bench database (default $DATABASE_URL, else {DEFAULT_URL}); it is DROPPED and "
+        "re-created",
     )
     p.add_argument(
         "--single", action="store_true", help="1 run x 200 steps with 1 worker (overrides --runs/--steps/--workers)"
@@ -93,9 +94,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--trace",
         action="store_true",
-        help="add an untimed pass with log_statement=all on the bench database and count statements per step from the server log",
+        help="add an untimed pass with log_statement=all on the bench database and count statements per step from the "
+        "server log",
     )
-    p.add_argument("--pg-log", default=PG_LOG, help="server log file for --trace (default %s)" % PG_LOG)
+    p.add_argument("--pg-log", default=PG_LOG, help=f"server log file for --trace (default {PG_LOG})")
     p.add_argument("--cluster-log", default=None, help="where the qcluster's output goes (default: a temp file)")
     a = p.parse_args(argv)
     if a.single:
@@ -168,6 +170,7 @@ class Counters:
                         "next_xid",
                     ],
                     [int(x) for x in row],
+                    strict=True,
                 )
             )
             if self.pgss:
@@ -388,7 +391,8 @@ class Poller:
                 return time.time()
             if bad:
                 rows = self.conn.execute(
-                    "SELECT id, status, failure FROM runs WHERE id = ANY(%s::uuid[]) AND status IN ('FAILED', 'CANCELLED') LIMIT 3",
+                    "SELECT id, status, failure FROM runs WHERE id = ANY(%s::uuid[])"
+                    " AND status IN ('FAILED', 'CANCELLED') LIMIT 3",
                     [ids_s],
                 ).fetchall()
                 raise SystemExit(f"benchmark runs ended badly: {rows}\n{cluster.tail() if cluster else ''}")
@@ -445,7 +449,7 @@ def event_figures(url: str, ids: list, steps: int) -> dict:
     gaps, queue, startup, finish, e2e, created, completed = [], [], [], [], [], [], []
     for evs in per_run.values():
         starts = [t for typ, t in evs if typ == "model.request.started"]
-        gaps += [(b - a) * 1e3 for a, b in zip(starts, starts[1:])]
+        gaps += [(b - a) * 1e3 for a, b in itertools.pairwise(starts)]
         first = {typ: t for typ, t in reversed(evs)}  # first occurrence of each type
         last = {typ: t for typ, t in evs}
         if {"run.created", "run.claimed", "run.completed"} <= first.keys() and starts:
@@ -609,7 +613,7 @@ def trace_pass(args, url: str, tenant, agents: dict, log_path: Path) -> dict:
         from django.db import connection
 
         results = {}
-        for label, agent, n in (("S", small, n_small), ("B", big, n_big)):
+        for label, agent in (("S", small), ("B", big)):
             mark(label + "0")
             with connection.cursor() as cur:
                 cur.execute("SELECT pg_backend_pid()")
@@ -658,9 +662,12 @@ def trace_pass(args, url: str, tenant, agents: dict, log_path: Path) -> dict:
         "djq_side_big_batch": b["djq"],
         "no_table_big_batch": b["other"],
         "sample_step_statements": sample,
-        "note": "runtime = transactions that touch agentrt tables (worker + heartbeat backends; the bench's own submits excluded); "
-        "djq = transactions on django-q2 tables only (pusher polling, result saves); "
-        "no_table = SELECT 1 health checks and set_config. statements include BEGIN/COMMIT.",
+        "note": (
+            "runtime = transactions that touch agentrt tables (worker + heartbeat backends; "
+            "the bench's own submits excluded); "
+            "djq = transactions on django-q2 tables only (pusher polling, result saves); "
+            "no_table = SELECT 1 health checks and set_config. statements include BEGIN/COMMIT."
+        ),
     }
 
 
@@ -707,7 +714,8 @@ def main(argv=None) -> dict:
         ready_s = time.time() - t_start
         poller.close()
         log(
-            f"cluster warm after {ready_s:.1f}s; settling {args.settle_seconds:.0f}s, then {args.idle_seconds:.0f}s idle window"
+            f"cluster warm after {ready_s:.1f}s; settling {args.settle_seconds:.0f}s, then {args.idle_seconds:.0f}s "
+            "idle window"
         )
         time.sleep(args.settle_seconds)
         i0 = counters.read()
@@ -724,7 +732,7 @@ def main(argv=None) -> dict:
         t0 = time.time()
         ids = submit(tenant, agents["main"], args.runs, "bench")
         t_submitted = time.time()
-        t_seen = poller.wait(ids, args.timeout, cluster)
+        poller.wait(ids, args.timeout, cluster)
         poller.close()
         close_django()
         t_term = time.time()
@@ -801,9 +809,13 @@ def main(argv=None) -> dict:
                 "measured_window_s": round(window, 2),
                 "cluster_stop_s": round(t_stop - t_term, 2),
                 "submit_commits_per_run": round(submit_commits, 2),
-                "note": "raw = window delta - snapshot overhead - the bench's own polls (includes the submits, the idle polling and the cluster's shutdown); "
-                "idle_adjusted = raw - idle rate x window - submit commits: the workers' commits for the runs only. "
-                "Precision about +-1 s of idle polling (PostgreSQL flushes busy backends' counters once a second).",
+                "note": (
+                    "raw = window delta - snapshot overhead - the bench's own polls "
+                    "(includes the submits, the idle polling and the cluster's shutdown); "
+                    "idle_adjusted = raw - idle rate x window - submit commits: "
+                    "the workers' commits for the runs only. "
+                    "Precision about +-1 s of idle polling (PostgreSQL flushes busy backends' counters once a second)."
+                ),
             },
             "write_txns_per_step": {
                 "raw": round(xids_raw / steps_total, 3),
@@ -826,7 +838,10 @@ def main(argv=None) -> dict:
             else {
                 "available": False,
                 "reason": pgss_error or "no pg_stat_statements counts",
-                "hint": "pg_stat_statements needs shared_preload_libraries (server restart); --trace counts them from the server log",
+                "hint": (
+                    "pg_stat_statements needs shared_preload_libraries (server restart); "
+                    "--trace counts them from the server log"
+                ),
             },
         },
     }
@@ -893,7 +908,8 @@ def print_table(r: dict) -> None:
     rows.append(
         (
             "load average",
-            f"{r['loadavg_1m']['before']:.2f} before, {r['loadavg_1m']['after']:.2f} after (2 cores: > 0.5 means someone else was busy)",
+            f"{r['loadavg_1m']['before']:.2f} before, {r['loadavg_1m']['after']:.2f} after (2 cores: > 0.5 means "
+            "someone else was busy)",
         )
     )
     rows.append(

@@ -17,6 +17,9 @@ from django.db.models import Max
 from checkpoints.models import Checkpoint
 from runs.domain.checkpoint import CheckpointState
 from runs.domain.events import ANSWER_EVENTS, EventType
+from runs.domain.pipeline import ANSWERED, _call_fingerprint
+from runs.domain.values import InvocationStatus
+from runs.models import Event, Run, ToolInvocation
 
 
 def checkpoint_latest(run_id) -> CheckpointState | None:
@@ -45,8 +48,6 @@ def checkpoint_latest(run_id) -> CheckpointState | None:
 def session_history(run) -> list[dict]:
     """The conversation the session carried before this run: each earlier
     run's input and final answer."""
-    from runs.models import Run
-
     items: list[dict] = []
     earlier = (
         Run.objects.filter(session_id=run.session_id, created_at__lt=run.created_at)
@@ -86,8 +87,6 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
     re-enters the pipeline for it, which answers recorded calls from their
     rows and never runs a call twice. The next write is a full snapshot
     numbered after every version the log has seen."""
-    from runs.models import Event, ToolInvocation
-
     if not always and (run.step_count or 0) <= state.step:
         return state  # no model call was even started after the checkpoint's step
     turns: dict[int, dict] = {}
@@ -106,7 +105,7 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
         "step_number", "call_id", "status", "result", "arguments", "tool_name", "attempt"
     ):
         rows[(row["step_number"], row["call_id"])] = row
-    logged: dict[str, tuple[str, dict]] = {}
+    logged: dict[str | None, tuple[str, dict]] = {}
     for type_, payload in (
         Event.objects.filter(run_id=run.id, type__in=ANSWER_EVENTS).order_by("sequence").values_list("type", "payload")
     ):
@@ -135,8 +134,6 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
 
 
 def _answer_open_batch(conversation: list[dict], state: CheckpointState, step: int, rows: dict, logged: dict) -> None:
-    from runs.domain.pipeline import ANSWERED, _call_fingerprint
-    from runs.domain.values import InvocationStatus
 
     for i in range(len(conversation) - 1, -1, -1):
         if conversation[i].get("role") == "assistant":

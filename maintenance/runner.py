@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -16,7 +17,7 @@ from runs.clock import CLOCK
 log = logging.getLogger("agentrt.maintenance")
 
 
-def cadences() -> list[tuple[str, float, callable]]:
+def cadences() -> list[tuple[str, float, Callable[[], dict]]]:
     lease = float(settings.AGENTRT_LEASE_SECONDS)
     return [
         ("reclaim", lease / 6, sweep_reclaim),

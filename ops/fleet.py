@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from django.db import connection
 
+from approvals.models import Approval
 from runs.domain.values import RunStatus
 
 STEP_BUCKETS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89)
@@ -60,7 +61,7 @@ def _histograms(rows, bounds) -> dict[str, Histogram]:
     out = {}
     for label, *values in rows:
         cumulative, count, total = values[: len(bounds)], values[len(bounds)], values[len(bounds) + 1]
-        buckets = [(float(b), int(n)) for b, n in zip(bounds, cumulative)] + [(float("inf"), int(count))]
+        buckets = [(float(b), int(n)) for b, n in zip(bounds, cumulative, strict=True)] + [(float("inf"), int(count))]
         out[label] = Histogram(buckets=buckets, count=int(count), total=float(total))
     return out
 
@@ -96,20 +97,23 @@ def fleet_counters() -> dict[str, dict]:
         "cancelled": _zeros(
             "cancelled",
             _counts(
-                "SELECT COALESCE(payload->>'reason', 'requested'), COUNT(*) FROM events WHERE type = 'run.cancelled' GROUP BY 1"
+                "SELECT COALESCE(payload->>'reason', 'requested'), COUNT(*) FROM events WHERE type = 'run.cancelled'"
+                " GROUP BY 1"
             ),
         ),
         "leases_lost": _zeros("leases_lost", fleet_leases_lost()),
         "requeued": _zeros(
             "requeued",
             _counts(
-                "SELECT COALESCE(payload->>'reason', 'unknown'), COUNT(*) FROM events WHERE type = 'run.requeued' GROUP BY 1"
+                "SELECT COALESCE(payload->>'reason', 'unknown'), COUNT(*) FROM events WHERE type = 'run.requeued'"
+                " GROUP BY 1"
             ),
         ),
         "compactions": _zeros(
             "compactions",
             _counts(
-                "SELECT COALESCE(payload->>'reason', 'pressure'), COUNT(*) FROM events WHERE type = 'context.compacted' GROUP BY 1"
+                "SELECT COALESCE(payload->>'reason', 'pressure'), COUNT(*) FROM events"
+                " WHERE type = 'context.compacted' GROUP BY 1"
             ),
         ),
         "tool_uncertain": fleet_tool_uncertain(),
@@ -132,12 +136,10 @@ def fleet_leases_lost() -> dict[str, int]:
     transaction (same run, same new epoch)."""
     rows = _rows(
         "SELECT rank, COUNT(*) FROM ("
-        " SELECT t.id, MAX(CASE"
-        "   WHEN s.payload->>'outcome' = 'unknown' THEN 4"
+        " SELECT t.id, MAX(CASE   WHEN s.payload->>'outcome' = 'unknown' THEN 4"
         "   WHEN s.payload->>'phase' = 'executing' THEN 3"
         "   WHEN s.payload->>'phase' = 'deciding' THEN 2"
-        "   ELSE 1 END) AS rank"
-        " FROM events t LEFT JOIN events s"
+        "   ELSE 1 END) AS rank FROM events t LEFT JOIN events s"
         "   ON s.type = 'step.interrupted' AND s.run_id = t.run_id AND s.lease_epoch = t.lease_epoch"
         " WHERE t.type = 'lease.taken_over' GROUP BY t.id) x GROUP BY rank"
     )
@@ -164,9 +166,13 @@ def fleet_waiting_seconds() -> dict[str, Histogram]:
         f"SELECT kind, {_bucketed('secs', WAIT_BUCKETS)} FROM ("
         f" SELECT kind, {secs} AS secs FROM ("
         "  SELECT type, occurred_at,"
-        "   COALESCE(payload->>'kind', CASE WHEN type = 'run.waiting_for_user' THEN 'user' ELSE 'approval' END) AS kind,"
+        "   COALESCE(payload->>'kind', CASE WHEN type = 'run.waiting_for_user' THEN 'user' ELSE 'approval' END)"
+        "    AS kind,"
         "   LEAD(occurred_at) OVER (PARTITION BY run_id ORDER BY id) AS ended_at"
-        "  FROM events WHERE type IN ('run.waiting_for_approval', 'run.waiting_for_user', 'run.requeued', 'run.cancelled', 'run.failed')"
+        "  FROM events"
+        "  WHERE type IN ("
+        "    'run.waiting_for_approval', 'run.waiting_for_user', 'run.requeued', 'run.cancelled', 'run.failed'"
+        "  )"
         " ) w WHERE type IN ('run.waiting_for_approval', 'run.waiting_for_user') AND ended_at IS NOT NULL"
         ") d GROUP BY kind"
     )
@@ -185,17 +191,18 @@ def fleet_snapshot() -> dict:
     owners = [
         o
         for (o,) in _rows(
-            f"SELECT lease_owner FROM runs WHERE status = 'RUNNING' AND lease_owner IS NOT NULL AND lease_expires_at > {now_sql}"
+            "SELECT lease_owner FROM runs WHERE status = 'RUNNING' AND lease_owner IS NOT NULL"
+            f" AND lease_expires_at > {now_sql}"
         )
     ]
-    from approvals.models import Approval
 
     approvals = {kind: {"pending": 0, "oldest_age_seconds": 0.0} for kind, _ in Approval.KINDS}
     approvals.update(
         {
             kind: {"pending": int(n), "oldest_age_seconds": max(0.0, float(age or 0))}
             for kind, n, age in _rows(
-                f"SELECT kind, COUNT(*), MAX({_seconds(now_sql, 'created_at')}) FROM approvals WHERE status = 'pending' GROUP BY kind"
+                f"SELECT kind, COUNT(*), MAX({_seconds(now_sql, 'created_at')}) FROM approvals"
+                " WHERE status = 'pending' GROUP BY kind"
             )
         }
     )

@@ -14,13 +14,18 @@ import logging
 from datetime import UTC, datetime
 
 FIELDS = ("run", "tenant", "step", "epoch", "worker")
-_context: contextvars.ContextVar[dict] = contextvars.ContextVar("agentrt_log_context", default={})
+# No shared default dict: outside a block, `_fields()` returns a fresh empty one.
+_context: contextvars.ContextVar[dict] = contextvars.ContextVar("agentrt_log_context")
+
+
+def _fields() -> dict:
+    return _context.get({})
 
 
 @contextlib.contextmanager
 def log_context(**values):
     """Add fields to every log record written inside the block."""
-    token = _context.set({**_context.get(), **{k: v for k, v in values.items() if v is not None}})
+    token = _context.set({**_fields(), **{k: v for k, v in values.items() if v is not None}})
     try:
         yield
     finally:
@@ -29,14 +34,14 @@ def log_context(**values):
 
 def log_context_update(**values) -> None:
     """Change a field inside the current block (the step, as the run advances)."""
-    current = _context.get()
+    current = _fields()
     if current:
         current.update(values)
 
 
 class RunContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        ctx = _context.get()
+        ctx = _fields()
         for name in FIELDS:
             if not hasattr(record, name):
                 setattr(record, name, ctx.get(name))
@@ -48,7 +53,7 @@ class JsonFormatter(logging.Formatter):
     the exception (type and traceback) when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {
+        out: dict[str, object] = {
             "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,

@@ -110,7 +110,8 @@ def descendants(pid: int) -> list[int]:
             continue
         if fields and fields[0] != "Z":
             parent_of[int(entry)] = int(fields[1])
-    found, frontier = [], {pid}
+    found: list[int] = []
+    frontier = {pid}
     while frontier:
         kids = {c for c, p in parent_of.items() if p in frontier and c not in found}
         found.extend(kids)

@@ -19,6 +19,12 @@ import contextlib
 import os
 from typing import Any
 
+from django.db import DatabaseError
+from opentelemetry import context, trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from runs.models import Event
+
 _state: dict[str, Any] = {"provider": None}
 
 
@@ -26,6 +32,7 @@ def configure() -> None:
     """Install the OTLP exporter when the endpoint is set (each process, at start)."""
     if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or _state["provider"] is not None:
         return
+    # the SDK and its exporter load only in a process that exports traces
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -55,8 +62,6 @@ def submit_context(run_id) -> dict:
     """Record `run.submit` and return what to store on the run: {"traceparent": ...}, or {} when off."""
     if not enabled():
         return {}
-    from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     carrier: dict[str, str] = {}
     with _tracer().start_as_current_span("run.submit", attributes={"run.id": str(run_id)}) as span:
@@ -70,10 +75,6 @@ def run_span(claim):
     if not enabled():
         yield None
         return
-    from django.db import DatabaseError
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-    from runs.models import Event
 
     try:
         created = (
@@ -107,9 +108,9 @@ class RunTracer:
     def __init__(self, *, run_id, epoch: int):
         self._tracer = _tracer()
         self._base = {"run.id": str(run_id), "run.epoch": epoch}
-        self._step = None
-        self._step_ctx = None
-        self._token = None
+        self._step: Any = None
+        self._step_ctx: Any = None
+        self._token: Any = None
 
     @contextlib.contextmanager
     def span(self, name: str, attributes: dict | None = None, *, under: str | None = None):
@@ -119,8 +120,6 @@ class RunTracer:
             yield _Span(span)
 
     def begin_step(self, step_number: int, attributes: dict | None = None) -> None:
-        from opentelemetry import context, trace
-
         self.end_step()
         self._step = self._tracer.start_span(
             "run.step", attributes={**self._base, "step.number": step_number, **(attributes or {})}
@@ -133,8 +132,6 @@ class RunTracer:
             self._step.set_attribute(key, value)
 
     def end_step(self) -> None:
-        from opentelemetry import context
-
         if self._step is None:
             return
         context.detach(self._token)

@@ -12,6 +12,9 @@ from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ops.collector import deployment_registry
 
 log = logging.getLogger("agentrt.ops")
 
@@ -36,9 +39,6 @@ def metrics(request):
         )
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-    from ops.collector import deployment_registry
 
     try:
         body = generate_latest(deployment_registry())

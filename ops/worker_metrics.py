@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger("agentrt.ops")
@@ -38,6 +39,7 @@ def histograms() -> dict:
     if not _metrics:
         with _lock:
             if not _metrics:
+                # prometheus_client only once PROMETHEUS_MULTIPROC_DIR is set (settings imports this module)
                 from prometheus_client import Histogram
 
                 _metrics.update(
@@ -95,6 +97,7 @@ def start_if_worker_node() -> None:
     the node instead)."""
     if not (_is_worker_node() and enabled()):
         return
+    # no Django import at the top: settings.py imports this module
     from django.core.exceptions import ImproperlyConfigured
 
     raw, addr = os.environ["AGENTRT_METRICS_PORT"], os.environ.get("AGENTRT_METRICS_ADDR", "127.0.0.1")
@@ -110,6 +113,7 @@ def start_if_worker_node() -> None:
 
 def serve(port: int, addr: str) -> None:
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or prepare_dir()
+    # prometheus_client only once PROMETHEUS_MULTIPROC_DIR is set (settings imports this module)
     from prometheus_client import CollectorRegistry, start_http_server
     from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -121,8 +125,6 @@ def serve(port: int, addr: str) -> None:
 
 
 def _reap(path: str, interval: float = 30.0) -> None:
-    import time
-
     while True:
         time.sleep(interval)
         try:
@@ -134,6 +136,7 @@ def _reap(path: str, interval: float = 30.0) -> None:
 def reap_once(path: str, me: int | None = None) -> list[int]:
     """Drop the live-gauge files of dead workers (recycled or killed); keep
     their counters and histograms. Return the dead pids."""
+    # prometheus_client only once PROMETHEUS_MULTIPROC_DIR is set (settings imports this module)
     from prometheus_client.multiprocess import mark_process_dead
 
     me = me or os.getpid()

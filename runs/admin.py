@@ -14,7 +14,7 @@ from django.http import Http404
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
-from runs.errors import RunError
+from runs.errors import InvalidInput, RunError
 from runs.models import Agent, AgentVersion, Event, Run, Tenant, ToolInvocation
 from runs.runtime.resume import run_resume
 from runs.services import policy_floor_check, scoping, tenant_configure
@@ -183,14 +183,14 @@ class TenantForm(forms.ModelForm):
         model = Tenant
         fields = ("name", "policy_floor", "max_active_runs")
         help_texts = {
-            "policy_floor": 'Agent policy shape, e.g. {"default": "allow", "rules": [{"tool": "*", "side_effect": true, '
-            '"decision": "require_approval"}]}. Each call gets the stricter of this and the agent\'s policy.',
+            "policy_floor": (
+                'Agent policy shape, e.g. {"default": "allow", "rules": [{"tool": "*", "side_effect": true, '
+                '"decision": "require_approval"}]}. Each call gets the stricter of this and the agent\'s policy.'
+            ),
             "max_active_runs": "Active runs allowed at once; empty: AGENTRT_MAX_ACTIVE_RUNS.",
         }
 
     def clean_policy_floor(self):
-        from runs.errors import InvalidInput
-
         try:
             return policy_floor_check(self.cleaned_data.get("policy_floor"))
         except InvalidInput as exc:

@@ -6,8 +6,9 @@ class RunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        # imported here, not at the top: both import models, which need the app registry ready
         from runs import extensions
-        from runs.runtime import drain
+        from runs.runtime import wiring
 
-        drain.connect()
+        wiring.connect_cluster()
         extensions.load()  # the project's tools and providers; a module that fails stops the process

@@ -1,4 +1,11 @@
-"""Errors of the runs services; each carries a stable code and an HTTP status."""
+"""Errors of the runs services; each carries a stable code and an HTTP status.
+
+Every app error (this module's, approvals/errors.py's, Resume's) derives from
+`RunError` and exposes the same structured fields: `code` (stable, machine
+readable: the API body's `code`), `status` (the HTTP status), `message` (for a
+person; never raw exception text) and `fields` (`{"field.path": [messages]}`,
+empty when the error is not about a field). runs/api/errors.py maps any of them
+with these four and nothing else; pages and commands show `message`."""
 
 from __future__ import annotations
 
@@ -10,11 +17,10 @@ class RunError(Exception):
     status = 400
     retryable = False
 
-    def __init__(self, message: str, *, fields: dict | None = None, **extra):
+    def __init__(self, message: str, *, fields: dict[str, list[str]] | None = None):
         super().__init__(message)
         self.message = message
-        self.fields = fields or {}
-        self.extra = extra
+        self.fields: dict[str, list[str]] = fields or {}
 
 
 class InvalidInput(RunError):

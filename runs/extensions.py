@@ -26,6 +26,10 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import module_has_submodule
 
+from runs.providers.endpoints import SETTING
+from runs.providers.registry import PROVIDERS
+from runs.tools.registry import REGISTRY
+
 TOOL_SETTING = "AGENTRT_TOOL_MODULES"
 PROVIDER_SETTING = "AGENTRT_PROVIDER_MODULES"
 TOOL_MODULE = "agent_tools"
@@ -69,8 +73,6 @@ def _app_modules(name: str) -> list[str]:
 
 def load() -> None:
     """Import every configured and discovered tool and provider module."""
-    from runs.providers.registry import PROVIDERS
-    from runs.tools.registry import REGISTRY
 
     tools, providers = REGISTRY.snapshot(), PROVIDERS.snapshot()
     try:
@@ -91,8 +93,6 @@ def load() -> None:
 
 def check_endpoints() -> None:
     """Every configured model endpoint names a provider that takes endpoints."""
-    from runs.providers.endpoints import SETTING
-    from runs.providers.registry import PROVIDERS
 
     table = getattr(settings, SETTING, None) or {}
     known = PROVIDERS.endpoint_providers()

@@ -29,6 +29,10 @@ from collections.abc import Callable
 from importlib import import_module
 from typing import Any
 
+from django.apps import apps
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import module_has_submodule
 from pydantic import BaseModel, ConfigDict
 
 _HOOKS: dict[str, Callable[[RunView], Any]] = {}
@@ -78,10 +82,6 @@ def _qualname(fn) -> str:
 
 def load_hook_modules() -> None:
     """Import AGENTRT_HOOK_MODULES, then every installed app's `agent_hooks`."""
-    from django.apps import apps
-    from django.conf import settings
-    from django.core.exceptions import ImproperlyConfigured
-    from django.utils.module_loading import module_has_submodule
 
     names = list(getattr(settings, "AGENTRT_HOOK_MODULES", []) or [])
     names += [

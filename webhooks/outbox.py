@@ -145,7 +145,7 @@ def links(run_id: str, approval_id: str | None = None) -> dict:
 def payload(delivery_id, event, sequence: int, context: dict) -> dict:
     """The JSON body (README, "Webhooks"): fixed at the event's commit, the same on every attempt."""
     run = context["run"]
-    data: dict = {"run": run, "event": {"sequence": sequence, "payload": json.loads(sql_json(event.payload))}}
+    data: dict = {"run": run, "event": {"sequence": sequence, "payload": json.loads(sql_json(event.payload) or "null")}}
     approval_id = None
     if event.type in ("approval.requested", "approval.resolved"):
         approval_id = str(event.payload.get("approval") or "") or None

@@ -11,13 +11,15 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
+from django_q.models import OrmQ
 
 from maintenance.locks import try_sweep_lock
 from runs.clock import CLOCK
 from runs.models import Run
-from runs.runtime.executor import enqueue_drive
 from runs.runtime.faults import fire
+from runs.runtime.finalize import enqueue_drive
 from runs.runtime.queue import db_now
 from runs.runtime.resume import RunLeased, RunNotRunning, run_resume
 
@@ -32,10 +34,6 @@ def pending_doorbells(now, grace_seconds: float) -> set[str]:
     A row a worker took longer ago than that, for a run that is still QUEUED,
     is a lost doorbell: the worker died with it (django-q2 hands it out again
     only after `retry`, minutes later), so it does not count."""
-    from datetime import timedelta
-
-    from django.conf import settings
-    from django_q.models import OrmQ
 
     retry = timedelta(seconds=settings.Q_CLUSTER["retry"])
     ids = set()
@@ -67,7 +65,8 @@ def sweep_reclaim(*, queued_grace_seconds: float = 5.0) -> dict:
                 status="QUEUED", updated_at__lt=now - timedelta(seconds=queued_grace_seconds)
             ).values_list("id", flat=True)[:BATCH]
         )
-    resumed, outcomes = 0, {}
+    resumed = 0
+    outcomes: dict[str, int] = {}
     for run_id, epoch in expired:
         fire("sweep.after_select", run_id)
         try:

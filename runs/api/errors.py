@@ -115,9 +115,8 @@ def _code_of(exc: exceptions.APIException) -> str:
 
 def exception_handler(exc: Exception, context: dict) -> Response:
     """Map every exception a view raises to the one error body."""
-    from rest_framework.views import (
-        set_rollback,
-    )  # not at import time: views imports the parser, which imports this module
+    # not at import time: DRF's views load our parser (DEFAULT_PARSER_CLASSES), which imports this module
+    from rest_framework.views import set_rollback
 
     request = context.get("request")
     headers: dict[str, str] = {}
@@ -140,7 +139,7 @@ def exception_handler(exc: Exception, context: dict) -> Response:
         if getattr(exc, "auth_header", None):
             headers["WWW-Authenticate"] = exc.auth_header
         if getattr(exc, "wait", None):
-            headers["Retry-After"] = "%d" % exc.wait
+            headers["Retry-After"] = f"{exc.wait:.0f}"
         if isinstance(exc, exceptions.ValidationError):
             fields = flatten(exc.detail)
             first = next(iter(fields.items()), None)

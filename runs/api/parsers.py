@@ -63,7 +63,7 @@ def check_document(data) -> None:
     """Walk a parsed document: depth, size, strings and numbers (iteratively)."""
     errors: dict[str, list[str]] = {}
     count = 0
-    stack = [(data, (), 1)]
+    stack: list[tuple[object, tuple[str | int, ...], int]] = [(data, (), 1)]
     while stack:
         value, path, depth = stack.pop()
         count += 1

@@ -115,7 +115,10 @@ class Pagination(PageNumberPagination):
 
 def errors(*codes: int) -> dict[int, OpenApiResponse]:
     described = {
-        400: "Invalid input (`fields` names the fields), unparseable JSON (`parse_error`) or nesting too deep (`depth_exceeded`).",
+        400: (
+            "Invalid input (`fields` names the fields), unparseable JSON (`parse_error`)"
+            " or nesting too deep (`depth_exceeded`)."
+        ),
         401: "Not authenticated.",
         403: "Not a tenant member, CSRF failure for session auth, or missing permission.",
         404: "No such object in your tenant (for lists: no such page).",
@@ -582,8 +585,8 @@ class ApprovalConfirm(ApiView):
 # -- schema and docs -------------------------------------------------------------------
 
 
-class JsonErrors:
-    """Errors of the schema and docs pages are the API's JSON error body too."""
+class JsonErrors(APIView):
+    """Errors of the schema and docs pages are the API's JSON error body too (a mixin: put it first)."""
 
     def handle_exception(self, exc):
         response = super().handle_exception(exc)

@@ -39,6 +39,7 @@ class BudgetExceeded(RuntimeCoreError):
         super().__init__(message)
         self.reason = reason
         self.details = details
+        self.usage: Any = None  # the usage that crossed the limit, when the ledger knows it
 
 
 class ModelError(RuntimeCoreError):
@@ -67,10 +68,6 @@ class EmptyModelTurn(RuntimeCoreError):
 
     retryable = True
     reason = FailureReason.EMPTY_MODEL_TURN
-
-
-class RunDrain(RuntimeCoreError):
-    """The slice ended or the worker is draining: yield the run back to QUEUED."""
 
 
 class ToolFailure(RuntimeCoreError):

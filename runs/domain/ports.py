@@ -61,7 +61,7 @@ class ModelProvider(Protocol):
 class RunStore(Protocol):
     """The hot-path repository: one fenced transaction per call."""
 
-    def commit(self, work: UnitOfWork) -> None:
+    def commit(self, work: UnitOfWork) -> object:  # (what an adapter returns is its own; the loop ignores it)
         """Open a transaction, run the fenced UPDATE of the run row first, apply
         `work`, commit. Raise `WorkerFenced` (after rolling back) if the fence
         affected zero rows."""
@@ -78,14 +78,6 @@ class LeaseMonitor(Protocol):
     def may_start_effect(self) -> bool:
         """True while the last successful heartbeat is within lease − interval
         (monotonic clock): the self-fence check made right before a side effect."""
-
-
-class ToolContext(Protocol):
-    run_id: UUID
-    step_number: int
-    idempotency_key: str
-    deadline_monotonic: float | None
-    token: CancellationToken
 
 
 class ToolRegistry(Protocol):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from runs.providers.endpoints import configured, endpoint_for
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -24,7 +26,6 @@ class EndpointModel(Strict):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, name, info):
-        from runs.providers.endpoints import configured
 
         endpoint = configured().get(name)
         if endpoint is None:
@@ -37,10 +38,9 @@ class EndpointModel(Strict):
     @field_validator("model")
     @classmethod
     def _model(cls, model, info):
-        from runs.providers.endpoints import endpoint_for
 
         name = info.data.get("endpoint")
         endpoint = endpoint_for(name) if name else None
         if endpoint is not None and not endpoint.allows(model):
-            raise ValueError(f"endpoint {name!r} serves only: {', '.join(endpoint.models)}")
+            raise ValueError(f"endpoint {name!r} serves only: {', '.join(endpoint.models or ())}")
         return model

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from django.conf import settings
 
 # The built-in providers whose adapters take an endpoint; a project's are
 # added by their registry entries (`endpoint=True`).
@@ -75,7 +78,6 @@ class Endpoint:
 
 def known_providers() -> frozenset[str]:
     """The built-in endpoint providers and any a project registered."""
-    import sys
 
     registry = sys.modules.get("runs.providers.registry")  # never imported from here: settings time stays light
     if registry is None:
@@ -131,8 +133,10 @@ def parse_endpoints(raw: str | Mapping[str, Any] | None, *, check_provider: bool
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise EndpointConfigError(f"{SETTING}: not valid JSON ({exc.msg} at position {exc.pos})") from None
+        except ValueError as exc:  # e.g. an integer longer than Python's digit limit
+            raise EndpointConfigError(f"{SETTING}: not valid JSON ({exc})") from None
     if not isinstance(raw, Mapping):
         raise EndpointConfigError(f"{SETTING}: must be a JSON object of endpoint name -> endpoint")
     out: dict[str, dict[str, Any]] = {}
@@ -148,8 +152,6 @@ def configured() -> dict[str, Endpoint]:
     """Every endpoint: the built-in ones, then the operator's (which override)."""
     table: Mapping[str, Any] | None = None
     try:
-        from django.conf import settings
-
         if settings.configured:
             table = getattr(settings, SETTING, None)
     except ImportError:  # pragma: no cover - Django is always installed here

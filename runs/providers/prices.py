@@ -32,6 +32,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
+from runs.providers.registry import PROVIDERS
+
 
 def _anthropic(input_per_mtok: float, output_per_mtok: float) -> dict[str, float]:
     return {
@@ -123,8 +127,6 @@ def parse_price(model: str, entry: Any) -> Price:
 def price_table() -> Mapping[str, Any]:
     """`settings.AGENTRT_MODEL_PRICES` when defined (and not None), else the built-in table."""
     try:
-        from django.conf import settings
-
         if settings.configured:
             table = getattr(settings, "AGENTRT_MODEL_PRICES", None)
             if table is not None:
@@ -171,7 +173,6 @@ def check_model_priced(model_config: Any) -> Price | None:
     """The agent-validation hook: the block's provider's price check (from
     its registry entry; `require_price` for a per-token provider). A
     provider without one is not priced here (None)."""
-    from runs.providers.registry import PROVIDERS
 
     raw = model_config.model_dump() if hasattr(model_config, "model_dump") else model_config
     entry = PROVIDERS.get(raw.get("provider") if isinstance(raw, Mapping) else None)

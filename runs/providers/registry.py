@@ -36,6 +36,7 @@ from pydantic import BaseModel
 
 from runs.domain.errors import ModelError
 from runs.domain.values import ModelTurn, StopReason
+from runs.providers.endpoints import endpoint_for
 
 log = logging.getLogger("agentrt.providers")
 
@@ -182,7 +183,6 @@ def provider_for(model: dict, on_delta=None):
         raise ValueError(f"unknown model provider {kind!r}")
     if not entry.endpoint:
         return entry.build(model, on_delta)
-    from runs.providers.endpoints import endpoint_for
 
     if "base_url" in model or "api_key_env" in model:
         log.warning(

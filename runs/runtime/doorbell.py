@@ -16,7 +16,9 @@ every `AGENTRT_Q_POLL` seconds.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connections
 from django_q.brokers.orm import ORM
@@ -37,7 +39,7 @@ def enabled() -> bool:
 class DoorbellORM(ORM):
     def __init__(self, list_key: str | None = None):
         super().__init__(list_key=list_key)
-        self._listener = None  # connected in the pusher process, on its first dequeue
+        self._listener: Any = None  # a psycopg connection, connected in the pusher process, on its first dequeue
         self._retry_at = 0.0  # after a failed LISTEN: poll until then, then try again
         self._failing = False  # the queue could not be read: reconnecting
 
@@ -98,8 +100,6 @@ class DoorbellORM(ORM):
         if CLOCK.monotonic() < self._retry_at:
             return None
         try:
-            import psycopg
-
             params = connections[Conf.ORM].get_connection_params()
             params.pop("cursor_factory", None)
             params.pop("prepare_threshold", None)

@@ -15,12 +15,24 @@ import logging
 import os
 import signal
 
+from django_q import cluster
+
 log = logging.getLogger("agentrt.drain")
+
+_DRAINING = {"flag": False}
+
+
+def request_drain() -> None:
+    """Graceful stop: each executing run yields at its next step boundary."""
+    _DRAINING["flag"] = True
+
+
+def draining() -> bool:
+    """Whether this worker process was asked to drain (the loop's `draining` port)."""
+    return _DRAINING["flag"]
 
 
 def _on_signal(signum, frame):
-    from runs.runtime.executor import request_drain
-
     request_drain()
 
 
@@ -32,8 +44,6 @@ def install_worker_handlers(sender=None, proc_name=None, **kwargs) -> None:
 
 def patch_sentinel() -> None:
     """Make the sentinel tell its workers to drain before it stops them."""
-    from django_q import cluster
-
     if getattr(cluster.Sentinel.stop, "_agentrt", False):
         return
     original = cluster.Sentinel.stop
@@ -46,15 +56,5 @@ def patch_sentinel() -> None:
                 pass
         return original(self)
 
-    stop._agentrt = True
+    stop._agentrt = True  # type: ignore[attr-defined]  # marks the patch as applied (idempotent)
     cluster.Sentinel.stop = stop
-
-
-def connect() -> None:
-    from django_q.signals import post_spawn
-
-    from runs.runtime import qheal
-
-    post_spawn.connect(install_worker_handlers, dispatch_uid="agentrt.drain")
-    qheal.patch()  # first: the drain's stop wraps the supervised one
-    patch_sentinel()

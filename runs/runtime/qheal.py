@@ -47,13 +47,17 @@ import sys
 import threading
 from multiprocessing import Event, RawValue
 from queue import Full
+from typing import Any
 
 from django import db
+from django.conf import settings
 from django_q import cluster as q_cluster
 from django_q.conf import Conf
+from django_q.management.commands import qcluster
 from django_q.queues import Queue
 
 from runs.clock import CLOCK, IDS
+from runs.runtime.drain import request_drain
 
 log = logging.getLogger("agentrt.qheal")
 
@@ -95,7 +99,7 @@ class HealingQueue(Queue):
         self._add(1)
 
     def get(self, *args, **kwargs):
-        item = multiprocessing.queues.Queue.get(self, *args, **kwargs)
+        item: Any = multiprocessing.queues.Queue.get(self, *args, **kwargs)
         self._add(-1)
         return item
 
@@ -182,8 +186,6 @@ def _watch_parent(parent: int, timer) -> None:
         if timer is None:
             os._exit(0)
         if not draining:
-            from runs.runtime.executor import request_drain
-
             request_drain()
             draining = True
         if timer.get_obj().value in (-1, -2, 0):
@@ -414,8 +416,6 @@ def cluster_start(self):
 
 def supervise(c) -> None:
     """Block while the sentinel lives; exit 1 if it dies without being asked to stop."""
-    from django.conf import settings
-
     stall = float(settings.AGENTRT_SENTINEL_STALL_SECONDS)
     while c.sentinel.is_alive():
         c.sentinel.join(timeout=min(1.0, stall / 3))
@@ -453,7 +453,6 @@ _ORIGINAL: dict = {}
 def patch() -> None:
     if getattr(q_cluster.Sentinel, "_agentrt_qheal", False):
         return
-    from django_q.management.commands import qcluster
 
     _ORIGINAL.update(
         reincarnate=q_cluster.Sentinel.reincarnate,

@@ -7,13 +7,20 @@ statements are in runs/store/lease.py.
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
 from django.conf import settings
 
+from runs.clock import IDS
 from runs.store import lease
+
+
+def worker_identity(ids=IDS) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{ids.new_id().hex[:8]}"
 
 
 @dataclass(frozen=True)

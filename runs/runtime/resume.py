@@ -9,6 +9,7 @@ The reclaim sweep, a `drive_run` that finds an expired lease and
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -22,17 +23,28 @@ from django.utils.module_loading import import_string
 from pydantic import BaseModel, ConfigDict
 
 from approvals.hashing import INTERRUPTED_NOTICE, UNCERTAIN_NOTICE, request_hash, tool_spec_dict
-from approvals.models import INTERRUPTED_SIDE_EFFECT, RECONCILE, UNCERTAIN_SIDE_EFFECT
+from approvals.models import INTERRUPTED_SIDE_EFFECT, RECONCILE, UNCERTAIN_SIDE_EFFECT, Approval
+from checkpoints.repository import checkpoint_current, checkpoint_latest
 from runs.clock import CLOCK, IDS
 from runs.domain.events import approval_requested, call_not_run, checkpointed
 from runs.domain.pipeline import UNKNOWN_OUTCOME
-from runs.domain.values import FailureReason, OutcomeKind, RunFailure, RunOutcome, Suspension, SuspensionKind
+from runs.domain.values import (
+    FailureReason,
+    OutcomeKind,
+    RunFailure,
+    RunLimits,
+    RunOutcome,
+    RunUsage,
+    Suspension,
+    SuspensionKind,
+)
 from runs.domain.writes import ApprovalInsert, EventWrite, InvocationUpdate, UnitOfWork
 from runs.errors import RunLeased, RunNotFound, RunNotRunning
-from runs.models import ModelCall, Run, ToolInvocation
-from runs.runtime.executor import finalize_detached, worker_identity
+from runs.models import AgentVersion, ModelCall, Run, ToolInvocation
 from runs.runtime.faults import fire
-from runs.runtime.queue import Claim
+from runs.runtime.finalize import finalize_detached
+from runs.runtime.queue import Claim, run_heartbeat, worker_identity
+from runs.services.selectors import run_to_dict
 from runs.store import lease
 from runs.tools import REGISTRY
 from runs.tools.reconcile import by_tool as reconcile_by_tool
@@ -43,7 +55,9 @@ log = logging.getLogger("agentrt.resume")
 MAX_LEASE_EXPIRATIONS = 3
 INTERRUPTED_OBSERVATION = {
     "error": "interrupted",
-    "message": "the process stopped while this call was in flight; its result was not recorded. You may ask for it again.",
+    "message": (
+        "the process stopped while this call was in flight; its result was not recorded. You may ask for it again."
+    ),
 }
 
 
@@ -241,9 +255,6 @@ def _end(claim: Claim, outcome: RunOutcome, work: UnitOfWork) -> str:
 
 def _damaged(run: Run) -> str | None:
     """Refuse to continue from a record that will not decode (no rewrite)."""
-    from checkpoints.repository import checkpoint_latest
-    from runs.domain.values import RunLimits, RunUsage
-    from runs.models import AgentVersion
 
     try:
         RunLimits(**run.limits)
@@ -269,8 +280,6 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
     """Pause the interrupted side effects on hash-bound approvals: finalize
     writes them, a full checkpoint, WAITING_FOR_APPROVAL and the lease release
     in one transaction."""
-    from checkpoints.repository import checkpoint_current
-
     now = CLOCK.now()
     work = UnitOfWork()
     approval_ids, inv_ids = [], []
@@ -397,8 +406,6 @@ def _cannot_wait(claim: Claim, unknown: list[ToolInvocation]) -> str | None:
 
 
 def _view(run: Run) -> RunView:
-    from approvals.models import Approval
-    from runs.services.selectors import run_to_dict
 
     return RunView(
         run=run_to_dict(run),
@@ -444,8 +451,6 @@ class _Fenced(Exception):
 def _call_reconciler(view: RunView, claim: Claim) -> Any:
     """Call the reconciler in a thread, outside any transaction, with
     AGENTRT_RECONCILE_TIMEOUT; keep the takeover's lease alive meanwhile."""
-    from runs.runtime.queue import run_heartbeat
-
     box: dict[str, Any] = {}
 
     def target():
@@ -489,8 +494,6 @@ def _as_dict(value: Any) -> dict | None:
 
 
 def _usable_json(value: Any) -> bool:
-    import json
-
     try:
         json.dumps(value, allow_nan=False)
         return True

@@ -15,11 +15,25 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from uuid import UUID
+
+from channels.layers import get_channel_layer
+
+from runs.clock import CLOCK
 
 # Wake-ups are batched at most this often per process: a page learns of new
 # events within this interval, and a busy worker sends a few batches a second
 # per run instead of two messages per commit.
 MIN_INTERVAL_SECONDS = 0.05
+
+
+# The channel-layer groups a wake-up goes to (the run page's consumer joins its run's group).
+def run_group(run_id) -> str:
+    return f"run.{UUID(str(run_id)).hex}"
+
+
+def tenant_group(tenant_id) -> str:
+    return f"tenant.{UUID(str(tenant_id)).hex}"
 
 
 class Waker:
@@ -36,8 +50,6 @@ class Waker:
         self.sent = 0  # wake-ups handed to the layer (for tests and diagnostics)
 
     def wake(self, run_id, tenant_id) -> None:
-        from runs.web.consumers import run_group, tenant_group
-
         with self._lock:
             if run_id is not None:
                 self._groups[run_group(run_id)] = None
@@ -48,10 +60,6 @@ class Waker:
         self._ready.set()
 
     def _serve(self) -> None:
-        from channels.layers import get_channel_layer
-
-        from runs.clock import CLOCK
-
         loop = asyncio.new_event_loop()
         while True:
             self._ready.wait()

@@ -10,11 +10,14 @@ from pydantic.fields import FieldInfo
 from approvals.policy import DECISIONS, OPS
 from runs.domain.limits import BY_NAME
 from runs.domain.values import RunLimits
+from runs.errors import InvalidInput
 from runs.providers import PROVIDERS
 from runs.providers.anthropic import AnthropicModel  # noqa: F401  (public: the built-in blocks)
 from runs.providers.config import EndpointModel, Strict  # noqa: F401
 from runs.providers.openai import OpenAIModel  # noqa: F401
+from runs.providers.prices import check_model_priced
 from runs.providers.scripted import ScriptedModel  # noqa: F401
+from runs.tools import REGISTRY
 
 # Keys by which a definition could choose where a request goes or which
 # secret it carries. Endpoints are operator configuration
@@ -145,16 +148,12 @@ class AgentDefinition(Strict):
 
     @model_validator(mode="after")
     def _priced(self):
-        from runs.providers.prices import check_model_priced
-
         check_model_priced(self.model)  # a model with no price is never counted as free
         return self
 
     @field_validator("tools")
     @classmethod
     def _tools(cls, tools):
-        from runs.tools import REGISTRY
-
         unknown = [t for t in tools if REGISTRY.spec(t) is None]
         if unknown:
             raise ValueError(f"unknown tools: {', '.join(unknown)} (registered: {', '.join(REGISTRY.names())})")
@@ -191,8 +190,6 @@ def resolve_limits(defaults: dict[str, Any], agent: dict[str, Any], requested: d
     for key, value in (requested or {}).items():
         current = merged.get(key)
         if current is not None and value is not None and value > current:
-            from runs.errors import InvalidInput
-
             raise InvalidInput(
                 f"limits.{key} may only tighten the agent's limit ({current})",
                 fields={f"limits.{key}": [f"must be at most {current}"]},

@@ -10,6 +10,7 @@ from runs.domain.scrub import scrub_text
 from runs.domain.writes import EventWrite
 from runs.errors import RunNotWaitingForUser
 from runs.models import Run, ToolInvocation
+from runs.runtime.finalize import enqueue_drive
 from runs.services.validation import check_text
 from runs.store.repository import record_events
 
@@ -48,7 +49,5 @@ def run_input(*, run: Run, text: str, by: str = "") -> Run:
                 EventWrite("run.requeued", {"reason": "input"}, now),
             ],
         )
-        from runs.runtime.executor import enqueue_drive
-
         enqueue_drive(run.id)
     return Run.objects.get(id=run.id)

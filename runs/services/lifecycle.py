@@ -20,6 +20,7 @@ from runs.errors import RunTerminal
 from runs.models import Run, ToolInvocation
 from runs.store.repository import record_events
 
+# The statuses a run waits in, holding no lease.
 WAITING = ("WAITING_FOR_APPROVAL", "WAITING_FOR_USER")
 
 

@@ -17,9 +17,12 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 
-from runs.models import AgentVersion, Membership, Run, Tenant
+from approvals.models import Approval
+from runs.errors import RunNotFound
+from runs.models import AgentVersion, Event, Membership, Run, Tenant
 
 
 def _authenticated(user) -> bool:
@@ -58,7 +61,6 @@ def user_with_access(user_id: Any, tenant_id: Any):
     if tenant_id is not None:  # the user and its membership in one query
         membership = Membership.objects.filter(user_id=user_id, tenant_id=tenant_id).select_related("user").first()
         return membership.user if membership else None
-    from django.contrib.auth import get_user_model
 
     return get_user_model().objects.filter(pk=user_id, is_superuser=True).first()
 
@@ -66,7 +68,6 @@ def user_with_access(user_id: Any, tenant_id: Any):
 def tenant_events(tenant_id: Any) -> QuerySet:
     """Every event of one tenant: what the tenant's runs socket streams (the
     socket took `tenant_id` from `tenant_for` when it opened)."""
-    from runs.models import Event
 
     return Event.objects.filter(tenant_id=tenant_id)
 
@@ -84,14 +85,10 @@ def agent_versions_visible_to(user) -> QuerySet:
 
 
 def approvals_visible_to(user) -> QuerySet:
-    from approvals.models import Approval
-
     return scope(Approval.objects.select_related("run", "invocation", "decided_by"), user)
 
 
 def approvals_actionable_by(user) -> QuerySet:
-    from approvals.models import Approval
-
     return scope(Approval.objects.select_related("run", "invocation", "decided_by"), user, acting=True)
 
 
@@ -114,8 +111,6 @@ def run_actionable(user, run_id: Any) -> Run:
 
 
 def _one(queryset: QuerySet, run_id: Any) -> Run:
-    from runs.errors import RunNotFound
-
     rid = as_uuid(run_id)
     run = queryset.filter(id=rid).first() if rid else None
     if run is None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Count
+from django.db.models.fields.json import KeyTextTransform
+
 from runs.models import Event, Run
 
 USAGE_KEYS = (
@@ -66,8 +69,6 @@ def tool_uncertain_counts(*, tenant_id=None) -> dict[str, int]:
     append-only event log (`tool.call.failed` with `outcome: "uncertain"`),
     so the count is durable and never goes down when an approved re-run later
     succeeds on the same invocation row."""
-    from django.db.models import Count
-    from django.db.models.fields.json import KeyTextTransform
 
     qs = Event.objects.filter(type="tool.call.failed", payload__outcome="uncertain")
     if tenant_id is not None:

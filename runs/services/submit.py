@@ -21,7 +21,7 @@ from runs.domain.scrub import scrub_text
 from runs.domain.writes import EventWrite
 from runs.errors import ActiveRunExists, AgentNotFound, IdempotencyConflict, InvalidInput, QuotaExceeded, RunNotFound
 from runs.models import TERMINAL, Agent, AgentVersion, Run, Session, Tenant
-from runs.runtime.executor import enqueue_drive
+from runs.runtime.finalize import enqueue_drive
 from runs.services.agent_schema import Limits, resolve_limits
 from runs.services.inputs import run_input
 from runs.services.validation import check_text, pydantic_fields
@@ -49,27 +49,14 @@ def run_submit(
     """Create a run and ring `drive_run` in the same transaction.
 
     Return (run, created); a replay of the same Idempotency-Key and body
-    returns the original run with created=False."""
-    if not isinstance(agent, str) or not agent:
-        raise InvalidInput("agent must be an agent name", fields={"agent": ["must be an agent name"]})
-    check_text(input, "input")
-    if limits is not None and not isinstance(limits, dict):
-        raise InvalidInput("limits must be an object", fields={"limits": ["must be an object"]})
-    try:
-        requested = Limits.model_validate(limits or {}, strict=True).given()
-    except ValidationError as exc:
-        fields = pydantic_fields(exc, "limits.")
-        raise InvalidInput(f"invalid limits: {next(iter(fields))}", fields=fields) from None
-    if idempotency_key is not None:
-        check_text(idempotency_key, "Idempotency-Key", max_length=200)
+    returns the original run with created=False. Text sent to a session whose
+    run waits for the user becomes that run's input (returned, created=False)."""
+    requested = _validated(agent, input, limits, idempotency_key)
     request_hash = _request_hash(agent, input, session, requested)
     input = scrub_text(input)  # secrets never reach the run, its events or its checkpoints
-    if idempotency_key:
-        existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
-        if existing is not None:
-            if existing.request_hash != request_hash:
-                raise IdempotencyConflict("this Idempotency-Key was used with a different request")
-            return existing, False
+    replayed = _replay(tenant, idempotency_key, request_hash)
+    if replayed is not None:
+        return replayed, False
     agent_row = Agent.objects.filter(tenant=tenant, name=agent).first()
     if agent_row is None:
         raise AgentNotFound(f"no agent named {agent!r}", fields={"agent": ["unknown agent"]})
@@ -78,20 +65,7 @@ def run_submit(
     now = CLOCK.now()
     try:
         with transaction.atomic(durable=True):
-            if session is not None:
-                try:
-                    session_id = UUID(str(session))
-                except ValueError:
-                    raise InvalidInput("session must be a session id", fields={"session": ["not a valid id"]}) from None
-                session_row = Session.objects.filter(id=session_id, tenant=tenant).first()
-                if session_row is None:
-                    raise InvalidInput("unknown session", fields={"session": ["unknown session"]})
-                if session_row.agent_id != agent_row.id:
-                    raise InvalidInput(
-                        "the session belongs to another agent", fields={"session": ["belongs to another agent"]}
-                    )
-            else:
-                session_row = None
+            session_row = _session_for(tenant, agent_row, session)
             if session_row is None or not Run.objects.filter(session=session_row).exclude(status__in=TERMINAL).exists():
                 _check_quota(tenant)  # (text for a busy session is routed below, not counted)
             if session_row is None:
@@ -114,46 +88,97 @@ def run_submit(
                 updated_at=now,
             )
             _seed_checkpoint(run, now)
-            with connection.cursor() as cursor:
-                append_events(
-                    cursor,
-                    tenant_id=tenant.id,
-                    session_id=session_row.id,
-                    run_id=run.id,
-                    epoch=0,
-                    events=[
-                        EventWrite(
-                            "run.created",
-                            {
-                                "agent": agent,
-                                "agent_version": version.version,
-                                "input": input[:2000],
-                                **submit_context(run.id),
-                            },
-                            now,
-                        )
-                    ],
-                )
+            _record_created(run, agent, now)
             enqueue_drive(run.id)
     except IntegrityError as exc:
-        text = str(exc)
-        if "one_active_run_per_session" in text or "runs.session_id" in text:
-            active = Run.objects.filter(session_id=session, status="WAITING_FOR_USER").first() if session else None
-            if active is not None:
-                # Text sent to a session whose run waits for the user is its input.
-                routed = run_input(run=active, text=input, by=by)
-                routed.routed = True
-                return routed, False
-            raise ActiveRunExists(
-                "the session already has an active run", fields={"session": ["has an active run"]}
-            ) from None
-        if "run_idempotency_key_unique" in text or "idempotency_key" in text:
-            existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
-            if existing is not None and existing.request_hash == request_hash:
-                return existing, False
-            raise IdempotencyConflict("this Idempotency-Key was used with a different request") from None
-        raise
+        return _lost_race(exc, tenant, session, idempotency_key, request_hash, input, by)
     return run, True
+
+
+def _validated(agent: Any, text: Any, limits: Any, idempotency_key: Any) -> dict:
+    """Check the request's shape (every refusal names its field); return the limits the caller asked for."""
+    if not isinstance(agent, str) or not agent:
+        raise InvalidInput("agent must be an agent name", fields={"agent": ["must be an agent name"]})
+    check_text(text, "input")
+    if limits is not None and not isinstance(limits, dict):
+        raise InvalidInput("limits must be an object", fields={"limits": ["must be an object"]})
+    try:
+        requested = Limits.model_validate(limits or {}, strict=True).given()
+    except ValidationError as exc:
+        fields = pydantic_fields(exc, "limits.")
+        raise InvalidInput(f"invalid limits: {next(iter(fields))}", fields=fields) from None
+    if idempotency_key is not None:
+        check_text(idempotency_key, "Idempotency-Key", max_length=200)
+    return requested
+
+
+def _replay(tenant: Tenant, idempotency_key: str | None, request_hash: str) -> Run | None:
+    """The run an earlier request with this Idempotency-Key created, if the body is the same; a different body
+    under the same key is refused."""
+    if not idempotency_key:
+        return None
+    existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+    if existing is not None and existing.request_hash != request_hash:
+        raise IdempotencyConflict("this Idempotency-Key was used with a different request")
+    return existing
+
+
+def _session_for(tenant: Tenant, agent_row: Agent, session: UUID | str | None) -> Session | None:
+    """The tenant's session the run continues (it must belong to the same agent), or None for a new one."""
+    if session is None:
+        return None
+    try:
+        session_id = UUID(str(session))
+    except ValueError:
+        raise InvalidInput("session must be a session id", fields={"session": ["not a valid id"]}) from None
+    session_row = Session.objects.filter(id=session_id, tenant=tenant).first()
+    if session_row is None:
+        raise InvalidInput("unknown session", fields={"session": ["unknown session"]})
+    if session_row.agent_id != agent_row.id:
+        raise InvalidInput("the session belongs to another agent", fields={"session": ["belongs to another agent"]})
+    return session_row
+
+
+def _record_created(run: Run, agent: str, now) -> None:
+    """`run.created`, in the submit's transaction (epoch 0: no lease yet)."""
+    event = EventWrite(
+        "run.created",
+        {"agent": agent, "agent_version": run.agent_version, "input": run.input[:2000], **submit_context(run.id)},
+        now,
+    )
+    with connection.cursor() as cursor:
+        append_events(
+            cursor, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=0, events=[event]
+        )
+
+
+def _lost_race(
+    exc: IntegrityError,
+    tenant: Tenant,
+    session: UUID | str | None,
+    idempotency_key: str | None,
+    request_hash: str,
+    text: str,
+    by: str,
+) -> tuple[Run, bool]:
+    """A concurrent request won a unique constraint: the session's one active run (text for a run that waits
+    for the user becomes its input) or the Idempotency-Key (the same body replays the winner's run)."""
+    message = str(exc)
+    if "one_active_run_per_session" in message or "runs.session_id" in message:
+        active = Run.objects.filter(session_id=session, status="WAITING_FOR_USER").first() if session else None
+        if active is not None:
+            routed = run_input(run=active, text=text, by=by)
+            routed.routed = True
+            return routed, False
+        raise ActiveRunExists(
+            "the session already has an active run", fields={"session": ["has an active run"]}
+        ) from None
+    if "run_idempotency_key_unique" in message or "idempotency_key" in message:
+        existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if existing is not None and existing.request_hash == request_hash:
+            return existing, False
+        raise IdempotencyConflict("this Idempotency-Key was used with a different request") from None
+    raise exc
 
 
 def _check_quota(tenant: Tenant) -> None:

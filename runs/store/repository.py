@@ -11,6 +11,7 @@ also locks the row to commit; zero rows means fenced: roll back and raise
 from __future__ import annotations
 
 import json
+import uuid as _uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
@@ -18,10 +19,13 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.backends.postgresql.base import ServerBindingCursor
 
 from runs.domain.errors import WorkerFenced
 from runs.domain.records import InvocationRecord
 from runs.domain.writes import EventWrite, UnitOfWork
+from runs.models import ToolInvocation
+from runs.runtime.wake import waker
 from runs.store.fence import Transition, fence_statement
 from runs.store.pg import can_batch, unit_statement, watermark_statement
 
@@ -67,7 +71,7 @@ class _Fenced(Exception):
 def _announces(work: UnitOfWork) -> bool:
     """The unit carries an event that hooks or webhooks announce: it commits in
     a transaction that also writes their deliveries (webhooks.outbox)."""
-    from webhooks import outbox
+    from webhooks import outbox  # not at the top: webhooks.outbox imports this module (sql_json, append_events)
 
     return outbox.wants(work.events)
 
@@ -86,8 +90,6 @@ def statement_cursor() -> Cursor:
         connection.ensure_connection()
         raw = connection.connection
         if raw.prepare_threshold is not None:
-            from django.db.backends.postgresql.base import ServerBindingCursor
-
             with connection.wrap_database_errors:
                 return connection._prepare_cursor(ServerBindingCursor(raw))
     return connection.cursor()
@@ -96,8 +98,6 @@ def statement_cursor() -> Cursor:
 def _notify(run_id: UUID | None, tenant_id: UUID) -> None:
     """Wake live sockets after commit (a hint only: consumers read the table);
     sent by runs.runtime.wake's thread, never on the step's path."""
-    from runs.runtime.wake import waker
-
     waker.wake(run_id, tenant_id)
 
 
@@ -160,9 +160,11 @@ def append_events(
     return seqs
 
 
-def _deliveries(cursor, tenant_id, run_id, events, seqs) -> None:
+def _deliveries(
+    cursor: Cursor, tenant_id: UUID, run_id: UUID | None, events: list[EventWrite], seqs: list[int]
+) -> None:
     """Hooks and webhooks for these events, written in their transaction (webhooks.outbox)."""
-    from webhooks import outbox
+    from webhooks import outbox  # not at the top: webhooks.outbox imports this module (sql_json, append_events)
 
     if outbox.wants(events):
         outbox.enqueue(cursor, tenant_id=tenant_id, run_id=run_id, events=events, sequences=seqs)
@@ -263,7 +265,6 @@ class DjangoRunStore:
 
     def invocations_for_step(self, step_number: int) -> list[InvocationRecord]:
         """Read the invocation rows of one step (to re-enter an open batch)."""
-        from runs.models import ToolInvocation
 
         return [
             InvocationRecord(**row)
@@ -487,8 +488,6 @@ class DjangoRunStore:
 
 def _checkpoint_id(run_id: UUID, version: int) -> UUID:
     """Deterministic: a checkpoint is named by (run, version)."""
-    import uuid as _uuid
-
     return _uuid.uuid5(run_id, f"checkpoint:{version}")
 
 

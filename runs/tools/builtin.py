@@ -102,7 +102,7 @@ def _abort_on_cancel(context, conn):
     signal = getattr(context, "cancelled", None)
     done = threading.Event()
 
-    def watch():
+    def watch(signal):
         while not done.is_set():
             if signal.wait(0.1):
                 sock = conn.sock
@@ -113,7 +113,11 @@ def _abort_on_cancel(context, conn):
                         pass
                 return
 
-    watcher = threading.Thread(target=watch, name="http-tool-cancel", daemon=True) if signal is not None else None
+    watcher = (
+        threading.Thread(target=watch, args=(signal,), name="http-tool-cancel", daemon=True)
+        if signal is not None
+        else None
+    )
     if watcher is not None:
         watcher.start()
     try:
@@ -140,6 +144,8 @@ def _request(method: str, url: str, headers: dict, body: bytes | None, timeout: 
         raise ToolFailure("cancelled", "the run was cancelled; the request was not sent")
     parts = urlsplit(url)
     conn_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    if not parts.hostname:  # _check_url refuses these; never let an empty host mean localhost
+        raise ToolFailure("url_not_allowed", "only http and https URLs with a host are allowed")
     conn = conn_class(parts.hostname, parts.port, timeout=timeout)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:

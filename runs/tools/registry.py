@@ -28,7 +28,7 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections
 from jsonschema import Draft202012Validator
@@ -310,7 +310,7 @@ def register(
                 f"tool {name!r}: give parameters= (JSON Schema) or annotate the first parameter of "
                 f"{_origin(fn)} with a pydantic model"
             )
-        schema = parameters if parameters is not None else _schema_of(model)
+        schema = parameters if parameters is not None else _schema_of(cast(type[BaseModel], model))
         doc = inspect.getdoc(fn) or (model.__doc__ if model is not None and parameters is None else None) or ""
         summary = (doc.strip().splitlines() or [""])[0]
         REGISTRY.register(

@@ -13,15 +13,16 @@ from __future__ import annotations
 import asyncio
 import json
 from urllib.parse import parse_qs
-from uuid import UUID
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db import close_old_connections
 
+from runs.api.parsers import MAX_DEPTH, check_document
 from runs.clock import CLOCK
 from runs.domain.events import STATUS_EVENTS as STATUS_EVENT_TYPES
 from runs.models import Event, Run
+from runs.runtime.wake import run_group, tenant_group
 from runs.services import scoping
 from runs.services.selectors import event_to_dict
 from runs.web.ws_auth import credential_of, credential_still_valid
@@ -31,14 +32,6 @@ POLL_SECONDS = 0.5
 BATCH = 200
 MAX_FRAME_CHARS = 4096  # clients send at most a ping
 STATUS_EVENTS = tuple(t.value for t in STATUS_EVENT_TYPES)  # what ws/runs/ streams (runs.domain.events)
-
-
-def run_group(run_id) -> str:
-    return f"run.{UUID(str(run_id)).hex}"
-
-
-def tenant_group(tenant_id) -> str:
-    return f"tenant.{UUID(str(tenant_id)).hex}"
 
 
 @database_sync_to_async
@@ -67,7 +60,6 @@ def _frame_problem(text_data, bytes_data) -> str | None:
         return "only text frames are accepted"
     if len(text_data) > MAX_FRAME_CHARS:
         return f"frames are at most {MAX_FRAME_CHARS} characters"
-    from runs.api.parsers import MAX_DEPTH, check_document
 
     try:
         content = json.loads(text_data)

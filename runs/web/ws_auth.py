@@ -9,13 +9,23 @@ deactivated user closes the socket within one poll period."""
 
 from __future__ import annotations
 
+from importlib import import_module
+
+from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
+from django.conf import settings
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
+from django.contrib.auth.models import AnonymousUser
+from django.utils.crypto import constant_time_compare
+from knox.auth import TokenAuthentication
+from knox.models import AuthToken
+from rest_framework.exceptions import AuthenticationFailed
+
+from runs.clock import CLOCK
 
 
 def _authenticate(key: str):
-    from knox.auth import TokenAuthentication
-    from rest_framework.exceptions import AuthenticationFailed
 
     try:
         user, token = TokenAuthentication().authenticate_credentials(key.encode("utf-8"))
@@ -36,15 +46,11 @@ class TokenAuthMiddleware(BaseMiddleware):
             if user is not None:
                 scope = dict(scope, user=user, auth_token_digest=digest)
             else:
-                from django.contrib.auth.models import AnonymousUser
-
                 scope = dict(scope, user=AnonymousUser())
         return await super().__call__(scope, receive, send)
 
 
 def TokenAuthMiddlewareStack(inner):
-    from channels.auth import AuthMiddlewareStack
-
     # The session stack runs first and sets scope["user"]; a token header overrides it.
     return AuthMiddlewareStack(TokenAuthMiddleware(inner))
 
@@ -60,21 +66,12 @@ def credential_of(scope) -> tuple[str, str | None]:
 def credential_still_valid(kind: str, key: str | None, user) -> bool:
     """Synchronous (call through database_sync_to_async), one query: is the
     credential still live for this (freshly read, active) user?"""
-    from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
-    from django.utils.crypto import constant_time_compare
-
-    from runs.clock import CLOCK
 
     if user is None or not user.is_active or not key:
         return False
     if kind == "token":
-        from knox.models import AuthToken
-
         token = AuthToken.objects.filter(digest=key, user_id=user.pk).only("expiry").first()
         return token is not None and (token.expiry is None or token.expiry > CLOCK.now())
-    from importlib import import_module
-
-    from django.conf import settings
 
     data = import_module(settings.SESSION_ENGINE).SessionStore(session_key=key).load()
     if str(data.get(SESSION_KEY)) != str(user.pk):

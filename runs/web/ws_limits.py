@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+import redis.asyncio
 from django.conf import settings
 
 from runs.clock import CLOCK
@@ -43,8 +44,6 @@ def _client():
     loop = asyncio.get_running_loop()
     client = _clients.get(id(loop))
     if client is None:
-        import redis.asyncio
-
         _clients.clear()  # daphne runs one loop; an old loop's client is dead
         client = _clients[id(loop)] = redis.asyncio.Redis.from_url(_redis_url())
     return client

@@ -197,14 +197,17 @@ def live_routes(world):
     ]
 
 
+def send_page(client, method, path, data):
+    return client.get(path) if method == "GET" else client.post(path, data)
+
+
 def test_live_pages_idor_matrix(world, other_world, alice, operator, bob):
     secret = owned_ids(world)
     before = page_snapshot(world)
     for method, path, data in live_routes(world):
-        send = (lambda c: c.get(path)) if method == "GET" else (lambda c: c.post(path, data))
-        response = send(browser())
+        response = send_page(browser(), method, path, data)
         assert response.status_code == 302 and "/login/" in response["Location"], (path, response.status_code)
-        assert send(browser(bob)).status_code == 404, path  # another tenant's operator
+        assert send_page(browser(bob), method, path, data).status_code == 404, path  # another tenant's operator
         assert page_snapshot(world) == before, f"{method} {path} by another tenant changed acme's objects"
     listing = browser(bob).get("/runs/").content.decode()
     assert not any(s in listing for s in secret), "the live list leaks acme's runs to globex"
@@ -232,7 +235,7 @@ def test_a_superuser_views_another_tenants_run_everywhere_but_acts_on_it_nowhere
     ]:
         response = api.post(path, body, format="json")
         assert response.status_code == 404 and response.json()["code"] == "not_found", path
-    for method, path, data in live_routes(target)[1:]:
+    for _method, path, data in live_routes(target)[1:]:
         assert page.post(path, data).status_code == 404, path
     assert page_snapshot(target) == before
 

@@ -183,7 +183,8 @@ def _judge_outcomes(
             r = runs[run_id]
             v.add(
                 "I1",
-                f"run ended {end} ({why}; plan {r.get('plan', '?')}, lease_owner={r['lease_owner']}, epoch={r['lease_epoch']}, "
+                f"run ended {end} ({why}; plan {r.get('plan', '?')}, lease_owner={r['lease_owner']}, "
+                f"epoch={r['lease_epoch']}, "
                 f"drive_run doorbells: {doorbells.get(run_id) or 'none'})",
                 run_id,
             )
@@ -511,14 +512,15 @@ def _check_uncertain(
     for item in unexplained:
         v.add(
             "I8",
-            f"invocation {item['invocation']} attempt {item['attempt']} ({item['tool']}, {item['cause']}) {item['why']}",
+            f"invocation {item['invocation']} attempt {item['attempt']} ({item['tool']}, {item['cause']}) "
+            f"{item['why']}",
             item["run"],
         )
     for item in orphan_parks:
         v.add(
             "I8",
-            f"uncertain_side_effect approval {item['approval']} names invocation {item['invocation']} attempt {item['attempt']}, "
-            "which never ended uncertain",
+            f"uncertain_side_effect approval {item['approval']} names invocation {item['invocation']} attempt "
+            f"{item['attempt']}, which never ended uncertain",
             item["run"],
         )
     dropped = [s for s in sink if s.get("behaviour")]
@@ -595,7 +597,8 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         if n or t:
             v.add(
                 "I1",
-                f"{name}'s log shows {n} unhandled run error(s) and {t} traceback(s) (no fault of the soak causes an exception)",
+                f"{name}'s log shows {n} unhandled run error(s) and {t} traceback(s) (no fault of the soak causes an "
+                "exception)",
             )
 
     # ---- I2 no unapproved duplicate effect (by content, ordered against decisions) ----
@@ -610,7 +613,8 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
             if e["lease_epoch"] < high:
                 v.add(
                     "I3",
-                    f"event #{e['sequence']} {e['type']} carries epoch {e['lease_epoch']} after epoch {high} was written",
+                    f"event #{e['sequence']} {e['type']} carries epoch {e['lease_epoch']} after epoch {high} was "
+                    "written",
                     run_id,
                 )
             high = max(high, e["lease_epoch"])
@@ -797,7 +801,8 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
                 if t["unknown"] and t["decision"] in ("run.requeued", "run.completed"):
                     v.add(
                         "I8",
-                        f"takeover at epoch {t['epoch']} found unknown effects {t['unknown']} and decided {t['decision']}",
+                        f"takeover at epoch {t['epoch']} found unknown effects {t['unknown']} and decided "
+                        f"{t['decision']}",
                         run_id,
                     )
     extra_parks, parks_unexplained = [], []
@@ -831,11 +836,17 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
                 "a SIGSTOPped zombie wrote its watermark after SIGCONT, self-fenced before sending, then lost its lease"
             )
         elif same_epoch:
-            cause = f"fault {[f['id'] for f in same_epoch]} at this epoch was classified {[h['window'] for f in same_epoch for h in f['held']]}"
+            cause = (
+                f"fault {[f['id'] for f in same_epoch]} at this epoch was classified "
+                f"{[h['window'] for f in same_epoch for h in f['held']]}"
+            )
         elif fenced:
             cause = "the worker self-fenced (no injected fault at this epoch: missed heartbeats under load)"
         else:
-            cause = "the lease expired with no injected fault at this epoch (missed heartbeats under load); the takeover found the call in flight"
+            cause = (
+                "the lease expired with no injected fault at this epoch (missed heartbeats under load); the "
+                "takeover found the call in flight"
+            )
         extra_parks.append({**item, "cause": cause})
     matched = sum(1 for k in expected_parks if k in actual)
     missing = [v_ for k, v_ in expected_parks.items() if k not in actual]
@@ -870,7 +881,8 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     for item in missing:
         v.add(
             "I8",
-            f"takeover parked invocation {item['invocation']} but no interrupted_side_effect approval matches attempt {item['attempt']}",
+            f"takeover parked invocation {item['invocation']} but no interrupted_side_effect approval matches attempt "
+            f"{item['attempt']}",
             item["run"],
         )
     for item in unexplained:
@@ -906,7 +918,8 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         r = runs.get(item["run"])
         v.add(
             "I1",
-            f"worker killed holding epoch {item['epoch']} but no takeover from that epoch (run {r['status'] if r else '?'})",
+            f"worker killed holding epoch {item['epoch']} but no takeover from that epoch (run "
+            f"{r['status'] if r else '?'})",
             item["run"],
         )
 

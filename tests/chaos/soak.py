@@ -400,14 +400,15 @@ class Soak:
         held = []
         with connection.cursor() as cur:
             cur.execute(
-                "SELECT id, lease_epoch, lease_expires_at < now() FROM runs WHERE status = 'RUNNING' AND lease_owner LIKE %s",
+                "SELECT id, lease_epoch, lease_expires_at < now() FROM runs WHERE status = 'RUNNING'"
+                " AND lease_owner LIKE %s",
                 [f"%:{pid}:%"],
             )
             rows = cur.fetchall()
             for run_id, epoch, expired in rows:
                 cur.execute(
-                    "SELECT id, status, attempt, result IS NOT NULL FROM tool_invocations WHERE run_id = %s AND NOT read_only"
-                    " ORDER BY step_number, call_index",
+                    "SELECT id, status, attempt, result IS NOT NULL FROM tool_invocations WHERE run_id = %s AND"
+                    " NOT read_only ORDER BY step_number, call_index",
                     [run_id],
                 )
                 invs = cur.fetchall()
@@ -618,10 +619,13 @@ class Soak:
             return
         with connection.cursor() as cur:
             cur.execute(
-                "SELECT r.id, r.lease_owner FROM runs r WHERE r.id = ANY(%s::uuid[]) AND r.status = 'RUNNING' AND r.lease_owner IS NOT NULL"
+                "SELECT r.id, r.lease_owner FROM runs r WHERE r.id = ANY(%s::uuid[]) AND r.status = 'RUNNING'"
+                " AND r.lease_owner IS NOT NULL"
                 " AND r.lease_expires_at > now()"
-                " AND EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = r.id AND NOT t.read_only AND t.result IS NOT NULL)"
-                " AND NOT EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = r.id AND NOT t.read_only AND t.status IN ('authorized', 'executing'))",
+                " AND EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = r.id AND NOT t.read_only"
+                " AND t.result IS NOT NULL)"
+                " AND NOT EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = r.id AND NOT t.read_only"
+                " AND t.status IN ('authorized', 'executing'))",
                 [waiting],
             )
             rows = cur.fetchall()
@@ -642,7 +646,8 @@ class Soak:
 
         with connection.cursor() as cur:
             cur.execute(
-                "SELECT lease_owner FROM runs WHERE status = 'RUNNING' AND lease_owner IS NOT NULL AND lease_expires_at > now()"
+                "SELECT lease_owner FROM runs WHERE status = 'RUNNING' AND lease_owner IS NOT NULL"
+                " AND lease_expires_at > now()"
             )
             owners = [r[0] for r in cur.fetchall()]
         pids = set()
@@ -895,8 +900,8 @@ class Soak:
                 counts = Counter(self.statuses.get(s.run_id, "-") for s in submitted)
                 kinds = Counter(f["kind"] for f in self.faults)
                 log(
-                    f"t={now - self.t_start:5.0f}s submitted {len(submitted)}/{len(self.specs)} {dict(counts)} faults {dict(kinds)} "
-                    f"decisions {sum(1 for d in self.decisions if d.get('ok'))}"
+                    f"t={now - self.t_start:5.0f}s submitted {len(submitted)}/{len(self.specs)} {dict(counts)} faults "
+                    f"{dict(kinds)} decisions {sum(1 for d in self.decisions if d.get('ok'))}"
                 )
             if len(submitted) == len(self.specs) and unfinished == 0 and not self.stopped:
                 log("every run is terminal")

@@ -102,7 +102,8 @@ def test_seeded_small_soak_holds_every_invariant_and_hits_every_window(tmp_path)
     assert report["faults"]["uncertain_by_window"]["watermark_to_result"] >= 1, report["faults"]
     assert unc["outcomes"] >= 1 and unc["by_tool"].get("http_post", 0) >= 1, unc
     assert unc["equal"] is True and unc["parked"] >= 1, unc
-    # takeover latency is a reported figure (report.md), not an assertion: a bound on elapsed time fails on a slow machine
+    # takeover latency is a reported figure (report.md), not an assertion: a bound on elapsed time fails on a slow
+    # machine
     assert proc.returncode == 0, f"exit {proc.returncode}{tail}"
 
 
@@ -111,15 +112,18 @@ def test_seeded_small_soak_holds_every_invariant_and_hits_every_window(tmp_path)
 
 def _snapshot():
     run, sess, inv = "r1", "s1", "i1"
-    ev = lambda seq, typ, epoch, **p: {
-        "session_id": sess,
-        "sequence": seq,
-        "run_id": run,
-        "type": typ,
-        "payload": p,  # noqa: E731
-        "lease_epoch": epoch,
-        "occurred_at": 100.0 + seq,
-    }
+
+    def ev(seq, typ, epoch, **p):
+        return {
+            "session_id": sess,
+            "sequence": seq,
+            "run_id": run,
+            "type": typ,
+            "payload": p,
+            "lease_epoch": epoch,
+            "occurred_at": 100.0 + seq,
+        }
+
     return {
         "runs": [
             {

@@ -21,10 +21,16 @@ def status(run_id):
     return Run.objects.filter(id=run_id).values_list("status", flat=True).get()
 
 
+def is_completed(run_id):
+    """A condition for wait_for, bound to this run (not to a loop variable)."""
+    return lambda: status(run_id) == "COMPLETED"
+
+
 def listeners() -> list[int]:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = %s AND pid <> pg_backend_pid()",
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = %s"
+            " AND pid <> pg_backend_pid()",
             [f"LISTEN {CHANNEL}"],
         )
         return [row[0] for row in cursor.fetchall()]
@@ -37,7 +43,7 @@ def test_an_idle_pusher_is_woken_by_the_enqueue_not_by_its_poll(cluster, load_ag
     for i in range(3):  # each submit finds the pusher waiting on LISTEN again
         run = submit(text=f"run {i}")
         wait_for(
-            lambda: status(run.id) == "COMPLETED",
+            is_completed(run.id),
             timeout=FALLBACK / 4,
             message=f"run {i} to be woken by NOTIFY\n{c.output()}",
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from runs.models import Event, Run
@@ -14,6 +16,11 @@ def status(run_id):
     return Run.objects.filter(id=run_id).values_list("status", flat=True).get()
 
 
+def is_completed(run_id):
+    """A condition for wait_for, bound to this run (not to a loop variable)."""
+    return lambda: status(run_id) == "COMPLETED"
+
+
 def test_a_run_submitted_from_python_completes_on_a_real_cluster(cluster, load_agent, submit):
     from django.conf import settings
 
@@ -22,7 +29,7 @@ def test_a_run_submitted_from_python_completes_on_a_real_cluster(cluster, load_a
     c = cluster(AGENTRT_LEASE_SECONDS=3)
     runs = [submit(text=f"run {i}") for i in range(5)]
     for run in runs:
-        wait_for(lambda: status(run.id) == "COMPLETED", timeout=60, message=f"run {run.id} to complete\n{c.output()}")
+        wait_for(is_completed(run.id), timeout=60, message=f"run {run.id} to complete\n{c.output()}")
     for run in runs:
         row = Run.objects.get(id=run.id)
         assert row.final_message == "bye" and row.lease_owner is None
@@ -78,7 +85,7 @@ def test_the_heartbeat_renews_the_lease_while_a_long_step_runs(cluster, load_age
         assert row.lease_epoch == 1 and row.attempts == 1
         # ... and the lease moved forward across heartbeats, each renewal later than the one before.
         assert len(seen) >= 3, seen
-        assert all(b > a for a, b in zip(seen, seen[1:])), seen
+        assert all(b > a for a, b in itertools.pairwise(seen)), seen
     finally:
         maintenance.terminate()
         try:
@@ -89,7 +96,7 @@ def test_the_heartbeat_renews_the_lease_while_a_long_step_runs(cluster, load_age
 
 
 def test_a_duplicate_doorbell_for_a_finished_run_changes_nothing(cluster, load_agent, submit):
-    from runs.runtime.executor import enqueue_drive
+    from runs.runtime.finalize import enqueue_drive
 
     load_agent()
     cluster(AGENTRT_LEASE_SECONDS=3)
@@ -127,7 +134,7 @@ def test_slices_yield_the_run_back_to_queued_and_it_still_completes(cluster, loa
     )
     gaps = [
         (b[1] - a[1]).total_seconds() * 1000
-        for a, b in zip(rows, rows[1:])
+        for a, b in itertools.pairwise(rows)
         if a[0] == "run.requeued" and b[0] == "run.claimed"
     ]
     (ROOT / "artifacts").mkdir(exist_ok=True)

@@ -16,14 +16,14 @@ from approvals.services import approval_decide
 from checkpoints.models import Checkpoint
 from runs.models import Event, ModelCall, Run, ToolInvocation
 from tests.conftest import wait_for
-from tests.fault.test_kill_points import post_agent, stack, status  # noqa: F401  (the stack fixture)
+from tests.fault.test_kill_points import post_agent, status
 
 pytestmark = [pytest.mark.fault, pytest.mark.django_db(transaction=True)]
 
 
 def test_sigkill_with_the_newest_checkpoint_deleted_resumes_from_the_log_and_sends_once(
     stack, load_agent, submit, sink, tmp_path, operator
-):  # noqa: F811
+):
     post_agent(load_agent, sink, before=3)
     c = stack("tool.after_watermark=pause")
     run = submit()

@@ -64,6 +64,11 @@ def status(run_id):
     return Run.objects.filter(id=run_id).values_list("status", flat=True).get()
 
 
+def more_events_than(count):
+    """A condition for wait_or_dump: the event log grew beyond `count` rows."""
+    return lambda: Event.objects.count() > count
+
+
 def all_completed(runs):
     return all(status(r.id) == "COMPLETED" for r in runs)
 
@@ -264,11 +269,9 @@ def test_every_backend_terminated_mid_step_and_every_run_completes(deployment, l
     runs = [submit(text=f"run {i}") for i in range(6)]
     wait_or_dump(lambda: sum(status(r.id) == "RUNNING" for r in runs) >= 2, 60, "two runs mid-step", node)
     for round_ in range(2):
-        seen = Event.objects.count()
+        progressed = more_events_than(Event.objects.count() + 3)
         assert terminate_backends() >= 3  # at least the two workers and the listener
-        wait_or_dump(
-            lambda: Event.objects.count() > seen + 3, BOUND, f"progress after cut {round_ + 1}", node, maintenance
-        )
+        wait_or_dump(progressed, BOUND, f"progress after cut {round_ + 1}", node, maintenance)
     wait_or_dump(lambda: all_completed(runs), BOUND + 30, "every run to complete", node, maintenance)
     assert maintenance.exits == [] and node.exits == []  # both reconnected in place
 

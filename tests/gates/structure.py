@@ -434,7 +434,7 @@ GUARDED_COLUMNS = ("status", *LEASE_COLUMNS)
 # other function — even another function of a listed module — is a violation.
 WRITERS: dict[str, frozenset[str]] = {
     # finalize decides the transition (a typed `Transition`) ...
-    "runs/runtime/executor.py::_transition": frozenset({"status", "lease_owner", "lease_expires_at"}),
+    "runs/runtime/finalize.py::_transition": frozenset({"status", "lease_owner", "lease_expires_at"}),
     # ... and the store's one statement for it carries it out.
     "runs/store/fence.py::transition_fence": frozenset({"status", "lease_owner", "lease_expires_at"}),
     # claim, heartbeat, take-over: the lease's own statements.
@@ -918,7 +918,7 @@ ERROR_EXCEPTIONS: dict[str, str] = {
     "runs/store/repository.py::_Fenced": "private control flow: rolls back the transaction, becomes WorkerFenced",
     "runs/runtime/resume.py::_Fenced": "private control flow of the resume path, becomes a fenced outcome",
     "runs/providers/wire/retry.py::Retry": "control flow of the providers' shared retry loop, never leaves it",
-    "runs/providers/registry.py::DuplicateProvider": "a configuration error raised at startup (two providers, one name)",
+    "runs/providers/registry.py::DuplicateProvider": "a configuration error raised at startup (two providers)",
     "runs/tools/registry.py::DuplicateTool": "a configuration error raised at startup (two tools, one name)",
     "runs/management/commands/demo.py::_Stop": "private control flow of the demo supervisor",
     "runs/api/parsers.py::_Duplicate": "private control flow of the JSON parser (duplicate keys)",

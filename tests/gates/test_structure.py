@@ -88,21 +88,21 @@ def test_the_writer_gate_sees_the_writes_the_writers_make():
         columns[write.where].add(write.column)
 
     assert dict(columns) == {where: set(allowed) for where, allowed in WRITERS.items()}
-    assert columns["runs/runtime/executor.py::_transition"] == {"status", "lease_owner", "lease_expires_at"}
+    assert columns["runs/runtime/finalize.py::_transition"] == {"status", "lease_owner", "lease_expires_at"}
     assert not any(where.startswith("runs/store/repository.py") for where in columns)
 
 
 def test_a_status_write_in_another_function_of_the_executor_fails_the_gate(tmp_path):
-    """The escape of a per-file gate: executor.py is a writer, but only its
+    """The escape of a per-file gate: finalize.py is a writer, but only its
     `_transition`; the same write from a new function of the real module is
     a violation."""
-    source = (ROOT / "runs/runtime/executor.py").read_text(encoding="utf-8")
+    source = (ROOT / "runs/runtime/finalize.py").read_text(encoding="utf-8")
     planted = source + (
         "\n\ndef _quietly_fail(run_id):\n"
         '    Run.objects.filter(id=run_id).update(status="FAILED")\n'
         '    return Transition(status="FAILED", release_lease=True)\n'
     )
-    module = tmp_path / "runs" / "runtime" / "executor.py"
+    module = tmp_path / "runs" / "runtime" / "finalize.py"
     module.parent.mkdir(parents=True)
     module.write_text(planted, encoding="utf-8")
     lines = len(planted.splitlines())
@@ -116,7 +116,7 @@ def test_a_status_write_in_another_function_of_the_executor_fails_the_gate(tmp_p
         (lines, "writes runs.status (typed)"),
     ]
     assert all("_quietly_fail" in v.message for v in violations)
-    assert terminal_writer_violations([ROOT / "runs/runtime/executor.py"]) == []
+    assert terminal_writer_violations([ROOT / "runs/runtime/finalize.py"]) == []
 
 
 def test_no_ambient_time_outside_the_clock_adapter():
@@ -272,10 +272,8 @@ def test_domain_gate_resolves_relative_imports(tmp_path):
     module = domain / "thing.py"
     module.write_text(
         "from .values import RunStatus\n"
-        "from . import errors\n"
-        "from ..models import Run\n"
-        "from .. import store\n"
-        "from ...django_stuff import x\n"
+        "from . import errors\nfrom ..models import Run\n"
+        "from .. import store\nfrom ...django_stuff import x\n"
     )
 
     violations = domain_import_violations([module], root=tmp_path)

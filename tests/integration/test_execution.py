@@ -253,14 +253,14 @@ def test_two_claims_racing_on_separate_connections_have_one_winner(load_agent, s
         barrier = threading.Barrier(2)
         results = []
 
-        def claim(owner):
+        def claim(owner, run_id, barrier, results):
             barrier.wait()
             try:
-                results.append(run_claim(run_id=run.id, owner=owner))
+                results.append(run_claim(run_id=run_id, owner=owner))
             finally:
                 connections.close_all()
 
-        threads = [threading.Thread(target=claim, args=(f"w{i}",)) for i in range(2)]
+        threads = [threading.Thread(target=claim, args=(f"w{i}", run.id, barrier, results)) for i in range(2)]
         [t.start() for t in threads]
         [t.join() for t in threads]
         assert sum(1 for r in results if r is not None) == 1

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, connections
 
 from approvals.errors import ApprovalDecided
 from approvals.models import Approval
 from approvals.services import approval_decide
-from runs.models import Event, Run
-from runs.runtime.queue import run_claim_next
+from runs.models import Event
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,10 +50,8 @@ def test_approve_and_reject_racing_have_exactly_one_winner_and_one_requeue(load_
         approval = Approval.objects.create(
             tenant_id=run.tenant_id, run=run, kind="policy", request_hash="h" * 64, presentation={"tool": "echo"}
         )
-        results = race(
-            lambda: approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash="h" * 64),
-            lambda: approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash="h" * 64),
-        )
+        decide = functools.partial(approval_decide, user=operator, approval_id=approval.id, request_hash="h" * 64)
+        results = race(functools.partial(decide, approve=True), functools.partial(decide, approve=False))
         wins = [r for r in results if isinstance(r, Approval)]
         losses = [r for r in results if isinstance(r, ApprovalDecided)]
         requeues = Event.objects.filter(run=run, type="run.requeued").count()
@@ -63,30 +61,3 @@ def test_approve_and_reject_racing_have_exactly_one_winner_and_one_requeue(load_
         with connection.cursor() as cur:  # end it so the session frees
             cur.execute("UPDATE runs SET status = 'CANCELLED' WHERE id = %s", [run.id])
     assert outcomes == [(1, 1, 1, 1)] * iterations
-
-
-def test_claim_next_skips_a_row_another_transaction_holds(load_agent, submit):
-    load_agent()
-    first, second = submit(text="a"), submit(text="b")
-    locked = threading.Event()
-    release = threading.Event()
-
-    def hold():
-        with transaction.atomic():
-            with connection.cursor() as cur:
-                cur.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", [first.id])
-                locked.set()
-                release.wait(10)
-        connections.close_all()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    locked.wait(10)
-    claim = run_claim_next(owner="w1")
-    release.set()
-    holder.join()
-    assert claim is not None and claim.run_id == second.id  # SKIP LOCKED: no wait, no double claim
-    again = run_claim_next(owner="w2")
-    assert again is not None and again.run_id == first.id
-    assert run_claim_next(owner="w3") is None
-    assert Run.objects.get(id=first.id).lease_owner == "w2"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 
+import pydantic
 import pytest
 
 from approvals.models import Approval
@@ -24,7 +25,7 @@ from runs.models import Event, ModelCall, Run, ToolInvocation
 from runs.runtime.executor import run_drive
 from runs.runtime.resume import RunView, run_resume
 from runs.tools import REGISTRY
-from tests.crash import die_at  # noqa: E402
+from tests.crash import die_at
 from tests.integration import reconcilers as R
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -446,8 +447,8 @@ def test_the_reconciler_sees_copies_of_the_run_its_steps_invocations_and_approva
         and seen_inv["idempotency_key"] == inv.idempotency_key
     )
     assert first.approvals == []
-    with pytest.raises(Exception):
-        first.run = {}  # frozen
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
+        first.run = {}
 
     # The approved re-run dies too; the next reconciler sees the decided approval.
     approval = Approval.objects.get(run=pay)

@@ -22,7 +22,7 @@ from runs.runtime.executor import execute_run, run_drive
 from runs.runtime.queue import run_claim
 from runs.runtime.resume import RunLeased, RunNotRunning, run_resume, take_over
 from runs.services.lifecycle import run_cancel
-from tests.crash import Crash, crash_at, die_at, expire  # noqa: E402
+from tests.crash import Crash, crash_at, die_at, expire
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -237,9 +237,10 @@ def test_deleting_every_checkpoint_then_resuming_reaches_the_same_end(monkeypatc
         control.step_count,
     )
     assert row.usage["tool_calls"] == control.usage["tool_calls"]
-    results = lambda r: list(
-        ToolInvocation.objects.filter(run=r).order_by("step_number").values_list("tool_name", "status")
-    )  # noqa: E731
+
+    def results(r):
+        return list(ToolInvocation.objects.filter(run=r).order_by("step_number").values_list("tool_name", "status"))
+
     assert results(row) == results(control)
 
 
@@ -275,14 +276,14 @@ def test_two_resumes_racing_on_separate_connections_have_exactly_one_winner(load
         barrier = threading.Barrier(2)
         got = []
 
-        def race(name):
+        def race(name, barrier, got, epoch):
             barrier.wait()
             try:
                 got.append(take_over(run_id=run.id, owner=name, seen_epoch=epoch, via="race"))
             finally:
                 connections["default"].close()
 
-        threads = [threading.Thread(target=race, args=(f"r{i}-{k}",)) for k in range(2)]
+        threads = [threading.Thread(target=race, args=(f"r{i}-{k}", barrier, got, epoch)) for k in range(2)]
         [t.start() for t in threads]
         [t.join() for t in threads]
         wins.append(sum(1 for g in got if g is not None))

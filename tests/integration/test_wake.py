@@ -12,8 +12,7 @@ from django.test import override_settings
 
 from runs.models import Run
 from runs.runtime.executor import run_drive
-from runs.runtime.wake import waker
-from runs.web.consumers import run_group, tenant_group
+from runs.runtime.wake import run_group, tenant_group, waker
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

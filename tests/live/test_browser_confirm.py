@@ -10,12 +10,12 @@ from django.contrib.auth.models import Permission
 
 from approvals.models import Approval
 from runs.models import Event, Run
-from tests.live.test_browser import launch_chromium, log_in, server  # noqa: F401  (server: the daphne fixture)
+from tests.live.test_browser import launch_chromium, log_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
-def test_an_operator_confirms_an_unknown_outcome_on_the_live_page(server, cluster, load_agent, submit, sink, tenant):  # noqa: F811
+def test_an_operator_confirms_an_unknown_outcome_on_the_live_page(server, cluster, load_agent, submit, sink, tenant):
     from playwright.sync_api import sync_playwright
 
     from runs.services import tenant_create

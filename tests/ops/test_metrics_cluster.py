@@ -74,7 +74,8 @@ def procs(tmp_path):
 def web_nodes(procs, tmp_path):
     """Two web nodes on one database: A open, B behind AGENTRT_METRICS_TOKEN."""
     a, b = free_port(), free_port()
-    # daphne writes its access log itself (Common Log Format, not through logging): in JSON mode it goes to its own file.
+    # daphne writes its access log itself (Common Log Format, not through logging): in JSON mode it goes to its own
+    # file.
     procs(
         [
             "-m",

@@ -15,7 +15,8 @@ from approvals.services import approval_decide
 from ops import tracing
 from runs.domain.tracing import NullTracer
 from runs.models import Event, Run
-from runs.runtime.executor import build_context, run_drive
+from runs.runtime.executor import run_drive
+from runs.runtime.wiring import build_context
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,13 @@ import threading
 
 import pytest
 
+from tests.live.test_browser import server as server
 from tests.providers.fake_openai import FakeOpenAI
+
+# Fixtures shared with other modules, offered here (the conftest) rather than imported into each test module, where
+# an import looks unused to the linter (and its autofix once removed one the tests needed).
+from tests.security.authz_world import live_server_url as live_server_url
+from tests.security.authz_world import two_tenants as two_tenants
 
 
 class Listener:

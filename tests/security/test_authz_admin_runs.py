@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from runs.models import Run
-from tests.security.authz_world import two_tenants, user  # noqa: F401
+from tests.security.authz_world import user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

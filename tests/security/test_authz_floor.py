@@ -148,7 +148,7 @@ def test_the_floor_is_read_once_per_step_and_a_tightened_floor_applies_at_the_ne
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from runs.runtime.executor import tenant_floor
+    from runs.runtime.wiring import tenant_floor
 
     user("acme", "alice")
     acme = tenant_get(name="acme")
@@ -171,7 +171,7 @@ def test_the_floor_is_read_once_per_step_and_a_tightened_floor_applies_at_the_ne
 
 
 def test_a_floor_read_that_failed_is_not_remembered():
-    from runs.runtime.executor import tenant_floor
+    from runs.runtime.wiring import tenant_floor
 
     user("acme", "alice")
     acme = tenant_get(name="acme")

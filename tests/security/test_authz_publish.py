@@ -18,7 +18,7 @@ from tests.security.authz_world import (
     release_bot,
     token_header,
     user,
-)  # noqa: F401
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -11,7 +11,6 @@ from django.test import Client
 from approvals.models import Approval
 from runs.models import Event, Run
 from tests.api.conftest import token_client
-from tests.security.authz_world import live_server_url, two_tenants  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

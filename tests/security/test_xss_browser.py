@@ -20,7 +20,7 @@ from django.db import connections
 from approvals.models import Approval
 from runs.models import Agent, Event, Run
 from tests.conftest import ROOT, wait_for
-from tests.live.test_browser import launch_chromium, server  # noqa: F401  (server: the daphne fixture)
+from tests.live.test_browser import launch_chromium
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 SHOTS = ROOT / "artifacts" / "security"
@@ -101,7 +101,7 @@ def assert_policy(response):
 
 def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(
     server, cluster, load_agent, submit, sink, tenant, monkeypatch
-):  # noqa: F811
+):
     from playwright.sync_api import sync_playwright
 
     from runs.services import run_submit
@@ -290,7 +290,7 @@ ADMIN_PAGES = (
 )
 
 
-def test_the_admin_and_the_api_docs_work_under_the_policy(server, load_agent, submit, tenant, monkeypatch):  # noqa: F811
+def test_the_admin_and_the_api_docs_work_under_the_policy(server, load_agent, submit, tenant, monkeypatch):
     """The admin, Swagger UI and ReDoc render in chromium with the policy on, and the browser reports no violation."""
     from playwright.sync_api import sync_playwright
 

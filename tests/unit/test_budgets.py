@@ -14,7 +14,10 @@ NOW = datetime(2025, 1, 1, tzinfo=UTC)
 ALL_SCOPES = list(BudgetScope)
 
 
-def check(ledger, usage=RunUsage(), scope=BudgetScope.STEP, step=1, now=NOW):
+NO_USAGE = RunUsage()
+
+
+def check(ledger, usage=NO_USAGE, scope=BudgetScope.STEP, step=1, now=NOW):
     ledger.check(usage, scope, step_number=step, now=now)
 
 

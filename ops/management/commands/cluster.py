@@ -34,9 +34,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import BinaryIO
 
 from django.conf import settings
 from django.core.management import call_command
@@ -64,9 +66,10 @@ class Node:
         self.name, self.role, self.argv, self.env = name, role, argv, env
         self.port, self.workers = port, workers
         self.log_path = log_dir / f"{name}.log" if log_dir else None
-        self.proc = None
-        self.log = None
-        self.started_at = self.ready_at = None
+        self.proc: subprocess.Popen | None = None
+        self.log: BinaryIO | None = None
+        self.started_at: float | None = None
+        self.ready_at: float | None = None
         self.restarts = 0
         self.failed_starts = 0  # exits in a row before becoming ready
         self.last_exit: int | None = None
@@ -83,8 +86,10 @@ class Node:
     def ready(self) -> bool:
         if self.ready_at is not None:
             return True
+        if self.proc is None or self.started_at is None:
+            return False
         if self.role == "web":
-            ok = _answers_ready(self.port)
+            ok = self.port is not None and _answers_ready(self.port)
         elif self.role == "worker":
             names = [comm(p) for p in descendants(self.proc.pid)]
             ok = all(r in names for r in WORKER_ROLES) and names.count("qc-worker") >= self.workers
@@ -212,13 +217,13 @@ class Command(BaseCommand):
         finally:
             for sig in STOP_SIGNALS:  # a second signal must not cut the drain short
                 signal.signal(sig, signal.SIG_IGN)
-            started = [n for n in self.nodes if n.proc is not None]
+            started = [(n, n.proc) for n in self.nodes if n.proc is not None]
             stop_children(
-                [n.proc for n in started],
-                [n.name for n in started],
+                [proc for _, proc in started],
+                [n.name for n, _ in started],
                 self._say,
                 grace=opts["stop_grace"],
-                leftovers=[s for s in self.leftovers if s not in {n.proc.pid for n in started}],
+                leftovers=[s for s in self.leftovers if s not in {proc.pid for _, proc in started}],
             )
             self._write_state()
             for n in self.nodes:
@@ -262,6 +267,7 @@ class Command(BaseCommand):
             if self.stopping:
                 break
             n.start()
+            assert n.proc is not None  # start() sets it
             self._say(f"{n.name} started (pid {n.proc.pid}{f', port {n.port}' if n.port else ''})")
         self._write_state()
         deadline = CLOCK.monotonic() + o["start_timeout"]
@@ -302,7 +308,7 @@ class Command(BaseCommand):
                 if n.ready_at is None and n.ready():
                     changed = True
                     n.failed_starts = 0
-                    if announced:
+                    if announced and n.proc is not None and n.ready_at is not None and n.started_at is not None:
                         self._say(f"{n.name} ready (pid {n.proc.pid}) after {n.ready_at - n.started_at:.1f} s")
             if not announced:
                 if all(n.ready_at is not None for n in self.nodes):

@@ -1,3 +1,6 @@
+from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.errors import RunError
@@ -19,10 +22,6 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         if opts["password"]:
-            from django.contrib.auth import get_user_model
-            from django.contrib.auth.password_validation import validate_password
-            from django.core.exceptions import ValidationError
-
             try:  # AUTH_PASSWORD_VALIDATORS (only the demo command sets a weak one, on purpose)
                 validate_password(opts["password"], get_user_model()(username=opts["user"]))
             except ValidationError as exc:

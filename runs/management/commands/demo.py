@@ -10,6 +10,7 @@ The supervision is ops/supervise.py, shared with `manage.py cluster`.
 A child that dies on its own stops the rest, and the command exits 1 for
 whatever supervises it."""
 
+import json
 import os
 import signal
 import sys
@@ -61,8 +62,6 @@ class Command(BaseCommand):
             *Permission.objects.filter(codename__in=["publish_agent", "change_tenant", "view_tenant"])
         )
         for path in sorted(DEMO.glob("*.json")):
-            import json
-
             definition = json.loads(path.read_text())
             for turn in definition["model"].get("turns", []):
                 for call in turn.get("tool_calls", []):
@@ -102,7 +101,7 @@ class Command(BaseCommand):
             self._submit_and_print(tenant, port)
             while all(p.poll() is None for p in procs):
                 CLOCK.sleep(0.5)
-            died = next(n for n, p in zip(names, procs) if p.poll() is not None)
+            died = next(n for n, p in zip(names, procs, strict=True) if p.poll() is not None)
             reason = f"{died} exited with code {procs[names.index(died)].returncode}"
         except _Stop as stop:
             self.stdout.write(f"\n{stop.args[0]}: stopping web, worker and maintenance (the worker yields its runs)")

@@ -5,6 +5,8 @@ Revoke a token by deleting it in the admin (Knox › Auth tokens) or with --rese
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from knox.models import AuthToken
+from knox.settings import knox_settings
 
 
 class Command(BaseCommand):
@@ -15,8 +17,6 @@ class Command(BaseCommand):
         parser.add_argument("-r", "--reset", action="store_true", help="revoke the user's existing tokens first")
 
     def handle(self, *args, **opts):
-        from knox.models import AuthToken
-        from knox.settings import knox_settings
 
         username = opts["username"]
         user = get_user_model()._default_manager.filter(**{get_user_model().USERNAME_FIELD: username}).first()

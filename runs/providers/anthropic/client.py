@@ -137,7 +137,8 @@ class AnthropicProvider(HTTPModelProvider):
             elif kind == "message_stop":
                 turn.done = True
             elif kind == "error":
-                error = event.get("error") if isinstance(event.get("error"), dict) else {}
+                raw_error = event.get("error")
+                error: dict = raw_error if isinstance(raw_error, dict) else {}
                 overloaded = error.get("type") == "overloaded_error"
                 error_class = "ProviderOverloaded" if overloaded else "ProviderStreamError"
                 if turn.had_output:

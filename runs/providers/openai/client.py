@@ -96,13 +96,16 @@ class OpenAIProvider(ChatCompletionsReader, HTTPModelProvider):
         return estimate(body, text, calls)
 
 
+def _object(value: Any) -> dict:
+    """`value` if it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
 def usage_of(raw: dict) -> dict[str, Any] | None:
     if "prompt_tokens" not in raw and "completion_tokens" not in raw:
         return None
-    prompt_details = raw.get("prompt_tokens_details") if isinstance(raw.get("prompt_tokens_details"), dict) else {}
-    completion_details = (
-        raw.get("completion_tokens_details") if isinstance(raw.get("completion_tokens_details"), dict) else {}
-    )
+    prompt_details = _object(raw.get("prompt_tokens_details"))
+    completion_details = _object(raw.get("completion_tokens_details"))
     creation = (
         raw.get("cache_creation_input_tokens")
         or prompt_details.get("cache_creation_tokens")

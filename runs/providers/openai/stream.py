@@ -5,6 +5,7 @@ server that ignored `stream`."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -16,6 +17,10 @@ from runs.providers.wire.turn import Turn
 
 class ChatCompletionsReader:
     """Mixin of `OpenAIProvider`: `on_event` and `read_json` fill a `Turn`."""
+
+    # provided by the provider base class (runs/providers/wire/base.py)
+    _malformed: Callable[[Turn, str], ModelError]
+    _emit: Callable[[str], None]
 
     def on_event(self, data: str, turn: Turn) -> None:
         if data.strip() == "[DONE]":

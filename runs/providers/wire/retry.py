@@ -8,6 +8,7 @@ from datetime import UTC
 from typing import Any
 
 import httpx
+from django.conf import settings
 
 from runs.clock import CLOCK
 
@@ -16,8 +17,6 @@ ERROR_BODY_LIMIT = 64 * 1024
 
 def default_max_call_seconds() -> float:
     try:
-        from django.conf import settings
-
         if settings.configured:
             return float(getattr(settings, "AGENTRT_MAX_CALL_SECONDS", 300))
     except Exception:  # pragma: no cover - settings unusable: fall back

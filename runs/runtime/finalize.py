@@ -1,0 +1,227 @@
+"""`finalize`: the only place a leased run ends.
+
+`finalize` is the only code that moves a leased run out of RUNNING or
+releases its lease (DESIGN §4, seed 002's five outcomes plus *yield*). Its
+transition is the fenced UPDATE itself, so a worker that lost its lease
+changes nothing and records one `run.fenced` event instead. `finalize_detached`
+is the same writer for an execution that ran no loop (Resume deciding).
+An UNKNOWN outcome (a side effect that ended `uncertain`) is committed and
+handed back: the executor asks Resume to decide it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import cast
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection
+from django_q.tasks import async_task
+
+from runs.clock import CLOCK
+from runs.domain.context import RunContext
+from runs.domain.errors import WorkerFenced
+from runs.domain.events import checkpointed
+from runs.domain.values import OutcomeKind, RunOutcome
+from runs.domain.writes import EventWrite, ModelCallFinish, UnitOfWork
+from runs.runtime.faults import hook_for
+from runs.runtime.queue import Claim
+from runs.store.fence import Transition
+from runs.store.repository import DjangoRunStore, append_event_unfenced
+
+log = logging.getLogger("agentrt.executor")
+
+
+_TERMINAL = {
+    OutcomeKind.COMPLETED: ("COMPLETED", "run.completed"),
+    OutcomeKind.FAILED: ("FAILED", "run.failed"),
+    OutcomeKind.CANCELLED: ("CANCELLED", "run.cancelled"),
+}
+
+
+def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock=CLOCK) -> RunOutcome:
+    """Perform the outcome: one fenced transaction that writes the pending
+    work, the checkpoint and the event, moves the run out of RUNNING and
+    releases the lease; or, when fenced, only `run.fenced`."""
+    hook_for(claim.run_id)("finalize.before_transition")
+    if outcome.kind is OutcomeKind.FENCED:
+        _record_fenced(claim, outcome.late, clock)
+        return outcome
+    if ctx is None:  # the context could not even be built: fail the run under our lease
+        return _finalize_bare(claim, outcome, clock)
+    work: UnitOfWork = outcome.pending or UnitOfWork()
+    now = clock.now()
+    if ctx.progress.prepared_call is not None and ctx.progress.prepared_id is not None:
+        work.model_call_finishes.append(
+            ModelCallFinish(
+                id=ctx.progress.prepared_id,
+                status="abandoned",
+                usage={},
+                stop_reason=None,
+                stream_had_output=False,
+                error=None,
+                prefix_sha256=None,
+                finished_at=now,
+            )
+        )
+    work.usage = ctx.progress.usage.model_dump(mode="json")
+    if outcome.kind is OutcomeKind.YIELDED:
+        if ctx.state.saved_len < len(ctx.state.conversation):
+            _checkpoint(ctx, work, "yield")
+    elif outcome.kind in _TERMINAL:
+        _checkpoint(ctx, work, "final" if outcome.kind is OutcomeKind.COMPLETED else "terminal")
+    elif outcome.kind is OutcomeKind.SUSPENDED:
+        _checkpoint(ctx, work, "suspension")
+    elif outcome.kind is OutcomeKind.UNKNOWN:
+        return _commit_unknown(ctx, claim, outcome, work, clock)
+    reason = "drain" if ctx.draining() else "slice_end"
+    transition, after = _transition(claim, outcome, work, now, reason)
+    try:
+        # the terminal transition is the adapter's, not part of the domain's RunStore port
+        cast(DjangoRunStore, ctx.store).commit(work, transition=transition, after=after)
+    except WorkerFenced:
+        late = outcome.late
+        if late is None and work.invocation_updates:
+            late = {
+                "calls": [
+                    {"invocation": str(u.id), "status": u.status, "result": u.result}
+                    for u in work.invocation_updates
+                    if u.result is not None
+                ]
+            } or None
+        _record_fenced(claim, late, clock)
+        return RunOutcome(kind=OutcomeKind.FENCED, late=late)
+    return outcome
+
+
+def _commit_unknown(ctx: RunContext, claim: Claim, outcome: RunOutcome, work: UnitOfWork, clock) -> RunOutcome:
+    """A side-effect call ended `uncertain` (DESIGN §7 step 11): commit what the batch recorded (the uncertain
+    row, the results before it) under the lease and hand the outcome back still UNKNOWN; the executor then lets
+    Resume decide (`settle_unknown`), which ends this execution through `finalize_detached` (seed 000)."""
+    try:
+        ctx.store.commit(work)
+    except WorkerFenced:
+        _record_fenced(claim, outcome.late, clock)
+        return RunOutcome(kind=OutcomeKind.FENCED, late=outcome.late)
+    return outcome
+
+
+def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_reason: str):
+    """The run row's change of finalize's fenced UPDATE (a `Transition`), with
+    the outcome's event appended to `work`, and what must join the
+    transaction."""
+    after = None
+    if outcome.kind is OutcomeKind.YIELDED:
+        work.events.append(EventWrite("run.requeued", {"reason": yield_reason, "lease_epoch": claim.epoch}, now))
+        transition = Transition(status="QUEUED", release_lease=True)
+
+        def after(cursor):  # the doorbell joins this transaction
+            enqueue_drive(claim.run_id)
+
+    elif outcome.kind is OutcomeKind.SUSPENDED:
+        assert outcome.suspension is not None  # a SUSPENDED outcome carries its suspension
+        kind = outcome.suspension.kind.value
+        status = "WAITING_FOR_USER" if kind == "user" else "WAITING_FOR_APPROVAL"
+        payload = {
+            "lease_epoch": claim.epoch,
+            "kind": kind,
+            "approvals": [str(a) for a in outcome.suspension.approval_ids],
+            "invocations": [str(i) for i in outcome.suspension.invocation_ids],
+            **outcome.suspension.details,
+        }
+        if outcome.suspension.question:
+            payload["question"] = outcome.suspension.question
+        work.events.append(
+            EventWrite("run.waiting_for_user" if kind == "user" else "run.waiting_for_approval", payload, now)
+        )
+        transition = Transition(status=status, release_lease=True)
+    elif outcome.kind in _TERMINAL:
+        status, event_type = _TERMINAL[outcome.kind]
+        payload = {"lease_epoch": claim.epoch}
+        if outcome.kind is OutcomeKind.COMPLETED:
+            payload["final_message"] = outcome.final_message
+        if outcome.failure is not None:
+            payload["failure"] = outcome.failure.as_json()
+        if outcome.result is not None:
+            payload["result"] = outcome.result
+        transition = Transition(
+            status=status,
+            release_lease=True,
+            final_message=outcome.final_message if outcome.kind is OutcomeKind.COMPLETED else None,
+            failure=payload.get("failure"),
+            result=outcome.result,
+        )
+        work.events.append(EventWrite(event_type, payload, now))
+    else:
+        raise ValueError(f"finalize cannot perform outcome {outcome.kind}")
+    return transition, after
+
+
+def finalize_detached(
+    claim: Claim, outcome: RunOutcome, work: UnitOfWork, *, clock=CLOCK, yield_reason: str = "resume"
+) -> RunOutcome:
+    """`finalize` for an execution that ran no loop (Resume deciding): the
+    same writer, the same fence, the same one transaction."""
+    hook_for(claim.run_id)("finalize.before_transition")
+    if outcome.kind is OutcomeKind.FENCED:
+        _record_fenced(claim, outcome.late, clock)
+        return outcome
+    store = DjangoRunStore(
+        run_id=claim.run_id,
+        tenant_id=claim.tenant_id,
+        session_id=claim.session_id,
+        owner=claim.owner,
+        epoch=claim.epoch,
+        code_version=settings.AGENTRT_CODE_VERSION,
+    )
+    transition, after = _transition(claim, outcome, work, clock.now(), yield_reason)
+    try:
+        store.commit(work, transition=transition, after=after)
+    except WorkerFenced:
+        _record_fenced(claim, None, clock)
+        return RunOutcome(kind=OutcomeKind.FENCED)
+    return outcome
+
+
+def _checkpoint(ctx: RunContext, work: UnitOfWork, trigger: str) -> None:
+    """The full checkpoint finalize writes; it replaces a checkpoint the loop
+    left pending in the same unit (same version, so the chain has no hole)."""
+    if work.checkpoint is not None:
+        ctx.state.version -= 1
+        work.events = [
+            e
+            for e in work.events
+            if not (e.type == "run.checkpointed" and e.payload.get("version") == work.checkpoint.version)
+        ]
+    row = ctx.state.next_checkpoint(trigger, ctx.clock.now(), force_full=True)
+    work.checkpoint = row
+    work.events.append(checkpointed(row))
+
+
+def _finalize_bare(claim: Claim, outcome: RunOutcome, clock) -> RunOutcome:
+    return finalize_detached(claim, outcome, UnitOfWork(), clock=clock)
+
+
+def _record_fenced(claim: Claim, late: dict | None, clock) -> None:
+    payload = {"lease_owner": claim.owner, "lease_epoch": claim.epoch}
+    if late:
+        payload["late"] = True
+        payload.update(late)
+    try:
+        connection.close_if_unusable_or_obsolete()
+        append_event_unfenced(
+            tenant_id=claim.tenant_id,
+            session_id=claim.session_id,
+            run_id=claim.run_id,
+            epoch=claim.epoch,
+            event=EventWrite("run.fenced", payload, clock.now()),
+        )
+    except Exception:
+        log.exception("run %s: could not record run.fenced", claim.run_id)
+
+
+def enqueue_drive(run_id: UUID) -> None:
+    """Ring the doorbell. With the ORM broker on the default database this
+    joins the caller's transaction (DESIGN §5)."""
+    async_task("runs.tasks.drive_run", str(run_id), task_name=f"drive_run {run_id}", ack_failure=True)

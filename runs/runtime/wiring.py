@@ -1,0 +1,198 @@
+"""The composition root of the runtime: where the domain's ports get their adapters.
+
+`build_context` wires one claimed run: the Django store, the tool registry, the
+policy engine over the agent's policy and its tenant's floor, the budget
+ledger, the approval gate, the provider (streaming deltas through
+`DeltaBatcher`), the supervisor as the lease, the fault hook. `connect_cluster`
+wires the runtime into django-q2 (drain on stop, self-healing queues). Nothing
+else in runs/runtime chooses an adapter.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from django.conf import settings
+from django_q.signals import post_spawn
+
+from approvals.gate import ApprovalGate
+from approvals.policy import PolicyEngine
+from checkpoints.repository import checkpoint_current
+from runs.clock import CLOCK, IDS
+from runs.domain.budgets import Ledger
+from runs.domain.cancellation import Token
+from runs.domain.context import AgentSpec, RunContext, RunSnapshot, StepProgress
+from runs.domain.errors import WorkerFenced
+from runs.domain.scrub import scrub_stream
+from runs.domain.values import CancelReason, RunLimits, RunUsage
+from runs.domain.writes import UnitOfWork
+from runs.models import AgentVersion, ModelCall, Run, Tenant
+from runs.providers import provider_for, provider_streams
+from runs.runtime import drain, qheal
+from runs.runtime.drain import draining
+from runs.runtime.faults import hook_for
+from runs.runtime.queue import Claim
+from runs.store.repository import DjangoRunStore
+from runs.tools import REGISTRY
+
+log = logging.getLogger("agentrt.executor")
+
+
+def tenant_floor(tenant_id, step_of=None):
+    """A reader of the tenant's policy floor. With `step_of` (the current step
+    number) it is read once per step — one SELECT for a whole batch of calls,
+    and a tightened floor applies from the next step; without, at every call.
+    A failed read is not remembered (the engine fails closed and the next
+    evaluation tries again)."""
+    seen: dict = {}
+
+    def read() -> dict:
+        key = step_of() if step_of is not None else None
+        if step_of is not None and seen and seen["step"] == key:
+            return seen["floor"]
+        floor = Tenant.objects.filter(id=tenant_id).values_list("policy_floor", flat=True).first() or {}
+        if step_of is not None:
+            seen.update(step=key, floor=floor)
+        return floor
+
+    return read
+
+
+def _read_only_of(tool_name: str) -> bool | None:
+    spec = REGISTRY.spec(tool_name)
+    return None if spec is None else bool(spec.read_only)
+
+
+def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) -> RunContext:
+    run = Run.objects.select_related("agent").get(id=claim.run_id)
+    version = AgentVersion.objects.get(agent_id=run.agent_id, version=run.agent_version)
+    definition = version.definition
+    limits = RunLimits(**run.limits)
+    state = checkpoint_current(run)
+    last_attempt = (
+        ModelCall.objects.filter(run_id=run.id, step_number=state.step + 1)
+        .order_by("-attempt_number")
+        .values_list("attempt_number", flat=True)
+        .first()
+    )
+    snapshot = RunSnapshot(
+        id=run.id,
+        tenant_id=run.tenant_id,
+        session_id=run.session_id,
+        agent_name=run.agent.name,
+        agent_version=run.agent_version,
+        input=run.input,
+        deadline_at=run.deadline_at,
+        attempts=run.attempts,
+        lease_epoch=claim.epoch,
+    )
+    policy = PolicyEngine(definition.get("policy"), read_only_of=_read_only_of)
+    ctx = RunContext(
+        run=snapshot,
+        agent=AgentSpec(
+            name=run.agent.name,
+            version=run.agent_version,
+            instructions=definition.get("instructions", ""),
+            model=definition["model"],
+            tools=list(definition.get("tools", [])),
+            policy=definition.get("policy") or {},
+        ),
+        state=state,
+        clock=clock,
+        ids=ids,
+        provider=provider_for(definition["model"]),
+        store=DjangoRunStore(
+            run_id=run.id,
+            tenant_id=run.tenant_id,
+            session_id=run.session_id,
+            owner=claim.owner,
+            epoch=claim.epoch,
+            code_version=settings.AGENTRT_CODE_VERSION,
+        ),
+        tools=REGISTRY,
+        policy=policy,
+        budgets=Ledger(limits, run.deadline_at),
+        token=token,
+        lease=lease,
+        fault=hook_for(run.id),
+        slice_seconds=float(settings.AGENTRT_SLICE_SECONDS),
+        draining=draining,
+        started_monotonic=clock.monotonic(),
+        resumed=state.version > 1 or run.attempts > 1,
+        approvals=ApprovalGate(run=run, clock=clock, ids=ids),
+        progress=StepProgress(
+            usage=RunUsage(**(run.usage or {})), step_count=run.step_count, next_attempt=(last_attempt or 0) + 1
+        ),
+    )
+    policy.floor = tenant_floor(run.tenant_id, step_of=lambda: ctx.state.step)
+    if provider_streams(definition["model"]):
+        ctx = replace(ctx, provider=provider_for(definition["model"], on_delta=DeltaBatcher(ctx)))
+    return ctx
+
+
+class DeltaBatcher:
+    """Text deltas of a streaming model call become `model.response.delta`
+    events, batched (at most ~4 a second, or per 1 KiB), each in its own short
+    fenced transaction — never a transaction held across the stream. A fenced
+    flush sets the token, which aborts the stream."""
+
+    MIN_INTERVAL = 0.25
+    MAX_BUFFER = 1024
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+        self.raw: list[str] = []  # every delta of this attempt, as received
+        self.shown = ""  # the scrubbed text already written as deltas
+        self.size = 0  # characters received since the last flush
+        self.last = ctx.clock.monotonic()
+        self.key: tuple | None = None
+        self.index = 0
+
+    @staticmethod
+    def bind(ctx: RunContext) -> None:
+        """Point the provider's batcher at the context the loop runs with (the
+        composition root replaces ports after the provider is built)."""
+        batcher = getattr(ctx.provider, "on_delta", None)
+        if isinstance(batcher, DeltaBatcher):
+            batcher.ctx = ctx
+
+    def __call__(self, text: str) -> None:
+        key = (self.ctx.progress.current_step, self.ctx.progress.current_attempt)
+        if key != self.key:
+            self.key, self.index, self.raw, self.shown, self.size = key, 0, [], "", 0
+        self.raw.append(text)
+        self.size += len(text)
+        now = self.ctx.clock.monotonic()
+        if self.size >= self.MAX_BUFFER or now - self.last >= self.MIN_INTERVAL:
+            self.flush(now)
+
+    def flush(self, now: float) -> None:
+        if not self.size:
+            return
+        self.size, self.last = 0, now
+        # Scrubbed over the whole attempt so far, less a tail that may be a
+        # half-arrived secret (it is shown once whole, or in the final turn).
+        stable = scrub_stream("".join(self.raw))
+        if not stable.startswith(self.shown) or len(stable) == len(self.shown):
+            return  # nothing new that is safe to show (the final turn carries the whole text)
+        text, self.shown = stable[len(self.shown) :], stable
+        self.index += 1
+        assert self.key is not None  # set by the delta that filled the buffer
+        work = UnitOfWork()
+        work.event(
+            "model.response.delta",
+            {"step": self.key[0], "attempt": self.key[1], "index": self.index, "text": text},
+            self.ctx.clock.now(),
+        )
+        try:
+            self.ctx.store.commit(work)
+        except WorkerFenced:
+            self.ctx.token.cancel(CancelReason.FENCED)
+
+
+def connect_cluster() -> None:
+    """Wire the runtime into django-q2 (called from the runs app's `ready`)."""
+    post_spawn.connect(drain.install_worker_handlers, dispatch_uid="agentrt.drain")
+    qheal.patch()  # first: the drain's stop wraps the supervised one
+    drain.patch_sentinel()
