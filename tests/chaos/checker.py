@@ -116,6 +116,23 @@ def _takeovers(events_by_run: dict[str, list[dict]]) -> dict[str, list[dict]]:
                 "epoch": new_epoch, "via": e["payload"].get("via"), "previous_owner": e["payload"].get("previous_owner"),
                 "unknown": unknown, "decision": decision, "decision_payload": decision_payload,
             })
+        # A resumer may die between its takeover and its decision (run_maintenance SIGKILLed mid-resume, its
+        # connection cut): the next takeover, from the dead resumer's epoch, carries on. It finds the calls
+        # already marked interrupted (no new step.interrupted) and makes the decision — so a takeover without a
+        # decision hands its unknown effects on to its successor, and takes its successor's decision.
+        succ = {}
+        for i, t in enumerate(lst):
+            succ[i] = next((j for j in range(i + 1, len(lst)) if lst[j]["previous_epoch"] == t["epoch"]), None)
+        for i, t in enumerate(lst):
+            j = succ[i]
+            if t["decision"] is None and j is not None:
+                lst[j]["unknown"] = list(dict.fromkeys(t["unknown"] + lst[j]["unknown"]))
+                lst[j]["inherited_from_epoch"] = t["epoch"]
+        for i in reversed(range(len(lst))):
+            j = succ[i]
+            if lst[i]["decision"] is None and j is not None:
+                lst[i]["decision"], lst[i]["decision_payload"] = lst[j]["decision"], lst[j]["decision_payload"]
+                lst[i]["decided_by_epoch"] = lst[j].get("decided_by_epoch", lst[j]["epoch"])
         if lst:
             out[run_id] = lst
     return out
@@ -134,6 +151,8 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
     deployment's processes connect as application_name soak-node-K), or the
     PostgreSQL restart."""
     nodes = {int(k): v for k, v in (meta.get("worker_nodes") or {}).items()}
+    maintenance = {p for e in meta.get("supervisor") or [] if e.get("role") == "maintenance" for p in (e.get("pid"), e.get("restarted_pid"))}
+    maintenance |= {f.get("pid") for f in faults if f.get("role") == "run_maintenance"}
     held = defaultdict(set)
     for f in faults:
         if f.get("kind") in ("kill", "stop"):
@@ -144,7 +163,7 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
     def causes(run_id: str) -> tuple[list, list]:
         claims = {}
         for e in events_by_run.get(run_id, []):
-            if e["type"] == "run.claimed":
+            if e["type"] in ("run.claimed", "lease.taken_over"):  # a takeover's epoch is held by its resumer
                 owner = (e["payload"] or {}).get("lease_owner") or ""
                 parts = owner.split(":")
                 claims[(e["payload"] or {}).get("lease_epoch", e["lease_epoch"])] = (
@@ -157,14 +176,15 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
                 continue
             tc, pid = claims.get(epoch, (None, None))
             node = nodes.get(pid)
+            app = f"soak-node-{node}" if node is not None else ("soak-maintenance" if pid in maintenance else None)
             why = None
             for tf, f in timed:
                 if tc is None or tf < tc - 0.5 or tf > t["at"]:
                     continue
                 if f["kind"] == "pg_restart":
                     why = "the PostgreSQL restart"
-                elif f["kind"] == "terminate" and node is not None and f.get("application_name") == f"soak-node-{node}":
-                    why = f"pg_terminate_backend of a backend of its node {node}"
+                elif f["kind"] == "terminate" and app is not None and f.get("application_name") == app:
+                    why = f"pg_terminate_backend of a {app} backend"
                 elif f["kind"] == "kill" and (f.get("pid") == pid or (node is not None and f.get("node") == node
                                                                       and f.get("role") in NODE_ROLES)):
                     why = f"SIGKILL of {'its worker' if f.get('pid') == pid else 'its node ' + str(node) + chr(39) + 's ' + f.get('role')}"

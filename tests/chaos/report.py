@@ -104,6 +104,9 @@ def render_markdown(r: dict) -> str:
            f"call timeout {c.get('post_timeout')} s); uncertain decisions approve/confirm-true/confirm-false/reject {c['uncertain_mix']}"
            if c.get("sink_drop_rate") is not None else "")
         + (" — **baseline, no faults**" if c["no_faults"] else ""),
+        *([f"- stopped early: SIGUSR1 after {c['stopped_early_at_deaths']} process deaths (no more submits, then every submitted run "
+           f"was driven to its end under the same faults); the command's target is {c.get('deaths_target')} deaths"]
+          if c.get("stopped_early_at_deaths") is not None else []),
         f"- artifacts: `{c['artifacts']}` (snapshot.json, sink.jsonl, faults.jsonl, decisions.jsonl, process logs; "
         f"re-check with `python -m tests.chaos.checker <dir>`)",
         "",

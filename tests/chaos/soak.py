@@ -180,6 +180,9 @@ def parse_args(argv):
     p.add_argument("--no-pg-restart", action="store_true")
     p.add_argument("--deaths", type=int, default=None,
                    help="stop submitting (then drain) once this many process deaths were injected; --runs is then a cap")
+    p.add_argument("--min-uptime", type=float, default=20.0,
+                   help="a supervised process (a qcluster node's main process or sentinel, run_maintenance, a web node) is "
+                        "killed only after it has been up this long: deaths faster than start-ups are a crash loop, not a fault")
     p.add_argument("--cover-types", action="store_true",
                    help="random kills first draw among the process types not yet killed, until each died once (a short soak)")
     return p.parse_args(argv)
@@ -291,6 +294,7 @@ class Soak:
         self.pg_restart_at = (args.pg_restart_at if args.pg_restart_at is not None
                               else random.Random(f"{args.seed}:pg-restart").uniform(0.3, 0.6))
         self.stopped_submitting = False
+        self.stopped_early_at: int | None = None
         self._workers_at = 0.0
 
     # -- setup ---------------------------------------------------------------------
@@ -814,6 +818,8 @@ class Soak:
             node = self.clusters[k]
             if not self.node_ready.get(k):
                 return  # still starting after its last death: a kill per start-up would be a crash loop, not a fault
+            if role in ("sentinel", "main") and time.time() - node.started_at < self.args.min_uptime:
+                return
             if role == "main":
                 pids = [node.pid] if node.exited() is None else []  # not reaped yet: the pid cannot be reused
             else:
@@ -822,11 +828,11 @@ class Soak:
                 return  # the node is between generations
             self.kill_process(self.rng.choice(pids), "qcluster_main" if role == "main" else role, node=k,
                               supervised=node.name, window=self.node_window(k))
-        elif role == "maintenance" and self.maintenance.exited() is None and time.time() - self.maintenance.started_at > 3 * LEASE:
+        elif role == "maintenance" and self.maintenance.exited() is None and time.time() - self.maintenance.started_at > self.args.min_uptime:
             self.kill_process(self.maintenance.pid, "run_maintenance", supervised=self.maintenance.name, window="-")
         elif role == "web" and self.web:
             k = self.rng.randrange(len(self.web))
-            if self.web[k].exited() is not None or not self.web[k].ready:
+            if self.web[k].exited() is not None or not self.web[k].ready or time.time() - self.web[k].started_at < self.args.min_uptime:
                 return
             self.kill_process(self.web[k].pid, "web_node", node=k, supervised=self.web[k].name,
                               window="submit_in_flight" if self.submitter and self.submitter.busy(k) else "no_submit")
@@ -1040,7 +1046,8 @@ class Soak:
 
         def stop_submitting(*_):
             self.stopped_submitting = True
-            log("SIGUSR1: no more submits, draining")
+            self.stopped_early_at = self.n_deaths
+            log(f"SIGUSR1 after {self.n_deaths} deaths: no more submits, draining")
 
         def terminate(*_):
             raise SystemExit(143)  # stop everything it started (processes, its PostgreSQL) on the way out
@@ -1122,7 +1129,7 @@ class Soak:
                 self.release_stopped()
                 if self.pg and not a.no_pg_restart and not self.pg_restart_done:
                     share = (self.deaths() / a.deaths) if a.deaths else (self.n_submitted / max(1, len(self.specs)))
-                    if share >= self.pg_restart_at:
+                    if share >= self.pg_restart_at or self.stopped_submitting:  # stopped early: restart now, runs still in flight
                         self.pg_restart_done = True
                         g(self.restart_postgres)
             if now - last_ops > 0.2:
@@ -1296,7 +1303,7 @@ class Soak:
         a = self.args
         return {"kill_mix": a.kill_mix, "web_nodes": a.web_nodes, "web_fraction": a.web_fraction, "deaths_target": a.deaths,
                 "private_postgres": self.pg is not None, "pg_restart": not a.no_pg_restart and self.pg is not None,
-                "pg_restart_at": self.pg_restart_at}
+                "pg_restart_at": self.pg_restart_at, "stopped_early_at_deaths": self.stopped_early_at, "min_uptime": a.min_uptime}
 
     def planned_summary(self) -> dict:
         landed = Counter()

@@ -654,3 +654,34 @@ def test_deaths_are_counted_by_process_type_and_window_and_only_workers_fill_the
     assert d["by_type"]["busy_worker"] == 1 and d["by_type"]["monitor"] == 0 and d["types_hit"]["monitor"] is False
     # the sentinel's death is not a kill of a worker in the watermark window
     assert report["faults"]["kill_by_window"]["watermark_to_result"] == 1 and report["faults"]["kill_by_window"]["idle"] == 1
+
+
+def _resumer_died_history(decision: str = "run.waiting_for_approval"):
+    """The takeover (epoch 2) marks the call interrupted and its resumer dies before deciding; the next
+    takeover (epoch 3, from the resumer's epoch) finds nothing new in flight and makes the decision."""
+    snapshot, sink, faults, decisions = history()
+    events = snapshot["events"][:5] + [
+        ev(6, "lease.taken_over", 3, 25, previous_epoch=2, lease_epoch=3, via="sweep"),
+        ev(7, decision, 3, 26, kind="interrupted_side_effect"),
+        ev(8, "approval.resolved", 3, 30, approval=APPROVAL),
+        ev(9, "run.requeued", 3, 30, reason="approval"),
+        ev(10, "run.claimed", 4, 31, lease_epoch=4),
+        ev(11, "run.completed", 4, 40),
+    ]
+    snapshot["events"] = events
+    snapshot["sessions"][0]["event_seq"] = 11
+    snapshot["runs"][0]["lease_epoch"] = 4
+    snapshot["invocations"][0]["lease_epoch"] = 4
+    snapshot["checkpoints"][1]["lease_epoch"] = 4
+    snapshot["model_calls"][1]["lease_epoch"] = 4
+    return snapshot, sink, faults, decisions
+
+
+def test_i8_a_resumer_that_died_before_deciding_hands_the_unknown_effect_to_the_next_takeover():
+    report = run_check(*_resumer_died_history())
+    assert report["violations"] == [], report["violations"]
+    assert report["i8"]["matched"] == 1 and report["i8"]["equal"] is True
+
+
+def test_i8_the_next_takeover_continuing_past_the_inherited_unknown_effect_is_a_violation():
+    assert "I8" in invariants(run_check(*_resumer_died_history("run.requeued")))
