@@ -52,6 +52,7 @@ class Proc:
         self.generations.append(self.proc)
         self.started_at = time.time()
         self.ready = False  # the supervisor's readiness probe says when it serves (web nodes)
+        self.ready_at: float | None = None
 
     def exited(self) -> int | None:
         return self.proc.poll()

@@ -181,8 +181,9 @@ def parse_args(argv):
     p.add_argument("--deaths", type=int, default=None,
                    help="stop submitting (then drain) once this many process deaths were injected; --runs is then a cap")
     p.add_argument("--min-uptime", type=float, default=20.0,
-                   help="a supervised process (a qcluster node's main process or sentinel, run_maintenance, a web node) is "
-                        "killed only after it has been up this long: deaths faster than start-ups are a crash loop, not a fault")
+                   help="a qcluster node (its main process or sentinel) or a web node is killed only once it has served this "
+                        "long since it came up (run_maintenance, which has no readiness signal: twice this long after its start): "
+                        "deaths faster than start-ups are a crash loop, not a fault")
     p.add_argument("--cover-types", action="store_true",
                    help="random kills first draw among the process types not yet killed, until each died once (a short soak)")
     return p.parse_args(argv)
@@ -286,7 +287,8 @@ class Soak:
         self.kill_mix = parse_mix(args.kill_mix)
         self.owed = {r for r, w in self.kill_mix.items() if w > 0} if args.cover_types else set()
         self.roles: dict[int, dict[str, list[int]]] = {}  # node -> {kernel name: pids}
-        self.node_ready: dict[int, bool] = {}  # a node is killed (main, sentinel, pusher, monitor) only once it is up again
+        self.node_ready: dict[int, bool] = {}
+        self.node_up_since: dict[tuple[int, int], float] = {}  # (node, main pid) -> when that generation was first up  # a node is killed (main, sentinel, pusher, monitor) only once it is up again
         self.pid_node: dict[int, int] = {}  # every worker pid ever seen -> its node (recovery figures)
         self.exits: list[dict] = []  # the supervisor's log: each exit of a supervised process and its restart
         self.db_outages = 0
@@ -440,6 +442,7 @@ class Soak:
                 if p.role == "web" and not p.ready and now - getattr(p, "probed_at", 0.0) > 0.5:
                     p.probed_at = now
                     p.ready = self.web_ready(self.web.index(p))
+                    p.ready_at = now if p.ready else None
                 continue
             cause = next((f["id"] for f in reversed(self.faults) if f.get("kind") == "kill" and f.get("supervised") == p.name
                           and now - f["t"] < 120), None)
@@ -461,6 +464,8 @@ class Soak:
             self.roles[k] = r = node_roles(c.pid)
             want = int(c.env.get("AGENTRT_WORKERS") or 1)
             self.node_ready[k] = bool(r.get("qc-sentinel") and r.get("qc-pusher") and r.get("qc-monitor") and len(r.get("qc-worker", [])) >= want)
+            if self.node_ready[k] and self.node_up_since.get((k, c.pid)) is None:
+                self.node_up_since[(k, c.pid)] = time.time()  # this generation came up
             for pid in self.roles[k].get("qc-worker", []):
                 self.pid_node[pid] = k
         self.pid_cluster = pids
@@ -797,6 +802,8 @@ class Soak:
                     self.owed.discard(ROLE_OF_TYPE.get(f.get("role"), f.get("role")))
 
     def kill_role(self, role: str) -> None:
+        if role in ("busy_worker", "idle_worker", "pusher", "monitor", "sentinel") and time.time() - self._workers_at > 0.2:
+            self.refresh_workers()  # a worker's death makes its node replace every worker: pids go stale fast
         if role == "busy_worker":
             pids = self.busy_workers()
             if pids:
@@ -818,7 +825,7 @@ class Soak:
             node = self.clusters[k]
             if not self.node_ready.get(k):
                 return  # still starting after its last death: a kill per start-up would be a crash loop, not a fault
-            if role in ("sentinel", "main") and time.time() - node.started_at < self.args.min_uptime:
+            if role in ("sentinel", "main") and time.time() - self.node_up_since.get((k, node.pid), time.time()) < self.args.min_uptime:
                 return
             if role == "main":
                 pids = [node.pid] if node.exited() is None else []  # not reaped yet: the pid cannot be reused
@@ -828,11 +835,11 @@ class Soak:
                 return  # the node is between generations
             self.kill_process(self.rng.choice(pids), "qcluster_main" if role == "main" else role, node=k,
                               supervised=node.name, window=self.node_window(k))
-        elif role == "maintenance" and self.maintenance.exited() is None and time.time() - self.maintenance.started_at > self.args.min_uptime:
+        elif role == "maintenance" and self.maintenance.exited() is None and time.time() - self.maintenance.started_at > 2 * self.args.min_uptime:
             self.kill_process(self.maintenance.pid, "run_maintenance", supervised=self.maintenance.name, window="-")
         elif role == "web" and self.web:
             k = self.rng.randrange(len(self.web))
-            if self.web[k].exited() is not None or not self.web[k].ready or time.time() - self.web[k].started_at < self.args.min_uptime:
+            if self.web[k].exited() is not None or not self.web[k].ready or time.time() - (self.web[k].ready_at or time.time()) < self.args.min_uptime:
                 return
             self.kill_process(self.web[k].pid, "web_node", node=k, supervised=self.web[k].name,
                               window="submit_in_flight" if self.submitter and self.submitter.busy(k) else "no_submit")
