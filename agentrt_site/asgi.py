@@ -3,6 +3,7 @@
 WebSocket routes are wrapped in AllowedHostsOriginValidator (a cross-site
 page cannot open a socket with the operator's cookie) and in the session +
 token authentication stack."""
+
 import os
 
 from django.core.asgi import get_asgi_application
@@ -13,8 +14,8 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from runs.routing import websocket_urlpatterns  # noqa: E402
-from runs.ws_auth import TokenAuthMiddlewareStack  # noqa: E402
+from runs.web.routing import websocket_urlpatterns  # noqa: E402
+from runs.web.ws_auth import TokenAuthMiddlewareStack  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -4,6 +4,7 @@
 SQLite file in WAL mode with a busy timeout, so `make run` needs nothing but
 Python and make.
 """
+
 import json
 import os
 from datetime import timedelta
@@ -84,7 +85,7 @@ REST_KNOX = {
 # Hostile-member limits.
 AGENTRT_MAX_SLEEP_SECONDS = env_float("AGENTRT_MAX_SLEEP_SECONDS", 60)
 AGENTRT_WS_MAX_PER_USER = env_int("AGENTRT_WS_MAX_PER_USER", 20)
-AGENTRT_REDIS_URL = os.environ.get("REDIS_URL", "")  # sockets counted across processes (runs/ws_limits.py)
+AGENTRT_REDIS_URL = os.environ.get("REDIS_URL", "")  # sockets counted across processes (runs/web/ws_limits.py)
 # --- end Security ------------------------------------------------------------
 
 INSTALLED_APPS = [
@@ -322,7 +323,11 @@ AGENTRT_FAULTPOINT_DIR = os.environ.get("AGENTRT_FAULTPOINT_DIR", str(BASE_DIR /
 AGENTRT_CODE_VERSION = os.environ.get("AGENTRT_CODE_VERSION", "dev")
 # Per-model prices, USD per million tokens, e.g.
 # {"llama3.1:8b": {"input_per_mtok": 0, "output_per_mtok": 0}}; unset = the built-in table.
-AGENTRT_MODEL_PRICES = json.loads(os.environ["AGENTRT_MODEL_PRICES"]) if os.environ.get("AGENTRT_MODEL_PRICES") else None
+AGENTRT_MODEL_PRICES = (
+    json.loads(os.environ["AGENTRT_MODEL_PRICES"]) if os.environ.get("AGENTRT_MODEL_PRICES") else None
+)
+
+
 # Model endpoints (operator configuration; agents name one, never a URL or a
 # key variable): {"<name>": {"provider": "openai", "base_url": "...",
 # "api_key_env": "...", "models": [...]?}}. The built-in `openai` endpoint
@@ -362,7 +367,7 @@ Q_TIMEOUT = int(AGENTRT_SLICE_SECONDS + AGENTRT_MAX_CALL_SECONDS + 60)
 AGENTRT_Q_DOORBELL = os.environ.get("AGENTRT_Q_DOORBELL", "1") == "1"
 AGENTRT_Q_FALLBACK_POLL = env_float("AGENTRT_Q_FALLBACK_POLL", 0.5)
 # A sentinel that completes no guard cycle for this long (wedged, or stopped)
-# is killed by its qcluster main process, which exits 1 for its supervisor (runs/qheal.py).
+# is killed by its qcluster main process, which exits 1 for its supervisor (runs/runtime/qheal.py).
 AGENTRT_SENTINEL_STALL_SECONDS = env_float("AGENTRT_SENTINEL_STALL_SECONDS", 30)
 Q_CLUSTER = {
     "name": "agentrt",
@@ -375,8 +380,8 @@ Q_CLUSTER = {
     "queue_limit": Q_WORKERS,
     "bulk": 1,
     "poll": env_float("AGENTRT_Q_POLL", 0.02),
-    # On PostgreSQL the pusher waits on LISTEN instead of polling (runs/doorbell.py).
-    "broker_class": "runs.doorbell.DoorbellORM",
+    # On PostgreSQL the pusher waits on LISTEN instead of polling (runs/runtime/doorbell.py).
+    "broker_class": "runs.runtime.doorbell.DoorbellORM",
     "catch_up": False,
     "save_limit": 100,
     "label": "Django Q2",
@@ -404,7 +409,9 @@ LOGGING = {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "ops.logs.JsonFormatter"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": AGENTRT_LOG_FORMAT, "filters": ["run_context"]}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": AGENTRT_LOG_FORMAT, "filters": ["run_context"]}
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("AGENTRT_LOG_LEVEL", "WARNING")},
     "loggers": {
         "agentrt": {"level": os.environ.get("AGENTRT_LOG_LEVEL", "INFO")},

@@ -17,7 +17,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("runs.api.urls")),
     path("", include("ops.urls")),
-    path("", include("runs.urls")),
+    path("", include("runs.web.urls")),
     path("", lambda request: HttpResponseRedirect("/runs/")),
 ]
 if settings.AGENTRT_DEMO:  # only `make run` (manage.py demo) mounts the unauthenticated stand-in hook

@@ -7,6 +7,7 @@ request hash the page displayed, and both go through the one approval
 service — so an operator approves exactly what was shown, and a user
 without `approvals.resolve_approval` changes nothing, whatever they post.
 """
+
 import json
 
 from django.contrib import admin, messages
@@ -17,13 +18,12 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
+from approvals.errors import ApprovalError
+from approvals.models import CONFIRMABLE_KINDS, Approval
+from approvals.services import approval_confirm, approval_decide, can_resolve
 from runs.admin import TenantScoped
 from runs.clock import CLOCK
-from runs.scoping import approvals_actionable_by, as_uuid
-
-from .errors import ApprovalError
-from .models import CONFIRMABLE_KINDS, Approval
-from .services import approval_confirm, approval_decide, can_resolve
+from runs.services.scoping import approvals_actionable_by, as_uuid
 
 
 class PendingFirst(admin.SimpleListFilter):
@@ -36,7 +36,11 @@ class PendingFirst(admin.SimpleListFilter):
     def choices(self, changelist):
         value = self.value() or "pending"
         for lookup, title in self.lookup_choices:
-            yield {"selected": value == lookup, "query_string": changelist.get_query_string({self.parameter_name: lookup}), "display": title}
+            yield {
+                "selected": value == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
 
     def queryset(self, request, queryset):
         value = self.value() or "pending"
@@ -45,11 +49,39 @@ class PendingFirst(admin.SimpleListFilter):
 
 @admin.register(Approval)
 class ApprovalAdmin(TenantScoped):
-    list_display = ("created_at", "tool", "kind", "side_effect", "arguments_short", "run_link", "step", "waiting", "expires", "status")
+    list_display = (
+        "created_at",
+        "tool",
+        "kind",
+        "side_effect",
+        "arguments_short",
+        "run_link",
+        "step",
+        "waiting",
+        "expires",
+        "status",
+    )
     list_filter = (PendingFirst, "kind")
     ordering = ("-created_at",)
-    readonly_fields = ("id", "kind", "status", "tool", "side_effect", "arguments_pretty", "notice", "run_link", "step",
-                       "request_hash", "waiting", "expires", "decided_by", "decided_at", "decided_via", "reason", "capability")
+    readonly_fields = (
+        "id",
+        "kind",
+        "status",
+        "tool",
+        "side_effect",
+        "arguments_pretty",
+        "notice",
+        "run_link",
+        "step",
+        "request_hash",
+        "waiting",
+        "expires",
+        "decided_by",
+        "decided_at",
+        "decided_via",
+        "reason",
+        "capability",
+    )
     fields = readonly_fields
     actions = ["approve_selected", "reject_selected", "confirm_took_effect_selected", "confirm_not_taken_selected"]
     change_form_template = "admin/approvals/approval/change_form.html"
@@ -74,12 +106,19 @@ class ApprovalAdmin(TenantScoped):
 
     @admin.display(description="arguments")
     def arguments_pretty(self, obj):
-        return format_html("<pre>{}</pre>", json.dumps((obj.presentation or {}).get("arguments"), indent=2, sort_keys=True, ensure_ascii=False))
+        return format_html(
+            "<pre>{}</pre>",
+            json.dumps((obj.presentation or {}).get("arguments"), indent=2, sort_keys=True, ensure_ascii=False),
+        )
 
     @admin.display(description="run")
     def run_link(self, obj):
-        return format_html('<a href="{}">{}</a> · <a href="/runs/{}/">live</a>',
-                           reverse("admin:runs_run_change", args=[obj.run_id]), str(obj.run_id)[:8], obj.run_id)
+        return format_html(
+            '<a href="{}">{}</a> · <a href="/runs/{}/">live</a>',
+            reverse("admin:runs_run_change", args=[obj.run_id]),
+            str(obj.run_id)[:8],
+            obj.run_id,
+        )
 
     @admin.display(description="step")
     def step(self, obj):
@@ -100,13 +139,25 @@ class ApprovalAdmin(TenantScoped):
         return can_resolve(request.user)
 
     def has_view_permission(self, request, obj=None):
-        return request.user.is_active and request.user.is_staff and (
-            request.user.has_perm("approvals.view_approval") or request.user.has_perm("approvals.resolve_approval"))
+        return (
+            request.user.is_active
+            and request.user.is_staff
+            and (
+                request.user.has_perm("approvals.view_approval") or request.user.has_perm("approvals.resolve_approval")
+            )
+        )
 
     # -- decisions ---------------------------------------------------------
     def _decide(self, request, approval_id, approve, shown_hash, reason):
         try:
-            approval_decide(user=request.user, approval_id=approval_id, approve=approve, request_hash=shown_hash, reason=reason, via="admin")
+            approval_decide(
+                user=request.user,
+                approval_id=approval_id,
+                approve=approve,
+                request_hash=shown_hash,
+                reason=reason,
+                via="admin",
+            )
         except ApprovalError as exc:
             self.message_user(request, f"{approval_id}: {exc.message}", messages.ERROR)
             return False
@@ -116,12 +167,22 @@ class ApprovalAdmin(TenantScoped):
     def _settle(self, request, approval_id, took_effect, shown_hash, reason):
         """The third decision on an unknown outcome: the operator says whether it took effect."""
         try:
-            approval_confirm(user=request.user, approval_id=approval_id, request_hash=shown_hash, took_effect=took_effect,
-                             reason=reason, via="admin")
+            approval_confirm(
+                user=request.user,
+                approval_id=approval_id,
+                request_hash=shown_hash,
+                took_effect=took_effect,
+                reason=reason,
+                via="admin",
+            )
         except ApprovalError as exc:
             self.message_user(request, f"{approval_id}: {exc.message}", messages.ERROR)
             return False
-        self.message_user(request, f"{approval_id}: confirmed ({'took effect' if took_effect else 'did not take effect'})", messages.SUCCESS)
+        self.message_user(
+            request,
+            f"{approval_id}: confirmed ({'took effect' if took_effect else 'did not take effect'})",
+            messages.SUCCESS,
+        )
         return True
 
     def _confirm(self, request, queryset, approve, took_effect=None):
@@ -136,7 +197,9 @@ class ApprovalAdmin(TenantScoped):
                     self._settle(request, approval.id, took_effect, shown, reason)
             return None
         if took_effect is None:
-            title, action = ("Approve tool calls", "approve_selected") if approve else ("Reject tool calls", "reject_selected")
+            title, action = (
+                ("Approve tool calls", "approve_selected") if approve else ("Reject tool calls", "reject_selected")
+            )
         elif took_effect:
             title, action = "Confirm: the calls took effect", "confirm_took_effect_selected"
         else:
@@ -144,8 +207,15 @@ class ApprovalAdmin(TenantScoped):
         context = {
             **self.admin_site.each_context(request),
             "title": title,
-            "approvals": [{"obj": a, "pretty": json.dumps((a.presentation or {}).get("arguments"), indent=2, sort_keys=True, ensure_ascii=False)}
-                          for a in queryset],
+            "approvals": [
+                {
+                    "obj": a,
+                    "pretty": json.dumps(
+                        (a.presentation or {}).get("arguments"), indent=2, sort_keys=True, ensure_ascii=False
+                    ),
+                }
+                for a in queryset
+            ],
             "approve": approve,
             "confirming": took_effect is not None,
             "took_effect": took_effect,
@@ -166,12 +236,20 @@ class ApprovalAdmin(TenantScoped):
     def confirm_took_effect_selected(self, request, queryset):
         return self._confirm(request, queryset, False, took_effect=True)
 
-    @admin.action(description="Confirm selected: the call did not take effect (nothing is sent)", permissions=["resolve"])
+    @admin.action(
+        description="Confirm selected: the call did not take effect (nothing is sent)", permissions=["resolve"]
+    )
     def confirm_not_taken_selected(self, request, queryset):
         return self._confirm(request, queryset, False, took_effect=False)
 
     def get_urls(self):
-        return [path("<path:object_id>/decide/", self.admin_site.admin_view(self.decide_view), name="approvals_approval_decide")] + super().get_urls()
+        return [
+            path(
+                "<path:object_id>/decide/",
+                self.admin_site.admin_view(self.decide_view),
+                name="approvals_approval_decide",
+            )
+        ] + super().get_urls()
 
     def decide_view(self, request, object_id):
         if request.method != "POST":
@@ -192,6 +270,9 @@ class ApprovalAdmin(TenantScoped):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         acting = approvals_actionable_by(request.user).filter(pk=object_id).exists() if as_uuid(object_id) else False
         obj = self.get_object(request, object_id)
-        extra_context = {**(extra_context or {}), "can_resolve": can_resolve(request.user) and acting,
-                         "can_confirm": obj is not None and obj.kind in CONFIRMABLE_KINDS}
+        extra_context = {
+            **(extra_context or {}),
+            "can_resolve": can_resolve(request.user) and acting,
+            "can_confirm": obj is not None and obj.kind in CONFIRMABLE_KINDS,
+        }
         return super().change_view(request, object_id, form_url, extra_context)

@@ -1,4 +1,5 @@
 """Errors of the approval service, with their HTTP status and stable code."""
+
 from runs.errors import RunError
 
 

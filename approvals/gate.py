@@ -1,5 +1,6 @@
 """The ApprovalGate port's adapter: builds hash-bound approval rows for the
 pipeline and reads decisions back when the run resumes (DESIGN §8)."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -7,12 +8,13 @@ from typing import Any
 
 from django.conf import settings
 
+from approvals.hashing import request_hash, tool_spec_dict
+from approvals.models import Approval
 from runs.domain.writes import ApprovalInsert
 
-from .hashing import request_hash, tool_spec_dict
-from .models import Approval
-
-POLICY_NOTICE = "Policy requires an operator's approval before this call runs. Approving runs it once with these arguments."
+POLICY_NOTICE = (
+    "Policy requires an operator's approval before this call runs. Approving runs it once with these arguments."
+)
 
 
 class ApprovalGate:
@@ -29,34 +31,70 @@ class ApprovalGate:
 
     @staticmethod
     def presentation(tool, arguments) -> dict[str, Any]:
-        return {"tool": tool.name, "arguments": arguments, "side_effect": tool.side_effect, "read_only": tool.read_only, "notice": POLICY_NOTICE}
+        return {
+            "tool": tool.name,
+            "arguments": arguments,
+            "side_effect": tool.side_effect,
+            "read_only": tool.read_only,
+            "notice": POLICY_NOTICE,
+        }
 
     def current_hash(self, *, step_number: int, invocation_id, tool, arguments, kind: str, presentation: dict) -> str:
-        return request_hash(tenant_id=self.run.tenant_id, run_id=self.run.id, step_number=step_number, invocation_id=invocation_id,
-                            tool=tool_spec_dict(tool), arguments=arguments, agent_version=self.run.agent_version, kind=kind,
-                            presentation=presentation)
+        return request_hash(
+            tenant_id=self.run.tenant_id,
+            run_id=self.run.id,
+            step_number=step_number,
+            invocation_id=invocation_id,
+            tool=tool_spec_dict(tool),
+            arguments=arguments,
+            agent_version=self.run.agent_version,
+            kind=kind,
+            presentation=presentation,
+        )
 
     def request(self, *, step_number: int, invocation_id, tool, arguments, kind: str, at) -> ApprovalInsert:
-        return self._insert(step_number=step_number, invocation_id=invocation_id, tool=tool, arguments=arguments, kind=kind,
-                            presentation=self.presentation(tool, arguments), capability={"tool": tool.name, "arguments": arguments}, at=at)
+        return self._insert(
+            step_number=step_number,
+            invocation_id=invocation_id,
+            tool=tool,
+            arguments=arguments,
+            kind=kind,
+            presentation=self.presentation(tool, arguments),
+            capability={"tool": tool.name, "arguments": arguments},
+            at=at,
+        )
 
     def request_again(self, *, step_number: int, invocation_id, tool, arguments, previous: dict, at) -> ApprovalInsert:
         """A new approval of a re-run grant's kind after it was invalidated:
         the previous presentation and capability, with what runs (tool,
         arguments, side-effect class) taken from the current spec."""
-        return self._insert(step_number=step_number, invocation_id=invocation_id, tool=tool, arguments=arguments, kind=previous["kind"],
-                            presentation={**(previous.get("presentation") or {}), **rerun_shown(tool, arguments)},
-                            capability=dict(previous.get("capability") or {}) or {"tool": tool.name, "arguments": arguments}, at=at)
+        return self._insert(
+            step_number=step_number,
+            invocation_id=invocation_id,
+            tool=tool,
+            arguments=arguments,
+            kind=previous["kind"],
+            presentation={**(previous.get("presentation") or {}), **rerun_shown(tool, arguments)},
+            capability=dict(previous.get("capability") or {}) or {"tool": tool.name, "arguments": arguments},
+            at=at,
+        )
 
-    def _insert(self, *, step_number: int, invocation_id, tool, arguments, kind: str, presentation: dict, capability: dict,
-                at) -> ApprovalInsert:
+    def _insert(
+        self, *, step_number: int, invocation_id, tool, arguments, kind: str, presentation: dict, capability: dict, at
+    ) -> ApprovalInsert:
         """The row for a new pending approval, its hash bound to exactly what it presents."""
         return ApprovalInsert(
             id=self.ids.new_id(),
             invocation_id=invocation_id,
             kind=kind,
-            request_hash=self.current_hash(step_number=step_number, invocation_id=invocation_id, tool=tool, arguments=arguments,
-                                           kind=kind, presentation=presentation),
+            request_hash=self.current_hash(
+                step_number=step_number,
+                invocation_id=invocation_id,
+                tool=tool,
+                arguments=arguments,
+                kind=kind,
+                presentation=presentation,
+            ),
             capability=capability,
             presentation=presentation,
             expires_at=self._expiry(at),

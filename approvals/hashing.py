@@ -1,5 +1,6 @@
 """The approval's request hash (DESIGN §8): SHA-256 of the canonical JSON of
 what the operator is shown and what would run. No Django imports."""
+
 from __future__ import annotations
 
 import hashlib
@@ -33,8 +34,18 @@ def tool_spec_dict(spec) -> dict[str, Any]:
     }
 
 
-def request_hash(*, tenant_id, run_id, step_number: int, invocation_id, tool: dict[str, Any] | None, arguments: Any,
-                 agent_version: str, kind: str, presentation: dict[str, Any]) -> str:
+def request_hash(
+    *,
+    tenant_id,
+    run_id,
+    step_number: int,
+    invocation_id,
+    tool: dict[str, Any] | None,
+    arguments: Any,
+    agent_version: str,
+    kind: str,
+    presentation: dict[str, Any],
+) -> str:
     return hashlib.sha256(
         canonical(
             {

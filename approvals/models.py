@@ -1,11 +1,11 @@
 """Hash-bound approvals (DESIGN §3, §8): one table for policy pauses,
 interrupted side effects and reconciler pauses."""
+
 from django.conf import settings
 from django.db import models
 
 from runs.clock import new_uuid, utcnow
 from runs.domain.pipeline import RERUN_KINDS as _DOMAIN_RERUN_KINDS
-
 
 # Approval kinds (DESIGN §8, §17). A "re-run grant" is an approval whose
 # approve runs the same invocation again with the same idempotency key; a

@@ -11,9 +11,11 @@ A tenant's policy floor has the same shape. The decision for a call is the
 stricter of the floor's and the agent's (deny > require_approval > allow),
 so no agent can loosen what its tenant's floor says. No Django imports.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 DECISIONS = ("allow", "deny", "require_approval")
 OPS = ("eq", "ne", "in", "gt", "gte", "lt", "lte")
@@ -93,8 +95,13 @@ class PolicyEngine:
     floor applies at the next step of every run); `read_only_of`
     tells whether a tool is read-only (None: unknown)."""
 
-    def __init__(self, policy: dict | None, *, floor: Callable[[], dict | None] | None = None,
-                 read_only_of: Callable[[str], bool | None] | None = None):
+    def __init__(
+        self,
+        policy: dict | None,
+        *,
+        floor: Callable[[], dict | None] | None = None,
+        read_only_of: Callable[[str], bool | None] | None = None,
+    ):
         self.policy = policy or {}
         self.floor = floor
         self.read_only_of = read_only_of

@@ -6,6 +6,7 @@ operator was shown; it applies only to a run WAITING_FOR_APPROVAL, records
 `approval.resolved` (who, when, why, through which surface) and — when it is
 the batch's last decision — moves the run on in the same transaction.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -13,14 +14,20 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from approvals.errors import (
+    ApprovalDecided,
+    ApprovalExpired,
+    ApprovalForbidden,
+    ApprovalNotConfirmable,
+    ApprovalNotFound,
+    ApprovalStale,
+)
+from approvals.models import CONFIRMABLE_KINDS, RERUN_KINDS, Approval
 from runs.clock import CLOCK
 from runs.domain.values import FailureReason, RunFailure
 from runs.domain.writes import EventWrite
 from runs.models import Run, ToolInvocation
-from runs.store import append_events, jp, sql_dt, sql_json, sql_uuid
-
-from .errors import ApprovalDecided, ApprovalExpired, ApprovalForbidden, ApprovalNotConfirmable, ApprovalNotFound, ApprovalStale
-from .models import CONFIRMABLE_KINDS, RERUN_KINDS, Approval
+from runs.store.repository import append_events, jp, sql_dt, sql_json, sql_uuid
 
 SURFACES = ("admin", "api", "live")
 
@@ -31,7 +38,7 @@ def can_resolve(user) -> bool:
 
 def approval_for(*, user, approval_id: Any, acting: bool = False) -> Approval:
     """The approval, if `user` may see it (with `acting`: act on it — its own tenant only, a superuser too)."""
-    from runs.scoping import approvals_actionable_by, approvals_visible_to, as_uuid
+    from runs.services.scoping import approvals_actionable_by, approvals_visible_to, as_uuid
 
     aid = as_uuid(approval_id)
     qs = approvals_actionable_by(user) if acting else approvals_visible_to(user)
@@ -59,7 +66,9 @@ def _decision_input(*, user, approval_id: Any, request_hash: Any, reason: Any, v
     return approval
 
 
-def approval_decide(*, user, approval_id: Any, approve: bool, request_hash: str, reason: str = "", via: str = "api") -> Approval:
+def approval_decide(
+    *, user, approval_id: Any, approve: bool, request_hash: str, reason: str = "", via: str = "api"
+) -> Approval:
     """Approve or reject one pending approval, bound to the hash that was shown."""
     approval = _decision_input(user=user, approval_id=approval_id, request_hash=request_hash, reason=reason, via=via)
     now = CLOCK.now()
@@ -75,11 +84,22 @@ def approval_decide(*, user, approval_id: Any, approve: bool, request_hash: str,
             if cursor.rowcount != 1:
                 _explain_refusal(approval, request_hash, now)
             run = Run.objects.get(id=approval.run_id)
-            events = [EventWrite("approval.resolved", {
-                "approval": str(approval.id), "invocation": str(approval.invocation_id) if approval.invocation_id else None,
-                "kind": approval.kind, "decision": status, "decided_by": user.get_username(), "decided_via": via,
-                "reason": reason, "decided_at": now.isoformat(),
-            }, now)]
+            events = [
+                EventWrite(
+                    "approval.resolved",
+                    {
+                        "approval": str(approval.id),
+                        "invocation": str(approval.invocation_id) if approval.invocation_id else None,
+                        "kind": approval.kind,
+                        "decision": status,
+                        "decided_by": user.get_username(),
+                        "decided_via": via,
+                        "reason": reason,
+                        "decided_at": now.isoformat(),
+                    },
+                    now,
+                )
+            ]
             if approve:
                 if approval.invocation_id and approval.kind in RERUN_KINDS:
                     # The grant: the same invocation runs again once, same key, attempt + 1.
@@ -89,10 +109,14 @@ def approval_decide(*, user, approval_id: Any, approve: bool, request_hash: str,
                     )
                 _requeue_if_last(cursor, run, now, events)
             elif approval.kind in RERUN_KINDS:
-                failure = RunFailure(reason=FailureReason.OPERATOR_REJECTED, error_class="OperatorRejected",
-                                     message="an operator refused to run the interrupted call again", occurred_at=now,
-                                     details={"approval": str(approval.id)}).as_json()
-                from runs.lifecycle import fail_waiting
+                failure = RunFailure(
+                    reason=FailureReason.OPERATOR_REJECTED,
+                    error_class="OperatorRejected",
+                    message="an operator refused to run the interrupted call again",
+                    occurred_at=now,
+                    details={"approval": str(approval.id)},
+                ).as_json()
+                from runs.services.lifecycle import fail_waiting
 
                 if fail_waiting(cursor, run_id=run.id, failure=failure, now=now):
                     events.append(EventWrite("run.failed", {"failure": failure}, now))
@@ -103,12 +127,21 @@ def approval_decide(*, user, approval_id: Any, approve: bool, request_hash: str,
                     [sql_json(denied), sql_json(denied), sql_dt(now), sql_uuid(approval.invocation_id)],
                 )
                 _requeue_if_last(cursor, run, now, events)
-            append_events(cursor, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=run.lease_epoch, events=events)
+            append_events(
+                cursor,
+                tenant_id=run.tenant_id,
+                session_id=run.session_id,
+                run_id=run.id,
+                epoch=run.lease_epoch,
+                events=events,
+            )
     approval.refresh_from_db()
     return approval
 
 
-def approval_confirm(*, user, approval_id: Any, request_hash: str, took_effect: Any, reason: str = "", via: str = "api") -> Approval:
+def approval_confirm(
+    *, user, approval_id: Any, request_hash: str, took_effect: Any, reason: str = "", via: str = "api"
+) -> Approval:
     """The third decision on an unknown outcome (DESIGN §17): an operator who
     knows whether an `interrupted_side_effect` / `uncertain_side_effect` call
     took effect says so. The invocation gets a result recording the
@@ -121,7 +154,9 @@ def approval_confirm(*, user, approval_id: Any, request_hash: str, took_effect: 
 
     approval = _decision_input(user=user, approval_id=approval_id, request_hash=request_hash, reason=reason, via=via)
     if not isinstance(took_effect, bool):
-        raise InvalidInput("took_effect must be true or false", fields={"took_effect": ["must be a boolean (true or false)"]})
+        raise InvalidInput(
+            "took_effect must be true or false", fields={"took_effect": ["must be a boolean (true or false)"]}
+        )
     if approval.kind not in CONFIRMABLE_KINDS:
         raise ApprovalNotConfirmable(f"a {approval.kind} approval cannot be confirmed: approve or reject it")
     now = CLOCK.now()
@@ -138,32 +173,82 @@ def approval_confirm(*, user, approval_id: Any, request_hash: str, took_effect: 
                 _explain_refusal(approval, request_hash, now)
             run = Run.objects.get(id=approval.run_id)
             inv = ToolInvocation.objects.get(id=approval.invocation_id)
-            result = {"outcome": "confirmed", "took_effect": took_effect, "confirmed_by": by, "reason": reason,
-                      "message": ("an operator confirmed that this call took effect; it was not sent again" if took_effect
-                                  else "an operator confirmed that this call did not take effect; it was not sent again")}
+            result = {
+                "outcome": "confirmed",
+                "took_effect": took_effect,
+                "confirmed_by": by,
+                "reason": reason,
+                "message": (
+                    "an operator confirmed that this call took effect; it was not sent again"
+                    if took_effect
+                    else "an operator confirmed that this call did not take effect; it was not sent again"
+                ),
+            }
             history = [dict(a) for a in (inv.attempts or []) if isinstance(a, dict)]
             if not any(a.get("attempt") == inv.attempt for a in history):
                 history.append({"attempt": inv.attempt, "outcome": "uncertain", "error": inv.error})
-            history.append({"decision": "confirmed", "took_effect": took_effect, "confirmed_by": by, "at": now.isoformat(),
-                            "approval": str(approval.id)})
+            history.append(
+                {
+                    "decision": "confirmed",
+                    "took_effect": took_effect,
+                    "confirmed_by": by,
+                    "at": now.isoformat(),
+                    "approval": str(approval.id),
+                }
+            )
             cursor.execute(
                 f"UPDATE tool_invocations SET status = %s, outcome = %s, result = {jp()}, attempts = {jp()}, suspended_kind = NULL,"
-                + (" error = NULL," if took_effect else "") + " updated_at = %s WHERE id = %s",
-                ["completed" if took_effect else "failed", "succeeded" if took_effect else "failed", sql_json(result), sql_json(history),
-                 sql_dt(now), sql_uuid(inv.id)],
+                + (" error = NULL," if took_effect else "")
+                + " updated_at = %s WHERE id = %s",
+                [
+                    "completed" if took_effect else "failed",
+                    "succeeded" if took_effect else "failed",
+                    sql_json(result),
+                    sql_json(history),
+                    sql_dt(now),
+                    sql_uuid(inv.id),
+                ],
             )
             events = [
-                EventWrite("approval.resolved", {
-                    "approval": str(approval.id), "invocation": str(inv.id), "kind": approval.kind, "decision": "confirmed",
-                    "took_effect": took_effect, "decided_by": by, "decided_via": via, "reason": reason, "decided_at": now.isoformat(),
-                }, now),
-                EventWrite("tool.call.completed" if took_effect else "tool.call.failed", {
-                    "invocation": str(inv.id), "call_id": inv.call_id, "tool": inv.tool_name, "result": result, "executed": False,
-                    "attempt": inv.attempt, "outcome": "succeeded" if took_effect else "failed", "confirmed": True,
-                }, now),
+                EventWrite(
+                    "approval.resolved",
+                    {
+                        "approval": str(approval.id),
+                        "invocation": str(inv.id),
+                        "kind": approval.kind,
+                        "decision": "confirmed",
+                        "took_effect": took_effect,
+                        "decided_by": by,
+                        "decided_via": via,
+                        "reason": reason,
+                        "decided_at": now.isoformat(),
+                    },
+                    now,
+                ),
+                EventWrite(
+                    "tool.call.completed" if took_effect else "tool.call.failed",
+                    {
+                        "invocation": str(inv.id),
+                        "call_id": inv.call_id,
+                        "tool": inv.tool_name,
+                        "result": result,
+                        "executed": False,
+                        "attempt": inv.attempt,
+                        "outcome": "succeeded" if took_effect else "failed",
+                        "confirmed": True,
+                    },
+                    now,
+                ),
             ]
             _requeue_if_last(cursor, run, now, events)
-            append_events(cursor, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=run.lease_epoch, events=events)
+            append_events(
+                cursor,
+                tenant_id=run.tenant_id,
+                session_id=run.session_id,
+                run_id=run.id,
+                epoch=run.lease_epoch,
+                events=events,
+            )
     approval.refresh_from_db()
     return approval
 
@@ -178,7 +263,7 @@ def _requeue_if_last(cursor, run: Run, now, events: list) -> None:
     )
     if cursor.rowcount == 1:
         events.append(EventWrite("run.requeued", {"reason": "approval"}, now))
-        from runs.executor import enqueue_drive
+        from runs.runtime.executor import enqueue_drive
 
         enqueue_drive(run.id)
 

@@ -12,6 +12,7 @@ scrapes `/metrics` in-process REPEATS times. Prints the median and worst
 scrape and the scrape's SQL statement count. Run it on a scratch database:
 it adds rows and does not remove them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,15 @@ from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
-HOT = ["model.request.started", "model.response.completed", "run.checkpointed", "tool.call.proposed",
-       "tool.call.authorized", "tool.call.started", "tool.call.completed"]
+HOT = [
+    "model.request.started",
+    "model.response.completed",
+    "run.checkpointed",
+    "tool.call.proposed",
+    "tool.call.authorized",
+    "tool.call.started",
+    "tool.call.completed",
+]
 
 
 def seed(runs: int, per_run: int) -> None:
@@ -42,28 +50,52 @@ def seed(runs: int, per_run: int) -> None:
     from runs.services import agent_load, run_submit, tenant_create
 
     tenant, _ = tenant_create(name=f"bench-{int(time.time())}", username=f"bench-{int(time.time())}", password="pw")
-    agent_load(tenant=tenant, definition={"name": "bench", "instructions": "", "tools": ["echo"],
-                                          "model": {"provider": "scripted", "turns": [{"text": "x"}]}})
+    agent_load(
+        tenant=tenant,
+        definition={
+            "name": "bench",
+            "instructions": "",
+            "tools": ["echo"],
+            "model": {"provider": "scripted", "turns": [{"text": "x"}]},
+        },
+    )
     ids = [run_submit(tenant=tenant, agent="bench", input="x")[0].id for _ in range(runs)]
     with connection.cursor() as cur:
         for i, run_id in enumerate(ids):
             run = Run.objects.get(id=run_id)
             types = [HOT[k % len(HOT)] for k in range(per_run)]
             # The rare ones, in their place.
-            types[-6:] = ["run.requeued", "run.waiting_for_approval", "run.requeued",
-                          "lease.taken_over" if i % 10 == 0 else "run.checkpointed",
-                          "context.compacted" if i % 5 == 0 else "run.checkpointed",
-                          "run.cancelled" if i % 7 == 0 else "run.completed"]
-            rows = [(run.tenant_id, run.session_id, 1000 + k, run.id, t,
-                     '{"reason": "approval", "kind": "approval"}' if t in ("run.requeued", "run.waiting_for_approval") else "{}",
-                     1) for k, t in enumerate(types)]
+            types[-6:] = [
+                "run.requeued",
+                "run.waiting_for_approval",
+                "run.requeued",
+                "lease.taken_over" if i % 10 == 0 else "run.checkpointed",
+                "context.compacted" if i % 5 == 0 else "run.checkpointed",
+                "run.cancelled" if i % 7 == 0 else "run.completed",
+            ]
+            rows = [
+                (
+                    run.tenant_id,
+                    run.session_id,
+                    1000 + k,
+                    run.id,
+                    t,
+                    '{"reason": "approval", "kind": "approval"}'
+                    if t in ("run.requeued", "run.waiting_for_approval")
+                    else "{}",
+                    1,
+                )
+                for k, t in enumerate(types)
+            ]
             cur.executemany(
                 "INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch, occurred_at)"
                 " VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, now() + make_interval(secs => %s))",
                 [r + (k,) for k, r in enumerate(rows)],
             )
-            cur.execute("UPDATE runs SET status = %s, step_count = %s WHERE id = %s",
-                        ["CANCELLED" if i % 7 == 0 else ("COMPLETED" if i % 10 else "QUEUED"), 1 + i % 12, run_id])
+            cur.execute(
+                "UPDATE runs SET status = %s, step_count = %s WHERE id = %s",
+                ["CANCELLED" if i % 7 == 0 else ("COMPLETED" if i % 10 else "QUEUED"), 1 + i % 12, run_id],
+            )
 
 
 def main() -> None:
@@ -91,8 +123,10 @@ def main() -> None:
             response = client.get("/metrics")
         times.append((time.perf_counter() - started) * 1000)
         assert response.status_code == 200
-    print(f"events={events} runs={runs} scrapes={args.repeats} statements/scrape={len(q.captured_queries)}"
-          f" median={statistics.median(times):.1f} ms worst={max(times):.1f} ms bytes={len(response.content)}")
+    print(
+        f"events={events} runs={runs} scrapes={args.repeats} statements/scrape={len(q.captured_queries)}"
+        f" median={statistics.median(times):.1f} ms worst={max(times):.1f} ms bytes={len(response.content)}"
+    )
 
 
 if __name__ == "__main__":

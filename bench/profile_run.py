@@ -5,13 +5,14 @@
 
 Drops and re-creates a bench database (name must contain "bench", else "_bench" is
 appended; default agentrt_profile_bench), submits runs with runs.services.run_submit
-and drives each with runs.executor.run_drive in this process:
+and drives each with runs.runtime.executor.run_drive in this process:
 
 1. a warm-up run, then a timed run: per-step ms from the events table, and every
    SQL statement counted and timed through a Django execute_wrapper (round trips,
    time inside cursor.execute vs the rest, i.e. Python);
 2. a run under cProfile: the top functions by own time and by cumulative time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,6 @@ import cProfile
 import io
 import os
 import pstats
-import statistics
 import sys
 import time
 from collections import Counter
@@ -32,7 +32,10 @@ import steps as bench  # noqa: E402
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--database-url", default=os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/agentrt_profile_bench")
+    p.add_argument(
+        "--database-url",
+        default=os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/agentrt_profile_bench",
+    )
     p.add_argument("--top", type=int, default=35)
     p.add_argument("--no-cprofile", action="store_true")
     a = p.parse_args()
@@ -44,7 +47,7 @@ def main() -> None:
 
     from django.db import connection
 
-    from runs.executor import run_drive
+    from runs.runtime.executor import run_drive
 
     def one(tag: str):
         run_id = bench.submit(tenant, name, 1, tag)[0]
@@ -68,9 +71,13 @@ def main() -> None:
             stats["n"] += 1
             stats["t"] += dt
             head = " ".join(sql.split()[:3]).upper()
-            key = ("INSERT INTO " + sql.split()[2]) if head.startswith("INSERT") else \
-                  ("UPDATE " + sql.split()[1]) if head.startswith("UPDATE") else \
-                  ("WITH...INSERT INTO events" if head.startswith("WITH") else " ".join(sql.split()[:1]).upper())
+            key = (
+                ("INSERT INTO " + sql.split()[2])
+                if head.startswith("INSERT")
+                else ("UPDATE " + sql.split()[1])
+                if head.startswith("UPDATE")
+                else ("WITH...INSERT INTO events" if head.startswith("WITH") else " ".join(sql.split()[:1]).upper())
+            )
             stats["kinds"][key] += 1
             stats["kind_t"][key] += dt
 
@@ -78,11 +85,15 @@ def main() -> None:
         run_id, wall = one("timed")
     ev = bench.event_figures(url, [run_id], a.steps)
     g = ev["step_gap_ms"]
-    print(f"in-process run, {a.steps} steps: wall {wall * 1e3:.1f} ms = {wall * 1e3 / a.steps:.3f} ms/step; "
-          f"step gap median {g['median']:.3f} ms, p90 {g['p90']:.3f} ms")
-    print(f"cursor.execute calls: {stats['n']} ({stats['n'] / a.steps:.2f}/step; BEGIN/COMMIT are not cursor calls), "
-          f"time inside execute {stats['t'] * 1e3:.1f} ms = {stats['t'] * 1e3 / a.steps:.3f} ms/step "
-          f"({100 * stats['t'] / wall:.0f}% of wall); the rest is Python and commits")
+    print(
+        f"in-process run, {a.steps} steps: wall {wall * 1e3:.1f} ms = {wall * 1e3 / a.steps:.3f} ms/step; "
+        f"step gap median {g['median']:.3f} ms, p90 {g['p90']:.3f} ms"
+    )
+    print(
+        f"cursor.execute calls: {stats['n']} ({stats['n'] / a.steps:.2f}/step; BEGIN/COMMIT are not cursor calls), "
+        f"time inside execute {stats['t'] * 1e3:.1f} ms = {stats['t'] * 1e3 / a.steps:.3f} ms/step "
+        f"({100 * stats['t'] / wall:.0f}% of wall); the rest is Python and commits"
+    )
     for k, n in stats["kinds"].most_common():
         print(f"   {n / a.steps:6.2f}/step  {stats['kind_t'][k] * 1e3 / a.steps:7.3f} ms/step  {k}")
 
@@ -105,8 +116,10 @@ def main() -> None:
         _, wall2 = one("commits")
     finally:
         dbbase.BaseDatabaseWrapper.commit = orig_commit
-    print(f"commits: {ct['n']} ({ct['n'] / a.steps:.2f}/step), {ct['t'] * 1e3 / a.steps:.3f} ms/step in COMMIT "
-          f"(run wall {wall2 * 1e3 / a.steps:.3f} ms/step)")
+    print(
+        f"commits: {ct['n']} ({ct['n'] / a.steps:.2f}/step), {ct['t'] * 1e3 / a.steps:.3f} ms/step in COMMIT "
+        f"(run wall {wall2 * 1e3 / a.steps:.3f} ms/step)"
+    )
 
     if a.no_cprofile:
         return

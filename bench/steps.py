@@ -31,6 +31,7 @@ database, read-only ones included) and the next transaction id
 transactions only). Statements come from pg_stat_statements when the server
 preloads it, and otherwise only from `--trace` (the server log).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,20 +61,40 @@ def log(*a) -> None:
 
 # ------------------------------------------------------------------ arguments, database
 
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--runs", type=int, default=20, help="K runs (default 20)")
-    p.add_argument("--steps", type=int, default=50, help="N steps per run: N-1 echo steps + a final text turn (default 50)")
+    p.add_argument(
+        "--steps", type=int, default=50, help="N steps per run: N-1 echo steps + a final text turn (default 50)"
+    )
     p.add_argument("--workers", type=int, default=2, help="W qcluster workers, AGENTRT_WORKERS (default 2)")
-    p.add_argument("--database-url", default=os.environ.get("DATABASE_URL") or DEFAULT_URL,
-                   help="PostgreSQL URL of the bench database (default $DATABASE_URL, else %s); it is DROPPED and re-created" % DEFAULT_URL)
-    p.add_argument("--single", action="store_true", help="1 run x 200 steps with 1 worker (overrides --runs/--steps/--workers)")
-    p.add_argument("--idle-seconds", type=float, default=10.0, help="window for the idle cluster's commit rate (default 10)")
-    p.add_argument("--settle-seconds", type=float, default=11.0,
-                   help="wait after warm-up so idle backends flush their stats (PostgreSQL flushes idle ones within 10 s)")
+    p.add_argument(
+        "--database-url",
+        default=os.environ.get("DATABASE_URL") or DEFAULT_URL,
+        help="PostgreSQL URL of the bench database (default $DATABASE_URL, else %s); it is DROPPED and re-created"
+        % DEFAULT_URL,
+    )
+    p.add_argument(
+        "--single", action="store_true", help="1 run x 200 steps with 1 worker (overrides --runs/--steps/--workers)"
+    )
+    p.add_argument(
+        "--idle-seconds", type=float, default=10.0, help="window for the idle cluster's commit rate (default 10)"
+    )
+    p.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=11.0,
+        help="wait after warm-up so idle backends flush their stats (PostgreSQL flushes idle ones within 10 s)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="give up waiting for the runs after this many seconds")
-    p.add_argument("--trace", action="store_true",
-                   help="add an untimed pass with log_statement=all on the bench database and count statements per step from the server log")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="add an untimed pass with log_statement=all on the bench database and count statements per step from the server log",
+    )
     p.add_argument("--pg-log", default=PG_LOG, help="server log file for --trace (default %s)" % PG_LOG)
     p.add_argument("--cluster-log", default=None, help="where the qcluster's output goes (default: a temp file)")
     a = p.parse_args(argv)
@@ -114,6 +135,7 @@ def recreate_database(url: str) -> None:
 
 # ------------------------------------------------------------------ counters
 
+
 class Counters:
     """Server-side counters read on a fresh connection (which is closed again, so
     its own commit is flushed before the next read; `overhead` is calibrated)."""
@@ -132,12 +154,29 @@ class Counters:
                 " w.wal_records, w.wal_bytes, w.wal_sync, pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
                 " FROM pg_stat_database d, pg_stat_wal w WHERE d.datname = current_database()"
             ).fetchone()
-            out = dict(zip(["xact_commit", "xact_rollback", "tup_inserted", "tup_updated", "tup_deleted",
-                            "wal_records", "wal_bytes", "wal_sync", "next_xid"], [int(x) for x in row]))
+            out = dict(
+                zip(
+                    [
+                        "xact_commit",
+                        "xact_rollback",
+                        "tup_inserted",
+                        "tup_updated",
+                        "tup_deleted",
+                        "wal_records",
+                        "wal_bytes",
+                        "wal_sync",
+                        "next_xid",
+                    ],
+                    [int(x) for x in row],
+                )
+            )
             if self.pgss:
-                out["pgss_calls"] = int(c.execute(
-                    "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid"
-                    " WHERE d.datname = current_database()").fetchone()[0])
+                out["pgss_calls"] = int(
+                    c.execute(
+                        "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid"
+                        " WHERE d.datname = current_database()"
+                    ).fetchone()[0]
+                )
         out["t"] = time.time()
         time.sleep(0.3)  # let the backend exit and flush its own counters
         return out
@@ -190,7 +229,10 @@ def floor_probe(url: str, n: int = 300) -> dict:
             cm.append(time.perf_counter() - a)
         c.execute("DROP TABLE bench_probe")
         c.commit()
-    return {"select1_txn_ms": round(statistics.median(rt) * 1e3, 3), "insert_commit_ms": round(statistics.median(cm) * 1e3, 3)}
+    return {
+        "select1_txn_ms": round(statistics.median(rt) * 1e3, 3),
+        "insert_commit_ms": round(statistics.median(cm) * 1e3, 3),
+    }
 
 
 def checkpoint(url: str) -> None:
@@ -205,22 +247,29 @@ def checkpoint(url: str) -> None:
 
 # ------------------------------------------------------------------ the cluster
 
+
 class Cluster:
     """A real `manage.py qcluster` process group (as tests/conftest.py's Cluster)."""
 
     def __init__(self, url: str, workers: int, log_path: Path):
         env = dict(os.environ)
-        env.update({
-            "DATABASE_URL": url,
-            "AGENTRT_WORKERS": str(workers),
-            "AGENTRT_LOG_LEVEL": os.environ.get("AGENTRT_LOG_LEVEL", "WARNING"),
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "DATABASE_URL": url,
+                "AGENTRT_WORKERS": str(workers),
+                "AGENTRT_LOG_LEVEL": os.environ.get("AGENTRT_LOG_LEVEL", "WARNING"),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         self.log_path = log_path
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "qcluster"],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def _signal(self, sig) -> None:
@@ -261,6 +310,7 @@ class Cluster:
 
 # ------------------------------------------------------------------ product calls
 
+
 def django_setup(url: str) -> None:
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
@@ -281,7 +331,12 @@ def agent_definition(name: str, steps: int) -> dict:
         "instructions": "benchmark agent: echo once per step, then answer",
         "model": {"provider": "scripted", "turns": turns},
         "tools": ["echo"],
-        "limits": {"max_steps": steps + 5, "max_model_calls": steps + 10, "max_tool_calls": steps + 10, "deadline_seconds": 3600},
+        "limits": {
+            "max_steps": steps + 5,
+            "max_model_calls": steps + 10,
+            "max_tool_calls": steps + 10,
+            "deadline_seconds": 3600,
+        },
     }
 
 
@@ -326,17 +381,23 @@ class Poller:
             done, bad = self.conn.execute(
                 "SELECT count(*) FILTER (WHERE status = 'COMPLETED'),"
                 " count(*) FILTER (WHERE status IN ('FAILED', 'CANCELLED'))"
-                " FROM runs WHERE id = ANY(%s::uuid[])", [ids_s]).fetchone()
+                " FROM runs WHERE id = ANY(%s::uuid[])",
+                [ids_s],
+            ).fetchone()
             if done == len(ids):
                 return time.time()
             if bad:
-                rows = self.conn.execute("SELECT id, status, failure FROM runs WHERE id = ANY(%s::uuid[]) AND status IN ('FAILED', 'CANCELLED') LIMIT 3",
-                                         [ids_s]).fetchall()
+                rows = self.conn.execute(
+                    "SELECT id, status, failure FROM runs WHERE id = ANY(%s::uuid[]) AND status IN ('FAILED', 'CANCELLED') LIMIT 3",
+                    [ids_s],
+                ).fetchall()
                 raise SystemExit(f"benchmark runs ended badly: {rows}\n{cluster.tail() if cluster else ''}")
             if cluster is not None and not cluster.alive():
                 raise SystemExit(f"qcluster exited (rc={cluster.proc.returncode}):\n{cluster.tail()}")
             if time.time() > t_end:
-                raise SystemExit(f"timed out: {done}/{len(ids)} runs COMPLETED after {timeout}s\n{cluster.tail() if cluster else ''}")
+                raise SystemExit(
+                    f"timed out: {done}/{len(ids)} runs COMPLETED after {timeout}s\n{cluster.tail() if cluster else ''}"
+                )
             time.sleep(every)
 
     def close(self) -> None:
@@ -350,6 +411,7 @@ def close_django() -> None:
 
 
 # ------------------------------------------------------------------ figures from the events table
+
 
 def pct(values: list, q: float) -> float:
     v = sorted(values)
@@ -368,8 +430,15 @@ def event_figures(url: str, ids: list, steps: int) -> dict:
         rows = c.execute(
             "SELECT run_id, type, occurred_at FROM events WHERE run_id = ANY(%s::uuid[])"
             " AND type IN ('run.created', 'run.claimed', 'run.started', 'model.request.started', 'run.completed')"
-            " ORDER BY run_id, sequence", [[str(i) for i in ids]]).fetchall()
-        step_counts = [r[0] for r in c.execute("SELECT step_count FROM runs WHERE id = ANY(%s::uuid[])", [[str(i) for i in ids]]).fetchall()]
+            " ORDER BY run_id, sequence",
+            [[str(i) for i in ids]],
+        ).fetchall()
+        step_counts = [
+            r[0]
+            for r in c.execute(
+                "SELECT step_count FROM runs WHERE id = ANY(%s::uuid[])", [[str(i) for i in ids]]
+            ).fetchall()
+        ]
     per_run: dict = {}
     for run_id, typ, at in rows:
         per_run.setdefault(run_id, []).append((typ, at.timestamp()))
@@ -388,13 +457,25 @@ def event_figures(url: str, ids: list, steps: int) -> dict:
             completed.append(last["run.completed"])
 
     def s(v):
-        return {"median": round(statistics.median(v), 3), "p90": round(pct(v, 0.9), 3), "min": round(min(v), 3), "max": round(max(v), 3), "n": len(v)} if v else None
+        return (
+            {
+                "median": round(statistics.median(v), 3),
+                "p90": round(pct(v, 0.9), 3),
+                "min": round(min(v), 3),
+                "max": round(max(v), 3),
+                "n": len(v),
+            }
+            if v
+            else None
+        )
 
     return {
         "step_gap_ms": s(gaps),
-        "run_queue_wait_ms": s(queue),       # run.created -> run.claimed (doorbell + waiting for a free worker)
-        "run_startup_ms": s(startup),        # run.claimed -> first model.request.started (build_context, supervisor, commit 1)
-        "run_finish_ms": s(finish),          # last model.request.started -> run.completed (final turn + finalize)
+        "run_queue_wait_ms": s(queue),  # run.created -> run.claimed (doorbell + waiting for a free worker)
+        "run_startup_ms": s(
+            startup
+        ),  # run.claimed -> first model.request.started (build_context, supervisor, commit 1)
+        "run_finish_ms": s(finish),  # last model.request.started -> run.completed (final turn + finalize)
         "run_created_to_completed_ms": s(e2e),
         "first_created": min(created) if created else None,
         "last_completed": max(completed) if completed else None,
@@ -434,8 +515,14 @@ def _kind(text: str) -> str:
         return "ping"
     if t.startswith("WITH") and re.search(r"\b(INSERT|UPDATE|DELETE)\b", t):
         return "write"
-    for k, prefixes in (("begin", ("BEGIN", "START TRANSACTION")), ("commit", ("COMMIT",)), ("rollback", ("ROLLBACK",)),
-                        ("read", ("SELECT", "WITH", "SHOW")), ("write", ("INSERT", "UPDATE", "DELETE")), ("set", ("SET",))):
+    for k, prefixes in (
+        ("begin", ("BEGIN", "START TRANSACTION")),
+        ("commit", ("COMMIT",)),
+        ("rollback", ("ROLLBACK",)),
+        ("read", ("SELECT", "WITH", "SHOW")),
+        ("write", ("INSERT", "UPDATE", "DELETE")),
+        ("set", ("SET",)),
+    ):
         if t.startswith(prefixes):
             return k
     return "other"
@@ -448,7 +535,9 @@ def classify(stmts: list, exclude_pids: set) -> dict:
     """Split statements into transactions per backend; a transaction is `djq` when
     every statement in it touches only django-q2's tables, `other` when it touches
     no table (Django's CONN_HEALTH_CHECKS `SELECT 1`, set_config), else `runtime`."""
-    out = {c: {"statements": 0, "txns": 0, "write_txns": 0, "reads": 0, "writes": 0} for c in ("runtime", "djq", "other")}
+    out = {
+        c: {"statements": 0, "txns": 0, "write_txns": 0, "reads": 0, "writes": 0} for c in ("runtime", "djq", "other")
+    }
     open_txn: dict = {}
 
     def close(pid, items):
@@ -485,7 +574,7 @@ def classify(stmts: list, exclude_pids: set) -> dict:
 def segment(stmts: list, a: str, b: str) -> list:
     i = next(n for n, (_, t) in enumerate(stmts) if f"BENCH_MARK {a}" in t)
     j = next(n for n, (_, t) in enumerate(stmts) if f"BENCH_MARK {b}" in t)
-    return stmts[i + 1:j]
+    return stmts[i + 1 : j]
 
 
 def trace_pass(args, url: str, tenant, agents: dict, log_path: Path) -> dict:
@@ -502,7 +591,7 @@ def trace_pass(args, url: str, tenant, agents: dict, log_path: Path) -> dict:
     n_small, n_big = 5, args.steps
     admin = with_db(url, "postgres")
     with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(f'ALTER DATABASE "{name}" SET log_statement = \'all\'')
+        c.execute(f"ALTER DATABASE \"{name}\" SET log_statement = 'all'")
     close_django()
     start = os.path.getsize(args.pg_log)
     cluster = Cluster(url, args.workers, log_path)
@@ -545,7 +634,7 @@ def trace_pass(args, url: str, tenant, agents: dict, log_path: Path) -> dict:
     rt_s, rt_b = s["runtime"], b["runtime"]
     marginal = {key: round((rt_b[key] - rt_s[key]) / dn, 2) for key in rt_b} if dn > 0 else None
     average = {key: round(rt_b[key] / (k * n_big), 2) for key in rt_b}
-    per_run_fixed = ({key: round((rt_b[key] - marginal[key] * k * n_big) / k, 1) for key in rt_b} if marginal else None)
+    per_run_fixed = {key: round((rt_b[key] - marginal[key] * k * n_big) / k, 1) for key in rt_b} if marginal else None
     # a sample of one step's statements from the middle of one run (worker backends only)
     seg = [x for x in segment(stmts, "B0", "B1") if x[0] not in mine and "django_q_" not in x[1]]
     by_pid: dict = {}
@@ -558,9 +647,11 @@ def trace_pass(args, url: str, tenant, agents: dict, log_path: Path) -> dict:
     idx = [i for i, t in enumerate(longest) if t.upper().startswith("BEGIN")]
     if idx:
         i0 = min(idx, key=lambda i: abs(i - mid))
-        sample = [re.sub(r"\s+", " ", t)[:150] for t in longest[i0:i0 + 16]]
+        sample = [re.sub(r"\s+", " ", t)[:150] for t in longest[i0 : i0 + 16]]
     return {
-        "runs_per_batch": k, "steps_small": n_small, "steps_big": n_big,
+        "runs_per_batch": k,
+        "steps_small": n_small,
+        "steps_big": n_big,
         "runtime_per_step_marginal": marginal,
         "runtime_per_step_average": average,
         "runtime_per_run_fixed": per_run_fixed,
@@ -568,17 +659,22 @@ def trace_pass(args, url: str, tenant, agents: dict, log_path: Path) -> dict:
         "no_table_big_batch": b["other"],
         "sample_step_statements": sample,
         "note": "runtime = transactions that touch agentrt tables (worker + heartbeat backends; the bench's own submits excluded); "
-                "djq = transactions on django-q2 tables only (pusher polling, result saves); "
-                "no_table = SELECT 1 health checks and set_config. statements include BEGIN/COMMIT.",
+        "djq = transactions on django-q2 tables only (pusher polling, result saves); "
+        "no_table = SELECT 1 health checks and set_config. statements include BEGIN/COMMIT.",
     }
 
 
 # ------------------------------------------------------------------ main
 
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     url = bench_url(args.database_url)
-    cluster_log = Path(args.cluster_log) if args.cluster_log else Path(tempfile.mkstemp(prefix="agentrt-bench-qcluster-", suffix=".log")[1])
+    cluster_log = (
+        Path(args.cluster_log)
+        if args.cluster_log
+        else Path(tempfile.mkstemp(prefix="agentrt-bench-qcluster-", suffix=".log")[1])
+    )
     log(f"bench database: {db_name(url)} (dropped and re-created); qcluster log: {cluster_log}")
     load_before = os.getloadavg()
     recreate_database(url)
@@ -610,7 +706,9 @@ def main(argv=None) -> dict:
         poller.wait(warm, 120, cluster)
         ready_s = time.time() - t_start
         poller.close()
-        log(f"cluster warm after {ready_s:.1f}s; settling {args.settle_seconds:.0f}s, then {args.idle_seconds:.0f}s idle window")
+        log(
+            f"cluster warm after {ready_s:.1f}s; settling {args.settle_seconds:.0f}s, then {args.idle_seconds:.0f}s idle window"
+        )
         time.sleep(args.settle_seconds)
         i0 = counters.read()
         time.sleep(args.idle_seconds)
@@ -658,43 +756,78 @@ def main(argv=None) -> dict:
 
     result = {
         "bench": "agentrt_steps",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]) if argv is None else " ".join(argv),
         "mode": "single" if args.single else "batch",
         "floor_probe_before": probe,
-        "versions": {"python": platform.python_version(), **{k: md.version(k) for k in ("django", "django-q2", "psycopg")}},
+        "versions": {
+            "python": platform.python_version(),
+            **{k: md.version(k) for k in ("django", "django-q2", "psycopg")},
+        },
         "loadavg_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
-        "params": {"K": args.runs, "N": args.steps, "W": args.workers, "database": db_name(url),
-                   "poll_s": float(os.environ.get("AGENTRT_Q_POLL", "0.02")),
-                   "doorbell": os.environ.get("AGENTRT_Q_DOORBELL", "1") == "1",
-                   "fallback_poll_s": float(os.environ.get("AGENTRT_Q_FALLBACK_POLL", "0.5")), "cluster_ready_s": round(ready_s, 2)},
+        "params": {
+            "K": args.runs,
+            "N": args.steps,
+            "W": args.workers,
+            "database": db_name(url),
+            "poll_s": float(os.environ.get("AGENTRT_Q_POLL", "0.02")),
+            "doorbell": os.environ.get("AGENTRT_Q_DOORBELL", "1") == "1",
+            "fallback_poll_s": float(os.environ.get("AGENTRT_Q_FALLBACK_POLL", "0.5")),
+            "cluster_ready_s": round(ready_s, 2),
+        },
         "results": {
             "total_steps": steps_total,
             "wall_s": round(wall, 3),
             "steps_per_sec": round(steps_total / wall, 1),
             "wall_ms_per_step": round(wall * 1e3 / steps_total, 3),
             "per_step_ms": ev["step_gap_ms"],
-            "per_run_ms": {"queue_wait": ev["run_queue_wait_ms"], "startup": ev["run_startup_ms"], "finish": ev["run_finish_ms"],
-                           "created_to_completed": ev["run_created_to_completed_ms"]},
+            "per_run_ms": {
+                "queue_wait": ev["run_queue_wait_ms"],
+                "startup": ev["run_startup_ms"],
+                "finish": ev["run_finish_ms"],
+                "created_to_completed": ev["run_created_to_completed_ms"],
+            },
             "submit_s": round(t_submitted - t0, 3),
-            "commits_per_step": {"raw": round(commits_raw / steps_total, 3), "idle_adjusted": round(commits_adj / steps_total, 3)},
+            "commits_per_step": {
+                "raw": round(commits_raw / steps_total, 3),
+                "idle_adjusted": round(commits_adj / steps_total, 3),
+            },
             "commits_detail": {
-                "window_delta": dm["xact_commit"], "snapshot_overhead": counters.overhead, "bench_polls": poller.queries,
-                "idle_commits_per_s": round(idle_rate, 1), "idle_window_s": round(idle_s, 2), "measured_window_s": round(window, 2),
+                "window_delta": dm["xact_commit"],
+                "snapshot_overhead": counters.overhead,
+                "bench_polls": poller.queries,
+                "idle_commits_per_s": round(idle_rate, 1),
+                "idle_window_s": round(idle_s, 2),
+                "measured_window_s": round(window, 2),
                 "cluster_stop_s": round(t_stop - t_term, 2),
                 "submit_commits_per_run": round(submit_commits, 2),
                 "note": "raw = window delta - snapshot overhead - the bench's own polls (includes the submits, the idle polling and the cluster's shutdown); "
-                        "idle_adjusted = raw - idle rate x window - submit commits: the workers' commits for the runs only. "
-                        "Precision about +-1 s of idle polling (PostgreSQL flushes busy backends' counters once a second).",
+                "idle_adjusted = raw - idle rate x window - submit commits: the workers' commits for the runs only. "
+                "Precision about +-1 s of idle polling (PostgreSQL flushes busy backends' counters once a second).",
             },
-            "write_txns_per_step": {"raw": round(xids_raw / steps_total, 3), "adjusted": round(xids_adj / steps_total, 3),
-                                    "submit_per_run": round(submit_xids, 2), "idle_per_s": round(idle_xid_rate, 2),
-                                    "note": "transaction ids assigned (cluster-wide: exact only if nothing else writes meanwhile)"},
-            "wal_per_step": {"wal_records": round(dm["wal_records"] / steps_total, 2), "wal_bytes": round(dm["wal_bytes"] / steps_total, 1),
-                             "wal_sync": round(dm["wal_sync"] / steps_total, 3)},
-            "tuples_per_step": {"inserted": round(dm["tup_inserted"] / steps_total, 2), "updated": round(dm["tup_updated"] / steps_total, 2)},
-            "statements_per_step": stmts if stmts else {"available": False, "reason": pgss_error or "no pg_stat_statements counts",
-                                                        "hint": "pg_stat_statements needs shared_preload_libraries (server restart); --trace counts them from the server log"},
+            "write_txns_per_step": {
+                "raw": round(xids_raw / steps_total, 3),
+                "adjusted": round(xids_adj / steps_total, 3),
+                "submit_per_run": round(submit_xids, 2),
+                "idle_per_s": round(idle_xid_rate, 2),
+                "note": "transaction ids assigned (cluster-wide: exact only if nothing else writes meanwhile)",
+            },
+            "wal_per_step": {
+                "wal_records": round(dm["wal_records"] / steps_total, 2),
+                "wal_bytes": round(dm["wal_bytes"] / steps_total, 1),
+                "wal_sync": round(dm["wal_sync"] / steps_total, 3),
+            },
+            "tuples_per_step": {
+                "inserted": round(dm["tup_inserted"] / steps_total, 2),
+                "updated": round(dm["tup_updated"] / steps_total, 2),
+            },
+            "statements_per_step": stmts
+            if stmts
+            else {
+                "available": False,
+                "reason": pgss_error or "no pg_stat_statements counts",
+                "hint": "pg_stat_statements needs shared_preload_libraries (server restart); --trace counts them from the server log",
+            },
         },
     }
     if trace is not None:
@@ -714,29 +847,62 @@ def print_table(r: dict) -> None:
         ("total steps", f"{res['total_steps']}"),
         ("wall time", f"{res['wall_s']:.2f} s  (first run_submit -> last run.completed)"),
         ("steps/s", f"{res['steps_per_sec']:.1f}   ({res['wall_ms_per_step']:.2f} ms/step wall)"),
-        ("per-step ms", f"median {g.get('median', float('nan')):.2f}   p90 {g.get('p90', float('nan')):.2f}   "
-                        f"(gaps between model.request.started, n={g.get('n', 0)})"),
-        ("per-run ms", "startup {:.1f}  finish {:.1f}  queue wait {:.1f} (medians)".format(
-            *(((res["per_run_ms"][k] or {}).get("median", float("nan"))) for k in ("startup", "finish", "queue_wait")))),
-        ("commits/step", f"raw {c['raw']:.2f}   idle-adjusted {c['idle_adjusted']:.2f}   "
-                         f"(idle cluster {cd['idle_commits_per_s']:.1f}/s, submit {cd['submit_commits_per_run']:.1f}/run)"),
+        (
+            "per-step ms",
+            f"median {g.get('median', float('nan')):.2f}   p90 {g.get('p90', float('nan')):.2f}   "
+            f"(gaps between model.request.started, n={g.get('n', 0)})",
+        ),
+        (
+            "per-run ms",
+            "startup {:.1f}  finish {:.1f}  queue wait {:.1f} (medians)".format(
+                *(
+                    ((res["per_run_ms"][k] or {}).get("median", float("nan")))
+                    for k in ("startup", "finish", "queue_wait")
+                )
+            ),
+        ),
+        (
+            "commits/step",
+            f"raw {c['raw']:.2f}   idle-adjusted {c['idle_adjusted']:.2f}   "
+            f"(idle cluster {cd['idle_commits_per_s']:.1f}/s, submit {cd['submit_commits_per_run']:.1f}/run)",
+        ),
         ("write txns/step", f"{res['write_txns_per_step']['adjusted']:.2f}   (xid delta, cluster-wide)"),
         ("WAL fsyncs/step", f"{res['wal_per_step']['wal_sync']:.2f}"),
     ]
     st = res["statements_per_step"]
-    rows.append(("statements/step", f"{st['raw_per_step']:.2f}" if "raw_per_step" in st else f"unavailable ({st['reason'][:90]})"))
+    rows.append(
+        (
+            "statements/step",
+            f"{st['raw_per_step']:.2f}" if "raw_per_step" in st else f"unavailable ({st['reason'][:90]})",
+        )
+    )
     tr = r.get("trace")
     if tr and tr.get("runtime_per_step_marginal"):
         m = tr["runtime_per_step_marginal"]
-        rows.append(("trace: per step", f"{m['statements']:.1f} statements, {m['txns']:.2f} txns ({m['write_txns']:.2f} writing), "
-                                         f"{m['reads']:.1f} reads, {m['writes']:.1f} writes (marginal, log_statement)"))
+        rows.append(
+            (
+                "trace: per step",
+                f"{m['statements']:.1f} statements, {m['txns']:.2f} txns ({m['write_txns']:.2f} writing), "
+                f"{m['reads']:.1f} reads, {m['writes']:.1f} writes (marginal, log_statement)",
+            )
+        )
         f = tr["runtime_per_run_fixed"]
         rows.append(("trace: per run", f"{f['statements']:.0f} statements, {f['txns']:.0f} txns fixed"))
     elif tr:
         rows.append(("trace", json.dumps(tr)[:120]))
-    rows.append(("load average", f"{r['loadavg_1m']['before']:.2f} before, {r['loadavg_1m']['after']:.2f} after (2 cores: > 0.5 means someone else was busy)"))
-    rows.append(("floor", f"SELECT 1 {r['floor_probe_before']['select1_txn_ms']:.3f} ms, "
-                          f"BEGIN+INSERT+COMMIT {r['floor_probe_before']['insert_commit_ms']:.3f} ms"))
+    rows.append(
+        (
+            "load average",
+            f"{r['loadavg_1m']['before']:.2f} before, {r['loadavg_1m']['after']:.2f} after (2 cores: > 0.5 means someone else was busy)",
+        )
+    )
+    rows.append(
+        (
+            "floor",
+            f"SELECT 1 {r['floor_probe_before']['select1_txn_ms']:.3f} ms, "
+            f"BEGIN+INSERT+COMMIT {r['floor_probe_before']['insert_commit_ms']:.3f} ms",
+        )
+    )
     w = max(len(k) for k, _ in rows)
     log("")
     for k, v in rows:

@@ -9,6 +9,7 @@ NullTracer; on, ops.tracing.RunTracer on the SDK with a batch processor and
 an exporter that drops spans (the export itself runs on the processor's
 thread). No database, no Django: the port calls alone.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,27 +1,32 @@
 """The checkpoint repository: read the chain back, and `seed_checkpoint`.
 
-Writes happen inside the step's fenced transactions (runs/store.py); this
+Writes happen inside the step's fenced transactions (runs/store/repository.py); this
 module reads: `latest()` walks from the newest row back to the full snapshot
 it rebases and materialises the conversation. `seed_checkpoint` rebuilds a
 state from the session's history and this run's own event log; it is called
 when the run is created and again whenever no usable checkpoint exists, so a
 run whose checkpoints were all deleted still reaches the same end.
 """
+
 from __future__ import annotations
 
 import json
 
 from django.db.models import Max
 
+from checkpoints.models import Checkpoint
 from runs.domain.checkpoint import CheckpointState
-
-from .models import Checkpoint
 
 ANSWER_EVENTS = ("tool.call.completed", "tool.call.failed")
 
 
 def checkpoint_latest(run_id) -> CheckpointState | None:
-    newest = Checkpoint.objects.filter(run_id=run_id).order_by("-version").values("version", "full", "base_version", "state").first()
+    newest = (
+        Checkpoint.objects.filter(run_id=run_id)
+        .order_by("-version")
+        .values("version", "full", "base_version", "state")
+        .first()
+    )
     if newest is None:
         return None
     if newest["full"]:
@@ -87,8 +92,11 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
     if not always and (run.step_count or 0) <= state.step:
         return state  # no model call was even started after the checkpoint's step
     turns: dict[int, dict] = {}
-    for payload in (Event.objects.filter(run_id=run.id, type="model.response.completed").order_by("sequence")
-                    .values_list("payload", flat=True)):
+    for payload in (
+        Event.objects.filter(run_id=run.id, type="model.response.completed")
+        .order_by("sequence")
+        .values_list("payload", flat=True)
+    ):
         step = payload.get("step", 0) if isinstance(payload, dict) else 0
         if step > state.step and step not in turns:
             turns[step] = payload
@@ -96,24 +104,31 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
         return state
     rows: dict[tuple[int, str], dict] = {}
     for row in ToolInvocation.objects.filter(run_id=run.id, step_number__gte=state.step).values(
-            "step_number", "call_id", "status", "result", "arguments", "tool_name", "attempt"):
+        "step_number", "call_id", "status", "result", "arguments", "tool_name", "attempt"
+    ):
         rows[(row["step_number"], row["call_id"])] = row
     logged: dict[str, tuple[str, dict]] = {}
-    for type_, payload in (Event.objects.filter(run_id=run.id, type__in=ANSWER_EVENTS).order_by("sequence")
-                           .values_list("type", "payload")):
+    for type_, payload in (
+        Event.objects.filter(run_id=run.id, type__in=ANSWER_EVENTS).order_by("sequence").values_list("type", "payload")
+    ):
         if isinstance(payload, dict) and not payload.get("awaiting_decision"):  # an unknown outcome answers nothing
             logged.setdefault(payload.get("call_id"), (type_, payload))
     conversation = list(state.conversation)
     for step in sorted(turns):
         _answer_open_batch(conversation, state, state.step, rows, logged)
         payload = turns[step]
-        conversation.append({"role": "assistant", "content": payload.get("text"), "tool_calls": payload.get("tool_calls", [])})
+        conversation.append(
+            {"role": "assistant", "content": payload.get("text"), "tool_calls": payload.get("tool_calls", [])}
+        )
         state.step = step
     state.conversation = conversation
     state.needs_full = True
     top = Checkpoint.objects.filter(run_id=run.id).aggregate(v=Max("version"))["v"] or 0
-    logged_versions = [v for v in Event.objects.filter(run_id=run.id, type="run.checkpointed").values_list("payload__version", flat=True)
-                       if isinstance(v, int)]
+    logged_versions = [
+        v
+        for v in Event.objects.filter(run_id=run.id, type="run.checkpointed").values_list("payload__version", flat=True)
+        if isinstance(v, int)
+    ]
     state.version = max([state.version, top, *logged_versions])
     return state
 
@@ -124,7 +139,7 @@ def _answer_open_batch(conversation: list[dict], state: CheckpointState, step: i
     for i in range(len(conversation) - 1, -1, -1):
         if conversation[i].get("role") == "assistant":
             calls = conversation[i].get("tool_calls") or []
-            answered = {m.get("tool_call_id") for m in conversation[i + 1:] if m.get("role") == "tool"}
+            answered = {m.get("tool_call_id") for m in conversation[i + 1 :] if m.get("role") == "tool"}
             break
     else:
         return
@@ -142,10 +157,12 @@ def _answer_open_batch(conversation: list[dict], state: CheckpointState, step: i
             result, is_error = payload.get("result"), type_ == "tool.call.failed"
         else:
             result, is_error = {"error": "interrupted", "message": "no outcome of this call was recorded"}, True
-        conversation.append({
-            "role": "tool",
-            "tool_call_id": call_id,
-            "name": call.get("name"),
-            "content": result if isinstance(result, str) else json.dumps(result, ensure_ascii=False),
-            "is_error": is_error,
-        })
+        conversation.append(
+            {
+                "role": "tool",
+                "tool_call_id": call_id,
+                "name": call.get("name"),
+                "content": result if isinstance(result, str) else json.dumps(result, ensure_ascii=False),
+                "is_error": is_error,
+            }
+        )

@@ -1,6 +1,7 @@
 """Sweep locks: `pg_try_advisory_xact_lock` on PostgreSQL, so the lock ends
 with the transaction and a sweep that misses it skips. On SQLite a write
 transaction (IMMEDIATE) already excludes every other writer."""
+
 from __future__ import annotations
 
 import zlib

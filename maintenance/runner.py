@@ -1,4 +1,5 @@
 """The maintenance role: run each sweep at its cadence; safe on every node."""
+
 from __future__ import annotations
 
 import logging
@@ -6,11 +7,10 @@ import logging
 from django.conf import settings
 from django.db import close_old_connections
 
+from maintenance.sweeps.expiry import sweep_expiry
+from maintenance.sweeps.prune import sweep_prune
+from maintenance.sweeps.reclaim import sweep_reclaim
 from runs.clock import CLOCK
-
-from .sweeps.expiry import sweep_expiry
-from .sweeps.prune import sweep_prune
-from .sweeps.reclaim import sweep_reclaim
 
 log = logging.getLogger("agentrt.maintenance")
 

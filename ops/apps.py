@@ -9,7 +9,7 @@ class OpsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks, tracing, worker_metrics  # noqa: F401 - checks registers `check --deploy`'s metrics warning
+        from ops import checks, tracing, worker_metrics  # noqa: F401 - checks registers `check --deploy`'s metrics warning
 
         tracing.configure()
 

@@ -7,6 +7,10 @@ def metrics_token_check(app_configs, **kwargs):
     """`manage.py check --deploy`: say that /metrics is open."""
     if settings.AGENTRT_METRICS_TOKEN:
         return []
-    return [Warning("AGENTRT_METRICS_TOKEN is not set: GET /metrics answers anyone who can reach a web node",
-                    hint="set it (scrapers send Authorization: Bearer <token>) or block /metrics at the proxy",
-                    id="agentrt.W001")]
+    return [
+        Warning(
+            "AGENTRT_METRICS_TOKEN is not set: GET /metrics answers anyone who can reach a web node",
+            hint="set it (scrapers send Authorization: Bearer <token>) or block /metrics at the proxy",
+            id="agentrt.W001",
+        )
+    ]

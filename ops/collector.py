@@ -1,11 +1,12 @@
 """The deployment-wide Prometheus collector: read at scrape time from the
 shared database (ops/fleet.py), so every web node shows the same totals."""
+
 from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from . import fleet
+from ops import fleet
 
 
 def _histogram(name: str, doc: str, label: str, data: dict[str, fleet.Histogram]) -> HistogramMetricFamily:
@@ -33,13 +34,24 @@ class DeploymentCollector(Collector):
         c = fleet.fleet_counters()
         yield _histogram("agent_run_steps", "Steps per finished run, by terminal outcome.", "outcome", c["run_steps"])
         yield _counter("agent_runs_cancelled", "Runs that ended CANCELLED, by reason.", "reason", c["cancelled"])
-        yield _counter("agent_run_leases_lost", "Leases taken over from a worker that stopped renewing, by the phase it "
-                       "interrupted (side_effect: a sent call's outcome is unknown).", "phase", c["leases_lost"])
+        yield _counter(
+            "agent_run_leases_lost",
+            "Leases taken over from a worker that stopped renewing, by the phase it "
+            "interrupted (side_effect: a sent call's outcome is unknown).",
+            "phase",
+            c["leases_lost"],
+        )
         yield _counter("agent_runs_requeued", "Runs put back on the queue, by reason.", "reason", c["requeued"])
         yield _counter("agent_context_compactions", "Context compactions, by reason.", "reason", c["compactions"])
-        yield _counter("agent_tool_uncertain", "Tool calls whose outcome is unknown, by tool.", "tool", c["tool_uncertain"])
-        yield _histogram("agent_run_waiting_seconds", "Time runs spent waiting, by suspension kind (observed when the wait "
-                         "ends).", "kind", c["waiting"])
+        yield _counter(
+            "agent_tool_uncertain", "Tool calls whose outcome is unknown, by tool.", "tool", c["tool_uncertain"]
+        )
+        yield _histogram(
+            "agent_run_waiting_seconds",
+            "Time runs spent waiting, by suspension kind (observed when the wait ends).",
+            "kind",
+            c["waiting"],
+        )
 
         s = fleet.fleet_snapshot()
         runs = GaugeMetricFamily("agent_runs", "Runs by status.", labels=["status"])
@@ -47,12 +59,16 @@ class DeploymentCollector(Collector):
             runs.add_metric([status], n)
         yield runs
         yield GaugeMetricFamily("agent_queue_depth", "Runs QUEUED.", value=s["queue"]["depth"])
-        yield GaugeMetricFamily("agent_queue_oldest_age_seconds", "Age of the oldest QUEUED run (0 when none).",
-                                value=s["queue"]["oldest_age_seconds"])
+        yield GaugeMetricFamily(
+            "agent_queue_oldest_age_seconds",
+            "Age of the oldest QUEUED run (0 when none).",
+            value=s["queue"]["oldest_age_seconds"],
+        )
         yield GaugeMetricFamily("agent_workers_live", "Worker processes renewing a lease now.", value=s["live_workers"])
         pending = GaugeMetricFamily("agent_approvals_pending", "Pending approvals, by kind.", labels=["kind"])
-        oldest = GaugeMetricFamily("agent_approval_oldest_pending_age_seconds", "Age of the oldest pending approval, by kind.",
-                                   labels=["kind"])
+        oldest = GaugeMetricFamily(
+            "agent_approval_oldest_pending_age_seconds", "Age of the oldest pending approval, by kind.", labels=["kind"]
+        )
         for kind, a in sorted(s["approvals"].items()):
             pending.add_metric([kind], a["pending"])
             oldest.add_metric([kind], a["oldest_age_seconds"])

@@ -9,6 +9,7 @@ Counters are totals over the event log, so they never go down while events
 are kept; histograms are computed in SQL (cumulative bucket counts), so a
 scrape moves a few dozen numbers, not rows.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -84,19 +85,33 @@ def _zeros(kind: str, counts: dict[str, int]) -> dict[str, int]:
 
 def fleet_counters() -> dict[str, dict]:
     """Seed 002's six counters and two histograms, deployment-wide."""
-    empty_steps = _histograms([(o, *([0] * (len(STEP_BUCKETS) + 2))) for o in ("completed", "failed", "cancelled")], STEP_BUCKETS)
+    empty_steps = _histograms(
+        [(o, *([0] * (len(STEP_BUCKETS) + 2))) for o in ("completed", "failed", "cancelled")], STEP_BUCKETS
+    )
     empty_waits = _histograms([(k, *([0] * (len(WAIT_BUCKETS) + 2))) for k in ("approval", "user")], WAIT_BUCKETS)
     return {
         "run_steps": {**empty_steps, **fleet_run_steps()},
         # A run ends CANCELLED only on request here (a passed deadline fails
         # it `deadline_exceeded`); events written without a reason are requests.
-        "cancelled": _zeros("cancelled", _counts(
-            "SELECT COALESCE(payload->>'reason', 'requested'), COUNT(*) FROM events WHERE type = 'run.cancelled' GROUP BY 1")),
+        "cancelled": _zeros(
+            "cancelled",
+            _counts(
+                "SELECT COALESCE(payload->>'reason', 'requested'), COUNT(*) FROM events WHERE type = 'run.cancelled' GROUP BY 1"
+            ),
+        ),
         "leases_lost": _zeros("leases_lost", fleet_leases_lost()),
-        "requeued": _zeros("requeued", _counts(
-            "SELECT COALESCE(payload->>'reason', 'unknown'), COUNT(*) FROM events WHERE type = 'run.requeued' GROUP BY 1")),
-        "compactions": _zeros("compactions", _counts(
-            "SELECT COALESCE(payload->>'reason', 'pressure'), COUNT(*) FROM events WHERE type = 'context.compacted' GROUP BY 1")),
+        "requeued": _zeros(
+            "requeued",
+            _counts(
+                "SELECT COALESCE(payload->>'reason', 'unknown'), COUNT(*) FROM events WHERE type = 'run.requeued' GROUP BY 1"
+            ),
+        ),
+        "compactions": _zeros(
+            "compactions",
+            _counts(
+                "SELECT COALESCE(payload->>'reason', 'pressure'), COUNT(*) FROM events WHERE type = 'context.compacted' GROUP BY 1"
+            ),
+        ),
         "tool_uncertain": fleet_tool_uncertain(),
         "waiting": {**empty_waits, **fleet_waiting_seconds()},
     }
@@ -132,7 +147,7 @@ def fleet_leases_lost() -> dict[str, int]:
 def fleet_tool_uncertain() -> dict[str, int]:
     """Tool calls whose outcome is unknown, by tool: `tool.call.failed` with
     `outcome: "uncertain"` (the invocation outcome classes), the same events
-    `runs.selectors.tool_uncertain_counts` reads."""
+    `runs.services.selectors.tool_uncertain_counts` reads."""
     return _counts(
         "SELECT COALESCE(payload->>'tool', 'unknown'), COUNT(*) FROM events"
         " WHERE type = 'tool.call.failed' AND payload->>'outcome' = 'uncertain' GROUP BY 1"
@@ -164,15 +179,26 @@ def fleet_snapshot() -> dict:
     now_sql = "now()" if _is_pg() else "CURRENT_TIMESTAMP"
     by_status = {s.value: 0 for s in RunStatus}
     by_status.update(_counts("SELECT status, COUNT(*) FROM runs GROUP BY status"))
-    (depth, oldest_queued), = _rows(
-        f"SELECT COUNT(*), MAX({_seconds(now_sql, 'updated_at')}) FROM runs WHERE status = 'QUEUED'")
-    owners = [o for (o,) in _rows(
-        f"SELECT lease_owner FROM runs WHERE status = 'RUNNING' AND lease_owner IS NOT NULL AND lease_expires_at > {now_sql}")]
+    ((depth, oldest_queued),) = _rows(
+        f"SELECT COUNT(*), MAX({_seconds(now_sql, 'updated_at')}) FROM runs WHERE status = 'QUEUED'"
+    )
+    owners = [
+        o
+        for (o,) in _rows(
+            f"SELECT lease_owner FROM runs WHERE status = 'RUNNING' AND lease_owner IS NOT NULL AND lease_expires_at > {now_sql}"
+        )
+    ]
     from approvals.models import Approval
 
     approvals = {kind: {"pending": 0, "oldest_age_seconds": 0.0} for kind, _ in Approval.KINDS}
-    approvals.update({kind: {"pending": int(n), "oldest_age_seconds": max(0.0, float(age or 0))} for kind, n, age in _rows(
-        f"SELECT kind, COUNT(*), MAX({_seconds(now_sql, 'created_at')}) FROM approvals WHERE status = 'pending' GROUP BY kind")})
+    approvals.update(
+        {
+            kind: {"pending": int(n), "oldest_age_seconds": max(0.0, float(age or 0))}
+            for kind, n, age in _rows(
+                f"SELECT kind, COUNT(*), MAX({_seconds(now_sql, 'created_at')}) FROM approvals WHERE status = 'pending' GROUP BY kind"
+            )
+        }
+    )
     return {
         "runs_by_status": by_status,
         "queue": {"depth": int(depth), "oldest_age_seconds": max(0.0, float(oldest_queued or 0))},

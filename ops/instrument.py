@@ -1,12 +1,13 @@
 """Timing around a run's slice: the adapters the loop calls (provider, tools,
 store) are wrapped at the composition root, so the domain package stays
 free of metrics, and the log context follows the step."""
+
 from __future__ import annotations
 
 import time
 
-from . import tracing, worker_metrics
-from .logs import log_context_update
+from ops import tracing, worker_metrics
+from ops.logs import log_context_update
 
 
 class _Proxy:

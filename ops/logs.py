@@ -4,13 +4,14 @@ The executor sets the run's context (run, tenant, epoch, worker, and the step
 as it advances) in contextvars around a run's slice; `RunContextFilter` puts
 them on every record, whatever logger wrote it (ours, django-q2's, Django's).
 Imported by the logging configuration: no Django imports here."""
+
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 FIELDS = ("run", "tenant", "step", "epoch", "worker")
 _context: contextvars.ContextVar[dict] = contextvars.ContextVar("agentrt_log_context", default={})
@@ -48,7 +49,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
-            "ts": datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(timespec="milliseconds"),
+            "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),

@@ -12,6 +12,7 @@ Exported over OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (the
 SDK reads the standard OTEL_* variables). Unset, nothing is configured and
 the loop keeps its null tracer: no span object is created at all.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,7 +31,9 @@ def configure() -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "agentrt")}))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "agentrt")})
+    )
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # its thread is re-created after a fork
     use_provider(provider)
 
@@ -67,17 +70,23 @@ def run_span(claim):
     if not enabled():
         yield None
         return
+    from django.db import DatabaseError
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     from runs.models import Event
 
-    from django.db import DatabaseError
-
     try:
-        created = Event.objects.filter(run_id=claim.run_id, type="run.created").values_list("payload", flat=True).first() or {}
+        created = (
+            Event.objects.filter(run_id=claim.run_id, type="run.created").values_list("payload", flat=True).first()
+            or {}
+        )
     except DatabaseError:  # a trace must never stop a run: this slice starts its own trace
         created = {}
-    parent = TraceContextTextMapPropagator().extract({"traceparent": created["traceparent"]}) if created.get("traceparent") else None
+    parent = (
+        TraceContextTextMapPropagator().extract({"traceparent": created["traceparent"]})
+        if created.get("traceparent")
+        else None
+    )
     attributes = {"run.id": str(claim.run_id), "run.epoch": claim.epoch, "worker": claim.owner}
     with _tracer().start_as_current_span("agent.run", context=parent, attributes=attributes) as span:
         yield span
@@ -113,7 +122,9 @@ class RunTracer:
         from opentelemetry import context, trace
 
         self.end_step()
-        self._step = self._tracer.start_span("run.step", attributes={**self._base, "step.number": step_number, **(attributes or {})})
+        self._step = self._tracer.start_span(
+            "run.step", attributes={**self._base, "step.number": step_number, **(attributes or {})}
+        )
         self._step_ctx = trace.set_span_in_context(self._step)
         self._token = context.attach(self._step_ctx)
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from ops import views
 
 urlpatterns = [
     path("metrics", views.metrics, name="metrics"),

@@ -1,5 +1,6 @@
 """`/metrics`, `/healthz`, `/readyz`: unauthenticated by session, cheap, and
 free of tenant data (no tenant, run or user appears in a body or a label)."""
+
 from __future__ import annotations
 
 import hmac
@@ -30,12 +31,14 @@ def _authorized(request) -> bool:
 def metrics(request):
     """The deployment-wide figures in Prometheus text format."""
     if not _authorized(request):
-        response = JsonResponse({"code": "not_authenticated", "message": "a valid bearer token is required"}, status=401)
+        response = JsonResponse(
+            {"code": "not_authenticated", "message": "a valid bearer token is required"}, status=401
+        )
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    from .collector import deployment_registry
+    from ops.collector import deployment_registry
 
     try:
         body = generate_latest(deployment_registry())
@@ -77,5 +80,6 @@ def readiness() -> tuple[bool, dict]:
 @require_http_methods(["GET"])
 def readyz(request):
     ready, checks = readiness()
-    return JsonResponse({"ready": ready, "status": "ready" if ready else "unavailable", "checks": checks},
-                        status=200 if ready else 503)
+    return JsonResponse(
+        {"ready": ready, "status": "ready" if ready else "unavailable", "checks": checks}, status=200 if ready else 503
+    )

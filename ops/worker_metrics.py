@@ -12,6 +12,7 @@ exporter does) and `AppConfig.ready` starts the endpoint. Files of dead workers 
 counts are part of the node's totals and counters must not go down; their
 live-gauge files are removed (`mark_process_dead`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,14 +41,23 @@ def histograms() -> dict:
                 from prometheus_client import Histogram
 
                 _metrics.update(
-                    step=Histogram("agent_step_seconds", "One step: the model call through its tool batch's commit.",
-                                   buckets=LATENCY_BUCKETS),
-                    model=Histogram("agent_model_call_seconds", "One model attempt, by outcome.", ["outcome"],
-                                    buckets=LATENCY_BUCKETS),
-                    tool=Histogram("agent_tool_call_seconds", "One tool execution, by tool.", ["tool"],
-                                   buckets=LATENCY_BUCKETS),
-                    commit=Histogram("agent_commit_seconds", "One fenced transaction of the runtime.",
-                                     buckets=LATENCY_BUCKETS),
+                    step=Histogram(
+                        "agent_step_seconds",
+                        "One step: the model call through its tool batch's commit.",
+                        buckets=LATENCY_BUCKETS,
+                    ),
+                    model=Histogram(
+                        "agent_model_call_seconds",
+                        "One model attempt, by outcome.",
+                        ["outcome"],
+                        buckets=LATENCY_BUCKETS,
+                    ),
+                    tool=Histogram(
+                        "agent_tool_call_seconds", "One tool execution, by tool.", ["tool"], buckets=LATENCY_BUCKETS
+                    ),
+                    commit=Histogram(
+                        "agent_commit_seconds", "One fenced transaction of the runtime.", buckets=LATENCY_BUCKETS
+                    ),
                 )
     return _metrics
 
@@ -73,7 +83,9 @@ def prepare_dir() -> str:
         path = tempfile.mkdtemp(prefix="agentrt-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
     if "prometheus_client" in sys.modules:
-        log.warning("prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set: worker histograms stay per-process")
+        log.warning(
+            "prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set: worker histograms stay per-process"
+        )
     return path
 
 
@@ -91,7 +103,9 @@ def start_if_worker_node() -> None:
     try:
         serve(int(raw), addr)
     except OSError as exc:
-        raise ImproperlyConfigured(f"AGENTRT_METRICS_PORT {addr}:{raw} cannot be served: {exc.strerror or exc}") from None
+        raise ImproperlyConfigured(
+            f"AGENTRT_METRICS_PORT {addr}:{raw} cannot be served: {exc.strerror or exc}"
+        ) from None
 
 
 def serve(port: int, addr: str) -> None:

@@ -1,11 +1,12 @@
 """The Django admin over runs: read-only views; every change goes through a service.
 
-Scoping comes from runs.scoping: a staff user sees its own tenant's rows
+Scoping comes from runs.services.scoping: a staff user sees its own tenant's rows
 (another tenant's is 404), a superuser sees every tenant but its actions
 (cancel, resume) apply only in its own. Cancel and resume need
 `runs.cancel_run` / `runs.resume_run` and a confirmation page, like the
 approval actions. The auth, django-q2, knox and axes admins are superuser-only.
 """
+
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -13,12 +14,11 @@ from django.http import Http404
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
-from . import scoping
-from .errors import RunError
-from .lifecycle import run_cancel
-from .models import Agent, AgentVersion, Event, Run, Tenant, ToolInvocation
-from .resume import run_resume
-from .services import policy_floor_check, tenant_configure
+from runs.errors import RunError
+from runs.models import Agent, AgentVersion, Event, Run, Tenant, ToolInvocation
+from runs.runtime.resume import run_resume
+from runs.services import policy_floor_check, scoping, tenant_configure
+from runs.services.lifecycle import run_cancel
 
 
 class TenantScoped(admin.ModelAdmin):
@@ -63,7 +63,19 @@ class EventInline(admin.TabularInline):
 
 class InvocationInline(admin.TabularInline):
     model = ToolInvocation
-    fields = ("step_number", "call_index", "tool_name", "status", "outcome", "arguments", "result", "error", "effect_sent_at", "attempt", "attempts")
+    fields = (
+        "step_number",
+        "call_index",
+        "tool_name",
+        "status",
+        "outcome",
+        "arguments",
+        "result",
+        "error",
+        "effect_sent_at",
+        "attempt",
+        "attempts",
+    )
     readonly_fields = fields
     ordering = ("step_number", "call_index")
     extra = 0
@@ -72,8 +84,16 @@ class InvocationInline(admin.TabularInline):
 
 
 RUN_ACTIONS = {
-    "cancel_runs": ("Cancel runs", "Cancelling ends a queued or waiting run at once and asks a running one to stop.", "Yes, cancel"),
-    "resume_runs": ("Resume runs", "Resuming takes over a RUNNING run whose lease expired (its worker died).", "Yes, resume"),
+    "cancel_runs": (
+        "Cancel runs",
+        "Cancelling ends a queued or waiting run at once and asks a running one to stop.",
+        "Yes, cancel",
+    ),
+    "resume_runs": (
+        "Resume runs",
+        "Resuming takes over a RUNNING run whose lease expired (its worker died).",
+        "Yes, resume",
+    ),
 }
 
 
@@ -108,8 +128,15 @@ class RunAdmin(TenantScoped):
         if request.POST.get("confirm") == "yes":
             return None, queryset
         title, notice, button = RUN_ACTIONS[action]
-        context = {**self.admin_site.each_context(request), "title": title, "notice": notice, "button": button,
-                   "runs": list(queryset.select_related("agent")), "action": action, "opts": self.model._meta}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "notice": notice,
+            "button": button,
+            "runs": list(queryset.select_related("agent")),
+            "action": action,
+            "opts": self.model._meta,
+        }
         return TemplateResponse(request, "admin/runs/run/action_confirm.html", context), None
 
     @admin.action(description="Cancel selected runs", permissions=["cancel"])
@@ -157,17 +184,19 @@ class TenantForm(forms.ModelForm):
         fields = ("name", "policy_floor", "max_active_runs")
         help_texts = {
             "policy_floor": 'Agent policy shape, e.g. {"default": "allow", "rules": [{"tool": "*", "side_effect": true, '
-                            '"decision": "require_approval"}]}. Each call gets the stricter of this and the agent\'s policy.',
+            '"decision": "require_approval"}]}. Each call gets the stricter of this and the agent\'s policy.',
             "max_active_runs": "Active runs allowed at once; empty: AGENTRT_MAX_ACTIVE_RUNS.",
         }
 
     def clean_policy_floor(self):
-        from .errors import InvalidInput
+        from runs.errors import InvalidInput
 
         try:
             return policy_floor_check(self.cleaned_data.get("policy_floor"))
         except InvalidInput as exc:
-            raise forms.ValidationError([f"{k}: {'; '.join(v)}" for k, v in exc.fields.items()] or exc.message) from None
+            raise forms.ValidationError(
+                [f"{k}: {'; '.join(v)}" for k, v in exc.fields.items()] or exc.message
+            ) from None
 
 
 @admin.register(Tenant)
@@ -214,10 +243,20 @@ def _superuser_only(model_admin_class):
     def only_superuser(self, request, *args, **kwargs):
         return bool(request.user.is_active and request.user.is_superuser)
 
-    return type(f"SuperuserOnly{model_admin_class.__name__}", (model_admin_class,), {
-        name: only_superuser for name in ("has_module_permission", "has_view_permission", "has_change_permission",
-                                          "has_add_permission", "has_delete_permission")
-    })
+    return type(
+        f"SuperuserOnly{model_admin_class.__name__}",
+        (model_admin_class,),
+        {
+            name: only_superuser
+            for name in (
+                "has_module_permission",
+                "has_view_permission",
+                "has_change_permission",
+                "has_add_permission",
+                "has_delete_permission",
+            )
+        },
+    )
 
 
 def restrict_to_superusers(site=admin.site, app_labels=("auth", "django_q", "knox", "axes")) -> None:

@@ -6,6 +6,6 @@ class RunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import drain
+        from runs.runtime import drain
 
         drain.connect()

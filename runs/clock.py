@@ -3,16 +3,17 @@
 The only module of the runtime allowed to read ambient time or make random
 ids; a structural test walks the AST of everything else.
 """
+
 from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 
 class SystemClock:
     def now(self) -> datetime:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
     def monotonic(self) -> float:
         return time.monotonic()

@@ -1,4 +1,5 @@
 """Errors of the runs services; each carries a stable code and an HTTP status."""
+
 from __future__ import annotations
 
 

@@ -1,11 +1,12 @@
 """Tables of the runs app (DESIGN §3). Status and lease columns are written
 only by the writers of DESIGN §4 (a structural test checks it)."""
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from .clock import new_uuid, utcnow
-from .domain.values import LIVE_STATUSES, TERMINAL_STATUSES, RunStatus
+from runs.clock import new_uuid, utcnow
+from runs.domain.values import LIVE_STATUSES, TERMINAL_STATUSES, RunStatus
 
 TERMINAL = [s.value for s in TERMINAL_STATUSES]
 LIVE = [s.value for s in LIVE_STATUSES]
@@ -66,8 +67,9 @@ class AgentVersion(models.Model):
     version = models.CharField(max_length=64)
     definition = models.JSONField()
     policy_version = models.CharField(max_length=64, default="")
-    published_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
-                                     related_name="+")  # null: loaded by an operator's shell command
+    published_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )  # null: loaded by an operator's shell command
     published_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=utcnow, editable=False)
 
@@ -153,10 +155,14 @@ class ModelCall(models.Model):
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False, db_constraint=False)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="model_calls", db_index=False, db_constraint=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="model_calls", db_index=False, db_constraint=False
+    )
     step_number = models.IntegerField()
     attempt_number = models.IntegerField()
-    status = models.CharField(max_length=16, default="started")  # started | completed | failed | interrupted | abandoned
+    status = models.CharField(
+        max_length=16, default="started"
+    )  # started | completed | failed | interrupted | abandoned
     usage = models.JSONField(default=dict)
     stop_reason = models.CharField(max_length=24, null=True, blank=True)
     stream_had_output = models.BooleanField(default=False)
@@ -192,7 +198,9 @@ class ToolInvocation(models.Model):
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False, db_constraint=False)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="invocations", db_index=False, db_constraint=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="invocations", db_index=False, db_constraint=False
+    )
     step_number = models.IntegerField()
     call_index = models.IntegerField()
     call_id = models.CharField(max_length=200)
@@ -228,9 +236,13 @@ class Event(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False, db_constraint=False)
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False)
+    session = models.ForeignKey(
+        Session, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False
+    )
     sequence = models.BigIntegerField()
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, null=True, related_name="events", db_index=False, db_constraint=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, null=True, related_name="events", db_index=False, db_constraint=False
+    )
     type = models.CharField(max_length=64)
     payload = models.JSONField(default=dict)
     lease_epoch = models.BigIntegerField(default=0)

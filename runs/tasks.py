@@ -1,7 +1,8 @@
 """django-q2 task functions: doorbells only (DESIGN §5)."""
+
 from uuid import UUID
 
-from .executor import run_drive
+from runs.runtime.executor import run_drive
 
 
 def drive_run(run_id: str) -> str:

@@ -1,6 +1,7 @@
 """Suite-wide fixtures. `make test` runs on PostgreSQL and fails if it is
 unreachable: there is no silent fallback to SQLite (the embedded default has
 its own named smoke test, tests/smoke)."""
+
 from __future__ import annotations
 
 import os
@@ -110,7 +111,9 @@ def subprocess_env(**overrides) -> dict:
 
     s = connection.settings_dict
     env = dict(os.environ)
-    env["DATABASE_URL"] = f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    env["DATABASE_URL"] = (
+        f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    )
     env.setdefault("AGENTRT_LOG_LEVEL", "WARNING")
     env["PYTHONUNBUFFERED"] = "1"
     env.update({k: str(v) for k, v in overrides.items()})
@@ -125,7 +128,11 @@ class Cluster:
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "qcluster"],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def signal(self, sig) -> None:
@@ -196,8 +203,13 @@ def start_daphne(env: dict, log) -> tuple[int, subprocess.Popen]:
     """A real daphne on a free port with `env`, its output to `log`; returns
     (port, process) once it listens. The caller terminates it."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentrt_site.asgi:application"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentrt_site.asgi:application"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
     def up():
         try:

@@ -2,13 +2,14 @@
 points: tests/fault/test_kill_points.py): a worker "dies" at a fault point (a
 BaseException nothing in the runtime catches, so finalize never runs) and
 its lease is then made to expire, as a SIGKILL would leave it."""
+
 from __future__ import annotations
 
 import pytest
 from django.db import connection
 
-from runs.executor import execute_run
-from runs.queue import run_claim
+from runs.runtime.executor import execute_run
+from runs.runtime.queue import run_claim
 
 
 class Crash(BaseException):
@@ -17,18 +18,21 @@ class Crash(BaseException):
 
 def crash_at(monkeypatch, point):
     """Make `point` kill the execution; return a function that undoes it."""
-    import runs.faults
+    import runs.runtime.faults
 
-    real = runs.faults.fire
+    real = runs.runtime.faults.fire
 
     def fire(p, run_id):
         if p == point:
             raise Crash(p)
         return real(p, run_id)
 
-    monkeypatch.setattr(runs.faults, "fire", fire)
-    monkeypatch.setattr("runs.resume.fire", fire)
-    return lambda: (monkeypatch.setattr(runs.faults, "fire", real), monkeypatch.setattr("runs.resume.fire", real))
+    monkeypatch.setattr(runs.runtime.faults, "fire", fire)
+    monkeypatch.setattr("runs.runtime.resume.fire", fire)
+    return lambda: (
+        monkeypatch.setattr(runs.runtime.faults, "fire", real),
+        monkeypatch.setattr("runs.runtime.resume.fire", real),
+    )
 
 
 def expire(run):

@@ -1,5 +1,6 @@
 """Processes read from /proc, for the tests that watch real process trees
 (who a process's children are, which processes a session still holds)."""
+
 from __future__ import annotations
 
 import os

@@ -12,13 +12,14 @@ order deliveries against decisions and compare them by content:
   themselves even across a clock step.
 - `body_sha256`: SHA-256 of the canonical JSON body (sorted keys), or of the
   raw bytes when the body is not JSON."""
+
 from __future__ import annotations
 
 import hashlib
 import http.server
 import json
-import time
 import threading
+import time
 from pathlib import Path
 
 
@@ -43,11 +44,20 @@ class Sink:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 try:
                     body = json.loads(raw or b"null")
-                    digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+                    digest = hashlib.sha256(
+                        json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+                    ).hexdigest()
                 except ValueError:
                     body, digest = raw.decode("utf-8", "replace"), hashlib.sha256(raw).hexdigest()
-                record = {"key": self.headers.get("Idempotency-Key"), "attempt": self.headers.get("X-Agentrt-Attempt"),
-                          "path": self.path, "body": body, "body_sha256": digest, "t_ns": t_ns, "mono_ns": mono_ns}
+                record = {
+                    "key": self.headers.get("Idempotency-Key"),
+                    "attempt": self.headers.get("X-Agentrt-Attempt"),
+                    "path": self.path,
+                    "body": body,
+                    "body_sha256": digest,
+                    "t_ns": t_ns,
+                    "mono_ns": mono_ns,
+                }
                 behaviour = self._next_behaviour(record)
                 if behaviour != "ok":
                     record["behaviour"] = behaviour  # what the client got: the checker counts dropped / late answers

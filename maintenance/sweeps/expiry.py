@@ -6,6 +6,7 @@ lease, so these end it through the lifecycle service, guarded by its status.
 - a run WAITING_FOR_USER past its input deadline → FAILED `input_deadline_exceeded`;
 - any waiting run past its deadline → FAILED `deadline_exceeded`.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -14,23 +15,27 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from approvals.models import Approval
+from maintenance.locks import try_sweep_lock
 from runs.clock import CLOCK
 from runs.domain.values import FailureReason, RunFailure
 from runs.domain.writes import EventWrite
-from runs.lifecycle import fail_waiting
 from runs.models import Run
-from runs.queue import db_now
-from runs.store import append_events, sql_dt, sql_uuid
-
-from ..locks import try_sweep_lock
+from runs.runtime.queue import db_now
+from runs.services.lifecycle import fail_waiting
+from runs.store.repository import append_events, sql_dt, sql_uuid
 
 BATCH = 200
 
 
 def _fail(run: Run, reason: FailureReason, message: str, *, approval=None) -> bool:
     now = CLOCK.now()
-    failure = RunFailure(reason=reason, error_class=reason.value, message=message, occurred_at=now,
-                         details={"approval": str(approval.id)} if approval else {}).as_json()
+    failure = RunFailure(
+        reason=reason,
+        error_class=reason.value,
+        message=message,
+        occurred_at=now,
+        details={"approval": str(approval.id)} if approval else {},
+    ).as_json()
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
             events = []
@@ -41,14 +46,31 @@ def _fail(run: Run, reason: FailureReason, message: str, *, approval=None) -> bo
                 )
                 if cursor.rowcount != 1:
                     return False
-                events.append(EventWrite("approval.resolved", {"approval": str(approval.id), "decision": "expired",
-                                                               "decided_via": "maintenance", "decided_at": now.isoformat()}, now))
+                events.append(
+                    EventWrite(
+                        "approval.resolved",
+                        {
+                            "approval": str(approval.id),
+                            "decision": "expired",
+                            "decided_via": "maintenance",
+                            "decided_at": now.isoformat(),
+                        },
+                        now,
+                    )
+                )
             if not fail_waiting(cursor, run_id=run.id, failure=failure, now=now):
                 if approval is not None:
                     transaction.set_rollback(True)
                 return False
             events.append(EventWrite("run.failed", {"failure": failure}, now))
-            append_events(cursor, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=run.lease_epoch, events=events)
+            append_events(
+                cursor,
+                tenant_id=run.tenant_id,
+                session_id=run.session_id,
+                run_id=run.id,
+                epoch=run.lease_epoch,
+                events=events,
+            )
     return True
 
 
@@ -58,15 +80,24 @@ def sweep_expiry() -> dict:
             return {"skipped": True}
         now = db_now()
         expired = list(Approval.objects.filter(status="pending", expires_at__lt=now).select_related("run")[:BATCH])
-        overdue = list(Run.objects.filter(status__in=("WAITING_FOR_APPROVAL", "WAITING_FOR_USER"), deadline_at__lt=now)[:BATCH])
+        overdue = list(
+            Run.objects.filter(status__in=("WAITING_FOR_APPROVAL", "WAITING_FOR_USER"), deadline_at__lt=now)[:BATCH]
+        )
         input_ttl = float(getattr(settings, "AGENTRT_INPUT_TTL_SECONDS", settings.AGENTRT_APPROVAL_TTL_SECONDS))
-        stale_input = list(Run.objects.filter(status="WAITING_FOR_USER", updated_at__lt=now - timedelta(seconds=input_ttl))[:BATCH])
+        stale_input = list(
+            Run.objects.filter(status="WAITING_FOR_USER", updated_at__lt=now - timedelta(seconds=input_ttl))[:BATCH]
+        )
     counts = {"approval_expired": 0, "deadline_exceeded": 0, "input_deadline_exceeded": 0}
     for run in overdue:
         if _fail(run, FailureReason.DEADLINE_EXCEEDED, "the run deadline passed while it was waiting"):
             counts["deadline_exceeded"] += 1
     for approval in expired:
-        if _fail(approval.run, FailureReason.APPROVAL_EXPIRED, "the approval expired before anyone decided", approval=approval):
+        if _fail(
+            approval.run,
+            FailureReason.APPROVAL_EXPIRED,
+            "the approval expired before anyone decided",
+            approval=approval,
+        ):
             counts["approval_expired"] += 1
     for run in stale_input:
         if _fail(run, FailureReason.INPUT_DEADLINE_EXCEEDED, "nobody answered the run's question in time"):

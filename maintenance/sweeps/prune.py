@@ -1,14 +1,14 @@
 """Checkpoint prune: a terminal run keeps its final full snapshot; the chain
 before it is needed by nothing."""
+
 from __future__ import annotations
 
 from django.db import transaction
 from django.db.models import Max
 
 from checkpoints.models import Checkpoint
+from maintenance.locks import try_sweep_lock
 from runs.models import TERMINAL, Run
-
-from ..locks import try_sweep_lock
 
 BATCH = 200
 
@@ -26,7 +26,12 @@ def sweep_prune() -> dict:
     deleted = 0
     for run_id in candidates:
         with transaction.atomic():
-            final = Checkpoint.objects.filter(run_id=run_id, full=True).order_by("-version").values_list("version", flat=True).first()
+            final = (
+                Checkpoint.objects.filter(run_id=run_id, full=True)
+                .order_by("-version")
+                .values_list("version", flat=True)
+                .first()
+            )
             top = Checkpoint.objects.filter(run_id=run_id).aggregate(v=Max("version"))["v"]
             if final is None or final != top:
                 continue  # a terminal run without its final snapshot keeps its chain for diagnosis

@@ -5,6 +5,7 @@ Candidates are selected under the sweep lock; each is acted on outside that
 transaction. The takeover is guarded by the epoch the sweep saw, the expiry
 and the status (River #1302), so a run that completed meanwhile is left
 alone, and a waiting run is never touched (it is not RUNNING)."""
+
 from __future__ import annotations
 
 import logging
@@ -12,14 +13,13 @@ from datetime import timedelta
 
 from django.db import transaction
 
+from maintenance.locks import try_sweep_lock
 from runs.clock import CLOCK
-from runs.executor import enqueue_drive
-from runs.faults import fire
 from runs.models import Run
-from runs.queue import db_now
-from runs.resume import RunLeased, RunNotRunning, run_resume
-
-from ..locks import try_sweep_lock
+from runs.runtime.executor import enqueue_drive
+from runs.runtime.faults import fire
+from runs.runtime.queue import db_now
+from runs.runtime.resume import RunLeased, RunNotRunning, run_resume
 
 log = logging.getLogger("agentrt.maintenance")
 BATCH = 100
@@ -58,10 +58,14 @@ def sweep_reclaim(*, queued_grace_seconds: float = 5.0) -> dict:
             return {"skipped": True}
         now = db_now()
         expired = list(
-            Run.objects.filter(status="RUNNING", lease_expires_at__lt=now).order_by("lease_expires_at").values_list("id", "lease_epoch")[:BATCH]
+            Run.objects.filter(status="RUNNING", lease_expires_at__lt=now)
+            .order_by("lease_expires_at")
+            .values_list("id", "lease_epoch")[:BATCH]
         )
         stale_queued = list(
-            Run.objects.filter(status="QUEUED", updated_at__lt=now - timedelta(seconds=queued_grace_seconds)).values_list("id", flat=True)[:BATCH]
+            Run.objects.filter(
+                status="QUEUED", updated_at__lt=now - timedelta(seconds=queued_grace_seconds)
+            ).values_list("id", flat=True)[:BATCH]
         )
     resumed, outcomes = 0, {}
     for run_id, epoch in expired:
@@ -82,4 +86,10 @@ def sweep_reclaim(*, queued_grace_seconds: float = 5.0) -> dict:
             if str(run_id) not in waiting:
                 enqueue_drive(run_id)
                 rung += 1
-    return {"expired": len(expired), "resumed": resumed, "outcomes": outcomes, "requeued_doorbells": rung, "at": CLOCK.now().isoformat()}
+    return {
+        "expired": len(expired),
+        "resumed": resumed,
+        "outcomes": outcomes,
+        "requeued_doorbells": rung,
+        "at": CLOCK.now().isoformat(),
+    }

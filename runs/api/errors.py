@@ -4,6 +4,7 @@
 `exception_handler` is DRF's EXCEPTION_HANDLER; `api_not_found` answers
 paths under /api/ that name no route, so they get the same body.
 """
+
 from __future__ import annotations
 
 import logging
@@ -114,7 +115,9 @@ def _code_of(exc: exceptions.APIException) -> str:
 
 def exception_handler(exc: Exception, context: dict) -> Response:
     """Map every exception a view raises to the one error body."""
-    from rest_framework.views import set_rollback  # not at import time: views imports the parser, which imports this module
+    from rest_framework.views import (
+        set_rollback,
+    )  # not at import time: views imports the parser, which imports this module
 
     request = context.get("request")
     headers: dict[str, str] = {}
@@ -144,13 +147,17 @@ def exception_handler(exc: Exception, context: dict) -> Response:
             message = f"{first[0]}: {first[1][0]}" if first else "invalid input"
             body = error_body(request, "invalid", message, fields)
         else:
-            body = error_body(request, _code_of(exc), str(exc.detail) if isinstance(exc.detail, str) else exc.default_detail)
+            body = error_body(
+                request, _code_of(exc), str(exc.detail) if isinstance(exc.detail, str) else exc.default_detail
+            )
         return Response(body, status=exc.status_code, headers=headers)
     set_rollback()
     rid = request_id(request) if request is not None else "-"
     log.exception("unhandled error in the API (request_id=%s)", rid)
-    return Response(error_body(request, "internal_error", "internal error; quote the request_id when reporting it"),
-                    status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+    return Response(
+        error_body(request, "internal_error", "internal error; quote the request_id when reporting it"),
+        status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+    )
 
 
 def api_not_found(request, rest: str = ""):
@@ -168,7 +175,9 @@ def api_not_found(request, rest: str = ""):
                 response = HttpResponsePermanentRedirect(request.path + "/" + (f"?{query}" if query else ""))
                 response[REQUEST_ID_HEADER] = request_id(request)
                 return response
-            body = error_body(request, "not_found", f"no such route; the route is {request.path}/ (with a trailing slash)")
+            body = error_body(
+                request, "not_found", f"no such route; the route is {request.path}/ (with a trailing slash)"
+            )
             response = JsonResponse(body, status=404)
             response[REQUEST_ID_HEADER] = request_id(request)
             return response

@@ -7,6 +7,7 @@ nesting depth and the number of values (400), refuses NaN/Infinity and
 numbers that overflow to infinity, duplicate keys, and NUL characters or
 lone surrogates in any key or string, naming the field.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from django.conf import settings
 from rest_framework import exceptions
 from rest_framework.parsers import BaseParser
 
-from .errors import DepthExceeded, PayloadTooLarge, TooLarge
+from runs.api.errors import DepthExceeded, PayloadTooLarge, TooLarge
 
 MAX_DEPTH = 32
 MAX_VALUES = 50_000

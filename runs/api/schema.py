@@ -1,4 +1,5 @@
 """OpenAPI post-processing: say in the schema what the API enforces."""
+
 from __future__ import annotations
 
 

@@ -2,6 +2,7 @@
 strings must be strings, limits are checked by the pydantic model in strict
 mode) and output serializers (their fields document the shapes for the
 OpenAPI schema; the rendering itself is the selectors' REST shapes)."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -13,17 +14,42 @@ from pydantic import ValidationError as PydanticValidationError
 from rest_framework import serializers
 
 from approvals.models import Approval
-from runs.agent_schema import AgentDefinition, Limits, forbidden_model_keys
 from runs.domain.values import RunStatus
-from runs.selectors import event_to_dict, run_to_dict
+from runs.services.agent_schema import AgentDefinition, Limits, forbidden_model_keys
+from runs.services.selectors import event_to_dict, run_to_dict
 
 # Columns the server owns: a client that sends one is told so (never honoured).
-SERVER_OWNED = frozenset({
-    "id", "tenant", "tenant_id", "status", "lease_owner", "lease_epoch", "lease_expires_at", "lease_expirations",
-    "attempts", "request_hash", "idempotency_key", "effect_sent_at", "usage", "step_count", "failure", "result",
-    "final_message", "agent_version", "deadline_at", "cancel_requested_at", "created_at", "updated_at",
-    "decided_by", "decided_at", "decided_via", "priority", "scheduled_for",
-})
+SERVER_OWNED = frozenset(
+    {
+        "id",
+        "tenant",
+        "tenant_id",
+        "status",
+        "lease_owner",
+        "lease_epoch",
+        "lease_expires_at",
+        "lease_expirations",
+        "attempts",
+        "request_hash",
+        "idempotency_key",
+        "effect_sent_at",
+        "usage",
+        "step_count",
+        "failure",
+        "result",
+        "final_message",
+        "agent_version",
+        "deadline_at",
+        "cancel_requested_at",
+        "created_at",
+        "updated_at",
+        "decided_by",
+        "decided_at",
+        "decided_via",
+        "priority",
+        "scheduled_for",
+    }
+)
 
 
 def pydantic_fields(exc: PydanticValidationError, prefix: str = "") -> dict[str, list[str]]:
@@ -82,7 +108,7 @@ class StrictUUIDField(serializers.Field):
 
 @extend_schema_field(Limits)
 class LimitsField(serializers.Field):
-    """Run limits, validated by `runs.agent_schema.Limits` in strict mode."""
+    """Run limits, validated by `runs.services.agent_schema.Limits` in strict mode."""
 
     default_error_messages = {"invalid": "must be an object"}
 
@@ -107,7 +133,11 @@ class StrictSerializer(serializers.Serializer):
             for key in data:
                 field = self.fields.get(key)
                 if field is None or field.read_only:
-                    unknown[key] = ["read-only: set by the server" if key in SERVER_OWNED or key.startswith("lease_") else "unknown field"]
+                    unknown[key] = [
+                        "read-only: set by the server"
+                        if key in SERVER_OWNED or key.startswith("lease_")
+                        else "unknown field"
+                    ]
         try:
             value = super().to_internal_value(data)
         except serializers.ValidationError as exc:
@@ -151,7 +181,9 @@ class InputText(StrictSerializer):
 class ApprovalDecision(StrictSerializer):
     """A decision, bound to the request_hash that was shown."""
 
-    request_hash = StrictCharField(max_length=128, help_text="The request_hash that was shown (approve what was shown).")
+    request_hash = StrictCharField(
+        max_length=128, help_text="The request_hash that was shown (approve what was shown)."
+    )
     reason = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
 
 
@@ -170,11 +202,14 @@ class ApprovalConfirmation(StrictSerializer):
     """The operator's word on an unknown outcome, bound to the request_hash that was shown."""
 
     request_hash = StrictCharField(max_length=128, help_text="The request_hash that was shown.")
-    took_effect = StrictBooleanField(help_text="true: the call took effect; false: it did not. Nothing is sent again either way.")
+    took_effect = StrictBooleanField(
+        help_text="true: the call took effect; false: it did not. Nothing is sent again either way."
+    )
     reason = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
 
 
 # -- outputs (schema documentation; rendered from the selectors) -------------------
+
 
 @extend_schema_field({})
 class AnyJSON(serializers.JSONField):
@@ -238,7 +273,9 @@ class EventOut(serializers.Serializer):
 
 class EventsPageOut(serializers.Serializer):
     results = EventOut(many=True)
-    next_after = serializers.IntegerField(allow_null=True, help_text="Pass as `after` for the next page; null when there is none.")
+    next_after = serializers.IntegerField(
+        allow_null=True, help_text="Pass as `after` for the next page; null when there is none."
+    )
 
 
 class ResumeOut(serializers.Serializer):
@@ -252,7 +289,9 @@ class AgentVersionOut(serializers.Serializer):
     policy_version = serializers.CharField()
     latest = serializers.BooleanField(help_text="Whether new runs of the agent use this version.")
     definition = serializers.DictField()
-    published_by = serializers.CharField(allow_null=True, help_text="Username of the publisher; null when loaded from the shell.")
+    published_by = serializers.CharField(
+        allow_null=True, help_text="Username of the publisher; null when loaded from the shell."
+    )
     published_at = serializers.DateTimeField(allow_null=True)
     created_at = serializers.DateTimeField()
 
@@ -277,7 +316,9 @@ class ApprovalOut(serializers.Serializer):
     kind = serializers.ChoiceField(choices=[k for k, _ in Approval.KINDS])
     status = serializers.ChoiceField(choices=[s for s, _ in Approval.STATUSES])
     request_hash = serializers.CharField(help_text="Send it back with the decision.")
-    presentation = serializers.DictField(help_text="What the operator is shown: tool, arguments, side-effect class, notice.")
+    presentation = serializers.DictField(
+        help_text="What the operator is shown: tool, arguments, side-effect class, notice."
+    )
     expires_at = serializers.DateTimeField(allow_null=True)
     decided_by = serializers.CharField(allow_null=True, help_text="Username of the decider.")
     decided_at = serializers.DateTimeField(allow_null=True)
@@ -306,8 +347,11 @@ class ApprovalOut(serializers.Serializer):
 class ErrorOut(serializers.Serializer):
     code = serializers.CharField(help_text="Stable machine-readable code, e.g. invalid, not_found, run_terminal.")
     message = serializers.CharField()
-    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()), required=False,
-                                   help_text="Field path → messages, when fields are at fault.")
+    fields = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text="Field path → messages, when fields are at fault.",
+    )
     request_id = serializers.CharField(help_text="Echoes a sane X-Request-ID, else generated.")
 
 

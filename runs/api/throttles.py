@@ -5,6 +5,7 @@ settings override applies at once. Reads are never throttled here.
 
 DRF's own warning holds: this is not a security boundary (the cache is per
 process unless CACHES says otherwise); budgets and quotas live in the DB."""
+
 from __future__ import annotations
 
 from rest_framework.permissions import SAFE_METHODS

@@ -1,7 +1,9 @@
 """Routes of the REST API (DESIGN §16), mounted under /api/."""
+
 from django.urls import path, re_path
-from . import views
-from .errors import api_not_found
+
+from runs.api import views
+from runs.api.errors import api_not_found
 
 app_name = "api"
 

@@ -2,10 +2,11 @@
 permission), calls one service and renders the selectors' shapes; status and
 lease columns are written only by the services.
 
-Tenancy (runs.scoping): the caller acts in its own tenant; every query is
+Tenancy (runs.services.scoping): the caller acts in its own tenant; every query is
 scoped to it and another tenant's object is 404. A superuser sees every
 tenant but acts (creates, cancels, resumes, answers, decides) only in its own.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,21 +28,18 @@ from rest_framework.views import APIView
 
 from approvals.models import Approval
 from approvals.services import approval_confirm, approval_decide, approval_for, can_resolve
-from runs.agent_schema import AgentDefinition
+from runs.api import serializers as s
+from runs.api.errors import REQUEST_ID_HEADER, request_id
+from runs.api.throttles import WriteScopedRateThrottle
 from runs.domain.values import RunStatus
-from runs.inputs import run_input
-from runs.lifecycle import run_cancel
-from runs import scoping
 from runs.errors import PublishForbidden
 from runs.models import AgentVersion, Run
-from runs.resume import run_resume
-from runs.selectors import run_events
-from runs.services import agent_load, run_get, run_submit
-
-from . import serializers as s
-from .errors import REQUEST_ID_HEADER, request_id
-from .throttles import WriteScopedRateThrottle
-
+from runs.runtime.resume import run_resume
+from runs.services import agent_load, run_get, run_submit, scoping
+from runs.services.agent_schema import AgentDefinition
+from runs.services.inputs import run_input
+from runs.services.lifecycle import run_cancel
+from runs.services.selectors import run_events
 
 MAX_SEQUENCE = 2**63 - 1
 EVENTS_DEFAULT_LIMIT = 100
@@ -50,6 +48,7 @@ PUBLISH_PERMISSION = "runs.publish_agent"
 
 
 # -- building blocks ---------------------------------------------------------------
+
 
 class HasTenant(BasePermission):
     """The caller belongs to a tenant (a superuser may read without one)."""
@@ -76,7 +75,9 @@ def acting_tenant(request):
     """The tenant a create happens in: the caller's own, never another."""
     tenant = caller_tenant(request)
     if tenant is None:
-        raise exceptions.PermissionDenied("you are not a member of any tenant; creates happen in your own tenant", code="no_tenant")
+        raise exceptions.PermissionDenied(
+            "you are not a member of any tenant; creates happen in your own tenant", code="no_tenant"
+        )
     return tenant
 
 
@@ -96,7 +97,9 @@ class Pagination(PageNumberPagination):
 
     def get_page_size(self, request):
         if request.query_params.get(self.page_size_query_param) is not None:
-            return min(query_int(request, self.page_size_query_param, self.page_size, 1, MAX_SEQUENCE), self.max_page_size)
+            return min(
+                query_int(request, self.page_size_query_param, self.page_size, 1, MAX_SEQUENCE), self.max_page_size
+            )
         return self.page_size
 
     def get_schema_operation_parameters(self, view):
@@ -104,7 +107,9 @@ class Pagination(PageNumberPagination):
         for parameter in parameters:
             parameter["schema"]["minimum"] = 1
             if parameter["name"] == self.page_size_query_param:
-                parameter["description"] = f"Results per page (default {self.page_size}; above {self.max_page_size} is clamped to it)."
+                parameter["description"] = (
+                    f"Results per page (default {self.page_size}; above {self.max_page_size} is clamped to it)."
+                )
         return parameters
 
 
@@ -140,8 +145,11 @@ class ApiView(APIView):
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
         # A NUL reaches PostgreSQL as a DataError (a 500) from any filter: refuse it here, once.
-        bad = {name: ["NUL characters are not allowed"] for name, values in request.query_params.lists()
-               if "\x00" in name or any("\x00" in value for value in values)}
+        bad = {
+            name: ["NUL characters are not allowed"]
+            for name, values in request.query_params.lists()
+            if "\x00" in name or any("\x00" in value for value in values)
+        }
         if bad:
             raise exceptions.ValidationError(bad)
 
@@ -207,13 +215,18 @@ def actionable_run(request, run_id: str) -> Run:
 
 # -- agents -----------------------------------------------------------------------
 
+
 class AgentListCreate(ApiListView):
     """List agent versions; create or update an agent."""
 
     throttle_scope = "agents_create"
 
     def get_queryset(self):
-        qs = scoping.agent_versions_visible_to(self.request.user).select_related("published_by").order_by("-created_at", "id")
+        qs = (
+            scoping.agent_versions_visible_to(self.request.user)
+            .select_related("published_by")
+            .order_by("-created_at", "id")
+        )
         name = self.request.query_params.get("name")
         if name is not None:
             if len(name) > 100:
@@ -221,16 +234,25 @@ class AgentListCreate(ApiListView):
             qs = qs.filter(agent__name=name)
         return qs
 
-    @extend_schema(operation_id="agents_list", tags=["agents"], summary="Agent versions of your tenant, newest first",
-                   parameters=[OpenApiParameter("name", str, description="Only this agent's versions.")],
-                   responses={200: s.AgentVersionOut(many=True), **errors(*LIST_ERRORS)})
+    @extend_schema(
+        operation_id="agents_list",
+        tags=["agents"],
+        summary="Agent versions of your tenant, newest first",
+        parameters=[OpenApiParameter("name", str, description="Only this agent's versions.")],
+        responses={200: s.AgentVersionOut(many=True), **errors(*LIST_ERRORS)},
+    )
     def get(self, request):
         return self.page(self.get_queryset(), s.AgentVersionOut)
 
-    @extend_schema(operation_id="agents_create", tags=["agents"], summary="Create or update an agent (DESIGN §16 definition)",
-                   description="Needs `runs.publish_agent` (403 `permission_denied` otherwise). The new version records "
-                               "who published it and when.",
-                   request=AgentDefinition, responses={201: s.AgentVersionOut, **errors(*WRITE_ERRORS)})
+    @extend_schema(
+        operation_id="agents_create",
+        tags=["agents"],
+        summary="Create or update an agent (DESIGN §16 definition)",
+        description="Needs `runs.publish_agent` (403 `permission_denied` otherwise). The new version records "
+        "who published it and when.",
+        request=AgentDefinition,
+        responses={201: s.AgentVersionOut, **errors(*WRITE_ERRORS)},
+    )
     def post(self, request):
         tenant = acting_tenant(request)
         if not request.user.has_perm(PUBLISH_PERMISSION):
@@ -242,6 +264,7 @@ class AgentListCreate(ApiListView):
 
 
 # -- runs -------------------------------------------------------------------------
+
 
 class RunListCreate(ApiListView):
     """List runs; submit a run."""
@@ -258,31 +281,50 @@ class RunListCreate(ApiListView):
             qs = qs.filter(session_id=session)
         return qs
 
-    @extend_schema(operation_id="runs_list", tags=["runs"], summary="Runs of your tenant, newest first",
-                   parameters=[OpenApiParameter("status", str, enum=[st.value for st in RunStatus]),
-                               OpenApiParameter("session", OpenApiTypes.UUID)],
-                   responses={200: s.RunOut(many=True), **errors(*LIST_ERRORS)})
+    @extend_schema(
+        operation_id="runs_list",
+        tags=["runs"],
+        summary="Runs of your tenant, newest first",
+        parameters=[
+            OpenApiParameter("status", str, enum=[st.value for st in RunStatus]),
+            OpenApiParameter("session", OpenApiTypes.UUID),
+        ],
+        responses={200: s.RunOut(many=True), **errors(*LIST_ERRORS)},
+    )
     def get(self, request):
         return self.page(self.get_queryset(), s.RunOut)
 
     @extend_schema(
-        operation_id="runs_create", tags=["runs"], summary="Submit a run",
-        description=("201 with the new run. Replaying the same `Idempotency-Key` with the same body answers 200 with the "
-                     "original run; with another body 409 `idempotency_key_reused`. 409 `session_busy` when the session "
-                     "has another active run, except that text sent to a session whose run waits for the user is routed "
-                     "to that run's input: 202 `{\"run\": id, \"routed\": \"input\"}`."),
+        operation_id="runs_create",
+        tags=["runs"],
+        summary="Submit a run",
+        description=(
+            "201 with the new run. Replaying the same `Idempotency-Key` with the same body answers 200 with the "
+            "original run; with another body 409 `idempotency_key_reused`. 409 `session_busy` when the session "
+            "has another active run, except that text sent to a session whose run waits for the user is routed "
+            'to that run\'s input: 202 `{"run": id, "routed": "input"}`.'
+        ),
         request=s.RunCreate,
-        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, description="At most 200 characters.")],
-        responses={201: s.RunOut, 200: OpenApiResponse(s.RunOut, description="Idempotent replay: the original run."),
-                   202: OpenApiResponse(s.RoutedOut, description="Routed to the waiting run's input."),
-                   **errors(*WRITE_ERRORS, 409)},
+        parameters=[
+            OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, description="At most 200 characters.")
+        ],
+        responses={
+            201: s.RunOut,
+            200: OpenApiResponse(s.RunOut, description="Idempotent replay: the original run."),
+            202: OpenApiResponse(s.RoutedOut, description="Routed to the waiting run's input."),
+            **errors(*WRITE_ERRORS, 409),
+        },
     )
     def post(self, request):
         tenant = acting_tenant(request)
         data = parse(s.RunCreate, request.data)
         run, created = run_submit(
-            tenant=tenant, agent=data["agent"], input=data["input"], session=data.get("session"),
-            limits=data.get("limits"), idempotency_key=request.headers.get("Idempotency-Key"),
+            tenant=tenant,
+            agent=data["agent"],
+            input=data["input"],
+            session=data.get("session"),
+            limits=data.get("limits"),
+            idempotency_key=request.headers.get("Idempotency-Key"),
         )
         if getattr(run, "routed", False):
             return Response({"run": str(run.id), "routed": "input"}, status=status.HTTP_202_ACCEPTED)
@@ -293,8 +335,12 @@ class RunListCreate(ApiListView):
 class RunDetail(ApiView):
     """One run."""
 
-    @extend_schema(operation_id="runs_retrieve", tags=["runs"], parameters=[ID_PARAM],
-                   responses={200: s.RunOut, **errors(*READ_ERRORS, 404)})
+    @extend_schema(
+        operation_id="runs_retrieve",
+        tags=["runs"],
+        parameters=[ID_PARAM],
+        responses={200: s.RunOut, **errors(*READ_ERRORS, 404)},
+    )
     def get(self, request, id):
         return Response(s.RunOut(visible_run(request, id)).data)
 
@@ -303,10 +349,16 @@ class RunEvents(ApiView):
     """The run's events after a cursor (`after` exclusive)."""
 
     @extend_schema(
-        operation_id="runs_events", tags=["runs"], summary="The run's events after a cursor",
-        parameters=[ID_PARAM,
-                    OpenApiParameter("after", OpenApiTypes.INT, description="Exclusive sequence cursor (default 0)."),
-                    OpenApiParameter("limit", OpenApiTypes.INT, description=f"1–{EVENTS_MAX_LIMIT} (default {EVENTS_DEFAULT_LIMIT}).")],
+        operation_id="runs_events",
+        tags=["runs"],
+        summary="The run's events after a cursor",
+        parameters=[
+            ID_PARAM,
+            OpenApiParameter("after", OpenApiTypes.INT, description="Exclusive sequence cursor (default 0)."),
+            OpenApiParameter(
+                "limit", OpenApiTypes.INT, description=f"1–{EVENTS_MAX_LIMIT} (default {EVENTS_DEFAULT_LIMIT})."
+            ),
+        ],
         responses={200: s.EventsPageOut, **errors(*READ_ERRORS, 404)},
     )
     def get(self, request, id):
@@ -322,11 +374,16 @@ class RunCancel(ApiView):
 
     throttle_scope = "runs_cancel"
 
-    @extend_schema(operation_id="runs_cancel", tags=["runs"], summary="Cancel a run",
-                   description="202 with the run: a queued or waiting run ends CANCELLED at once, a running one is asked to "
-                               "stop. A second cancel is 202 again; 409 `run_terminal` on a finished run.",
-                   parameters=[ID_PARAM], request=NO_FIELDS,
-                   responses={202: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)})
+    @extend_schema(
+        operation_id="runs_cancel",
+        tags=["runs"],
+        summary="Cancel a run",
+        description="202 with the run: a queued or waiting run ends CANCELLED at once, a running one is asked to "
+        "stop. A second cancel is 202 again; 409 `run_terminal` on a finished run.",
+        parameters=[ID_PARAM],
+        request=NO_FIELDS,
+        responses={202: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)},
+    )
     def post(self, request, id):
         run = actionable_run(request, id)
         parse(s.Empty, request.data)
@@ -339,11 +396,16 @@ class RunResume(ApiView):
 
     throttle_scope = "runs_resume"
 
-    @extend_schema(operation_id="runs_resume", tags=["runs"], summary="Resume a run whose worker died",
-                   description="200 `{\"outcome\": ...}` once taken over; 409 `run_leased` while its lease is live, "
-                               "409 `run_not_running` when it is not RUNNING.",
-                   parameters=[ID_PARAM], request=NO_FIELDS,
-                   responses={200: s.ResumeOut, **errors(*WRITE_ERRORS, 404, 409)})
+    @extend_schema(
+        operation_id="runs_resume",
+        tags=["runs"],
+        summary="Resume a run whose worker died",
+        description='200 `{"outcome": ...}` once taken over; 409 `run_leased` while its lease is live, '
+        "409 `run_not_running` when it is not RUNNING.",
+        parameters=[ID_PARAM],
+        request=NO_FIELDS,
+        responses={200: s.ResumeOut, **errors(*WRITE_ERRORS, 404, 409)},
+    )
     def post(self, request, id):
         run = actionable_run(request, id)
         parse(s.Empty, request.data)
@@ -356,10 +418,15 @@ class RunInput(ApiView):
 
     throttle_scope = "runs_input"
 
-    @extend_schema(operation_id="runs_input", tags=["runs"], summary="Answer a run that waits for the user",
-                   description="202 with the run (back to QUEUED); 409 unless the run is WAITING_FOR_USER.",
-                   parameters=[ID_PARAM], request=s.InputText,
-                   responses={202: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)})
+    @extend_schema(
+        operation_id="runs_input",
+        tags=["runs"],
+        summary="Answer a run that waits for the user",
+        description="202 with the run (back to QUEUED); 409 unless the run is WAITING_FOR_USER.",
+        parameters=[ID_PARAM],
+        request=s.InputText,
+        responses={202: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)},
+    )
     def post(self, request, id):
         run = actionable_run(request, id)
         data = parse(s.InputText, request.data)
@@ -368,6 +435,7 @@ class RunInput(ApiView):
 
 
 # -- approvals --------------------------------------------------------------------
+
 
 class ApprovalList(ApiListView):
     """List approvals."""
@@ -382,10 +450,16 @@ class ApprovalList(ApiListView):
             qs = qs.filter(run_id=run)
         return qs
 
-    @extend_schema(operation_id="approvals_list", tags=["approvals"], summary="Approvals of your tenant, newest first",
-                   parameters=[OpenApiParameter("status", str, enum=[st for st, _ in Approval.STATUSES]),
-                               OpenApiParameter("run", OpenApiTypes.UUID)],
-                   responses={200: s.ApprovalOut(many=True), **errors(*LIST_ERRORS)})
+    @extend_schema(
+        operation_id="approvals_list",
+        tags=["approvals"],
+        summary="Approvals of your tenant, newest first",
+        parameters=[
+            OpenApiParameter("status", str, enum=[st for st, _ in Approval.STATUSES]),
+            OpenApiParameter("run", OpenApiTypes.UUID),
+        ],
+        responses={200: s.ApprovalOut(many=True), **errors(*LIST_ERRORS)},
+    )
     def get(self, request):
         return self.page(self.get_queryset(), s.ApprovalOut)
 
@@ -393,8 +467,12 @@ class ApprovalList(ApiListView):
 class ApprovalDetail(ApiView):
     """One approval."""
 
-    @extend_schema(operation_id="approvals_retrieve", tags=["approvals"], parameters=[ID_PARAM],
-                   responses={200: s.ApprovalOut, **errors(*READ_ERRORS, 404)})
+    @extend_schema(
+        operation_id="approvals_retrieve",
+        tags=["approvals"],
+        parameters=[ID_PARAM],
+        responses={200: s.ApprovalOut, **errors(*READ_ERRORS, 404)},
+    )
     def get(self, request, id):
         return Response(s.ApprovalOut(approval_for(user=request.user, approval_id=id)).data)
 
@@ -410,13 +488,21 @@ class ApprovalDecide(ApiView):
         if not can_resolve(request.user):
             raise exceptions.PermissionDenied("you do not have permission to resolve approvals")
         data = parse(s.ApprovalDecision, request.data)
-        approval = approval_decide(user=request.user, approval_id=id, approve=self.approve,
-                                   request_hash=data["request_hash"], reason=data["reason"], via="api")
+        approval = approval_decide(
+            user=request.user,
+            approval_id=id,
+            approve=self.approve,
+            request_hash=data["request_hash"],
+            reason=data["reason"],
+            via="api",
+        )
         return Response(s.ApprovalOut(approval).data)
 
 
-DECIDE_DOC = ("Needs `approvals.resolve_approval` (403 otherwise). `request_hash` must be the one shown. "
-              "409 `approval_decided` / `approval_stale` (hash differs) / `approval_expired`.")
+DECIDE_DOC = (
+    "Needs `approvals.resolve_approval` (403 otherwise). `request_hash` must be the one shown. "
+    "409 `approval_decided` / `approval_stale` (hash differs) / `approval_expired`."
+)
 
 
 class ApprovalApprove(ApprovalDecide):
@@ -424,9 +510,15 @@ class ApprovalApprove(ApprovalDecide):
 
     approve = True
 
-    @extend_schema(operation_id="approvals_approve", tags=["approvals"], summary="Approve", description=DECIDE_DOC,
-                   parameters=[ID_PARAM], request=s.ApprovalDecision,
-                   responses={200: s.ApprovalOut, **errors(*WRITE_ERRORS, 404, 409)})
+    @extend_schema(
+        operation_id="approvals_approve",
+        tags=["approvals"],
+        summary="Approve",
+        description=DECIDE_DOC,
+        parameters=[ID_PARAM],
+        request=s.ApprovalDecision,
+        responses={200: s.ApprovalOut, **errors(*WRITE_ERRORS, 404, 409)},
+    )
     def post(self, request, id):
         return super().post(request, id)
 
@@ -436,9 +528,15 @@ class ApprovalReject(ApprovalDecide):
 
     approve = False
 
-    @extend_schema(operation_id="approvals_reject", tags=["approvals"], summary="Reject", description=DECIDE_DOC,
-                   parameters=[ID_PARAM], request=s.ApprovalDecision,
-                   responses={200: s.ApprovalOut, **errors(*WRITE_ERRORS, 404, 409)})
+    @extend_schema(
+        operation_id="approvals_reject",
+        tags=["approvals"],
+        summary="Reject",
+        description=DECIDE_DOC,
+        parameters=[ID_PARAM],
+        request=s.ApprovalDecision,
+        responses={200: s.ApprovalOut, **errors(*WRITE_ERRORS, 404, 409)},
+    )
     def post(self, request, id):
         return super().post(request, id)
 
@@ -448,26 +546,41 @@ class ApprovalConfirm(ApiView):
 
     throttle_scope = "approvals_decide"
 
-    @extend_schema(operation_id="approvals_confirm", tags=["approvals"], summary="Confirm whether an unknown outcome took effect",
-                   description=("For an `interrupted_side_effect` or `uncertain_side_effect` approval only: the operator says "
-                                "whether the call took effect (`took_effect`: true/false). The invocation gets a result "
-                                "recording the confirmation, the model sees it and the run goes on; nothing is sent again; the "
-                                "approval becomes `confirmed`. " + DECIDE_DOC
-                                + " 409 `approval_not_confirmable` for a `policy` or `reconcile` approval. 400 naming "
-                                "`took_effect` when it is missing or not a boolean."),
-                   parameters=[ID_PARAM], request=s.ApprovalConfirmation,
-                   responses={200: s.ApprovalOut, **errors(*WRITE_ERRORS, 404, 409)})
+    @extend_schema(
+        operation_id="approvals_confirm",
+        tags=["approvals"],
+        summary="Confirm whether an unknown outcome took effect",
+        description=(
+            "For an `interrupted_side_effect` or `uncertain_side_effect` approval only: the operator says "
+            "whether the call took effect (`took_effect`: true/false). The invocation gets a result "
+            "recording the confirmation, the model sees it and the run goes on; nothing is sent again; the "
+            "approval becomes `confirmed`. "
+            + DECIDE_DOC
+            + " 409 `approval_not_confirmable` for a `policy` or `reconcile` approval. 400 naming "
+            "`took_effect` when it is missing or not a boolean."
+        ),
+        parameters=[ID_PARAM],
+        request=s.ApprovalConfirmation,
+        responses={200: s.ApprovalOut, **errors(*WRITE_ERRORS, 404, 409)},
+    )
     def post(self, request, id):
         approval_for(user=request.user, approval_id=id, acting=True)  # 404 before 403: no enumeration
         if not can_resolve(request.user):
             raise exceptions.PermissionDenied("you do not have permission to resolve approvals")
         data = parse(s.ApprovalConfirmation, request.data)
-        approval = approval_confirm(user=request.user, approval_id=id, request_hash=data["request_hash"],
-                                    took_effect=data["took_effect"], reason=data["reason"], via="api")
+        approval = approval_confirm(
+            user=request.user,
+            approval_id=id,
+            request_hash=data["request_hash"],
+            took_effect=data["took_effect"],
+            reason=data["reason"],
+            via="api",
+        )
         return Response(s.ApprovalOut(approval).data)
 
 
 # -- schema and docs -------------------------------------------------------------------
+
 
 class JsonErrors:
     """Errors of the schema and docs pages are the API's JSON error body too."""

@@ -1,10 +1,11 @@
 """The budget ledger: four scopes; recording usage and checking it are one step."""
+
 from __future__ import annotations
 
 from datetime import datetime
 
-from .errors import BudgetExceeded
-from .values import BudgetScope, FailureReason, ModelUsage, RunLimits, RunUsage
+from runs.domain.errors import BudgetExceeded
+from runs.domain.values import BudgetScope, FailureReason, ModelUsage, RunLimits, RunUsage
 
 
 class Ledger:
@@ -36,9 +37,13 @@ class Ledger:
     def _check_tokens(self, usage: RunUsage) -> None:
         lim = self.limits
         if lim.max_input_tokens is not None and usage.input_tokens >= lim.max_input_tokens:
-            raise BudgetExceeded(FailureReason.BUDGET_EXCEEDED, "the input-token limit is reached", dimension="input_tokens")
+            raise BudgetExceeded(
+                FailureReason.BUDGET_EXCEEDED, "the input-token limit is reached", dimension="input_tokens"
+            )
         if lim.max_output_tokens is not None and usage.output_tokens >= lim.max_output_tokens:
-            raise BudgetExceeded(FailureReason.BUDGET_EXCEEDED, "the output-token limit is reached", dimension="output_tokens")
+            raise BudgetExceeded(
+                FailureReason.BUDGET_EXCEEDED, "the output-token limit is reached", dimension="output_tokens"
+            )
 
     def record_model_usage(self, usage: RunUsage, model_usage: ModelUsage) -> RunUsage:
         new = usage.add_model(model_usage).model_copy(update={"model_calls": usage.model_calls + 1})

@@ -1,10 +1,11 @@
 """One cancellation token per execution (seed 002, six observation points)."""
+
 from __future__ import annotations
 
 import threading
 
-from .errors import RunCancelled
-from .values import CancelReason
+from runs.domain.errors import RunCancelled
+from runs.domain.values import CancelReason
 
 
 class Token:

@@ -1,11 +1,12 @@
 """The loop's working state and seed 002's full/delta checkpoint rule."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .writes import CheckpointInsert
+from runs.domain.writes import CheckpointInsert
 
 FULL_EVERY = 8
 FULL_TRIGGERS = frozenset({"compaction", "suspension", "final", "terminal", "seed", "approval_resolved"})
@@ -54,16 +55,20 @@ class CheckpointState:
             self.last_full_version = version
         else:
             # A delta carries only what changed since the previous version.
-            state["items"] = self.conversation[self.saved_len:]
-            state["identical_calls_changed"] = {k: v for k, v in self.identical_calls.items() if self._written.get(k) != v}
+            state["items"] = self.conversation[self.saved_len :]
+            state["identical_calls_changed"] = {
+                k: v for k, v in self.identical_calls.items() if self._written.get(k) != v
+            }
             base = self.last_full_version
         self._written = dict(self.identical_calls)
         self.version = version
         self.saved_len = len(self.conversation)
-        return CheckpointInsert(version=version, full=full, base_version=base, trigger=trigger, state=state, created_at=at)
+        return CheckpointInsert(
+            version=version, full=full, base_version=base, trigger=trigger, state=state, created_at=at
+        )
 
     @classmethod
-    def materialise(cls, rows: list[tuple[int, bool, dict[str, Any]]]) -> "CheckpointState | None":
+    def materialise(cls, rows: list[tuple[int, bool, dict[str, Any]]]) -> CheckpointState | None:
         """Rebuild the state from a full row followed by its deltas, in version
         order; None when the chain is broken (a missing version)."""
         if not rows or not rows[0][1]:

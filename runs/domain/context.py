@@ -1,18 +1,30 @@
 """The run context handed to `run_loop`, and the pure request builder."""
+
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 from uuid import UUID
 
-from .checkpoint import CheckpointState
-from .ports import BudgetLedger, CancellationToken, Clock, IdFactory, LeaseMonitor, ModelProvider, PolicyEngine, RunStore, ToolRegistry
-from .tracing import NullTracer
-from .values import ModelRequest, RunUsage
-from .writes import UnitOfWork
+from runs.domain.checkpoint import CheckpointState
+from runs.domain.ports import (
+    BudgetLedger,
+    CancellationToken,
+    Clock,
+    IdFactory,
+    LeaseMonitor,
+    ModelProvider,
+    PolicyEngine,
+    RunStore,
+    ToolRegistry,
+)
+from runs.domain.tracing import NullTracer
+from runs.domain.values import ModelRequest, RunUsage
+from runs.domain.writes import UnitOfWork
 
 
 def canonical_json(value: Any) -> str:
@@ -86,7 +98,9 @@ def tool_schemas(ctx: RunContext) -> list[dict[str, Any]]:
     return out
 
 
-def build_request(ctx: RunContext, step_number: int, attempt_number: int, *, tool_choice: str = "auto") -> tuple[ModelRequest, str]:
+def build_request(
+    ctx: RunContext, step_number: int, attempt_number: int, *, tool_choice: str = "auto"
+) -> tuple[ModelRequest, str]:
     """Build the model request from the checkpoint; pure, so two builds of one
     checkpoint are byte-identical. Return it with its `prefix_sha256`."""
     tools = tool_schemas(ctx) if tool_choice != "none" else []

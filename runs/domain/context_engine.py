@@ -8,13 +8,14 @@ steps into one summary item and keeps the first request and the latest steps
 verbatim. `build()` stays pure, so two builds of one checkpoint are
 byte-identical.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-from .context import RunContext, build_request, canonical_json
-from .errors import BudgetExceeded
-from .values import FailureReason, ModelRequest
+from runs.domain.context import RunContext, build_request, canonical_json
+from runs.domain.errors import BudgetExceeded
+from runs.domain.values import FailureReason, ModelRequest
 
 MAX_COMPACTIONS_PER_STEP = 2
 OUTPUT_RESERVE = 0.15  # share of the window left for the answer
@@ -29,8 +30,12 @@ class ContextOverflow(BudgetExceeded):
     """The request does not fit even after two compactions; permanent."""
 
     def __init__(self, tokens: int, budget: int):
-        super().__init__(FailureReason.CONTEXT_OVERFLOW, f"the request needs ~{tokens} tokens; the budget is {budget}",
-                         tokens=tokens, budget=budget)
+        super().__init__(
+            FailureReason.CONTEXT_OVERFLOW,
+            f"the request needs ~{tokens} tokens; the budget is {budget}",
+            tokens=tokens,
+            budget=budget,
+        )
 
 
 def estimate_tokens(value: Any) -> int:
@@ -106,30 +111,43 @@ def synthesis_reason(ctx: RunContext, step_number: int) -> str | None:
     usage = ctx.run.usage
     if usage.tool_calls >= lim.max_tool_calls:
         return "tool_calls_exhausted"
-    if lim.synthesis_reserve_model_calls and usage.model_calls + 1 + lim.synthesis_reserve_model_calls >= lim.max_model_calls:
+    if (
+        lim.synthesis_reserve_model_calls
+        and usage.model_calls + 1 + lim.synthesis_reserve_model_calls >= lim.max_model_calls
+    ):
         return "model_calls"
     if lim.synthesis_reserve_steps and step_number + lim.synthesis_reserve_steps >= lim.max_steps:
         return "steps"
     if lim.synthesis_reserve_tool_calls and usage.tool_calls + lim.synthesis_reserve_tool_calls >= lim.max_tool_calls:
         return "tool_calls"
-    if lim.synthesis_reserve_cost_usd and lim.max_cost_usd is not None and usage.cost_usd + lim.synthesis_reserve_cost_usd >= lim.max_cost_usd:
+    if (
+        lim.synthesis_reserve_cost_usd
+        and lim.max_cost_usd is not None
+        and usage.cost_usd + lim.synthesis_reserve_cost_usd >= lim.max_cost_usd
+    ):
         return "cost_usd"
     return None
 
 
-def build_with_pressure(ctx: RunContext, step_number: int, attempt: int, on_compact) -> tuple[ModelRequest, str, str | None]:
+def build_with_pressure(
+    ctx: RunContext, step_number: int, attempt: int, on_compact
+) -> tuple[ModelRequest, str, str | None]:
     """Phases 3–5: measure, compact if needed (at most twice), build.
     Return the request, its prefix hash and the synthesis dimension (if any)."""
     synthesis = synthesis_reason(ctx, step_number)
     tool_choice = "none" if synthesis else "auto"
     budget = context_budget(ctx)
     while True:
-        with ctx.tracer.span("context.build", {"step.number": step_number, "attempt.number": attempt}, under="step") as span:
+        with ctx.tracer.span(
+            "context.build", {"step.number": step_number, "attempt.number": attempt}, under="step"
+        ) as span:
             request, prefix = build_request(ctx, step_number, attempt, tool_choice=tool_choice)
             span.set("context.prefix_sha256", prefix)
         if synthesis:
             # Volatile: the instruction rides on this request only, never in a checkpoint.
-            request = request.model_copy(update={"messages": list(request.messages) + [{"role": "system", "content": SYNTHESIS_INSTRUCTION}]})
+            request = request.model_copy(
+                update={"messages": list(request.messages) + [{"role": "system", "content": SYNTHESIS_INSTRUCTION}]}
+            )
         if not budget:
             return request, prefix, synthesis
         tokens = measure(ctx, request)
@@ -138,7 +156,9 @@ def build_with_pressure(ctx: RunContext, step_number: int, attempt: int, on_comp
         compactions = ctx.extra.get(("compactions", step_number), 0)
         if compactions >= MAX_COMPACTIONS_PER_STEP:
             raise ContextOverflow(tokens, budget)
-        with ctx.tracer.span("context.compact", {"step.number": step_number, "context.tokens_before": tokens}, under="step"):
+        with ctx.tracer.span(
+            "context.compact", {"step.number": step_number, "context.tokens_before": tokens}, under="step"
+        ):
             folded = compact(ctx.state.conversation)
             if folded is None:
                 raise ContextOverflow(tokens, budget)
@@ -147,13 +167,25 @@ def build_with_pressure(ctx: RunContext, step_number: int, attempt: int, on_comp
             ctx.state.saved_len = 0  # the next checkpoint is full (trigger compaction)
             ctx.extra[("compactions", step_number)] = compactions + 1
             ctx.tracer.set_step("step.compactions", compactions + 1)
-            on_compact({"reason": "pressure", "step": step_number, "tokens_before": tokens, "budget": budget, "items_before": before,
-                        "items_after": len(folded), "compaction": compactions + 1})
+            on_compact(
+                {
+                    "reason": "pressure",
+                    "step": step_number,
+                    "tokens_before": tokens,
+                    "budget": budget,
+                    "items_before": before,
+                    "items_after": len(folded),
+                    "compaction": compactions + 1,
+                }
+            )
 
 
 class SynthesisReserveViolation(BudgetExceeded):
     """The model called tools while the synthesis reserve forbade them; fails closed."""
 
     def __init__(self, dimension: str):
-        super().__init__(FailureReason.BUDGET_EXCEEDED, f"the model called tools inside the synthesis reserve ({dimension})",
-                         dimension=dimension)
+        super().__init__(
+            FailureReason.BUDGET_EXCEEDED,
+            f"the model called tools inside the synthesis reserve ({dimension})",
+            dimension=dimension,
+        )

@@ -1,9 +1,10 @@
 """Errors the runtime core raises; retryability is a class attribute."""
+
 from __future__ import annotations
 
 from typing import Any
 
-from .values import CancelReason, FailureReason, ModelUsage
+from runs.domain.values import CancelReason, FailureReason, ModelUsage
 
 
 class RuntimeCoreError(Exception):
@@ -43,8 +44,15 @@ class ModelError(RuntimeCoreError):
     failed attempt spent (reported, or estimated by the provider), charged
     like any attempt's (seed 002: failed attempts count against budget)."""
 
-    def __init__(self, error_class: str, message: str, *, transient: bool, stream_had_output: bool = False,
-                 usage: ModelUsage | None = None):
+    def __init__(
+        self,
+        error_class: str,
+        message: str,
+        *,
+        transient: bool,
+        stream_had_output: bool = False,
+        usage: ModelUsage | None = None,
+    ):
         super().__init__(message)
         self.error_class = error_class
         self.retryable = transient
@@ -78,5 +86,7 @@ class OutcomeUnknown(ToolFailure):
     running). Public as `runs.tools.OutcomeUnknown`; the pipeline classifies
     the call `uncertain` (DESIGN §7 step 11)."""
 
-    def __init__(self, code: str = "outcome_unknown", message: str = "the call may have taken effect; its outcome is unknown"):
+    def __init__(
+        self, code: str = "outcome_unknown", message: str = "the call may have taken effect; its outcome is unknown"
+    ):
         super().__init__(code, message, uncertain=True)

@@ -3,16 +3,26 @@
 It never transitions the run, releases a lease or writes a terminal event:
 `finalize` does all three, with whatever writes the loop left pending.
 """
+
 from __future__ import annotations
 
-
-from .context import RunContext
-from .context_engine import SynthesisReserveViolation, build_with_pressure
-from .errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCancelled, WorkerFenced
-from .pipeline import RerunConflict, dispatch, open_batch, resume_batch
-from .scrub import scrub_text, scrub_turn
-from .values import BudgetScope, CancelReason, FailureReason, ModelTurn, ModelUsage, OutcomeKind, RunFailure, RunOutcome, StopReason
-from .writes import ModelCallFinish, ModelCallInsert, UnitOfWork
+from runs.domain.context import RunContext
+from runs.domain.context_engine import SynthesisReserveViolation, build_with_pressure
+from runs.domain.errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCancelled, WorkerFenced
+from runs.domain.pipeline import RerunConflict, dispatch, open_batch, resume_batch
+from runs.domain.scrub import scrub_text, scrub_turn
+from runs.domain.values import (
+    BudgetScope,
+    CancelReason,
+    FailureReason,
+    ModelTurn,
+    ModelUsage,
+    OutcomeKind,
+    RunFailure,
+    RunOutcome,
+    StopReason,
+)
+from runs.domain.writes import ModelCallFinish, ModelCallInsert, UnitOfWork
 
 MAX_STEP_FAILURES = 3
 
@@ -40,7 +50,12 @@ def run_loop(ctx: RunContext) -> RunOutcome:
         error_class = "BudgetExceeded" if type(exc) is BudgetExceeded else type(exc).__name__
         return failed(ctx, exc.reason, error_class, str(exc), details=exc.details)
     except EmptyModelTurn:
-        return failed(ctx, FailureReason.EMPTY_MODEL_TURN, "EmptyModelTurn", "the model returned empty turns on every attempt of the step")
+        return failed(
+            ctx,
+            FailureReason.EMPTY_MODEL_TURN,
+            "EmptyModelTurn",
+            "the model returned empty turns on every attempt of the step",
+        )
     except _ModelFailure as exc:
         return failed(ctx, exc.reason, exc.error_class, str(exc))
     except RerunConflict as exc:  # seed 000: the approved re-run cannot run as approved
@@ -85,7 +100,9 @@ def _loop(ctx: RunContext) -> RunOutcome:
         if batch.suspension is not None:
             return RunOutcome(kind=OutcomeKind.SUSPENDED, suspension=batch.suspension, pending=ctx.pending)
         if batch.unknown:
-            return RunOutcome(kind=OutcomeKind.UNKNOWN, pending=ctx.pending, late={"calls": batch.late} if batch.late else None)
+            return RunOutcome(
+                kind=OutcomeKind.UNKNOWN, pending=ctx.pending, late={"calls": batch.late} if batch.late else None
+            )
         if batch.stop is not None:
             return stop_outcome(ctx, batch.stop, batch.late)
         denied = _count_denials(ctx, batch)
@@ -113,7 +130,9 @@ def _loop(ctx: RunContext) -> RunOutcome:
             {
                 "role": "assistant",
                 "content": turn.text,
-                "tool_calls": [{"id": c.call_id, "name": c.name, "arguments": c.raw_arguments} for c in turn.tool_calls],
+                "tool_calls": [
+                    {"id": c.call_id, "name": c.name, "arguments": c.raw_arguments} for c in turn.tool_calls
+                ],
             }
         )
         ctx.state.step = step_number
@@ -126,7 +145,9 @@ def _loop(ctx: RunContext) -> RunOutcome:
         if batch.suspension is not None:
             return RunOutcome(kind=OutcomeKind.SUSPENDED, suspension=batch.suspension, pending=ctx.pending)
         if batch.unknown:  # an uncertain side effect: the executor hands the decision to Resume's reconcile-or-pause
-            return RunOutcome(kind=OutcomeKind.UNKNOWN, pending=ctx.pending, late={"calls": batch.late} if batch.late else None)
+            return RunOutcome(
+                kind=OutcomeKind.UNKNOWN, pending=ctx.pending, late={"calls": batch.late} if batch.late else None
+            )
         if batch.stop is not None:
             return stop_outcome(ctx, batch.stop, batch.late)
         denied = _count_denials(ctx, batch)
@@ -150,8 +171,12 @@ def _count_denials(ctx: RunContext, batch) -> RunOutcome | None:
     """A run that keeps asking for denied calls fails `repeated_denial`."""
     ctx.state.denials = ctx.state.denials + 1 if batch.all_denied else 0
     if ctx.state.denials >= MAX_DENIED_BATCHES:
-        return failed(ctx, FailureReason.REPEATED_DENIAL, "RepeatedDenial",
-                      f"the model asked for denied calls in {ctx.state.denials} consecutive steps")
+        return failed(
+            ctx,
+            FailureReason.REPEATED_DENIAL,
+            "RepeatedDenial",
+            f"the model asked for denied calls in {ctx.state.denials} consecutive steps",
+        )
     return None
 
 
@@ -174,8 +199,12 @@ def _compacted(ctx: RunContext, info: dict) -> None:
 def _start_model_call(ctx: RunContext, step_number: int, attempt: int) -> None:
     at = ctx.clock.now()
     call_id = ctx.ids.new_id()
-    ctx.pending.model_call_inserts.append(ModelCallInsert(id=call_id, step_number=step_number, attempt_number=attempt, started_at=at))
-    ctx.pending.event("model.request.started", {"step": step_number, "attempt": attempt, "model_call": str(call_id)}, at)
+    ctx.pending.model_call_inserts.append(
+        ModelCallInsert(id=call_id, step_number=step_number, attempt_number=attempt, started_at=at)
+    )
+    ctx.pending.event(
+        "model.request.started", {"step": step_number, "attempt": attempt, "model_call": str(call_id)}, at
+    )
     if step_number > ctx.run.step_count:
         ctx.run.step_count = step_number
         ctx.run.usage = ctx.run.usage.model_copy(update={"steps": step_number})
@@ -201,8 +230,15 @@ def _prepare_next_step(ctx: RunContext, step_number: int) -> None:
     ctx.prepared_call = (step_number, 1)
 
 
-def _finish(ctx: RunContext, status: str, turn: ModelTurn | None, prefix: str | None, error: dict | None = None, stream_had_output: bool = False,
-            usage: ModelUsage | None = None) -> None:
+def _finish(
+    ctx: RunContext,
+    status: str,
+    turn: ModelTurn | None,
+    prefix: str | None,
+    error: dict | None = None,
+    stream_had_output: bool = False,
+    usage: ModelUsage | None = None,
+) -> None:
     spent = turn.usage if turn else usage
     ctx.pending.model_call_finishes.append(
         ModelCallFinish(
@@ -258,8 +294,14 @@ def _attempts(ctx: RunContext, step_number: int) -> ModelTurn:
             _finish(ctx, "failed", None, prefix, error, exc.stream_had_output, usage=spent)
             ctx.pending.event(
                 "model.response.failed",
-                {"step": step_number, "attempt": attempt, "error_class": exc.error_class, "transient": exc.retryable,
-                 "stream_had_output": exc.stream_had_output, "usage": spent.model_dump(mode="json")},
+                {
+                    "step": step_number,
+                    "attempt": attempt,
+                    "error_class": exc.error_class,
+                    "transient": exc.retryable,
+                    "stream_had_output": exc.stream_had_output,
+                    "usage": spent.model_dump(mode="json"),
+                },
                 ctx.clock.now(),
             )
             if ctx.token.reason is not None:
@@ -271,10 +313,17 @@ def _attempts(ctx: RunContext, step_number: int) -> ModelTurn:
                 attempt += 1
                 continue
             if exc.retryable:
-                raise _ModelFailure(FailureReason.DEPENDENCY_UNAVAILABLE, exc.error_class, "the model failed transiently on every attempt of the step")
+                raise _ModelFailure(
+                    FailureReason.DEPENDENCY_UNAVAILABLE,
+                    exc.error_class,
+                    "the model failed transiently on every attempt of the step",
+                )
             # The adapter's own words (never provider text, a URL or a variable name).
-            raise _ModelFailure(FailureReason.MODEL_PERMANENT_ERROR, exc.error_class,
-                                f"the model provider refused the request: {scrub_text(str(exc))[:300]}")
+            raise _ModelFailure(
+                FailureReason.MODEL_PERMANENT_ERROR,
+                exc.error_class,
+                f"the model provider refused the request: {scrub_text(str(exc))[:300]}",
+            )
         turn = scrub_turn(turn)  # before anything of it is persisted: text, calls, final message, checkpoints
         ctx.fault("model.after_call")
         try:
@@ -293,7 +342,13 @@ def _attempts(ctx: RunContext, step_number: int) -> ModelTurn:
             _finish(ctx, "failed", turn, prefix, {"error_class": "EmptyModelTurn", "transient": True})
             ctx.pending.event(
                 "model.response.failed",
-                {"step": step_number, "attempt": attempt, "error_class": "EmptyModelTurn", "transient": True, "stream_had_output": False},
+                {
+                    "step": step_number,
+                    "attempt": attempt,
+                    "error_class": "EmptyModelTurn",
+                    "transient": True,
+                    "stream_had_output": False,
+                },
                 ctx.clock.now(),
             )
             step_failures += 1
@@ -308,7 +363,9 @@ def _attempts(ctx: RunContext, step_number: int) -> ModelTurn:
                 "step": step_number,
                 "attempt": attempt,
                 "text": turn.text,
-                "tool_calls": [{"id": c.call_id, "name": c.name, "arguments": c.raw_arguments} for c in turn.tool_calls],
+                "tool_calls": [
+                    {"id": c.call_id, "name": c.name, "arguments": c.raw_arguments} for c in turn.tool_calls
+                ],
                 "stop_reason": str(turn.stop_reason),
                 "usage": turn.usage.model_dump(mode="json"),
                 "tool_call_count_before_turn": run.usage.tool_calls,

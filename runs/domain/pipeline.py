@@ -7,6 +7,7 @@ events and the conversation entries go into the next unit of work (commit 2).
 Nothing a model proposes can raise out of here: every malformed call ends as
 a recorded tool result.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,11 +16,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .context import RunContext, canonical_json
-from .errors import ToolFailure, WorkerFenced
-from .scrub import bound, scrub, scrub_text
-from .values import CancelReason, Suspension, SuspensionKind, ToolCallRequest, ToolSpec
-from .writes import InvocationInsert, InvocationUpdate, UnitOfWork
+from runs.domain.context import RunContext, canonical_json
+from runs.domain.errors import ToolFailure, WorkerFenced
+from runs.domain.scrub import bound, scrub, scrub_text
+from runs.domain.values import CancelReason, Suspension, SuspensionKind, ToolCallRequest, ToolSpec
+from runs.domain.writes import InvocationInsert, InvocationUpdate, UnitOfWork
 
 IDENTICAL_CALL_LIMIT = 3
 MAX_ARGUMENT_BYTES = 64 * 1024
@@ -177,7 +178,11 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
             continue
         fp = _call_fingerprint(entry.call.name, entry.arguments)
         if ctx.state.identical_calls.get(fp, 0) >= IDENTICAL_CALL_LIMIT:
-            fail(entry, "repeated_call", "this exact call was already made several times in this run; it was not run again")
+            fail(
+                entry,
+                "repeated_call",
+                "this exact call was already made several times in this run; it was not run again",
+            )
             continue
         errors = ctx.tools.validate(entry.call.name, entry.arguments)
         if errors:
@@ -205,7 +210,9 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
             "invocation": str(entry.invocation_id),
             "call_id": entry.call.call_id,
             "tool": scrub_text(entry.call.name)[:200],
-            "arguments": entry.arguments if entry.arguments is not None else scrub_text(entry.call.raw_arguments or "")[:4096],
+            "arguments": entry.arguments
+            if entry.arguments is not None
+            else scrub_text(entry.call.raw_arguments or "")[:4096],
             "step": step_number,
         }
         work.event("tool.call.proposed", proposed, now)
@@ -224,37 +231,84 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
             created_at=now,
         )
         if entry.is_error:
-            work.invocation_inserts.append(InvocationInsert(status="failed", result=entry.result, error=entry.result, outcome="failed", **base))
-            work.event("tool.call.failed", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": base["tool_name"], "result": entry.result, "executed": False, "outcome": "failed"}, now)
+            work.invocation_inserts.append(
+                InvocationInsert(status="failed", result=entry.result, error=entry.result, outcome="failed", **base)
+            )
+            work.event(
+                "tool.call.failed",
+                {
+                    "invocation": str(entry.invocation_id),
+                    "call_id": entry.call.call_id,
+                    "tool": base["tool_name"],
+                    "result": entry.result,
+                    "executed": False,
+                    "outcome": "failed",
+                },
+                now,
+            )
         elif entry.needs_approval and stop is None:
-            work.invocation_inserts.append(InvocationInsert(status="awaiting_approval", suspended_kind="policy", **base))
-            approval = ctx.approvals.request(step_number=step_number, invocation_id=entry.invocation_id, tool=spec,
-                                             arguments=entry.arguments, kind="policy", at=now)
+            work.invocation_inserts.append(
+                InvocationInsert(status="awaiting_approval", suspended_kind="policy", **base)
+            )
+            approval = ctx.approvals.request(
+                step_number=step_number,
+                invocation_id=entry.invocation_id,
+                tool=spec,
+                arguments=entry.arguments,
+                kind="policy",
+                at=now,
+            )
             work.approval_inserts.append(approval)
-            work.event("approval.requested", {"approval": str(approval.id), "invocation": str(entry.invocation_id), "kind": "policy",
-                                              "tool": spec.name, "request_hash": approval.request_hash, "step": step_number,
-                                              "presentation": approval.presentation}, now)
+            work.event(
+                "approval.requested",
+                {
+                    "approval": str(approval.id),
+                    "invocation": str(entry.invocation_id),
+                    "kind": "policy",
+                    "tool": spec.name,
+                    "request_hash": approval.request_hash,
+                    "step": step_number,
+                    "presentation": approval.presentation,
+                },
+                now,
+            )
         elif stop is not None:
             entry.authorized = False
             entry.result = _error_result("cancelled", "the run was cancelled before this call ran")
             entry.is_error = True
             work.invocation_inserts.append(InvocationInsert(status="cancelled", **base))
-            work.event("tool.run_cancelled", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": base["tool_name"], "reason": str(stop)}, now)
+            work.event(
+                "tool.run_cancelled",
+                {
+                    "invocation": str(entry.invocation_id),
+                    "call_id": entry.call.call_id,
+                    "tool": base["tool_name"],
+                    "reason": str(stop),
+                },
+                now,
+            )
         else:
             # 8: authorize.
             work.invocation_inserts.append(InvocationInsert(status="authorized", **base))
-            work.event("tool.call.authorized", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": base["tool_name"]}, now)
+            work.event(
+                "tool.call.authorized",
+                {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": base["tool_name"]},
+                now,
+            )
 
     if suspend and stop is None:
         # Policy is evaluated for the whole batch first: if any call needs
         # approval, none runs yet; finalize commits all of this with the pause.
         _append_results(ctx, [e for e in entries if e.is_error])
-        return BatchResult(work=work, suspension=Suspension(
-            kind=SuspensionKind.APPROVAL,
-            invocation_ids=[e.invocation_id for e in suspend],
-            approval_ids=[a.id for a in work.approval_inserts],
-            details={"reason": "policy"},
-        ))
+        return BatchResult(
+            work=work,
+            suspension=Suspension(
+                kind=SuspensionKind.APPROVAL,
+                invocation_ids=[e.invocation_id for e in suspend],
+                approval_ids=[a.id for a in work.approval_inserts],
+                details={"reason": "policy"},
+            ),
+        )
     ctx.store.commit(work)  # commit 1: the model response and every decision
     if stop is not None:
         _append_results(ctx, entries)
@@ -293,17 +347,38 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
     if question_entry is not None and stop_after is None:
         _append_results(ctx, [e for e in entries if e is not question_entry and not (e.asks_user)])
         question = str((question_entry.arguments or {}).get("question", ""))[:4000]
-        results.invocation_updates.append(InvocationUpdate(id=question_entry.invocation_id, status="awaiting_approval",
-                                                           suspended_kind="user", updated_at=ctx.clock.now()))
-        return BatchResult(work=results, late=late, suspension=Suspension(
-            kind=SuspensionKind.USER, invocation_ids=[question_entry.invocation_id], question=question))
+        results.invocation_updates.append(
+            InvocationUpdate(
+                id=question_entry.invocation_id,
+                status="awaiting_approval",
+                suspended_kind="user",
+                updated_at=ctx.clock.now(),
+            )
+        )
+        return BatchResult(
+            work=results,
+            late=late,
+            suspension=Suspension(
+                kind=SuspensionKind.USER, invocation_ids=[question_entry.invocation_id], question=question
+            ),
+        )
     _append_results(ctx, entries)
-    return BatchResult(work=results, stop=stop_after, late=late, all_denied=bool(entries) and len(denied) == len(entries))
+    return BatchResult(
+        work=results, stop=stop_after, late=late, all_denied=bool(entries) and len(denied) == len(entries)
+    )
 
 
-def _run_one(ctx: RunContext, entry: _Entry, step_number: int, attempt: int, results: UnitOfWork,
-             late: list[dict[str, Any]], *, effect_sent: bool = False,
-             prior_attempts: list[dict[str, Any]] | None = None) -> tuple[bool, CancelReason | None]:
+def _run_one(
+    ctx: RunContext,
+    entry: _Entry,
+    step_number: int,
+    attempt: int,
+    results: UnitOfWork,
+    late: list[dict[str, Any]],
+    *,
+    effect_sent: bool = False,
+    prior_attempts: list[dict[str, Any]] | None = None,
+) -> tuple[bool, CancelReason | None]:
     """Steps 7 and 9–14 for one authorized call: the cancellation check, the
     watermark alone in its fenced transaction (side effects only), the
     self-fence, the call, and its result into `results`. Return whether the
@@ -320,9 +395,15 @@ def _run_one(ctx: RunContext, entry: _Entry, step_number: int, attempt: int, res
             raise WorkerFenced("self-fence before the watermark", late={"calls": late} if late else None)
         try:
             ctx.store.mark_effect_sent(
-                entry.invocation_id, attempt,
-                {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": spec.name, "attempt": attempt,
-                 "idempotency_key": entry.key},
+                entry.invocation_id,
+                attempt,
+                {
+                    "invocation": str(entry.invocation_id),
+                    "call_id": entry.call.call_id,
+                    "tool": spec.name,
+                    "attempt": attempt,
+                    "idempotency_key": entry.key,
+                },
                 ctx.clock.now(),
             )
         except WorkerFenced as exc:
@@ -330,31 +411,72 @@ def _run_one(ctx: RunContext, entry: _Entry, step_number: int, attempt: int, res
             raise
         ctx.fault("tool.after_watermark")
         if not ctx.lease.may_start_effect():
-            raise WorkerFenced("self-fence: no successful heartbeat within lease - interval", late={"calls": late} if late else None)
+            raise WorkerFenced(
+                "self-fence: no successful heartbeat within lease - interval", late={"calls": late} if late else None
+            )
     _execute(ctx, entry, step_number, attempt)
     if not spec.read_only:
         ctx.fault("tool.after_execute")
-        late.append({"invocation": str(entry.invocation_id), "tool": spec.name, "is_error": entry.is_error, "result": entry.result,
-                     "outcome": entry.outcome})
+        late.append(
+            {
+                "invocation": str(entry.invocation_id),
+                "tool": spec.name,
+                "is_error": entry.is_error,
+                "result": entry.result,
+                "outcome": entry.outcome,
+            }
+        )
     at = ctx.clock.now()
     history = _attempt_history(prior_attempts, attempt, read_only=spec.read_only)
-    history.append({"attempt": attempt, "outcome": entry.outcome, "at": at.isoformat(),
-                    **({"error": entry.result} if entry.is_error else {})})
-    payload = {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": spec.name, "result": entry.result,
-               "executed": True, "attempt": attempt, "outcome": entry.outcome}
+    history.append(
+        {
+            "attempt": attempt,
+            "outcome": entry.outcome,
+            "at": at.isoformat(),
+            **({"error": entry.result} if entry.is_error else {}),
+        }
+    )
+    payload = {
+        "invocation": str(entry.invocation_id),
+        "call_id": entry.call.call_id,
+        "tool": spec.name,
+        "result": entry.result,
+        "executed": True,
+        "attempt": attempt,
+        "outcome": entry.outcome,
+    }
     if entry.outcome == "uncertain" and not spec.read_only:
         # An unknown outcome (seed 000): recorded, not answered. The row
         # keeps no result, so the model is not told anything until the
         # reconciler or an operator decides; `error` says what happened.
         entry.unknown = True
-        results.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="uncertain", error=entry.result, attempt=attempt,
-                                                           outcome="uncertain", attempts=history, updated_at=at))
-        results.event("tool.call.failed", {**payload, "result": None, "error": entry.result, "awaiting_decision": True}, at)
+        results.invocation_updates.append(
+            InvocationUpdate(
+                id=entry.invocation_id,
+                status="uncertain",
+                error=entry.result,
+                attempt=attempt,
+                outcome="uncertain",
+                attempts=history,
+                updated_at=at,
+            )
+        )
+        results.event(
+            "tool.call.failed", {**payload, "result": None, "error": entry.result, "awaiting_decision": True}, at
+        )
         return True, ctx.token.reason
     results.invocation_updates.append(
-        InvocationUpdate(id=entry.invocation_id, status="failed" if entry.is_error else "completed", result=entry.result,
-                         error=entry.result if entry.is_error else None, clear_error=not entry.is_error, attempt=attempt,
-                         outcome=entry.outcome, attempts=history, updated_at=at)
+        InvocationUpdate(
+            id=entry.invocation_id,
+            status="failed" if entry.is_error else "completed",
+            result=entry.result,
+            error=entry.result if entry.is_error else None,
+            clear_error=not entry.is_error,
+            attempt=attempt,
+            outcome=entry.outcome,
+            attempts=history,
+            updated_at=at,
+        )
     )
     results.event("tool.call.failed" if entry.is_error else "tool.call.completed", payload, at)
     return True, ctx.token.reason  # observation point 5: the call has finished; its result is kept
@@ -374,10 +496,15 @@ def _attempt_history(prior: list[dict[str, Any]] | None, attempt: int, *, read_o
     return history
 
 
-UNKNOWN_OUTCOME = {"outcome": "unknown", "message": "the call started and the process stopped before its outcome was recorded"}
+UNKNOWN_OUTCOME = {
+    "outcome": "unknown",
+    "message": "the call started and the process stopped before its outcome was recorded",
+}
 
 
-def _cancel(ctx: RunContext, work: UnitOfWork, entry: _Entry, reason: CancelReason, *, effect_sent: bool = False) -> None:
+def _cancel(
+    ctx: RunContext, work: UnitOfWork, entry: _Entry, reason: CancelReason, *, effect_sent: bool = False
+) -> None:
     """Cancel a call that has not run (now). A call whose earlier attempt set
     a watermark keeps its record: `interrupted`, outcome unknown — never a
     cancelled call with an effect that may have happened (I6)."""
@@ -385,12 +512,23 @@ def _cancel(ctx: RunContext, work: UnitOfWork, entry: _Entry, reason: CancelReas
     entry.is_error = True
     if effect_sent:
         entry.result = _error_result("interrupted", "an earlier attempt of this call started; its outcome is unknown")
-        work.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="interrupted", error=UNKNOWN_OUTCOME, updated_at=at))
+        work.invocation_updates.append(
+            InvocationUpdate(id=entry.invocation_id, status="interrupted", error=UNKNOWN_OUTCOME, updated_at=at)
+        )
     else:
         entry.result = _error_result("cancelled", "the run was cancelled before this call ran")
         work.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="cancelled", updated_at=at))
-    work.event("tool.run_cancelled", {"invocation": str(entry.invocation_id), "call_id": entry.call.call_id, "tool": entry.call.name,
-                                      "reason": str(reason), **({"outcome": "unknown"} if effect_sent else {})}, at)
+    work.event(
+        "tool.run_cancelled",
+        {
+            "invocation": str(entry.invocation_id),
+            "call_id": entry.call.call_id,
+            "tool": entry.call.name,
+            "reason": str(reason),
+            **({"outcome": "unknown"} if effect_sent else {}),
+        },
+        at,
+    )
 
 
 def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1) -> None:
@@ -432,7 +570,11 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1)
         entry.outcome = "uncertain" if uncertain else "failed"
     except Exception as exc:  # a tool bug is a failed result, never a worker crash
         uncertain = not spec.read_only or (not cancelled_before and tctx.cancelled.is_set())
-        entry.result = {"error": "tool_error", "message": f"the tool raised {type(exc).__name__}", "uncertain": uncertain}
+        entry.result = {
+            "error": "tool_error",
+            "message": f"the tool raised {type(exc).__name__}",
+            "uncertain": uncertain,
+        }
         entry.is_error = True
         entry.outcome = "uncertain" if uncertain else "failed"
 
@@ -469,7 +611,9 @@ class RerunConflict(Exception):
     no longer valid, policy now denies): the run fails `reconcile_conflict`
     and the call's outcome stays unknown. `work` holds what to record."""
 
-    def __init__(self, message: str, *, error_class: str = "ReconcileConflict", work: UnitOfWork | None = None, **details: Any):
+    def __init__(
+        self, message: str, *, error_class: str = "ReconcileConflict", work: UnitOfWork | None = None, **details: Any
+    ):
         super().__init__(message)
         self.error_class = error_class
         self.work = work or UnitOfWork()
@@ -490,19 +634,43 @@ def _recheck_grant(ctx: RunContext, step_number: int, entry: _Entry, row: dict, 
     require_approval is satisfied by the grant itself."""
     now = ctx.clock.now()
     unknown = UnitOfWork()  # the grant is not used: the call stays as it was, its outcome unknown
-    unknown.invocation_updates.append(InvocationUpdate(id=row["id"], status=_unknown_status(decision["kind"]), updated_at=now))
+    unknown.invocation_updates.append(
+        InvocationUpdate(id=row["id"], status=_unknown_status(decision["kind"]), updated_at=now)
+    )
     if entry.spec is None:
-        raise RerunConflict(f"tool {row['tool_name']!r} is no longer registered; the approved re-run cannot run",
-                            work=unknown, invocation=str(row["id"]))
+        raise RerunConflict(
+            f"tool {row['tool_name']!r} is no longer registered; the approved re-run cannot run",
+            work=unknown,
+            invocation=str(row["id"]),
+        )
     if not isinstance(entry.arguments, dict) or ctx.tools.validate(row["tool_name"], entry.arguments):
         work = UnitOfWork()
         failed = _error_result("invalid_decision", "the arguments no longer pass the tool's schema")
-        work.invocation_updates.append(InvocationUpdate(id=row["id"], status="failed", result=failed, error=failed, updated_at=now))
-        work.event("tool.call.failed", {"invocation": str(row["id"]), "call_id": row["call_id"], "tool": row["tool_name"],
-                                        "result": failed, "executed": False}, now)
-        raise RerunConflict("the approved call's arguments no longer pass its schema", work=work, invocation=str(row["id"]))
-    current = ctx.approvals.current_hash(step_number=step_number, invocation_id=row["id"], tool=entry.spec, arguments=entry.arguments,
-                                         kind=decision["kind"], presentation=decision["presentation"])
+        work.invocation_updates.append(
+            InvocationUpdate(id=row["id"], status="failed", result=failed, error=failed, updated_at=now)
+        )
+        work.event(
+            "tool.call.failed",
+            {
+                "invocation": str(row["id"]),
+                "call_id": row["call_id"],
+                "tool": row["tool_name"],
+                "result": failed,
+                "executed": False,
+            },
+            now,
+        )
+        raise RerunConflict(
+            "the approved call's arguments no longer pass its schema", work=work, invocation=str(row["id"])
+        )
+    current = ctx.approvals.current_hash(
+        step_number=step_number,
+        invocation_id=row["id"],
+        tool=entry.spec,
+        arguments=entry.arguments,
+        kind=decision["kind"],
+        presentation=decision["presentation"],
+    )
     if current != decision["request_hash"]:
         return False
     try:
@@ -510,8 +678,12 @@ def _recheck_grant(ctx: RunContext, step_number: int, entry: _Entry, row: dict, 
     except Exception:  # fails closed to require_approval, which the grant is
         verdict = "require_approval"
     if verdict == "deny":
-        raise RerunConflict("policy now denies the approved re-run; the first attempt's outcome stays unknown",
-                            error_class="PolicyDenied", work=unknown, invocation=str(row["id"]))
+        raise RerunConflict(
+            "policy now denies the approved re-run; the first attempt's outcome stays unknown",
+            error_class="PolicyDenied",
+            work=unknown,
+            invocation=str(row["id"]),
+        )
     return True
 
 
@@ -522,7 +694,7 @@ def open_batch(ctx: RunContext) -> tuple[int, list[dict[str, Any]]] | None:
         msg = conv[i]
         if msg.get("role") == "assistant":
             calls = msg.get("tool_calls") or []
-            answered = {m.get("tool_call_id") for m in conv[i + 1:] if m.get("role") == "tool"}
+            answered = {m.get("tool_call_id") for m in conv[i + 1 :] if m.get("role") == "tool"}
             pending = [c for c in calls if c.get("id") not in answered]
             return (ctx.state.step, pending) if pending else None
     return None
@@ -548,10 +720,14 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
     for index, call in enumerate(pending):
         req = ToolCallRequest(call_id=call["id"], name=call["name"], raw_arguments=call.get("arguments") or "")
         row = rows.get(call["id"])
-        entry = _Entry(index=index, call=req, invocation_id=row["id"] if row else None, key=row["idempotency_key"] if row else "")
+        entry = _Entry(
+            index=index, call=req, invocation_id=row["id"] if row else None, key=row["idempotency_key"] if row else ""
+        )
         entries.append(entry)
         if row is None:
-            entry.result = _error_result("interrupted", "the process stopped before this call was recorded; it was not run")
+            entry.result = _error_result(
+                "interrupted", "the process stopped before this call was recorded; it was not run"
+            )
             entry.is_error = True
             continue
         status = row["status"]
@@ -566,9 +742,18 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
             if decision is None or decision["status"] != "approved":
                 raise UnknownOutcome(f"invocation {row['id']} is waiting for a decision")
             valid = entry.spec is not None and not ctx.tools.validate(row["tool_name"], entry.arguments)
-            shown = valid and ctx.approvals.current_hash(
-                step_number=step_number, invocation_id=row["id"], tool=entry.spec, arguments=entry.arguments,
-                kind=decision["kind"], presentation=decision["presentation"]) == decision["request_hash"]
+            shown = (
+                valid
+                and ctx.approvals.current_hash(
+                    step_number=step_number,
+                    invocation_id=row["id"],
+                    tool=entry.spec,
+                    arguments=entry.arguments,
+                    kind=decision["kind"],
+                    presentation=decision["presentation"],
+                )
+                == decision["request_hash"]
+            )
             if not shown:
                 invalidated.append((entry, decision))
                 continue
@@ -585,34 +770,86 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
         if entry.spec is None or ctx.tools.validate(row["tool_name"], entry.arguments):
             entry.result = _error_result("invalid_decision", "the tool or its schema changed; the call was not run")
             entry.is_error = True
-            results.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status="failed", result=entry.result, error=entry.result, updated_at=now))
-            results.event("tool.call.failed", {"invocation": str(entry.invocation_id), "call_id": req.call_id, "tool": req.name, "result": entry.result, "executed": False}, now)
+            results.invocation_updates.append(
+                InvocationUpdate(
+                    id=entry.invocation_id, status="failed", result=entry.result, error=entry.result, updated_at=now
+                )
+            )
+            results.event(
+                "tool.call.failed",
+                {
+                    "invocation": str(entry.invocation_id),
+                    "call_id": req.call_id,
+                    "tool": req.name,
+                    "result": entry.result,
+                    "executed": False,
+                },
+                now,
+            )
             continue
         to_run.append((entry, row))
 
     if invalidated:
         for entry, decision in invalidated:
-            results.event("approval.invalidated", {"approval": str(decision["id"]), "invocation": str(entry.invocation_id),
-                                                   "reason": "the tool, its schema or the arguments changed since approval"}, now)
+            results.event(
+                "approval.invalidated",
+                {
+                    "approval": str(decision["id"]),
+                    "invocation": str(entry.invocation_id),
+                    "reason": "the tool, its schema or the arguments changed since approval",
+                },
+                now,
+            )
             results.approval_invalidations.append(decision["id"])
             if entry.spec is None or ctx.tools.validate(entry.call.name, entry.arguments):
                 raise UnknownOutcome("an approved call can no longer run and cannot be asked again")
             kind = decision["kind"]
             if kind in RERUN_KINDS:  # a new approval of the same kind, showing the current spec
-                approval = ctx.approvals.request_again(step_number=step_number, invocation_id=entry.invocation_id, tool=entry.spec,
-                                                       arguments=entry.arguments, previous=decision, at=now)
-                results.invocation_updates.append(InvocationUpdate(id=entry.invocation_id, status=_unknown_status(kind), suspended_kind=kind,
-                                                                   updated_at=now))
+                approval = ctx.approvals.request_again(
+                    step_number=step_number,
+                    invocation_id=entry.invocation_id,
+                    tool=entry.spec,
+                    arguments=entry.arguments,
+                    previous=decision,
+                    at=now,
+                )
+                results.invocation_updates.append(
+                    InvocationUpdate(
+                        id=entry.invocation_id, status=_unknown_status(kind), suspended_kind=kind, updated_at=now
+                    )
+                )
             else:
-                approval = ctx.approvals.request(step_number=step_number, invocation_id=entry.invocation_id, tool=entry.spec,
-                                                 arguments=entry.arguments, kind="policy", at=now)
+                approval = ctx.approvals.request(
+                    step_number=step_number,
+                    invocation_id=entry.invocation_id,
+                    tool=entry.spec,
+                    arguments=entry.arguments,
+                    kind="policy",
+                    at=now,
+                )
             results.approval_inserts.append(approval)
-            results.event("approval.requested", {"approval": str(approval.id), "invocation": str(entry.invocation_id), "kind": kind,
-                                                 "tool": entry.spec.name, "request_hash": approval.request_hash, "step": step_number,
-                                                 "presentation": approval.presentation}, now)
-        return BatchResult(work=results, suspension=Suspension(
-            kind=SuspensionKind.APPROVAL, invocation_ids=[e.invocation_id for e, _ in invalidated],
-            approval_ids=[a.id for a in results.approval_inserts], details={"reason": "invalidated"}))
+            results.event(
+                "approval.requested",
+                {
+                    "approval": str(approval.id),
+                    "invocation": str(entry.invocation_id),
+                    "kind": kind,
+                    "tool": entry.spec.name,
+                    "request_hash": approval.request_hash,
+                    "step": step_number,
+                    "presentation": approval.presentation,
+                },
+                now,
+            )
+        return BatchResult(
+            work=results,
+            suspension=Suspension(
+                kind=SuspensionKind.APPROVAL,
+                invocation_ids=[e.invocation_id for e, _ in invalidated],
+                approval_ids=[a.id for a in results.approval_inserts],
+                details={"reason": "invalidated"},
+            ),
+        )
 
     late: list[dict[str, Any]] = []
     executed = 0
@@ -622,8 +859,16 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
         if stop is not None:
             _cancel(ctx, results, entry, stop, effect_sent=effect_sent)
             continue
-        ran, stop = _run_one(ctx, entry, step_number, (row["attempt"] or 0) + 1, results, late, effect_sent=effect_sent,
-                             prior_attempts=row.get("attempts"))
+        ran, stop = _run_one(
+            ctx,
+            entry,
+            step_number,
+            (row["attempt"] or 0) + 1,
+            results,
+            late,
+            effect_sent=effect_sent,
+            prior_attempts=row.get("attempts"),
+        )
         executed += ran
         if entry.unknown and stop is None:
             break

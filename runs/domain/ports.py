@@ -1,12 +1,14 @@
 """Ports of the runtime core: the loop reaches the world only through these."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 from uuid import UUID
 
-from .values import BudgetScope, CancelReason, ModelRequest, ModelTurn, ModelUsage, RunUsage, ToolSpec
-from .writes import UnitOfWork
+from runs.domain.values import BudgetScope, CancelReason, ModelRequest, ModelTurn, ModelUsage, RunUsage, ToolSpec
+from runs.domain.writes import UnitOfWork
 
 
 class Clock(Protocol):

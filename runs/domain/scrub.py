@@ -9,6 +9,7 @@ results (the pipeline: `scrub`, `bound`) and error messages (`scrub_text`).
 Everything derived from those (checkpoints, compaction summaries, approvals)
 is then clean by construction.
 """
+
 from __future__ import annotations
 
 import json

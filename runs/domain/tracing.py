@@ -1,4 +1,5 @@
 """The tracer the loop uses when no adapter is wired: spans cost nothing."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -8,7 +9,7 @@ class _NullSpan:
     def set(self, key: str, value: Any) -> None:
         pass
 
-    def __enter__(self) -> "_NullSpan":
+    def __enter__(self) -> _NullSpan:
         return self
 
     def __exit__(self, *exc) -> None:

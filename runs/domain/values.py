@@ -1,4 +1,5 @@
 """Value objects of the runtime core (seed 002). No Django imports here."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -83,14 +84,13 @@ class RunUsage(Frozen):
     tool_calls: int = 0
     steps: int = 0
 
-    def add_model(self, usage: ModelUsage) -> "RunUsage":
+    def add_model(self, usage: ModelUsage) -> RunUsage:
         return self.model_copy(
             update={
                 "input_tokens": self.input_tokens + usage.input_tokens,
                 "output_tokens": self.output_tokens + usage.output_tokens,
                 "cache_read_input_tokens": self.cache_read_input_tokens + usage.cache_read_input_tokens,
-                "cache_creation_input_tokens": self.cache_creation_input_tokens
-                + usage.cache_creation_input_tokens,
+                "cache_creation_input_tokens": self.cache_creation_input_tokens + usage.cache_creation_input_tokens,
                 "reasoning_tokens": self.reasoning_tokens + usage.reasoning_tokens,
                 "cost_usd": round(self.cost_usd + usage.cost_usd, 8),
             }
@@ -117,8 +117,11 @@ class RunLimits(Frozen):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        for reserve, limit in (("synthesis_reserve_model_calls", "max_model_calls"), ("synthesis_reserve_tool_calls", "max_tool_calls"),
-                               ("synthesis_reserve_steps", "max_steps")):
+        for reserve, limit in (
+            ("synthesis_reserve_model_calls", "max_model_calls"),
+            ("synthesis_reserve_tool_calls", "max_tool_calls"),
+            ("synthesis_reserve_steps", "max_steps"),
+        ):
             r = data.get(reserve, cls.model_fields[reserve].default)
             lim = data.get(limit, cls.model_fields[limit].default)
             if isinstance(r, int) and isinstance(lim, int) and r and r >= lim:

@@ -5,6 +5,7 @@ the pipeline and handed to `RunStore.commit`, which opens one transaction,
 runs the fenced UPDATE of the run row first and then every insert/update
 below. Plain dataclasses: this is the hot path.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

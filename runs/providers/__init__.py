@@ -1,12 +1,12 @@
 """Model providers: adapters of the ModelProvider port."""
+
 from __future__ import annotations
 
 import logging
 
 from runs.domain.errors import ModelError
 from runs.domain.values import ModelTurn, StopReason
-
-from .scripted import ScriptedProvider
+from runs.providers.scripted import ScriptedProvider
 
 log = logging.getLogger("agentrt.providers")
 
@@ -37,11 +37,13 @@ def provider_for(model: dict, on_delta=None):
     if kind == "scripted":
         return ScriptedProvider(model)
     if kind == "openai":
-        from .endpoints import DEFAULT_ENDPOINT, endpoint_for
-        from .openai import OpenAIProvider
+        from runs.providers.endpoints import DEFAULT_ENDPOINT, endpoint_for
+        from runs.providers.openai import OpenAIProvider
 
         if "base_url" in model or "api_key_env" in model:
-            log.warning("refusing a stored model block with base_url/api_key_env (publish a version that names an endpoint)")
+            log.warning(
+                "refusing a stored model block with base_url/api_key_env (publish a version that names an endpoint)"
+            )
             return RefusingProvider(
                 "LegacyModelBlock",
                 "this agent version names its own model server (base_url/api_key_env), which is no longer honoured; "

@@ -16,12 +16,14 @@ Nothing here imports Django at module level: settings.py validates the
 environment with `parse_endpoints` at startup, so a bad configuration stops
 the process with an error that names the bad key.
 """
+
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 # Providers whose adapters take an endpoint. A provider module registering
@@ -88,8 +90,13 @@ def _endpoint(name: Any, entry: Any) -> Endpoint:
         if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
             raise EndpointConfigError(f"{where}.models: must be a non-empty list of model names")
         models = tuple(models)
-    return Endpoint(name=name, provider=entry["provider"], base_url=entry["base_url"].rstrip("/"),
-                    api_key_env=entry["api_key_env"], models=models)
+    return Endpoint(
+        name=name,
+        provider=entry["provider"],
+        base_url=entry["base_url"].rstrip("/"),
+        api_key_env=entry["api_key_env"],
+        models=models,
+    )
 
 
 def parse_endpoints(raw: str | Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -132,5 +139,13 @@ def endpoint_for(name: str) -> Endpoint | None:
     return configured().get(name)
 
 
-__all__ = ["Endpoint", "EndpointConfigError", "parse_endpoints", "configured", "endpoint_for", "DEFAULT_ENDPOINT",
-           "BUILTIN_ENDPOINTS", "ENDPOINT_PROVIDERS"]
+__all__ = [
+    "Endpoint",
+    "EndpointConfigError",
+    "parse_endpoints",
+    "configured",
+    "endpoint_for",
+    "DEFAULT_ENDPOINT",
+    "BUILTIN_ENDPOINTS",
+    "ENDPOINT_PROVIDERS",
+]

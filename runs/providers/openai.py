@@ -54,6 +54,7 @@ already builds such requests with no tools, and OpenAI refuses a
 `tool_choice` without `tools`). Otherwise "auto"/"required" pass through, and
 any other value names a function to force.
 """
+
 from __future__ import annotations
 
 import email.utils
@@ -64,20 +65,19 @@ import os
 import random
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
+from runs.clock import CLOCK
 from runs.domain.errors import ModelError
 from runs.domain.values import ModelRequest, ModelTurn, ModelUsage, StopReason, ToolCallRequest
-
-from runs.clock import CLOCK
-
-from . import prices
-from .endpoints import Endpoint
+from runs.providers import prices
+from runs.providers.endpoints import Endpoint
 
 log = logging.getLogger("agentrt.providers.openai")
 
@@ -267,7 +267,9 @@ class OpenAIProvider:
         watchdog_poll: float = 0.05,
     ):
         if not isinstance(endpoint, Endpoint):
-            raise TypeError("OpenAIProvider takes a configured Endpoint (runs.providers.endpoints), never an agent's block")
+            raise TypeError(
+                "OpenAIProvider takes a configured Endpoint (runs.providers.endpoints), never an agent's block"
+            )
         parts = urlsplit(endpoint.base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError("the endpoint needs an http(s) base_url")
@@ -286,13 +288,17 @@ class OpenAIProvider:
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.max_retry_after = max_retry_after
-        self.timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout)
+        self.timeout = httpx.Timeout(
+            connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout
+        )
         self.max_call_seconds = _default_max_call_seconds() if max_call_seconds is None else max_call_seconds
         self.watchdog_poll = watchdog_poll
 
     def __repr__(self) -> str:
-        return (f"OpenAIProvider(endpoint={self.endpoint.name!r}, base_url={self.endpoint.shown_url()!r}, "
-                f"model={self.model!r}, stream={self.stream})")
+        return (
+            f"OpenAIProvider(endpoint={self.endpoint.name!r}, base_url={self.endpoint.shown_url()!r}, "
+            f"model={self.model!r}, stream={self.stream})"
+        )
 
     # -- the request --------------------------------------------------------
 
@@ -337,7 +343,11 @@ class OpenAIProvider:
         try:
             price = prices.price_for(self.model)
         except ValueError:
-            raise ModelError("ModelNotPriced", f"the price of model {self.model!r} in AGENTRT_MODEL_PRICES is invalid", transient=False) from None
+            raise ModelError(
+                "ModelNotPriced",
+                f"the price of model {self.model!r} in AGENTRT_MODEL_PRICES is invalid",
+                transient=False,
+            ) from None
         if price is None:
             raise ModelError(
                 "ModelNotPriced", f"the model {self.model!r} has no price in AGENTRT_MODEL_PRICES", transient=False
@@ -345,8 +355,14 @@ class OpenAIProvider:
         key = os.environ.get(self.api_key_env)
         if not key:
             # The operator sees which variable; a tenant sees only the endpoint's name.
-            log.warning("model endpoint %r: the API key variable %s is not set in this worker", self.endpoint.name, self.api_key_env)
-            raise ModelError("MissingApiKey", f"the model endpoint {self.endpoint.name!r} has no API key configured", transient=False)
+            log.warning(
+                "model endpoint %r: the API key variable %s is not set in this worker",
+                self.endpoint.name,
+                self.api_key_env,
+            )
+            raise ModelError(
+                "MissingApiKey", f"the model endpoint {self.endpoint.name!r} has no API key configured", transient=False
+            )
         body = self.build_body(request)
         payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         headers = {
@@ -378,7 +394,9 @@ class OpenAIProvider:
                     ) from None
                 if deadline is not None and CLOCK.monotonic() + delay >= deadline:
                     raise ModelError(
-                        failure.error_class, f"{failure.message} (no time left to retry within the call limit)", transient=True
+                        failure.error_class,
+                        f"{failure.message} (no time left to retry within the call limit)",
+                        transient=True,
                     ) from None
                 if token.wait(delay) is not None:
                     return ModelTurn(stop_reason=StopReason.CANCELLED)
@@ -464,8 +482,12 @@ class OpenAIProvider:
                 # before output (refused, timed out, reset, not HTTP): the
                 # difference is an oracle about the network behind the worker.
                 # The operator finds the detail in the worker log.
-                log.warning("model endpoint %r (%s): connection failed before any output: %s",
-                            self.endpoint.name, self.endpoint.shown_url(), type(exc).__name__)
+                log.warning(
+                    "model endpoint %r (%s): connection failed before any output: %s",
+                    self.endpoint.name,
+                    self.endpoint.shown_url(),
+                    type(exc).__name__,
+                )
                 raise _Retry("ConnectionFailed", "could not reach the model server") from None
         finally:
             watchdog.stop()
@@ -482,7 +504,10 @@ class OpenAIProvider:
         if not turn.complete:
             if turn.had_output:
                 raise ModelError(
-                    "StreamCutAfterOutput", "the stream ended after output without a finish reason", transient=True, stream_had_output=True
+                    "StreamCutAfterOutput",
+                    "the stream ended after output without a finish reason",
+                    transient=True,
+                    stream_had_output=True,
                 )
             log.warning("model endpoint %r: the stream ended before any output", self.endpoint.name)
             raise _Retry("ConnectionFailed", "could not reach the model server")
@@ -502,7 +527,9 @@ class OpenAIProvider:
             raise _Retry("ProviderUnavailable", f"the model server answered HTTP {status}", retry_after)
         if code in CONTEXT_CODES:
             raise ModelError(
-                "ContextLengthExceeded", f"the model server answered HTTP {status}: the context is too long", transient=False
+                "ContextLengthExceeded",
+                f"the model server answered HTTP {status}: the context is too long",
+                transient=False,
             )
         if status in PERMANENT_STATUSES:
             raise ModelError(PERMANENT_STATUSES[status], f"the model server answered HTTP {status}", transient=False)
@@ -511,7 +538,9 @@ class OpenAIProvider:
         raise ModelError("UnexpectedStatus", f"the model server answered HTTP {status}", transient=False)
 
     def _malformed(self, turn: _Turn, what: str) -> ModelError:
-        return ModelError("MalformedResponse", f"the model server sent {what}", transient=True, stream_had_output=turn.had_output)
+        return ModelError(
+            "MalformedResponse", f"the model server sent {what}", transient=True, stream_had_output=turn.had_output
+        )
 
     def _read_stream(self, response: httpx.Response, turn: _Turn, token) -> None:
         # Every OpenAI-compatible server sends one JSON object per `data:`
@@ -542,7 +571,12 @@ class OpenAIProvider:
             raise self._malformed(turn, "a chunk that is not an object")
         if chunk.get("error"):
             if turn.had_output:
-                raise ModelError("ProviderStreamError", "the model server reported an error mid-stream", transient=True, stream_had_output=True)
+                raise ModelError(
+                    "ProviderStreamError",
+                    "the model server reported an error mid-stream",
+                    transient=True,
+                    stream_had_output=True,
+                )
             raise _Retry("ProviderStreamError", "the model server reported an error in the stream")
         usage = chunk.get("usage")
         if isinstance(usage, dict):
@@ -613,7 +647,9 @@ class OpenAIProvider:
             raise self._malformed(turn, "an answer without a message")
         calls = message.get("tool_calls")
         if isinstance(calls, list):  # whole calls: give them positions for the accumulator
-            message = dict(message, tool_calls=[dict(c, index=i) if isinstance(c, dict) else c for i, c in enumerate(calls)])
+            message = dict(
+                message, tool_calls=[dict(c, index=i) if isinstance(c, dict) else c for i, c in enumerate(calls)]
+            )
         try:
             self._delta(message, turn)
         except ValueError:
@@ -623,7 +659,9 @@ class OpenAIProvider:
             turn.usage = answer["usage"]
         turn.done = True
 
-    def _finish(self, request: ModelRequest, body: dict, turn: _Turn, price: prices.Price, *, cancelled: bool) -> ModelTurn:
+    def _finish(
+        self, request: ModelRequest, body: dict, turn: _Turn, price: prices.Price, *, cancelled: bool
+    ) -> ModelTurn:
         calls = turn.calls(request.step_number)
         text = "".join(turn.text) or None
         if cancelled:
@@ -700,7 +738,7 @@ def _retry_after(headers: httpx.Headers) -> float | None:
     if when is None:
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return max(0.0, (when - CLOCK.now()).total_seconds())
 
 
@@ -743,7 +781,9 @@ def _usage(raw: dict) -> dict[str, Any] | None:
     if "prompt_tokens" not in raw and "completion_tokens" not in raw:
         return None
     prompt_details = raw.get("prompt_tokens_details") if isinstance(raw.get("prompt_tokens_details"), dict) else {}
-    completion_details = raw.get("completion_tokens_details") if isinstance(raw.get("completion_tokens_details"), dict) else {}
+    completion_details = (
+        raw.get("completion_tokens_details") if isinstance(raw.get("completion_tokens_details"), dict) else {}
+    )
     creation = (
         raw.get("cache_creation_input_tokens")
         or prompt_details.get("cache_creation_tokens")
@@ -760,7 +800,9 @@ def _usage(raw: dict) -> dict[str, Any] | None:
 
 def _estimate(body: dict, text: str | None, calls: list[ToolCallRequest]) -> dict[str, Any]:
     """≈ 4 characters a token, rounded up: for servers that report no usage."""
-    prompt = json.dumps(body.get("messages", []), ensure_ascii=False) + json.dumps(body.get("tools", []), ensure_ascii=False)
+    prompt = json.dumps(body.get("messages", []), ensure_ascii=False) + json.dumps(
+        body.get("tools", []), ensure_ascii=False
+    )
     output = (text or "") + "".join(c.name + c.raw_arguments for c in calls)
     return {
         "input_tokens": math.ceil(len(prompt) / 4),

@@ -22,12 +22,14 @@ the prompt at the input rate, the cached part at the cache-read rate, the
 cache writes at the cache-creation rate, and all completion tokens at the
 output rate — reasoning tokens are not charged twice.
 """
+
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 # OpenAI list prices (USD per 1M tokens, 2025). Verify against the provider's
 # price page and override with AGENTRT_MODEL_PRICES; local models are not here

@@ -8,6 +8,7 @@ plays a stream cut after output), or
 repeats). Steps past the script replay its last turn. Tool call ids are
 `call_<step>_<index>` (index from 0).
 """
+
 from __future__ import annotations
 
 import json

@@ -7,6 +7,7 @@ answer), and `http_post` sends the invocation's idempotency key as the
 and they stop when the run is cancelled; `_request` says how each error is
 classified (failed before the request left, uncertain after).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from runs.domain.errors import OutcomeUnknown, ToolFailure
-
-from .registry import register
+from runs.tools.registry import register
 
 MAX_BODY = 256 * 1024
 # A call may ask for a shorter timeout than the tool's (never a longer one).
@@ -30,7 +30,12 @@ TIMEOUT_ARG = {"type": "number", "exclusiveMinimum": 0, "maximum": 20}
 @register(
     name="echo",
     description="Return the given text unchanged.",
-    parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"], "additionalProperties": False},
+    parameters={
+        "type": "object",
+        "properties": {"text": {"type": "string"}},
+        "required": ["text"],
+        "additionalProperties": False,
+    },
     read_only=True,
 )
 def echo(arguments, context):
@@ -142,10 +147,12 @@ def _request(method: str, url: str, headers: dict, body: bytes | None, timeout: 
             conn.connect()
         except socket.gaierror as exc:
             raise ToolFailure("dns_failed", f"could not resolve {parts.hostname!r}; the request was not sent") from exc
-        except (socket.timeout, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise ToolFailure("connect_timeout", "the connection timed out; the request was not sent") from exc
         except OSError as exc:
-            raise ToolFailure("connection_failed", f"could not connect ({type(exc).__name__}); the request was not sent") from exc
+            raise ToolFailure(
+                "connection_failed", f"could not connect ({type(exc).__name__}); the request was not sent"
+            ) from exc
         with _abort_on_cancel(context, conn):
             try:
                 conn.request(method, target, body=body, headers=headers)
@@ -154,13 +161,21 @@ def _request(method: str, url: str, headers: dict, body: bytes | None, timeout: 
                 return resp.status, resp.getheader("Content-Type", "") or "", data
             except (OSError, http.client.HTTPException) as exc:
                 if signal is not None and signal.is_set():
-                    raise OutcomeUnknown("cancelled", "the run was cancelled while the request was in flight; "
-                                                      "whether it took effect is unknown") from exc
+                    raise OutcomeUnknown(
+                        "cancelled",
+                        "the run was cancelled while the request was in flight; whether it took effect is unknown",
+                    ) from exc
                 if isinstance(exc, (socket.timeout, TimeoutError)):
-                    raise OutcomeUnknown("timeout", f"no answer within {timeout:.3g} s after the request was sent; "
-                                                    "whether it took effect is unknown") from exc
-                raise OutcomeUnknown("connection_lost", f"the connection failed after the request was sent ({type(exc).__name__}); "
-                                                        "whether it took effect is unknown") from exc
+                    raise OutcomeUnknown(
+                        "timeout",
+                        f"no answer within {timeout:.3g} s after the request was sent; "
+                        "whether it took effect is unknown",
+                    ) from exc
+                raise OutcomeUnknown(
+                    "connection_lost",
+                    f"the connection failed after the request was sent ({type(exc).__name__}); "
+                    "whether it took effect is unknown",
+                ) from exc
     finally:
         conn.close()
 
@@ -197,7 +212,11 @@ def http_get(arguments, context):
     description="POST a JSON body to a URL on an allowed host (a side effect).",
     parameters={
         "type": "object",
-        "properties": {"url": {"type": "string", "maxLength": 2048}, "json": {"type": "object"}, "timeout_seconds": TIMEOUT_ARG},
+        "properties": {
+            "url": {"type": "string", "maxLength": 2048},
+            "json": {"type": "object"},
+            "timeout_seconds": TIMEOUT_ARG,
+        },
         "required": ["url", "json"],
         "additionalProperties": False,
     },

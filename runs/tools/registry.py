@@ -1,9 +1,11 @@
 """Tools are registered in code: name, JSON Schema for arguments, schema
 version, read_only, side-effect class, timeout."""
+
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from django.db import connections
 from jsonschema import Draft202012Validator
@@ -64,8 +66,10 @@ class ToolRegistry:
 
         threading.Thread(target=target, name=f"tool:{name}", daemon=True).start()
         if not done.wait(float(timeout)):
-            raise OutcomeUnknown("timeout", f"the tool did not finish within its timeout ({float(timeout):g} s); "
-                                            "whether it took effect is unknown")
+            raise OutcomeUnknown(
+                "timeout",
+                f"the tool did not finish within its timeout ({float(timeout):g} s); whether it took effect is unknown",
+            )
         if "error" in box:
             raise box["error"]
         return box.get("value")
@@ -74,8 +78,17 @@ class ToolRegistry:
 REGISTRY = ToolRegistry()
 
 
-def register(*, name: str, parameters: dict[str, Any], read_only: bool, side_effect: str = "none",
-             description: str = "", timeout_seconds: float = 30.0, schema_version: str = "1", control: bool = False):
+def register(
+    *,
+    name: str,
+    parameters: dict[str, Any],
+    read_only: bool,
+    side_effect: str = "none",
+    description: str = "",
+    timeout_seconds: float = 30.0,
+    schema_version: str = "1",
+    control: bool = False,
+):
     """Decorator: register a function `fn(arguments, context)` as a tool."""
 
     def wrap(fn):

@@ -1,34 +1,63 @@
 """Fixtures of the REST API tests: two tenants with the same kinds of objects
 (queued, finished, waiting-for-approval and waiting-for-user runs, a pending
 approval), users in each role, and token-authenticated clients."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 
-APPROVE_POSTS = {"default": "allow", "rules": [{"tool": "http_post", "decision": "require_approval",
-                                                "when": {"arg": "json.amount", "op": "gt", "value": 100}}]}
+APPROVE_POSTS = {
+    "default": "allow",
+    "rules": [
+        {"tool": "http_post", "decision": "require_approval", "when": {"arg": "json.amount", "op": "gt", "value": 100}}
+    ],
+}
 HOOK = "http://127.0.0.1:9/hook"  # never called: the policy suspends before the call
 
 
 def agent_definitions():
     return [
-        {"name": "bot", "instructions": "say done", "model": {"provider": "scripted", "turns": [{"text": "done"}]}, "tools": ["echo"]},
-        {"name": "approver", "instructions": "pay", "tools": ["http_post"], "policy": APPROVE_POSTS,
-         "model": {"provider": "scripted", "turns": [
-             {"tool_calls": [{"name": "http_post", "arguments": {"url": HOOK, "json": {"amount": 500}}}]}, {"text": "paid"}]}},
-        {"name": "asker", "instructions": "ask", "tools": ["ask_user"],
-         "model": {"provider": "scripted", "turns": [
-             {"tool_calls": [{"name": "ask_user", "arguments": {"question": "Which region?"}}]}, {"text": "deploying"}]}},
+        {
+            "name": "bot",
+            "instructions": "say done",
+            "model": {"provider": "scripted", "turns": [{"text": "done"}]},
+            "tools": ["echo"],
+        },
+        {
+            "name": "approver",
+            "instructions": "pay",
+            "tools": ["http_post"],
+            "policy": APPROVE_POSTS,
+            "model": {
+                "provider": "scripted",
+                "turns": [
+                    {"tool_calls": [{"name": "http_post", "arguments": {"url": HOOK, "json": {"amount": 500}}}]},
+                    {"text": "paid"},
+                ],
+            },
+        },
+        {
+            "name": "asker",
+            "instructions": "ask",
+            "tools": ["ask_user"],
+            "model": {
+                "provider": "scripted",
+                "turns": [
+                    {"tool_calls": [{"name": "ask_user", "arguments": {"question": "Which region?"}}]},
+                    {"text": "deploying"},
+                ],
+            },
+        },
     ]
 
 
 def make_world(tenant) -> SimpleNamespace:
     """One tenant's objects, made through the services (no status written here)."""
     from approvals.models import Approval
-    from runs.executor import run_drive
     from runs.models import Run
+    from runs.runtime.executor import run_drive
     from runs.services import agent_load, run_submit
 
     for definition in agent_definitions():
@@ -45,7 +74,11 @@ def make_world(tenant) -> SimpleNamespace:
     waiting = submit("approver", drive=True)
     asking = submit("asker", drive=True)
     assert (queued.status, done.status, waiting.status, asking.status) == (
-        "QUEUED", "COMPLETED", "WAITING_FOR_APPROVAL", "WAITING_FOR_USER")
+        "QUEUED",
+        "COMPLETED",
+        "WAITING_FOR_APPROVAL",
+        "WAITING_FOR_USER",
+    )
     approval = Approval.objects.get(run=waiting)
     return SimpleNamespace(tenant=tenant, queued=queued, done=done, waiting=waiting, asking=asking, approval=approval)
 

@@ -7,6 +7,7 @@ Where the catalogue and DESIGN §16 differ, DESIGN wins: a double decision is
 request is in flight) cannot be observed as 409 here: the second insert waits
 on the unique index and then answers with the committed original (200).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from django.db import connection, connections
 
 from approvals.models import Approval
 from runs.models import Run
-from runs.queue import run_claim
+from runs.runtime.queue import run_claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -104,14 +105,20 @@ def b16(ctx):
 
 
 def b18(ctx):
-    response = post_json(ctx.client, f"/api/approvals/{ctx.world.approval.id}/approve/", {"request_hash": ctx.world.approval.request_hash})
+    response = post_json(
+        ctx.client,
+        f"/api/approvals/{ctx.world.approval.id}/approve/",
+        {"request_hash": ctx.world.approval.request_hash},
+    )
     assert Approval.objects.get(id=ctx.world.approval.id).status == "pending"
     return response
 
 
 def b19(ctx):
     expire(ctx.world.approval)
-    return post_json(ctx.op, f"/api/approvals/{ctx.world.approval.id}/approve/", {"request_hash": ctx.world.approval.request_hash})
+    return post_json(
+        ctx.op, f"/api/approvals/{ctx.world.approval.id}/approve/", {"request_hash": ctx.world.approval.request_hash}
+    )
 
 
 def b20_twice(ctx):
@@ -126,53 +133,196 @@ def runs_created(ctx):
 
 CASES = [
     ("B1-truncated-json", lambda c: raw(c.client, "POST", "/api/runs/", '{"prompt": "x",'), 400, "parse_error", None),
-    ("B2-text-plain", lambda c: raw(c.client, "POST", "/api/runs/", "agent=bot", content_type="text/plain"), 415, "unsupported_media_type", None),
-    ("B2-form-urlencoded", lambda c: raw(c.client, "POST", "/api/runs/", "agent=bot&input=x", content_type="application/x-www-form-urlencoded"),
-     415, "unsupported_media_type", None),
-    ("B3-oversize-body", lambda c: raw(c.client, "POST", "/api/runs/", json.dumps({**RUN, "input": "x" * (1024 * 1024 + 10)})),
-     413, "payload_too_large", None),
-    ("B4-negative-cost", lambda c: post_json(c.client, "/api/runs/", {**RUN, "limits": {"max_cost_usd": -0.01}}), 400, "invalid", "limits.max_cost_usd"),
-    ("B4-negative-steps", lambda c: post_json(c.client, "/api/runs/", {**RUN, "limits": {"max_steps": -1}}), 400, "invalid", "limits.max_steps"),
-    ("B4-zero-steps", lambda c: post_json(c.client, "/api/runs/", {**RUN, "limits": {"max_steps": 0}}), 400, "invalid", "limits.max_steps"),
-    ("B5-string-number", lambda c: post_json(c.client, "/api/runs/", {**RUN, "limits": {"max_steps": "10"}}), 400, "invalid", "limits.max_steps"),
-    ("B5-overflow-1e309", lambda c: raw(c.client, "POST", "/api/runs/", '{"agent": "bot", "input": "x", "limits": {"max_cost_usd": 1e309}}'),
-     400, "invalid", "limits.max_cost_usd"),
-    ("B5-nan", lambda c: raw(c.client, "POST", "/api/runs/", '{"agent": "bot", "input": "x", "limits": {"max_cost_usd": NaN}}'), 400, "parse_error", None),
-    ("B5-infinity", lambda c: raw(c.client, "POST", "/api/runs/", '{"agent": "bot", "input": "x", "limits": {"max_cost_usd": -Infinity}}'),
-     400, "parse_error", None),
-    ("B5-boolean", lambda c: post_json(c.client, "/api/runs/", {**RUN, "limits": {"max_steps": True}}), 400, "invalid", "limits.max_steps"),
-    ("B6-tenant-id", lambda c: post_json(c.client, "/api/runs/", {**RUN, "tenant_id": str(c.other.tenant.id)}), 400, "invalid", "tenant_id"),
-    ("B6-tenant", lambda c: post_json(c.client, "/api/runs/", {**RUN, "tenant": str(c.other.tenant.id)}), 400, "invalid", "tenant"),
+    (
+        "B2-text-plain",
+        lambda c: raw(c.client, "POST", "/api/runs/", "agent=bot", content_type="text/plain"),
+        415,
+        "unsupported_media_type",
+        None,
+    ),
+    (
+        "B2-form-urlencoded",
+        lambda c: raw(
+            c.client, "POST", "/api/runs/", "agent=bot&input=x", content_type="application/x-www-form-urlencoded"
+        ),
+        415,
+        "unsupported_media_type",
+        None,
+    ),
+    (
+        "B3-oversize-body",
+        lambda c: raw(c.client, "POST", "/api/runs/", json.dumps({**RUN, "input": "x" * (1024 * 1024 + 10)})),
+        413,
+        "payload_too_large",
+        None,
+    ),
+    (
+        "B4-negative-cost",
+        lambda c: post_json(c.client, "/api/runs/", {**RUN, "limits": {"max_cost_usd": -0.01}}),
+        400,
+        "invalid",
+        "limits.max_cost_usd",
+    ),
+    (
+        "B4-negative-steps",
+        lambda c: post_json(c.client, "/api/runs/", {**RUN, "limits": {"max_steps": -1}}),
+        400,
+        "invalid",
+        "limits.max_steps",
+    ),
+    (
+        "B4-zero-steps",
+        lambda c: post_json(c.client, "/api/runs/", {**RUN, "limits": {"max_steps": 0}}),
+        400,
+        "invalid",
+        "limits.max_steps",
+    ),
+    (
+        "B5-string-number",
+        lambda c: post_json(c.client, "/api/runs/", {**RUN, "limits": {"max_steps": "10"}}),
+        400,
+        "invalid",
+        "limits.max_steps",
+    ),
+    (
+        "B5-overflow-1e309",
+        lambda c: raw(
+            c.client, "POST", "/api/runs/", '{"agent": "bot", "input": "x", "limits": {"max_cost_usd": 1e309}}'
+        ),
+        400,
+        "invalid",
+        "limits.max_cost_usd",
+    ),
+    (
+        "B5-nan",
+        lambda c: raw(
+            c.client, "POST", "/api/runs/", '{"agent": "bot", "input": "x", "limits": {"max_cost_usd": NaN}}'
+        ),
+        400,
+        "parse_error",
+        None,
+    ),
+    (
+        "B5-infinity",
+        lambda c: raw(
+            c.client, "POST", "/api/runs/", '{"agent": "bot", "input": "x", "limits": {"max_cost_usd": -Infinity}}'
+        ),
+        400,
+        "parse_error",
+        None,
+    ),
+    (
+        "B5-boolean",
+        lambda c: post_json(c.client, "/api/runs/", {**RUN, "limits": {"max_steps": True}}),
+        400,
+        "invalid",
+        "limits.max_steps",
+    ),
+    (
+        "B6-tenant-id",
+        lambda c: post_json(c.client, "/api/runs/", {**RUN, "tenant_id": str(c.other.tenant.id)}),
+        400,
+        "invalid",
+        "tenant_id",
+    ),
+    (
+        "B6-tenant",
+        lambda c: post_json(c.client, "/api/runs/", {**RUN, "tenant": str(c.other.tenant.id)}),
+        400,
+        "invalid",
+        "tenant",
+    ),
     ("B7-other-tenant-run", lambda c: c.client.get(f"/api/runs/{c.other.done.id}/"), 404, "not_found", None),
     ("B7-other-tenant-events", lambda c: c.client.get(f"/api/runs/{c.other.done.id}/events/"), 404, "not_found", None),
     ("B8-not-a-uuid", lambda c: c.client.get("/api/runs/not-a-uuid/"), 404, "not_found", None),
     ("B8-not-a-uuid-approval", lambda c: c.client.get("/api/approvals/123/"), 404, "not_found", None),
-    ("B9-status", lambda c: post_json(c.client, "/api/runs/", {**RUN, "status": "succeeded"}), 400, "invalid", "status"),
-    ("B9-lease-owner", lambda c: post_json(c.client, "/api/runs/", {**RUN, "lease_owner": "me"}), 400, "invalid", "lease_owner"),
-    ("B9-request-hash", lambda c: post_json(c.client, "/api/runs/", {**RUN, "request_hash": "0" * 64}), 400, "invalid", "request_hash"),
-    ("B9-status-on-input", lambda c: post_json(c.client, f"/api/runs/{c.world.asking.id}/input/", {"text": "x", "status": "QUEUED"}),
-     400, "invalid", "status"),
+    (
+        "B9-status",
+        lambda c: post_json(c.client, "/api/runs/", {**RUN, "status": "succeeded"}),
+        400,
+        "invalid",
+        "status",
+    ),
+    (
+        "B9-lease-owner",
+        lambda c: post_json(c.client, "/api/runs/", {**RUN, "lease_owner": "me"}),
+        400,
+        "invalid",
+        "lease_owner",
+    ),
+    (
+        "B9-request-hash",
+        lambda c: post_json(c.client, "/api/runs/", {**RUN, "request_hash": "0" * 64}),
+        400,
+        "invalid",
+        "request_hash",
+    ),
+    (
+        "B9-status-on-input",
+        lambda c: post_json(c.client, f"/api/runs/{c.world.asking.id}/input/", {"text": "x", "status": "QUEUED"}),
+        400,
+        "invalid",
+        "status",
+    ),
     ("B10-huge-page-size", lambda c: c.client.get("/api/runs/", {"page_size": "1000000"}), 200, None, None),
-    ("B10-negative-cursor", lambda c: c.client.get(f"/api/runs/{c.world.done.id}/events/", {"after": "-5"}), 400, "invalid", "after"),
+    (
+        "B10-negative-cursor",
+        lambda c: c.client.get(f"/api/runs/{c.world.done.id}/events/", {"after": "-5"}),
+        400,
+        "invalid",
+        "after",
+    ),
     ("B10-ordering-ignored", lambda c: c.client.get("/api/runs/", {"ordering": "tenant_id"}), 200, None, None),
     ("B11-deep-nesting", lambda c: raw(c.client, "POST", "/api/runs/", nested(10_000)), 400, "depth_exceeded", None),
     ("B11-nesting-33", lambda c: raw(c.client, "POST", "/api/runs/", nested(33)), 400, "depth_exceeded", None),
-    ("B11-huge-array", lambda c: raw(c.client, "POST", "/api/runs/", '{"agent": "bot", "input": [' + ",".join(["1"] * 100_000) + "]}"),
-     400, "too_large", None),
+    (
+        "B11-huge-array",
+        lambda c: raw(c.client, "POST", "/api/runs/", '{"agent": "bot", "input": [' + ",".join(["1"] * 100_000) + "]}"),
+        400,
+        "too_large",
+        None,
+    ),
     ("B12-replay-same-body", b12, 200, None, None),
     ("B13-replay-other-body", b13, 409, "idempotency_key_reused", None),
     ("B14-concurrent-same-key", b14, 200, None, None),
     ("B15-stale-hash", b15, 409, "approval_stale", None),
     ("B16-double-decision", b16, 409, "approval_decided", None),
     ("B17-nul", lambda c: post_json(c.client, "/api/runs/", {**RUN, "input": "a\u0000b"}), 400, "invalid", "input"),
-    ("B17-lone-surrogate", lambda c: raw(c.client, "POST", "/api/runs/", '{"agent": "bot", "input": "\\ud800"}'), 400, "invalid", "input"),
-    ("B17-nul-nested", lambda c: raw(c.op, "POST", "/api/agents/",
-                                     '{"name": "n", "model": {"provider": "scripted", "turns": [{"text": "a\\u0000"}]}}'),
-     400, "invalid", "model.turns.0.text"),
-    ("B17-nul-in-key", lambda c: raw(c.client, "POST", "/api/runs/", '{"agent": "bot", "input": "x", "a\\u0000": 1}'), 400, "invalid", None),
+    (
+        "B17-lone-surrogate",
+        lambda c: raw(c.client, "POST", "/api/runs/", '{"agent": "bot", "input": "\\ud800"}'),
+        400,
+        "invalid",
+        "input",
+    ),
+    (
+        "B17-nul-nested",
+        lambda c: raw(
+            c.op,
+            "POST",
+            "/api/agents/",
+            '{"name": "n", "model": {"provider": "scripted", "turns": [{"text": "a\\u0000"}]}}',
+        ),
+        400,
+        "invalid",
+        "model.turns.0.text",
+    ),
+    (
+        "B17-nul-in-key",
+        lambda c: raw(c.client, "POST", "/api/runs/", '{"agent": "bot", "input": "x", "a\\u0000": 1}'),
+        400,
+        "invalid",
+        None,
+    ),
     ("B17-nul-in-query", lambda c: c.client.get("/api/agents/", {"name": "a\x00b"}), 400, "invalid", "name"),
     ("B17-nul-in-path", lambda c: c.client.get("/api/runs/%00/"), 404, "not_found", None),
-    ("B17-invalid-utf8", lambda c: raw(c.client, "POST", "/api/runs/", b'{"agent": "bot", "input": "\xff"}'), 400, "parse_error", None),
+    (
+        "B17-invalid-utf8",
+        lambda c: raw(c.client, "POST", "/api/runs/", b'{"agent": "bot", "input": "\xff"}'),
+        400,
+        "parse_error",
+        None,
+    ),
     ("B18-no-permission", b18, 403, "permission_denied", None),
     ("B19-expired", b19, 409, "approval_expired", None),
     ("B20-cancel-finished", lambda c: c.client.post(f"/api/runs/{c.world.done.id}/cancel/"), 409, "run_terminal", None),

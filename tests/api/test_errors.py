@@ -1,5 +1,6 @@
 """One error body everywhere: `{code, message, fields?, request_id}`, DRF's own
 errors mapped, never raw exception text, never a 500 for bad input."""
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,17 @@ def test_drf_errors_are_mapped_to_the_error_body(world, alice, as_user, anon):
     body_of(client.delete("/api/runs/"), 405, "method_not_allowed")
     body_of(client.put(f"/api/runs/{world.done.id}/", {}, format="json"), 405, "method_not_allowed")
     body_of(client.get("/api/runs/", HTTP_ACCEPT="text/html"), 406, "not_acceptable")
-    body_of(client.generic("POST", "/api/runs/", b'{"agent": "bot"', content_type="application/json"), 400, "parse_error")
-    body_of(client.generic("POST", "/api/runs/", b"<x/>", content_type="application/xml"), 415, "unsupported_media_type")
-    body_of(client.generic("POST", "/api/runs/", b"{}", content_type="application/json; charset=latin-1"), 415, "unsupported_media_type")
+    body_of(
+        client.generic("POST", "/api/runs/", b'{"agent": "bot"', content_type="application/json"), 400, "parse_error"
+    )
+    body_of(
+        client.generic("POST", "/api/runs/", b"<x/>", content_type="application/xml"), 415, "unsupported_media_type"
+    )
+    body_of(
+        client.generic("POST", "/api/runs/", b"{}", content_type="application/json; charset=latin-1"),
+        415,
+        "unsupported_media_type",
+    )
     body_of(client.get(f"/api/runs/{world.done.id}/", {"format": "api"}), 404, "not_found")
 
 
@@ -45,10 +54,19 @@ def test_validation_errors_name_every_field(world, alice, as_user):
     assert set(body["fields"]) == {"agent", "input"}
     body = body_of(client.post("/api/runs/", "just text", format="json"), 400, "invalid")
     assert "(root)" in body["fields"]
-    body = body_of(client.post("/api/runs/", {"agent": "bot", "input": "x", "colour": 1, "status": "QUEUED"}, format="json"), 400, "invalid")
+    body = body_of(
+        client.post("/api/runs/", {"agent": "bot", "input": "x", "colour": 1, "status": "QUEUED"}, format="json"),
+        400,
+        "invalid",
+    )
     assert body["fields"] == {"colour": ["unknown field"], "status": ["read-only: set by the server"]}
-    body = body_of(client.generic("POST", "/api/runs/", b'{"agent": "bot", "agent": "evil", "input": "x"}', content_type="application/json"),
-                   400, "parse_error")
+    body = body_of(
+        client.generic(
+            "POST", "/api/runs/", b'{"agent": "bot", "agent": "evil", "input": "x"}', content_type="application/json"
+        ),
+        400,
+        "parse_error",
+    )
     assert "duplicate" in body["message"]
 
 
@@ -84,11 +102,14 @@ def test_a_database_outage_is_503_with_retry_after(world, alice, as_user, monkey
     assert response["Retry-After"] == "1" and CANARY not in response.content.decode()
 
 
-@pytest.mark.parametrize("exc, status, code", [
-    (Http404("secret path"), 404, "not_found"),
-    (PermissionDenied("secret reason"), 403, "permission_denied"),
-    (RequestDataTooBig("secret size"), 413, "payload_too_large"),
-])
+@pytest.mark.parametrize(
+    "exc, status, code",
+    [
+        (Http404("secret path"), 404, "not_found"),
+        (PermissionDenied("secret reason"), 403, "permission_denied"),
+        (RequestDataTooBig("secret size"), 413, "payload_too_large"),
+    ],
+)
 def test_django_exceptions_are_mapped(rf, exc, status, code):
     response = exception_handler(exc, {"request": rf.get("/api/runs/")})
     assert response.status_code == status and response.data["code"] == code
@@ -105,9 +126,14 @@ def test_paths_without_a_route_answer_with_the_error_body(alice, as_user):
 
 
 def test_throttled_writes_are_429_with_retry_after_and_reads_are_not_throttled(world, alice, as_user, settings):
-    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
-                               "DEFAULT_THROTTLE_RATES": {**settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "runs_create": "2/min",
-                                                          "runs_cancel": "1/min"}}
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "DEFAULT_THROTTLE_RATES": {
+            **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"],
+            "runs_create": "2/min",
+            "runs_cancel": "1/min",
+        },
+    }
     client = as_user(alice)
     for _ in range(2):
         assert client.post("/api/runs/", {"agent": "bot", "input": "x"}, format="json").status_code == 201

@@ -2,6 +2,7 @@
 same body → 200 with the original run; same key and another body → 409
 `idempotency_key_reused`; keys are per tenant; a refused request reserves
 nothing."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,7 +23,7 @@ def test_a_replay_answers_200_with_the_original_run_even_after_it_ended(world, a
     first = post(client, BODY, "deploy-1")
     assert first.status_code == 201
     run_id = first.json()["id"]
-    from runs.lifecycle import run_cancel
+    from runs.services.lifecycle import run_cancel
 
     run_cancel(run=Run.objects.get(id=run_id))
     replay = post(client, BODY, "deploy-1")
@@ -38,12 +39,15 @@ def test_key_order_of_the_json_body_does_not_matter(world, alice, as_user):
     assert reordered.status_code == 200 and reordered.json()["id"] == first.json()["id"]
 
 
-@pytest.mark.parametrize("change", [
-    {"input": "deploy!"},
-    {"limits": {"max_steps": 5}},
-    {"limits": None},
-    {"agent": "asker"},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"input": "deploy!"},
+        {"limits": {"max_steps": 5}},
+        {"limits": None},
+        {"agent": "asker"},
+    ],
+)
 def test_the_same_key_with_another_body_is_409(world, alice, as_user, change):
     client = as_user(alice)
     assert post(client, BODY, "k").status_code == 201

@@ -4,8 +4,9 @@ approvals.resolve_approval, the owning tenant}. Nothing leaks: another
 tenant's object is 404 and stays unchanged, anonymous is 401, a member
 without the permission cannot decide, lists and filters show only the
 caller's tenant, and a create lands in the caller's own tenant. The same
-holds on the live pages and the WebSockets (all scoped by runs.scoping),
+holds on the live pages and the WebSockets (all scoped by runs.services.scoping),
 and a superuser views another tenant's run but acts on it nowhere (404)."""
+
 from __future__ import annotations
 
 import pytest
@@ -85,7 +86,9 @@ def owned_ids(world) -> list[str]:
 def call(client, method, path, body):
     if method == "GET":
         return client.get(path)
-    return client.generic(method, path, "" if body is None else __import__("json").dumps(body), content_type="application/json")
+    return client.generic(
+        method, path, "" if body is None else __import__("json").dumps(body), content_type="application/json"
+    )
 
 
 @pytest.mark.parametrize("name, template, method", ROUTES, ids=[f"{m} {t}" for _, t, m in ROUTES])
@@ -144,11 +147,14 @@ def test_filters_cannot_reach_another_tenants_objects(world, other_world, bob, a
     assert client.get("/api/agents/", {"name": "bot"}).json()["count"] == 1  # globex's own "bot"
     own = {r["id"] for r in client.get("/api/runs/", {"page_size": 200}).json()["results"]}
     assert own == {str(r.id) for r in Run.objects.filter(tenant=other_world.tenant)}
-    response = client.post("/api/runs/", {"agent": "bot", "input": "x", "session": str(world.done.session_id)}, format="json")
+    response = client.post(
+        "/api/runs/", {"agent": "bot", "input": "x", "session": str(world.done.session_id)}, format="json"
+    )
     assert response.status_code == 400 and response.json()["fields"]["session"] == ["unknown session"]
 
 
-# -- the live pages and the WebSockets (through runs.scoping, like the API) -------------
+# -- the live pages and the WebSockets (through runs.services.scoping, like the API) -------------
+
 
 def page_snapshot(world):
     return snapshot(world.tenant), Approval.objects.get(id=world.approval.id).status
@@ -168,8 +174,11 @@ def live_routes(world):
     return [
         ("GET", f"/runs/{world.waiting.id}/", None),
         ("POST", f"/runs/{world.waiting.id}/cancel/", {}),
-        ("POST", f"/runs/{world.waiting.id}/decide/", {"approval": str(world.approval.id), "decision": "approve",
-                                                      "request_hash": world.approval.request_hash}),
+        (
+            "POST",
+            f"/runs/{world.waiting.id}/decide/",
+            {"approval": str(world.approval.id), "decision": "approve", "request_hash": world.approval.request_hash},
+        ),
     ]
 
 
@@ -199,10 +208,13 @@ def test_a_superuser_views_another_tenants_run_everywhere_but_acts_on_it_nowhere
     assert api.get(f"/api/runs/{target.waiting.id}/").status_code == 200
     assert page.get(f"/runs/{target.waiting.id}/").status_code == 200
     assert str(target.waiting.id) in page.get("/runs/").content.decode()
-    for path, body in [(f"/api/runs/{target.queued.id}/cancel/", {}), (f"/api/runs/{target.queued.id}/resume/", {}),
-                       (f"/api/runs/{target.asking.id}/input/", {"text": "x"}),
-                       (f"/api/approvals/{target.approval.id}/approve/", {"request_hash": target.approval.request_hash}),
-                       (f"/api/approvals/{target.approval.id}/reject/", {"request_hash": target.approval.request_hash})]:
+    for path, body in [
+        (f"/api/runs/{target.queued.id}/cancel/", {}),
+        (f"/api/runs/{target.queued.id}/resume/", {}),
+        (f"/api/runs/{target.asking.id}/input/", {"text": "x"}),
+        (f"/api/approvals/{target.approval.id}/approve/", {"request_hash": target.approval.request_hash}),
+        (f"/api/approvals/{target.approval.id}/reject/", {"request_hash": target.approval.request_hash}),
+    ]:
         response = api.post(path, body, format="json")
         assert response.status_code == 404 and response.json()["code"] == "not_found", path
     for method, path, data in live_routes(target)[1:]:
@@ -234,7 +246,7 @@ async def _ws(path, user=None):
 async def test_websockets_idor_matrix(world, other_world, alice, bob, root, stranger):
     from asgiref.sync import sync_to_async
 
-    from runs.lifecycle import run_cancel
+    from runs.services.lifecycle import run_cancel
 
     path = f"/ws/runs/{world.done.id}/"
     for who in (None, bob, stranger):  # anonymous, another tenant, no tenant: closed before any frame

@@ -2,6 +2,7 @@
 configured), `/healthz`, `/readyz` (database reachable, migrations applied),
 and `manage.py agentrt_status`. None needs a session and none shows tenant
 data."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,13 @@ def queued_run(load_agent, submit):
 def test_metrics_with_a_token_set_refuses_a_scrape_without_it_or_with_a_wrong_one(settings, queued_run):
     settings.AGENTRT_METRICS_TOKEN = TOKEN
     client = Client()
-    for headers in ({}, {"HTTP_AUTHORIZATION": "Bearer nope"}, {"HTTP_AUTHORIZATION": f"Token {TOKEN}"},
-                    {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}x"}, {"HTTP_AUTHORIZATION": "Bearer "}):
+    for headers in (
+        {},
+        {"HTTP_AUTHORIZATION": "Bearer nope"},
+        {"HTTP_AUTHORIZATION": f"Token {TOKEN}"},
+        {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}x"},
+        {"HTTP_AUTHORIZATION": "Bearer "},
+    ):
         response = client.get("/metrics", **headers)
         assert response.status_code == 401, headers
         assert response["WWW-Authenticate"].startswith("Bearer")

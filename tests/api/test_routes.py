@@ -1,4 +1,5 @@
 """Every route of DESIGN §16: the happy path and each documented error code."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,7 +7,7 @@ from django.db import connection
 
 from approvals.models import Approval
 from runs.models import Event, Run
-from runs.queue import run_claim
+from runs.runtime.queue import run_claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,20 +32,60 @@ def assert_error(response, status, code, field=None):
     return body
 
 
-RUN_KEYS = {"id", "session", "agent", "agent_version", "status", "failure", "usage", "step_count", "final_message",
-            "result", "created_at", "updated_at"}
-USAGE_KEYS = {"input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
-              "reasoning_tokens", "cost_usd", "model_calls", "tool_calls", "steps"}
-APPROVAL_KEYS = {"id", "run", "invocation", "kind", "status", "request_hash", "presentation", "expires_at",
-                 "decided_by", "decided_at", "decided_via", "reason", "created_at"}
+RUN_KEYS = {
+    "id",
+    "session",
+    "agent",
+    "agent_version",
+    "status",
+    "failure",
+    "usage",
+    "step_count",
+    "final_message",
+    "result",
+    "created_at",
+    "updated_at",
+}
+USAGE_KEYS = {
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "reasoning_tokens",
+    "cost_usd",
+    "model_calls",
+    "tool_calls",
+    "steps",
+}
+APPROVAL_KEYS = {
+    "id",
+    "run",
+    "invocation",
+    "kind",
+    "status",
+    "request_hash",
+    "presentation",
+    "expires_at",
+    "decided_by",
+    "decided_at",
+    "decided_via",
+    "reason",
+    "created_at",
+}
 
 
 # -- agents ------------------------------------------------------------------------
 
+
 def test_post_agent_creates_a_version_and_get_lists_versions(tenant, operator, as_user):
     client = as_user(operator)
-    definition = {"name": "greeter", "instructions": "hi", "model": {"provider": "scripted", "turns": [{"text": "hi"}]},
-                  "tools": ["echo"], "limits": {"max_steps": 4}}
+    definition = {
+        "name": "greeter",
+        "instructions": "hi",
+        "model": {"provider": "scripted", "turns": [{"text": "hi"}]},
+        "tools": ["echo"],
+        "limits": {"max_steps": 4},
+    }
     first = client.post("/api/agents/", definition, format="json")
     assert first.status_code == 201, first.content
     body = first.json()
@@ -59,15 +100,18 @@ def test_post_agent_creates_a_version_and_get_lists_versions(tenant, operator, a
     assert [v["latest"] for v in listed["results"]] == [True, False]
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda d: d.update(colour="red"), "colour"),
-    (lambda d: d.update(tools=["rm_rf"]), "tools"),
-    (lambda d: d["model"].update(provider="nope"), "model"),
-    (lambda d: d.update(limits={"max_steps": "10"}), "limits.max_steps"),
-    (lambda d: d.update(limits={"max_steps": True}), "limits.max_steps"),
-    (lambda d: d.update(name=7), "name"),
-    (lambda d: d.update(policy={"rules": [{"tool": "echo", "decision": "maybe"}]}), "policy.rules.0.decision"),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda d: d.update(colour="red"), "colour"),
+        (lambda d: d.update(tools=["rm_rf"]), "tools"),
+        (lambda d: d["model"].update(provider="nope"), "model"),
+        (lambda d: d.update(limits={"max_steps": "10"}), "limits.max_steps"),
+        (lambda d: d.update(limits={"max_steps": True}), "limits.max_steps"),
+        (lambda d: d.update(name=7), "name"),
+        (lambda d: d.update(policy={"rules": [{"tool": "echo", "decision": "maybe"}]}), "policy.rules.0.decision"),
+    ],
+)
 def test_post_agent_refuses_an_invalid_definition_naming_the_field(tenant, operator, as_user, mutate, field):
     definition = {"name": "greeter", "model": {"provider": "scripted", "turns": []}, "tools": ["echo"]}
     mutate(definition)
@@ -78,8 +122,11 @@ def test_post_agent_refuses_an_invalid_definition_naming_the_field(tenant, opera
 
 # -- runs --------------------------------------------------------------------------
 
+
 def test_post_run_creates_a_queued_run_in_the_rest_shape(world, alice, as_user):
-    response = as_user(alice).post("/api/runs/", {"agent": "bot", "input": "hello", "limits": {"max_steps": 3}}, format="json")
+    response = as_user(alice).post(
+        "/api/runs/", {"agent": "bot", "input": "hello", "limits": {"max_steps": 3}}, format="json"
+    )
     assert response.status_code == 201, response.content
     body = response.json()
     assert set(body) == RUN_KEYS and set(body["usage"]) == USAGE_KEYS
@@ -90,35 +137,63 @@ def test_post_run_creates_a_queued_run_in_the_rest_shape(world, alice, as_user):
 
 
 def test_post_run_continues_a_session_once_its_run_ended(world, alice, as_user):
-    response = as_user(alice).post("/api/runs/", {"agent": "bot", "input": "again", "session": str(world.done.session_id)}, format="json")
+    response = as_user(alice).post(
+        "/api/runs/", {"agent": "bot", "input": "again", "session": str(world.done.session_id)}, format="json"
+    )
     assert response.status_code == 201 and response.json()["session"] == str(world.done.session_id)
 
 
 def test_post_run_refuses_an_unknown_agent_and_invalid_fields(world, alice, as_user):
     client = as_user(alice)
-    assert_error(client.post("/api/runs/", {"agent": "ghost", "input": "x"}, format="json"), 400, "unknown_agent", "agent")
+    assert_error(
+        client.post("/api/runs/", {"agent": "ghost", "input": "x"}, format="json"), 400, "unknown_agent", "agent"
+    )
     assert_error(client.post("/api/runs/", {"agent": "bot"}, format="json"), 400, "invalid", "input")
     assert_error(client.post("/api/runs/", {"agent": "bot", "input": "   "}, format="json"), 400, "invalid", "input")
     assert_error(client.post("/api/runs/", {"agent": "bot", "input": 5}, format="json"), 400, "invalid", "input")
-    assert_error(client.post("/api/runs/", {"agent": "bot", "input": "x", "session": "nope"}, format="json"), 400, "invalid", "session")
-    assert_error(client.post("/api/runs/", {"agent": "bot", "input": "x", "limits": {"max_steps": 99999}}, format="json"),
-                 400, "invalid", "limits.max_steps")
-    assert_error(client.post("/api/runs/", {"agent": "bot", "input": "x", "limits": {"max_steps": 64}}, format="json"),
-                 400, "invalid", "limits.max_steps")  # may only tighten the agent's 32
-    assert_error(client.post("/api/runs/", {"agent": "bot", "input": "x", "limits": [1]}, format="json"), 400, "invalid", "limits")
+    assert_error(
+        client.post("/api/runs/", {"agent": "bot", "input": "x", "session": "nope"}, format="json"),
+        400,
+        "invalid",
+        "session",
+    )
+    assert_error(
+        client.post("/api/runs/", {"agent": "bot", "input": "x", "limits": {"max_steps": 99999}}, format="json"),
+        400,
+        "invalid",
+        "limits.max_steps",
+    )
+    assert_error(
+        client.post("/api/runs/", {"agent": "bot", "input": "x", "limits": {"max_steps": 64}}, format="json"),
+        400,
+        "invalid",
+        "limits.max_steps",
+    )  # may only tighten the agent's 32
+    assert_error(
+        client.post("/api/runs/", {"agent": "bot", "input": "x", "limits": [1]}, format="json"),
+        400,
+        "invalid",
+        "limits",
+    )
     assert_error(client.post("/api/runs/", [1, 2], format="json"), 400, "invalid", "(root)")
 
 
 def test_post_run_with_another_tenants_session_is_an_unknown_session(world, other_world, alice, as_user):
-    response = as_user(alice).post("/api/runs/", {"agent": "bot", "input": "x", "session": str(other_world.done.session_id)}, format="json")
+    response = as_user(alice).post(
+        "/api/runs/", {"agent": "bot", "input": "x", "session": str(other_world.done.session_id)}, format="json"
+    )
     assert_error(response, 400, "invalid", "session")
 
 
 def test_post_run_to_a_busy_session_is_409_unless_its_run_waits_for_the_user(world, alice, as_user):
     client = as_user(alice)
-    busy = client.post("/api/runs/", {"agent": "bot", "input": "x", "session": str(world.queued.session_id)}, format="json")
+    busy = client.post(
+        "/api/runs/", {"agent": "bot", "input": "x", "session": str(world.queued.session_id)}, format="json"
+    )
     assert_error(busy, 409, "session_busy")
-    routed = client.post("/api/runs/", {"agent": "asker", "input": "eu-west", "session": str(world.asking.session_id)}, format="json")
+    routed = client.post(
+        "/api/runs/", {"agent": "asker", "input": "eu-west", "session": str(world.asking.session_id)}, format="json"
+    )
     assert routed.status_code == 202, routed.content
     assert routed.json() == {"run": str(world.asking.id), "routed": "input"}
     assert reload(world.asking).status == "QUEUED"
@@ -161,10 +236,19 @@ def test_events_page_with_an_exclusive_cursor(world, alice, as_user):
     assert [e["sequence"] for e in rest["results"]] == sequences[2:] and rest["next_after"] is None
 
 
-@pytest.mark.parametrize("query, field", [
-    ({"after": "-1"}, "after"), ({"after": "x"}, "after"), ({"after": "1.5"}, "after"), ({"after": str(2**64)}, "after"),
-    ({"limit": "0"}, "limit"), ({"limit": "501"}, "limit"), ({"limit": "-3"}, "limit"), ({"limit": "ten"}, "limit"),
-])
+@pytest.mark.parametrize(
+    "query, field",
+    [
+        ({"after": "-1"}, "after"),
+        ({"after": "x"}, "after"),
+        ({"after": "1.5"}, "after"),
+        ({"after": str(2**64)}, "after"),
+        ({"limit": "0"}, "limit"),
+        ({"limit": "501"}, "limit"),
+        ({"limit": "-3"}, "limit"),
+        ({"limit": "ten"}, "limit"),
+    ],
+)
 def test_events_refuse_a_bad_cursor_or_limit_naming_the_field(world, alice, as_user, query, field):
     assert_error(as_user(alice).get(f"/api/runs/{world.done.id}/events/", query), 400, "invalid", field)
 
@@ -215,12 +299,19 @@ def test_input_requeues_a_run_waiting_for_the_user_and_only_that(world, alice, a
     assert response.status_code == 202, response.content
     assert response.json()["status"] == "QUEUED"
     assert Event.objects.get(run=world.asking, type="run.input_received").payload["by"] == "alice"
-    assert_error(client.post(f"/api/runs/{world.asking.id}/input/", {"text": "again"}, format="json"), 409, "run_not_waiting_for_input")
-    assert_error(client.post(f"/api/runs/{world.done.id}/input/", {"text": "x"}, format="json"), 409, "run_not_waiting_for_input")
+    assert_error(
+        client.post(f"/api/runs/{world.asking.id}/input/", {"text": "again"}, format="json"),
+        409,
+        "run_not_waiting_for_input",
+    )
+    assert_error(
+        client.post(f"/api/runs/{world.done.id}/input/", {"text": "x"}, format="json"), 409, "run_not_waiting_for_input"
+    )
     assert_error(client.post(f"/api/runs/{world.queued.id}/input/", {}, format="json"), 400, "invalid", "text")
 
 
 # -- approvals ---------------------------------------------------------------------
+
 
 def test_approvals_list_filters_by_status_and_detail_shows_the_decision_fields(world, alice, as_user):
     client = as_user(alice)
@@ -231,14 +322,19 @@ def test_approvals_list_filters_by_status_and_detail_shows_the_decision_fields(w
     assert_error(client.get("/api/approvals/", {"status": "maybe"}), 400, "invalid", "status")
     body = client.get(f"/api/approvals/{world.approval.id}/").json()
     assert set(body) == APPROVAL_KEYS
-    assert body["kind"] == "policy" and body["status"] == "pending" and body["request_hash"] == world.approval.request_hash
+    assert (
+        body["kind"] == "policy" and body["status"] == "pending" and body["request_hash"] == world.approval.request_hash
+    )
     assert body["presentation"]["tool"] == "http_post" and body["presentation"]["arguments"]["json"] == {"amount": 500}
     assert body["decided_by"] is None and body["decided_via"] is None and body["expires_at"]
 
 
 def test_approve_with_the_shown_hash_requeues_the_run(world, operator, as_user):
-    response = as_user(operator).post(f"/api/approvals/{world.approval.id}/approve/",
-                                      {"request_hash": world.approval.request_hash, "reason": "looks fine"}, format="json")
+    response = as_user(operator).post(
+        f"/api/approvals/{world.approval.id}/approve/",
+        {"request_hash": world.approval.request_hash, "reason": "looks fine"},
+        format="json",
+    )
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["status"] == "approved" and body["decided_by"] == "op" and body["decided_via"] == "api"
@@ -249,7 +345,9 @@ def test_approve_with_the_shown_hash_requeues_the_run(world, operator, as_user):
 
 
 def test_reject_gives_a_rejected_approval(world, operator, as_user):
-    response = as_user(operator).post(f"/api/approvals/{world.approval.id}/reject/", {"request_hash": world.approval.request_hash}, format="json")
+    response = as_user(operator).post(
+        f"/api/approvals/{world.approval.id}/reject/", {"request_hash": world.approval.request_hash}, format="json"
+    )
     assert response.status_code == 200 and response.json()["status"] == "rejected"
 
 
@@ -260,36 +358,61 @@ def test_decisions_conflict_when_decided_stale_or_expired(world, operator, as_us
     assert Approval.objects.get(id=world.approval.id).status == "pending"
     with connection.cursor() as cur:  # test-only: the approval's time runs out
         cur.execute("UPDATE approvals SET expires_at = now() - interval '1 second' WHERE id = %s", [world.approval.id])
-    assert_error(client.post(url, {"request_hash": world.approval.request_hash}, format="json"), 409, "approval_expired")
+    assert_error(
+        client.post(url, {"request_hash": world.approval.request_hash}, format="json"), 409, "approval_expired"
+    )
     with connection.cursor() as cur:
         cur.execute("UPDATE approvals SET expires_at = now() + interval '1 hour' WHERE id = %s", [world.approval.id])
     assert client.post(url, {"request_hash": world.approval.request_hash}, format="json").status_code == 200
-    assert_error(client.post(url, {"request_hash": world.approval.request_hash}, format="json"), 409, "approval_decided")
-    assert_error(client.post(f"/api/approvals/{world.approval.id}/reject/", {"request_hash": world.approval.request_hash}, format="json"),
-                 409, "approval_decided")
+    assert_error(
+        client.post(url, {"request_hash": world.approval.request_hash}, format="json"), 409, "approval_decided"
+    )
+    assert_error(
+        client.post(
+            f"/api/approvals/{world.approval.id}/reject/", {"request_hash": world.approval.request_hash}, format="json"
+        ),
+        409,
+        "approval_decided",
+    )
 
 
 def test_deciding_needs_the_permission_and_a_valid_body(world, alice, operator, as_user):
     url = f"/api/approvals/{world.approval.id}/approve/"
-    assert_error(as_user(alice).post(url, {"request_hash": world.approval.request_hash}, format="json"), 403, "permission_denied")
+    assert_error(
+        as_user(alice).post(url, {"request_hash": world.approval.request_hash}, format="json"), 403, "permission_denied"
+    )
     assert_error(as_user(alice).post(url, {}, format="json"), 403, "permission_denied")  # permission before body
     assert Approval.objects.get(id=world.approval.id).status == "pending"
     client = as_user(operator)
     assert_error(client.post(url, {}, format="json"), 400, "invalid", "request_hash")
     assert_error(client.post(url, {"request_hash": 5}, format="json"), 400, "invalid", "request_hash")
-    assert_error(client.post(url, {"request_hash": world.approval.request_hash, "decided_via": "admin"}, format="json"),
-                 400, "invalid", "decided_via")
-    assert_error(client.post(url, {"request_hash": world.approval.request_hash, "reason": "x" * 2001}, format="json"),
-                 400, "invalid", "reason")
+    assert_error(
+        client.post(url, {"request_hash": world.approval.request_hash, "decided_via": "admin"}, format="json"),
+        400,
+        "invalid",
+        "decided_via",
+    )
+    assert_error(
+        client.post(url, {"request_hash": world.approval.request_hash, "reason": "x" * 2001}, format="json"),
+        400,
+        "invalid",
+        "reason",
+    )
     assert Approval.objects.get(id=world.approval.id).status == "pending"
 
 
 # -- tenancy roles -------------------------------------------------------------------
 
+
 def test_a_user_without_a_tenant_gets_403_everywhere(world, stranger, as_user):
     client = as_user(stranger)
-    for response in (client.get("/api/runs/"), client.get(f"/api/runs/{world.done.id}/"), client.get("/api/approvals/"),
-                     client.get("/api/agents/"), client.post("/api/runs/", {"agent": "bot", "input": "x"}, format="json")):
+    for response in (
+        client.get("/api/runs/"),
+        client.get(f"/api/runs/{world.done.id}/"),
+        client.get("/api/approvals/"),
+        client.get("/api/agents/"),
+        client.post("/api/runs/", {"agent": "bot", "input": "x"}, format="json"),
+    ):
         assert_error(response, 403, "no_tenant")
 
 
@@ -313,6 +436,7 @@ def test_a_superuser_without_a_tenant_reads_but_cannot_create(world, as_user):
 
 
 # -- auth, schema, docs ----------------------------------------------------------------
+
 
 def test_drf_create_token_gives_a_working_token(world, alice):
     from io import StringIO
@@ -351,9 +475,20 @@ def test_schema_and_docs_are_served_to_authenticated_users(world, alice, as_user
     doc = schema.json()
     assert doc["openapi"].startswith("3.")
     paths = set(doc["paths"])
-    assert {"/api/agents/", "/api/runs/", "/api/runs/{id}/", "/api/runs/{id}/events/", "/api/runs/{id}/cancel/",
-            "/api/runs/{id}/resume/", "/api/runs/{id}/input/", "/api/approvals/", "/api/approvals/{id}/",
-            "/api/approvals/{id}/approve/", "/api/approvals/{id}/reject/", "/api/approvals/{id}/confirm/"} == paths
+    assert {
+        "/api/agents/",
+        "/api/runs/",
+        "/api/runs/{id}/",
+        "/api/runs/{id}/events/",
+        "/api/runs/{id}/cancel/",
+        "/api/runs/{id}/resume/",
+        "/api/runs/{id}/input/",
+        "/api/approvals/",
+        "/api/approvals/{id}/",
+        "/api/approvals/{id}/approve/",
+        "/api/approvals/{id}/reject/",
+        "/api/approvals/{id}/confirm/",
+    } == paths
     create = doc["paths"]["/api/runs/"]["post"]
     assert {"200", "201", "202", "400", "409", "413", "415"} <= set(create["responses"])
     assert "requestBody" in create

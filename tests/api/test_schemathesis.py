@@ -8,6 +8,7 @@ content types and response schemas; negative data must be refused. The 2xx
 count per operation is printed (run with -s) and must be > 0 for every
 operation.
 """
+
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -29,10 +30,9 @@ from schemathesis.specs.openapi.checks import (
 
 from approvals.models import Approval
 from runs.models import Run
-from runs.queue import run_claim
+from runs.runtime.queue import run_claim
 from runs.services import run_submit
-
-from .conftest import agent_definitions
+from tests.api.conftest import agent_definitions
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
@@ -41,7 +41,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 def submit_driven(tenant, agent):
-    from runs.executor import run_drive
+    from runs.runtime.executor import run_drive
 
     run, _ = run_submit(tenant=tenant, agent=agent, input="hello")
     run_drive(run_id=run.id)
@@ -72,12 +72,18 @@ def seeds(world, tenant):
         "POST /api/runs/{id}/input/": {"path_parameters": by_id(world.asking), "body": {"text": "eu-west"}},
         "GET /api/approvals/": {},
         "GET /api/approvals/{id}/": {"path_parameters": {"id": str(world.approval.id)}},
-        "POST /api/approvals/{id}/approve/": {"path_parameters": {"id": str(world.approval.id)},
-                                              "body": {"request_hash": world.approval.request_hash}},
-        "POST /api/approvals/{id}/reject/": {"path_parameters": {"id": str(rejectable.id)},
-                                             "body": {"request_hash": rejectable.request_hash}},
-        "POST /api/approvals/{id}/confirm/": {"path_parameters": {"id": str(confirmable.id)},
-                                              "body": {"request_hash": confirmable.request_hash, "took_effect": True}},
+        "POST /api/approvals/{id}/approve/": {
+            "path_parameters": {"id": str(world.approval.id)},
+            "body": {"request_hash": world.approval.request_hash},
+        },
+        "POST /api/approvals/{id}/reject/": {
+            "path_parameters": {"id": str(rejectable.id)},
+            "body": {"request_hash": rejectable.request_hash},
+        },
+        "POST /api/approvals/{id}/confirm/": {
+            "path_parameters": {"id": str(confirmable.id)},
+            "body": {"request_hash": confirmable.request_hash, "took_effect": True},
+        },
     }
 
 
@@ -91,9 +97,21 @@ def uncertain_approval(tenant) -> Approval:
     sink = Sink()
     sink.behaviours = ["close"]
     try:
-        agent_load(tenant=tenant, definition={"name": "unsure", "instructions": "pay", "tools": ["http_post"], "model": {
-            "provider": "scripted", "turns": [{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {}}}]},
-                                              {"text": "paid"}]}})
+        agent_load(
+            tenant=tenant,
+            definition={
+                "name": "unsure",
+                "instructions": "pay",
+                "tools": ["http_post"],
+                "model": {
+                    "provider": "scripted",
+                    "turns": [
+                        {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {}}}]},
+                        {"text": "paid"},
+                    ],
+                },
+            },
+        )
         with override_settings(AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=[sink.host]):
             approval = Approval.objects.get(run=submit_driven(tenant, "unsure"))
     finally:
@@ -105,8 +123,14 @@ def uncertain_approval(tenant) -> Approval:
 def exercise(strategy, examples, auth, checks, counts: Counter, failures: list, name: str) -> None:
     """Send `examples` cases drawn from `strategy`; count statuses, collect check failures."""
 
-    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=strategy)
     def send(case):
         response = case.call(headers=auth)
@@ -150,7 +174,9 @@ def test_schemathesis_finds_no_server_error_and_every_operation_succeeds(world, 
             ok = sum(n for code, n in counts.items() if 200 <= code < 300)
             print(f"  {label:38s} 2xx={ok:3d} / {sum(counts.values()):3d}  {dict(sorted(counts.items()))}")
         for failure in failures[:40]:
-            print("FAILURE:", failure.splitlines()[0], "|", " ".join(line.strip() for line in failure.splitlines()[1:12]))
+            print(
+                "FAILURE:", failure.splitlines()[0], "|", " ".join(line.strip() for line in failure.splitlines()[1:12])
+            )
     server_errors = {label: c for label, c in statuses.items() if any(code >= 500 for code in c)}
     assert not server_errors, server_errors
     assert not failures, "\n".join(failures[:20])

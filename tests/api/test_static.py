@@ -1,6 +1,7 @@
 """The operator surfaces work offline: the admin's CSS and the API docs'
 assets are served by the app itself (WhiteNoise over the staticfiles
 finders, drf-spectacular-sidecar), never fetched from a CDN."""
+
 from __future__ import annotations
 
 import re

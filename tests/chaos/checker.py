@@ -44,6 +44,7 @@ every row against the epoch in force at its transaction
 ends in a recorded decision and every park comes from a takeover ("equal"
 is that accounting, checked).
 """
+
 from __future__ import annotations
 
 import json
@@ -62,7 +63,14 @@ RERUN_KINDS = {"interrupted_side_effect", "uncertain_side_effect", "reconcile"}
 FAULT_PARK_KINDS = {"interrupted_side_effect", "reconcile"}  # what a takeover after a fault parks on (I8)
 UNCERTAIN_KIND = "uncertain_side_effect"
 DECIDED = {"approved", "rejected", "confirmed"}
-DECISION_TYPES = {"run.waiting_for_approval", "run.requeued", "run.failed", "run.cancelled", "run.completed", "run.fenced"}
+DECISION_TYPES = {
+    "run.waiting_for_approval",
+    "run.requeued",
+    "run.failed",
+    "run.cancelled",
+    "run.completed",
+    "run.fenced",
+}
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -100,7 +108,7 @@ def _takeovers(events_by_run: dict[str, list[dict]]) -> dict[str, list[dict]]:
                 continue
             new_epoch = e["payload"].get("lease_epoch", e["lease_epoch"])
             unknown, decision, decision_payload = [], None, None
-            for f in evs[i + 1:]:
+            for f in evs[i + 1 :]:
                 if f["type"] == "step.interrupted" and f["lease_epoch"] == new_epoch:
                     p = f["payload"]
                     if p.get("phase") == "executing" and p.get("read_only") is False:
@@ -111,11 +119,19 @@ def _takeovers(events_by_run: dict[str, list[dict]]) -> dict[str, list[dict]]:
                     break
                 if f["type"] == "lease.taken_over":
                     break
-            lst.append({
-                "sequence": e["sequence"], "at": e["occurred_at"], "previous_epoch": e["payload"].get("previous_epoch"),
-                "epoch": new_epoch, "via": e["payload"].get("via"), "previous_owner": e["payload"].get("previous_owner"),
-                "unknown": unknown, "decision": decision, "decision_payload": decision_payload,
-            })
+            lst.append(
+                {
+                    "sequence": e["sequence"],
+                    "at": e["occurred_at"],
+                    "previous_epoch": e["payload"].get("previous_epoch"),
+                    "epoch": new_epoch,
+                    "via": e["payload"].get("via"),
+                    "previous_owner": e["payload"].get("previous_owner"),
+                    "unknown": unknown,
+                    "decision": decision,
+                    "decision_payload": decision_payload,
+                }
+            )
         # A resumer may die between its takeover and its decision (run_maintenance SIGKILLed mid-resume, its
         # connection cut): the next takeover, from the dead resumer's epoch, carries on. It finds the calls
         # already marked interrupted (no new step.interrupted) and makes the decision — so a takeover without a
@@ -140,6 +156,7 @@ def _takeovers(events_by_run: dict[str, list[dict]]) -> dict[str, list[dict]]:
 
 # -- I1: every run's end against what its plan and the recorded faults allow ---------
 
+
 def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict], meta: dict):
     """For a run: which of its lease losses (takeovers) an injected fault
     caused, and which not. A loss of the lease of epoch E (claimed by worker
@@ -151,14 +168,22 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
     deployment's processes connect as application_name soak-node-K), or the
     PostgreSQL restart."""
     nodes = {int(k): v for k, v in (meta.get("worker_nodes") or {}).items()}
-    maintenance = {p for e in meta.get("supervisor") or [] if e.get("role") == "maintenance" for p in (e.get("pid"), e.get("restarted_pid"))}
+    maintenance = {
+        p
+        for e in meta.get("supervisor") or []
+        if e.get("role") == "maintenance"
+        for p in (e.get("pid"), e.get("restarted_pid"))
+    }
     maintenance |= {f.get("pid") for f in faults if f.get("role") == "run_maintenance"}
     held = defaultdict(set)
     for f in faults:
         if f.get("kind") in ("kill", "stop"):
             for h in f.get("held") or []:
                 held[h["run"]].add(h["epoch"])
-    timed = sorted((((f.get("t", f.get("t_freeze")) or 0.0), f) for f in faults if f.get("kind") in DEATH_KINDS), key=lambda x: x[0])
+    timed = sorted(
+        (((f.get("t", f.get("t_freeze")) or 0.0), f) for f in faults if f.get("kind") in DEATH_KINDS),
+        key=lambda x: x[0],
+    )
 
     def causes(run_id: str) -> tuple[list, list]:
         claims = {}
@@ -167,7 +192,9 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
                 owner = (e["payload"] or {}).get("lease_owner") or ""
                 parts = owner.split(":")
                 claims[(e["payload"] or {}).get("lease_epoch", e["lease_epoch"])] = (
-                    e["occurred_at"], int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None)
+                    e["occurred_at"],
+                    int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None,
+                )
         caused, uncaused = [], []
         for t in takeovers.get(run_id, []):
             epoch = t["previous_epoch"]
@@ -185,12 +212,15 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
                     why = "the PostgreSQL restart"
                 elif f["kind"] == "terminate" and app is not None and f.get("application_name") == app:
                     why = f"pg_terminate_backend of a {app} backend"
-                elif f["kind"] == "kill" and (f.get("pid") == pid or (node is not None and f.get("node") == node
-                                                                      and f.get("role") in NODE_ROLES)):
+                elif f["kind"] == "kill" and (
+                    f.get("pid") == pid or (node is not None and f.get("node") == node and f.get("role") in NODE_ROLES)
+                ):
                     why = f"SIGKILL of {'its worker' if f.get('pid') == pid else 'its node ' + str(node) + chr(39) + 's ' + f.get('role')}"
                 if why:
                     break
-            (caused if why else uncaused).append({"epoch": epoch, "by": why} if why else {"epoch": epoch, "worker": pid, "node": node})
+            (caused if why else uncaused).append(
+                {"epoch": epoch, "by": why} if why else {"epoch": epoch, "worker": pid, "node": node}
+            )
         return caused, uncaused
 
     return causes
@@ -199,8 +229,16 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
 NODE_ROLES = ("busy_worker", "idle_worker", "pusher", "monitor", "sentinel", "qcluster_main")
 
 
-def _judge_outcomes(runs: dict, approvals: list[dict], faults: list[dict], decisions: list[dict], meta: dict,
-                    doorbells: dict, v: "_Violations", lease_losses=None) -> dict:
+def _judge_outcomes(
+    runs: dict,
+    approvals: list[dict],
+    faults: list[dict],
+    decisions: list[dict],
+    meta: dict,
+    doorbells: dict,
+    v: _Violations,
+    lease_losses=None,
+) -> dict:
     """I1 judges outcomes, not only termination. A run may end COMPLETED;
     CANCELLED only if the soak recorded an operator cancel of it; FAILED only
     for a reason some recorded fault or decision caused (`operator_rejected`
@@ -233,8 +271,12 @@ def _judge_outcomes(runs: dict, approvals: list[dict], faults: list[dict], decis
         e["why"][why] += 1
         if not ok:
             r = runs[run_id]
-            v.add("I1", f"run ended {end} ({why}; plan {r.get('plan', '?')}, lease_owner={r['lease_owner']}, epoch={r['lease_epoch']}, "
-                        f"drive_run doorbells: {doorbells.get(run_id) or 'none'})", run_id)
+            v.add(
+                "I1",
+                f"run ended {end} ({why}; plan {r.get('plan', '?')}, lease_owner={r['lease_owner']}, epoch={r['lease_epoch']}, "
+                f"drive_run doorbells: {doorbells.get(run_id) or 'none'})",
+                run_id,
+            )
 
     for run_id, r in runs.items():
         status = r["status"]
@@ -256,18 +298,35 @@ def _judge_outcomes(runs: dict, approvals: list[dict], faults: list[dict], decis
                 if lease_losses is not None:
                     caused, uncaused = lease_losses(run_id)
                     ok = len(caused) > max_exp
-                    note(end, ok, run_id, f"{len(caused)} lease losses, each caused by an injected fault (limit {max_exp})" if ok
-                         else f"{len(caused)} lease loss(es) caused by injected faults, the limit is {max_exp}; not caused: {uncaused}")
+                    note(
+                        end,
+                        ok,
+                        run_id,
+                        f"{len(caused)} lease losses, each caused by an injected fault (limit {max_exp})"
+                        if ok
+                        else f"{len(caused)} lease loss(es) caused by injected faults, the limit is {max_exp}; not caused: {uncaused}",
+                    )
                 else:
                     ok = held[run_id] > max_exp
-                    note(end, ok, run_id, f"{held[run_id]} injected faults held it (limit {max_exp})" if ok
-                         else f"only {held[run_id]} injected fault(s) held it, the limit is {max_exp} lease losses")
+                    note(
+                        end,
+                        ok,
+                        run_id,
+                        f"{held[run_id]} injected faults held it (limit {max_exp})"
+                        if ok
+                        else f"only {held[run_id]} injected fault(s) held it, the limit is {max_exp} lease losses",
+                    )
             else:
                 note(end, False, run_id, "no fault or decision of the soak causes this failure")
         elif status == "WAITING_FOR_APPROVAL" and pending.get(run_id):
             kinds = pending[run_id]
             ok = all(k in RERUN_KINDS for k in kinds)
-            note("PARKED", ok, run_id, "waiting on an unknown outcome's approval" if ok else f"waiting on approvals {kinds}")
+            note(
+                "PARKED",
+                ok,
+                run_id,
+                "waiting on an unknown outcome's approval" if ok else f"waiting on approvals {kinds}",
+            )
         else:
             note(status, False, run_id, "not terminal and not parked on an approval")
     for e in ends.values():
@@ -277,7 +336,8 @@ def _judge_outcomes(runs: dict, approvals: list[dict], faults: list[dict], decis
 
 # -- I2: effects by content, ordered against the decisions that permit a re-send ---------
 
-def _check_effects(sink: list[dict], invs: dict, inv_by_key: dict, approvals: list[dict], v: "_Violations"):
+
+def _check_effects(sink: list[dict], invs: dict, inv_by_key: dict, approvals: list[dict], v: _Violations):
     confirmed = {a.get("invocation_id") for a in approvals if a["status"] == "confirmed"}
     """An effect is (run, tool, URL path, body hash): what was delivered, not
     the key it came with. The soak's scripts ask for each effect once, so the
@@ -317,7 +377,11 @@ def _check_effects(sink: list[dict], invs: dict, inv_by_key: dict, approvals: li
             continue
         for attempt, n in Counter(s.get("attempt") for s in sends).items():
             if n > 1:
-                v.add("I2", f"invocation {inv['id']} attempt {attempt} sent {n} times (one watermark, several sends)", inv["run_id"])
+                v.add(
+                    "I2",
+                    f"invocation {inv['id']} attempt {attempt} sent {n} times (one watermark, several sends)",
+                    inv["run_id"],
+                )
     dup_sends, multi = 0, 0
     for (run, tool, path, body), sends in groups.items():
         if run is None or len(sends) < 2:
@@ -332,27 +396,51 @@ def _check_effects(sink: list[dict], invs: dict, inv_by_key: dict, approvals: li
             t = s.get("t_ns")
             avail = left.get(inv["id"]) or []
             if t is None:
-                v.add("I2", f"effect {path} of tool {tool} delivered {len(sends)} times (keys {keys}); delivery #{k} has no "
-                            f"timestamp, so it cannot be ordered against a decision", run)
+                v.add(
+                    "I2",
+                    f"effect {path} of tool {tool} delivered {len(sends)} times (keys {keys}); delivery #{k} has no "
+                    f"timestamp, so it cannot be ordered against a decision",
+                    run,
+                )
                 continue
             before = [d for d in avail if d < t / 1e9]
             if before:
                 avail.remove(before[0])
                 continue
             later = [d for d in (permits.get(inv["id"]) or []) if d is not None and d >= t / 1e9]
-            why = (f"its only permitting decision(s) came {min(later) - t / 1e9:.3f} s after it" if later
-                   else "no recorded decision permits it")
-            v.add("I2", f"effect {path} of tool {tool} delivered {len(sends)} times (keys {keys}); delivery #{k} under key "
-                        f"{s.get('key')!r} (attempt {s.get('attempt')}): {why}", run, body_sha256=body)
+            why = (
+                f"its only permitting decision(s) came {min(later) - t / 1e9:.3f} s after it"
+                if later
+                else "no recorded decision permits it"
+            )
+            v.add(
+                "I2",
+                f"effect {path} of tool {tool} delivered {len(sends)} times (keys {keys}); delivery #{k} under key "
+                f"{s.get('key')!r} (attempt {s.get('attempt')}): {why}",
+                run,
+                body_sha256=body,
+            )
     lost = 0
     for inv in invs.values():
         if inv["id"] in confirmed:
             continue  # completed on the operator's word (took_effect), not by a send
         if not inv["read_only"] and inv["status"] == "completed" and not sends_by_key.get(inv["idempotency_key"]):
             lost += 1
-            v.add("I2", f"side-effect invocation {inv['id']} is completed but the sink never received it (lost effect)", inv["run_id"])
-    return sends_by_key, dup_sends, {"effects": sum(1 for g in groups if g[0] is not None), "delivered_more_than_once": multi,
-                                     "unordered_sends": sum(1 for s in sink if s.get("t_ns") is None), "lost_effects": lost}
+            v.add(
+                "I2",
+                f"side-effect invocation {inv['id']} is completed but the sink never received it (lost effect)",
+                inv["run_id"],
+            )
+    return (
+        sends_by_key,
+        dup_sends,
+        {
+            "effects": sum(1 for g in groups if g[0] is not None),
+            "delivered_more_than_once": multi,
+            "unordered_sends": sum(1 for s in sink if s.get("t_ns") is None),
+            "lost_effects": lost,
+        },
+    )
 
 
 def _sha(body) -> str:
@@ -366,7 +454,7 @@ def _sha(body) -> str:
 ROW_TABLES = ("events", "invocations", "model_calls", "checkpoints")
 
 
-def _check_rows_against_epochs(snapshot: dict, runs: dict, events_by_run: dict, v: "_Violations") -> dict:
+def _check_rows_against_epochs(snapshot: dict, runs: dict, events_by_run: dict, v: _Violations) -> dict:
     """Any row of a run written with an epoch older than the run's epoch at
     the time of the write is a violation.
 
@@ -400,7 +488,7 @@ def _check_rows_against_epochs(snapshot: dict, runs: dict, events_by_run: dict, 
     if not have_xid:
         return {"rows_checked": 0, "xid": False}
     xids = [row["xid"] for t in ROW_TABLES for row in snapshot.get(t) or []]
-    if xids and max(xids) - min(xids) >= 2 ** 31:
+    if xids and max(xids) - min(xids) >= 2**31:
         return {"rows_checked": 0, "xid": "wrapped"}
     changes: dict[str, list[tuple[int, int]]] = defaultdict(list)
     tx_epoch: dict[tuple[str, int], int] = {}
@@ -424,17 +512,36 @@ def _check_rows_against_epochs(snapshot: dict, runs: dict, events_by_run: dict, 
             mine = max(row["lease_epoch"], tx_epoch.get((run_id, x), -1))
             if mine < in_force:
                 what = f"event #{row['sequence']} {row['type']}" if table == "events" else f"{table} row"
-                v.add("I3", f"{what} written at epoch {mine} by transaction {x}, after epoch {in_force} was in force", run_id)
+                v.add(
+                    "I3",
+                    f"{what} written at epoch {mine} by transaction {x}, after epoch {in_force} was in force",
+                    run_id,
+                )
             r = runs[run_id]
             if row["lease_epoch"] > r["lease_epoch"]:
-                v.add("I3", f"{table} row written at epoch {row['lease_epoch']} > the run's epoch {r['lease_epoch']}", run_id)
+                v.add(
+                    "I3",
+                    f"{table} row written at epoch {row['lease_epoch']} > the run's epoch {r['lease_epoch']}",
+                    run_id,
+                )
     return {"rows_checked": checked, "xid": True}
 
 
 # -- unknown outcomes without a process death (issue 11): covered like a fault in the watermark window ---
 
-def _check_uncertain(snapshot: dict, runs: dict, invs: dict, inv_by_key: dict, approvals: list[dict], faults: list[dict],
-                     sink: list[dict], events_by_run: dict, reconciler: bool, v: "_Violations") -> dict:
+
+def _check_uncertain(
+    snapshot: dict,
+    runs: dict,
+    invs: dict,
+    inv_by_key: dict,
+    approvals: list[dict],
+    faults: list[dict],
+    sink: list[dict],
+    events_by_run: dict,
+    reconciler: bool,
+    v: _Violations,
+) -> dict:
     """Every side-effect call that ended `uncertain` in a live run (its
     `tool.call.failed` event says `outcome: uncertain`, `awaiting_decision`)
     must end in a recorded decision about that very attempt, exactly like a
@@ -459,12 +566,22 @@ def _check_uncertain(snapshot: dict, runs: dict, invs: dict, inv_by_key: dict, a
             inv = invs.get(p.get("invocation")) or {}
             if inv.get("read_only"):
                 continue
-            nxt = next((f for f in evs[i + 1:] if f["type"] in DECISION_TYPES), None)
+            nxt = next((f for f in evs[i + 1 :] if f["type"] in DECISION_TYPES), None)
             cause = (p.get("error") or {}).get("error") if isinstance(p.get("error"), dict) else None
-            outcomes.append({"run": run_id, "invocation": p.get("invocation"), "attempt": p.get("attempt"), "tool": p.get("tool"),
-                             "cause": cause, "epoch": e["lease_epoch"], "sequence": e["sequence"],
-                             "window": "watermark_to_result" if inv.get("effect_sent_at") is not None else "before_watermark",
-                             "next": nxt["type"] if nxt else None, "next_payload": (nxt or {}).get("payload") or {}})
+            outcomes.append(
+                {
+                    "run": run_id,
+                    "invocation": p.get("invocation"),
+                    "attempt": p.get("attempt"),
+                    "tool": p.get("tool"),
+                    "cause": cause,
+                    "epoch": e["lease_epoch"],
+                    "sequence": e["sequence"],
+                    "window": "watermark_to_result" if inv.get("effect_sent_at") is not None else "before_watermark",
+                    "next": nxt["type"] if nxt else None,
+                    "next_payload": (nxt or {}).get("payload") or {},
+                }
+            )
     parks = {(a["invocation_id"], a.get("attempt")): a for a in approvals if a["kind"] == UNCERTAIN_KIND}
     cancelled = {f.get("run") for f in faults if f.get("kind") == "cancel" and f.get("run")}
     seen, explained, unexplained = set(), [], []
@@ -480,21 +597,41 @@ def _check_uncertain(snapshot: dict, runs: dict, invs: dict, inv_by_key: dict, a
         elif runs.get(o["run"], {}).get("status") == "CANCELLED" and o["run"] in cancelled:
             explained.append({**item, "why": "the operator cancelled the run before a decision"})
         else:
-            unexplained.append({**item, "why": f"ended uncertain and was followed by {o['next'] or 'nothing'}"
-                                               + (f" ({reason})" if reason else "") + ", not a park, a reconciler's answer or a cancel"})
-    orphan_parks = [{"approval": a["id"], "run": a["run_id"], "invocation": a["invocation_id"], "attempt": a.get("attempt")}
-                    for k, a in parks.items() if k not in seen]
+            unexplained.append(
+                {
+                    **item,
+                    "why": f"ended uncertain and was followed by {o['next'] or 'nothing'}"
+                    + (f" ({reason})" if reason else "")
+                    + ", not a park, a reconciler's answer or a cancel",
+                }
+            )
+    orphan_parks = [
+        {"approval": a["id"], "run": a["run_id"], "invocation": a["invocation_id"], "attempt": a.get("attempt")}
+        for k, a in parks.items()
+        if k not in seen
+    ]
     for item in unexplained:
-        v.add("I8", f"invocation {item['invocation']} attempt {item['attempt']} ({item['tool']}, {item['cause']}) {item['why']}", item["run"])
+        v.add(
+            "I8",
+            f"invocation {item['invocation']} attempt {item['attempt']} ({item['tool']}, {item['cause']}) {item['why']}",
+            item["run"],
+        )
     for item in orphan_parks:
-        v.add("I8", f"uncertain_side_effect approval {item['approval']} names invocation {item['invocation']} attempt {item['attempt']}, "
-                    "which never ended uncertain", item["run"])
+        v.add(
+            "I8",
+            f"uncertain_side_effect approval {item['approval']} names invocation {item['invocation']} attempt {item['attempt']}, "
+            "which never ended uncertain",
+            item["run"],
+        )
     dropped = [s for s in sink if s.get("behaviour")]
     interrupted = {(a["invocation_id"], a.get("attempt")) for a in approvals if a["kind"] in FAULT_PARK_KINDS}
     produced = overtaken = 0
     for s in dropped:
         inv = inv_by_key.get(s.get("key"))
-        key = (inv["id"] if inv else None, int(s["attempt"]) if str(s.get("attempt") or "").isdigit() else s.get("attempt"))
+        key = (
+            inv["id"] if inv else None,
+            int(s["attempt"]) if str(s.get("attempt") or "").isdigit() else s.get("attempt"),
+        )
         if key in seen:
             produced += 1
         elif key in interrupted:
@@ -505,9 +642,12 @@ def _check_uncertain(snapshot: dict, runs: dict, invs: dict, inv_by_key: dict, a
         "by_tool": dict(Counter(o["tool"] for o in outcomes)),
         "by_cause": dict(Counter(str(o["cause"]) for o in outcomes)),
         "by_window": {w: sum(1 for o in outcomes if o["window"] == w) for w in ALL_WINDOWS},
-        "approvals": len(parks), "approvals_by_status": dict(by_status),
+        "approvals": len(parks),
+        "approvals_by_status": dict(by_status),
         "parked": sum(1 for o in outcomes if (o["invocation"], o["attempt"]) in parks),
-        "explained_otherwise": explained, "unexplained": unexplained, "parks_unexplained": orphan_parks,
+        "explained_otherwise": explained,
+        "unexplained": unexplained,
+        "parks_unexplained": orphan_parks,
         "equal": not unexplained and not orphan_parks,
         "sink_faults": dict(Counter(s["behaviour"].split(":")[0] for s in dropped)),
         "sink_faults_that_ended_uncertain": produced,
@@ -543,15 +683,30 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     doorbells: dict[str, list[str]] = defaultdict(list)
     for d in snapshot.get("doorbells") or []:  # django-q2 ORM broker rows left at the end
         lock = d.get("lock")
-        state = "waiting in the queue" if lock is None or lock <= t_end else f"dequeued by a pusher, locked until +{lock - t_end:.0f}s"
+        state = (
+            "waiting in the queue"
+            if lock is None or lock <= t_end
+            else f"dequeued by a pusher, locked until +{lock - t_end:.0f}s"
+        )
         doorbells[d.get("run")].append(state)
     # reports with process roles (issue 14's soak) attribute each lease loss to the fault that caused it
     with_roles = any(f.get("role") for f in faults)
-    outcomes = _judge_outcomes(runs, approvals, faults, decisions, meta, doorbells, v,
-                               _lease_loss_causes(events_by_run, takeovers, faults, meta) if with_roles else None)
+    outcomes = _judge_outcomes(
+        runs,
+        approvals,
+        faults,
+        decisions,
+        meta,
+        doorbells,
+        v,
+        _lease_loss_causes(events_by_run, takeovers, faults, meta) if with_roles else None,
+    )
     logs_judged = _judge_logs(meta.get("process_logs") or {}, faults, v)
     for err in meta.get("submit_errors") or []:
-        v.add("I1", f"the submit of run #{err['index']} was refused: {err['error']} (a run the soak asked for does not exist)")
+        v.add(
+            "I1",
+            f"the submit of run #{err['index']} was refused: {err['error']} (a run the soak asked for does not exist)",
+        )
 
     # ---- I2 no unapproved duplicate effect (by content, ordered against decisions) ----
     sends_by_key, dup_sends, effects = _check_effects(sink, invs, inv_by_key, approvals, v)
@@ -563,13 +718,21 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
             if e["type"] == "run.fenced":
                 continue
             if e["lease_epoch"] < high:
-                v.add("I3", f"event #{e['sequence']} {e['type']} carries epoch {e['lease_epoch']} after epoch {high} was written", run_id)
+                v.add(
+                    "I3",
+                    f"event #{e['sequence']} {e['type']} carries epoch {e['lease_epoch']} after epoch {high} was written",
+                    run_id,
+                )
             high = max(high, e["lease_epoch"])
         r = runs.get(run_id)
         if r and r["status"] in TERMINAL:
             for e in evs:
                 if e["type"] == "run.fenced" and e["lease_epoch"] >= r["lease_epoch"]:
-                    v.add("I3", f"run.fenced at epoch {e['lease_epoch']} but the run ended at epoch {r['lease_epoch']}", run_id)
+                    v.add(
+                        "I3",
+                        f"run.fenced at epoch {e['lease_epoch']} but the run ended at epoch {r['lease_epoch']}",
+                        run_id,
+                    )
     fencing = _check_rows_against_epochs(snapshot, runs, events_by_run, v)
 
     # ---- I4 contiguous event sequences per session ------------------------
@@ -595,14 +758,23 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     # ---- I6 cancellation never abandons an effect -------------------------
     # The outcome of a sent call must be recorded: a result, or recorded as unknown — `interrupted` by a takeover,
     # or `uncertain` by the live worker whose request the cancel cut (its tool.call.failed says so, for that attempt).
-    recorded_unknown = {(e["payload"].get("invocation"), e["payload"].get("attempt")) for e in snapshot["events"]
-                        if e["type"] == "tool.call.failed" and e["payload"].get("outcome") == "uncertain"}
+    recorded_unknown = {
+        (e["payload"].get("invocation"), e["payload"].get("attempt"))
+        for e in snapshot["events"]
+        if e["type"] == "tool.call.failed" and e["payload"].get("outcome") == "uncertain"
+    }
     for inv in invs.values():
         r = runs.get(inv["run_id"])
         if r and r["status"] == "CANCELLED" and inv["effect_sent_at"] is not None and not inv["has_result"]:
-            if inv["status"] == "interrupted" or (inv["status"] == "uncertain" and (inv["id"], inv["attempt"]) in recorded_unknown):
+            if inv["status"] == "interrupted" or (
+                inv["status"] == "uncertain" and (inv["id"], inv["attempt"]) in recorded_unknown
+            ):
                 continue
-            v.add("I6", f"cancelled run keeps watermarked invocation {inv['id']} ({inv['status']}) with no result", r["id"])
+            v.add(
+                "I6",
+                f"cancelled run keeps watermarked invocation {inv['id']} ({inv['status']}) with no result",
+                r["id"],
+            )
 
     # ---- I7 approval single resolution -------------------------------------
     resolved = Counter()
@@ -626,11 +798,18 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     for e in snapshot["events"]:
         if e["type"] == "run.requeued" and e["payload"].get("reason") == "approval":
             requeues[e["run_id"]] += 1
-    decided_by_run = Counter(a["run_id"] for a in approvals
-                             if a["status"] in ("approved", "confirmed") or (a["status"] == "rejected" and a["kind"] not in RERUN_KINDS))
+    decided_by_run = Counter(
+        a["run_id"]
+        for a in approvals
+        if a["status"] in ("approved", "confirmed") or (a["status"] == "rejected" and a["kind"] not in RERUN_KINDS)
+    )
     for run_id, n in requeues.items():
         if n > decided_by_run[run_id]:
-            v.add("I7", f"run requeued {n} times by approvals but only {decided_by_run[run_id]} decisions could requeue it", run_id)
+            v.add(
+                "I7",
+                f"run requeued {n} times by approvals but only {decided_by_run[run_id]} decisions could requeue it",
+                run_id,
+            )
 
     # ---- faults per window ---------------------------------------------------
     per_window = {k: Counter() for k in ("kill", "stop")}
@@ -673,47 +852,101 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     for f, h in wm_faults:
         key = (h["invocation"], h["attempt"])
         t = next((t for t in takeovers.get(h["run"], []) if t["previous_epoch"] == h["epoch"]), None)
-        item = {"fault": f["id"], "kind": f["kind"], "run": h["run"], "invocation": h["invocation"], "attempt": h["attempt"]}
+        item = {
+            "fault": f["id"],
+            "kind": f["kind"],
+            "run": h["run"],
+            "invocation": h["invocation"],
+            "attempt": h["attempt"],
+        }
         if t is None or h["invocation"] not in t["unknown"]:
             if f["kind"] == "stop" and outcome_recorded(h["invocation"]):
-                explained.append({**item, "decision": "result", "why": "the stopped worker resumed and recorded the call's result itself"
-                                  + (" before the takeover" if t else " (no takeover)")})
+                explained.append(
+                    {
+                        **item,
+                        "decision": "result",
+                        "why": "the stopped worker resumed and recorded the call's result itself"
+                        + (" before the takeover" if t else " (no takeover)"),
+                    }
+                )
             elif t is None:
-                unexplained.append({**item, "why": f"{'killed' if f['kind'] == 'kill' else 'stopped'} in the watermark window, "
-                                                   "never taken over from that epoch and no result recorded"})
+                unexplained.append(
+                    {
+                        **item,
+                        "why": f"{'killed' if f['kind'] == 'kill' else 'stopped'} in the watermark window, "
+                        "never taken over from that epoch and no result recorded",
+                    }
+                )
             else:
-                unexplained.append({**item, "why": "the takeover did not find the frozen worker's call in flight and no result is recorded"})
+                unexplained.append(
+                    {
+                        **item,
+                        "why": "the takeover did not find the frozen worker's call in flight and no result is recorded",
+                    }
+                )
             continue
         d, payload = t["decision"], t["decision_payload"] or {}
         reason = (payload.get("failure") or {}).get("reason") if d == "run.failed" else None
         if d == "run.waiting_for_approval":
             expected_parks[key] = item
         elif reconciler and (d in ("run.requeued", "run.completed") or reason == "reconcile_conflict"):
-            explained.append({**item, "decision": d, "why": f"the reconciler answered ({d}{': ' + reason if reason else ''})"})
-        elif d == "run.cancelled" and cancel_at.get(h["run"]) and (runs[h["run"]].get("cancel_requested_at") or float("inf")) <= t["at"]:
+            explained.append(
+                {**item, "decision": d, "why": f"the reconciler answered ({d}{': ' + reason if reason else ''})"}
+            )
+        elif (
+            d == "run.cancelled"
+            and cancel_at.get(h["run"])
+            and (runs[h["run"]].get("cancel_requested_at") or float("inf")) <= t["at"]
+        ):
             explained.append({**item, "decision": d, "why": "the operator had cancelled the run before the takeover"})
         else:
-            unexplained.append({**item, "why": f"the takeover found the unknown effect and decided {d}"
-                                               + (f" ({reason})" if reason else "") + ", not a park or a reconciler's answer"})
+            unexplained.append(
+                {
+                    **item,
+                    "why": f"the takeover found the unknown effect and decided {d}"
+                    + (f" ({reason})" if reason else "")
+                    + ", not a park or a reconciler's answer",
+                }
+            )
     if not reconciler:
         for run_id, lst in takeovers.items():  # seed 000's table, independent of injected faults
             for t in lst:
                 if t["unknown"] and t["decision"] in ("run.requeued", "run.completed"):
-                    v.add("I8", f"takeover at epoch {t['epoch']} found unknown effects {t['unknown']} and decided {t['decision']}", run_id)
+                    v.add(
+                        "I8",
+                        f"takeover at epoch {t['epoch']} found unknown effects {t['unknown']} and decided {t['decision']}",
+                        run_id,
+                    )
     extra_parks, parks_unexplained = [], []
     for key, a in actual.items():
         if key in expected_parks:
             continue
         run_id = a["run_id"]
-        t = next((t for t in takeovers.get(run_id, []) if a["invocation_id"] in t["unknown"] and t["decision"] == "run.waiting_for_approval"), None)
+        t = next(
+            (
+                t
+                for t in takeovers.get(run_id, [])
+                if a["invocation_id"] in t["unknown"] and t["decision"] == "run.waiting_for_approval"
+            ),
+            None,
+        )
         item = {"approval": a["id"], "run": run_id, "invocation": a["invocation_id"], "attempt": a.get("attempt")}
         if t is None:
             parks_unexplained.append({**item, "cause": "no takeover found the call in flight and parked it"})
             continue
-        same_epoch = [f for f in kills + stops for h in (f.get("held") or []) if h["run"] == run_id and h["epoch"] == t["previous_epoch"]]
-        fenced = [e for e in events_by_run[run_id] if e["type"] == "run.fenced" and e["lease_epoch"] == t["previous_epoch"]]
+        same_epoch = [
+            f
+            for f in kills + stops
+            for h in (f.get("held") or [])
+            if h["run"] == run_id and h["epoch"] == t["previous_epoch"]
+        ]
+        fenced = [
+            e for e in events_by_run[run_id] if e["type"] == "run.fenced" and e["lease_epoch"] == t["previous_epoch"]
+        ]
         if any(f["kind"] == "stop" for f in same_epoch):
-            cause = "a SIGSTOPped zombie wrote its watermark after SIGCONT, self-fenced before sending, then lost its lease"
+            cause = (
+                "a SIGSTOPped zombie wrote its watermark after SIGCONT, self-fenced before sending, then lost its lease"
+            )
         elif same_epoch:
             cause = f"fault {[f['id'] for f in same_epoch]} at this epoch was classified {[h['window'] for f in same_epoch for h in f['held']]}"
         elif fenced:
@@ -732,11 +965,15 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         # parks  = matched to a fault + a takeover without an injected fault + unexplained (must be 0)
         "equal": not unexplained and not missing and not parks_unexplained,
         "accounting": {
-            "faults": len(wm_faults), "parked": matched, "park_missing": len(missing),
+            "faults": len(wm_faults),
+            "parked": matched,
+            "park_missing": len(missing),
             "decided_otherwise": sum(1 for x in explained if x["decision"] != "result"),
             "closed_by_own_result": sum(1 for x in explained if x["decision"] == "result"),
             "unexplained": len(unexplained),
-            "parks": len(interrupted), "parks_matched": matched, "parks_after_unfaulted_takeover": len(extra_parks),
+            "parks": len(interrupted),
+            "parks_matched": matched,
+            "parks_after_unfaulted_takeover": len(extra_parks),
             "parks_unexplained": len(parks_unexplained),
         },
         "expected_parks": len(expected_parks),
@@ -748,14 +985,25 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         "parks_unexplained": parks_unexplained,
     }
     for item in missing:
-        v.add("I8", f"takeover parked invocation {item['invocation']} but no interrupted_side_effect approval matches attempt {item['attempt']}", item["run"])
+        v.add(
+            "I8",
+            f"takeover parked invocation {item['invocation']} but no interrupted_side_effect approval matches attempt {item['attempt']}",
+            item["run"],
+        )
     for item in unexplained:
-        v.add("I8", f"fault {item['fault']} ({item['kind']}) in the watermark window: {item['why']}", item["run"], fault=item["fault"])
+        v.add(
+            "I8",
+            f"fault {item['fault']} ({item['kind']}) in the watermark window: {item['why']}",
+            item["run"],
+            fault=item["fault"],
+        )
     for item in parks_unexplained:
         v.add("I8", f"approval {item['approval']} parks invocation {item['invocation']}: {item['cause']}", item["run"])
 
     # ---- unknown outcomes of live calls (issue 11), like faults in the watermark window ----
-    uncertain = _check_uncertain(snapshot, runs, invs, inv_by_key, approvals, faults, sink, events_by_run, reconciler, v)
+    uncertain = _check_uncertain(
+        snapshot, runs, invs, inv_by_key, approvals, faults, sink, events_by_run, reconciler, v
+    )
 
     # ---- takeover latency -------------------------------------------------
     lat_kill, lat_stop, no_takeover = [], [], []
@@ -773,7 +1021,11 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
                 lat_stop.append(t["at"] - f["t_freeze"])
     for item in no_takeover:
         r = runs.get(item["run"])
-        v.add("I1", f"worker killed holding epoch {item['epoch']} but no takeover from that epoch (run {r['status'] if r else '?'})", item["run"])
+        v.add(
+            "I1",
+            f"worker killed holding epoch {item['epoch']} but no takeover from that epoch (run {r['status'] if r else '?'})",
+            item["run"],
+        )
 
     # ---- statuses, approvals, throughput -----------------------------------
     statuses = Counter(r["status"] for r in runs.values())
@@ -787,18 +1039,29 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     throughput = None
     if term_at and t0:
         span = max(term_at.values()) - t0
-        throughput = {"runs_terminal": len(term_at), "span_s": round(span, 1), "runs_per_min": round(len(term_at) / span * 60, 1) if span > 0 else None}
+        throughput = {
+            "runs_terminal": len(term_at),
+            "span_s": round(span, 1),
+            "runs_per_min": round(len(term_at) / span * 60, 1) if span > 0 else None,
+        }
     submitted = {r["id"]: r.get("submitted_at") for r in snapshot["runs"]}
     run_latency = [term_at[r] - submitted[r] for r in term_at if submitted.get(r)]
     approvals_summary = {
-        "by_kind_status": {f"{k}:{s}": n for (k, s), n in sorted(Counter((a["kind"], a["status"]) for a in approvals).items())},
+        "by_kind_status": {
+            f"{k}:{s}": n for (k, s), n in sorted(Counter((a["kind"], a["status"]) for a in approvals).items())
+        },
         "decisions_ok": sum(1 for d in decisions if d.get("ok")),
         "decisions_refused_as_expected": sum(1 for d in decisions if d.get("expect") == "refused" and not d.get("ok")),
         "decisions_failed_unexpectedly": [d for d in decisions if d.get("expect") == "ok" and not d.get("ok")],
         "decisions_skipped_not_pending": sum(1 for d in decisions if d.get("expect") == "skip"),
     }
-    sends = {"total": len(sink), "keys": len(sends_by_key), "authorized_resends": dup_sends, **effects,
-             "by_attempt": dict(sorted(Counter(str(s.get("attempt")) for s in sink).items()))}
+    sends = {
+        "total": len(sink),
+        "keys": len(sends_by_key),
+        "authorized_resends": dup_sends,
+        **effects,
+        "by_attempt": dict(sorted(Counter(str(s.get("attempt")) for s in sink).items())),
+    }
     return {
         "violations": list(v),
         "violations_by_invariant": dict(Counter(x["invariant"] for x in v)),
@@ -808,7 +1071,8 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         "outcomes": outcomes,
         "fencing": fencing,
         "faults": {
-            "kills": len(kills), "stops": len(stops),
+            "kills": len(kills),
+            "stops": len(stops),
             "planned": sum(1 for f in kills + stops if f.get("source") == "planned"),
             "random": sum(1 for f in kills + stops if f.get("source") == "random"),
             "kill_by_window": {w: per_window["kill"][w] for w in ALL_WINDOWS},
@@ -822,7 +1086,11 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         "kill_windows_hit": {w: per_window["kill"][w] > 0 for w in WINDOWS},
         "i8": i8,
         "uncertain": uncertain,
-        "takeover_latency_s": {"kill": _dist(lat_kill), "stop_during_stop": _dist(lat_stop), "kills_without_takeover": no_takeover},
+        "takeover_latency_s": {
+            "kill": _dist(lat_kill),
+            "stop_during_stop": _dist(lat_stop),
+            "kills_without_takeover": no_takeover,
+        },
         "takeovers": sum(len(x) for x in takeovers.values()),
         "deaths": _deaths(faults, meta),
         "recovery_s": _recovery(faults, events_by_run, meta, LEASE_OF(meta)),
@@ -838,16 +1106,42 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
 # -- process deaths (issue 14: the soak kills without carve-outs) ---------------------------
 
 DEATH_KINDS = ("kill", "terminate", "pg_restart")
-PROCESS_TYPES = ("busy_worker", "idle_worker", "pusher", "monitor", "sentinel", "qcluster_main", "run_maintenance", "web_node",
-                 "pg_backend", "postgres_restart")
+PROCESS_TYPES = (
+    "busy_worker",
+    "idle_worker",
+    "pusher",
+    "monitor",
+    "sentinel",
+    "qcluster_main",
+    "run_maintenance",
+    "web_node",
+    "pg_backend",
+    "postgres_restart",
+)
 DB_FAULT_KINDS = ("terminate", "pg_restart")
 # what a lost database connection raises; anything else in a traceback is a failure no fault explains
 DB_LOST = ("OperationalError", "InterfaceError", "AdminShutdown")
-DB_LOST_TEXT = ("terminating connection", "server closed the connection", "connection is lost", "connection failed",
-                "connection refused", "the database system is", "consuming input failed", "connection already closed",
-                "the connection is closed", "sending query failed", "ssl syscall", "eof detected", "could not receive data",
-                "no connection to the server", "connection has been closed", "cannot connect", "server conn crashed",
-                "connection timeout expired", "connection to server")
+DB_LOST_TEXT = (
+    "terminating connection",
+    "server closed the connection",
+    "connection is lost",
+    "connection failed",
+    "connection refused",
+    "the database system is",
+    "consuming input failed",
+    "connection already closed",
+    "the connection is closed",
+    "sending query failed",
+    "ssl syscall",
+    "eof detected",
+    "could not receive data",
+    "no connection to the server",
+    "connection has been closed",
+    "cannot connect",
+    "server conn crashed",
+    "connection timeout expired",
+    "connection to server",
+)
 TERMINATE_REACH_S = 600.0  # a terminated idle connection is found at its next use (a pooled one may sit idle a while)
 RESTART_REACH_S = 120.0
 
@@ -943,7 +1237,12 @@ def _recovery(faults: list[dict], events_by_run: dict, meta: dict, lease: float)
             if nxt is not None:
                 same_node[role].append(nxt - t0)
     web_answer: list[float] = []
-    answers = sorted((a["t"] + a["s"], a["node"]) for w in meta.get("web_submits") or [] for a in w["attempts"] if a["status"] in (200, 201))
+    answers = sorted(
+        (a["t"] + a["s"], a["node"])
+        for w in meta.get("web_submits") or []
+        for a in w["attempts"]
+        if a["status"] in (200, 201)
+    )
     for f in faults:
         if _role(f) == "web_node" and f.get("node") is not None:
             nxt = next((t for t, n in answers if n == f["node"] and t > f["t"]), None)
@@ -979,7 +1278,7 @@ def _db_lost(exc: str) -> bool:
     return name.rsplit(".", 1)[-1] in DB_LOST and any(m in text.lower() for m in DB_LOST_TEXT)
 
 
-def _judge_logs(process_logs: dict, faults: list[dict], v: "_Violations") -> dict:
+def _judge_logs(process_logs: dict, faults: list[dict], v: _Violations) -> dict:
     """A traceback in a process's log is a failure unless a fault of the soak
     explains it: every exception of its chain is a lost database connection
     (OperationalError / InterfaceError / AdminShutdown with a connection-loss
@@ -989,7 +1288,9 @@ def _judge_logs(process_logs: dict, faults: list[dict], v: "_Violations") -> dic
     application_name (within TERMINATE_REACH_S). Kills and stops never
     make a process raise. Logs of reports made before tracebacks were
     itemised fall back to the counts: any is a violation."""
-    restarts = [(f["t"] - 1.0, f.get("t_ready", f["t"]) + RESTART_REACH_S) for f in faults if f.get("kind") == "pg_restart"]
+    restarts = [
+        (f["t"] - 1.0, f.get("t_ready", f["t"]) + RESTART_REACH_S) for f in faults if f.get("kind") == "pg_restart"
+    ]
     terminated: dict[str, list[float]] = defaultdict(list)
     for f in faults:
         if f.get("kind") == "terminate":
@@ -1000,7 +1301,10 @@ def _judge_logs(process_logs: dict, faults: list[dict], v: "_Violations") -> dic
         if tbs is None:  # the older summary: counts only
             n, t = counts.get("unhandled_run_errors", 0), counts.get("tracebacks", 0)
             if n or t:
-                v.add("I1", f"{name}'s log shows {n} unhandled run error(s) and {t} traceback(s) (no fault of the soak causes an exception)")
+                v.add(
+                    "I1",
+                    f"{name}'s log shows {n} unhandled run error(s) and {t} traceback(s) (no fault of the soak causes an exception)",
+                )
             continue
         app = counts.get("application_name")
         mine = {"tracebacks": len(tbs), "explained_by_db_fault": 0, "unexplained": 0, "causes": Counter()}
@@ -1018,8 +1322,11 @@ def _judge_logs(process_logs: dict, faults: list[dict], v: "_Violations") -> dic
                 mine["causes"][cause] += 1
             else:
                 mine["unexplained"] += 1
-                v.add("I1", f"{name}'s log: a traceback no fault of the soak explains: {tb.get('record')!r} "
-                            f"{excs[-1] if excs else '(no exception line)'}")
+                v.add(
+                    "I1",
+                    f"{name}'s log: a traceback no fault of the soak explains: {tb.get('record')!r} "
+                    f"{excs[-1] if excs else '(no exception line)'}",
+                )
         mine["causes"] = dict(mine["causes"])
         out["by_process"][name] = mine
         for k in ("tracebacks", "explained_by_db_fault", "unexplained"):
@@ -1032,7 +1339,12 @@ def load_artifacts(folder: Path) -> tuple[dict, list, list, list]:
         p = folder / name
         return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
 
-    return json.loads((folder / "snapshot.json").read_text()), jsonl("sink.jsonl"), jsonl("faults.jsonl"), jsonl("decisions.jsonl")
+    return (
+        json.loads((folder / "snapshot.json").read_text()),
+        jsonl("sink.jsonl"),
+        jsonl("faults.jsonl"),
+        jsonl("decisions.jsonl"),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

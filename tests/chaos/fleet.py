@@ -14,6 +14,7 @@ one answers: the replay answers 200 with the original run, so nothing is
 created twice (the checker counts the runs in the database against the
 submits).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,18 @@ from tests.procfs import children, comm
 ROLES = ("busy_worker", "idle_worker", "pusher", "monitor", "sentinel", "main", "maintenance", "web", "backend")
 DEFAULT_MIX = "busy_worker=28,idle_worker=20,pusher=12,monitor=12,sentinel=4,main=4,maintenance=5,web=5,backend=10"
 # the death a role's kill counts as (an idle worker found holding a lease is a busy worker's death)
-PROCESS_TYPES = ("busy_worker", "idle_worker", "pusher", "monitor", "sentinel", "qcluster_main", "run_maintenance", "web_node",
-                 "pg_backend", "postgres_restart")
+PROCESS_TYPES = (
+    "busy_worker",
+    "idle_worker",
+    "pusher",
+    "monitor",
+    "sentinel",
+    "qcluster_main",
+    "run_maintenance",
+    "web_node",
+    "pg_backend",
+    "postgres_restart",
+)
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -62,7 +73,15 @@ class WebSubmitter:
     """Submits runs over HTTP to the web nodes from a few threads, retrying
     with the same Idempotency-Key until some node answers."""
 
-    def __init__(self, ports: list[int], token: str, seed: int, threads: int = 4, timeout: float = 10.0, give_up_after: float = 300.0):
+    def __init__(
+        self,
+        ports: list[int],
+        token: str,
+        seed: int,
+        threads: int = 4,
+        timeout: float = 10.0,
+        give_up_after: float = 300.0,
+    ):
         self.ports = ports
         self.token = token
         self.seed = seed
@@ -88,8 +107,14 @@ class WebSubmitter:
         while True:
             node = rng.randrange(len(self.ports))
             req = urllib.request.Request(
-                f"http://127.0.0.1:{self.ports[node]}/api/runs/", data=body, method="POST",
-                headers={"Content-Type": "application/json", "Authorization": f"Token {self.token}", "Idempotency-Key": key},
+                f"http://127.0.0.1:{self.ports[node]}/api/runs/",
+                data=body,
+                method="POST",
+                headers={
+                    "Content-Type": "application/json",
+                    "Authorization": f"Token {self.token}",
+                    "Idempotency-Key": key,
+                },
             )
             with self.lock:
                 self.in_flight[node] = self.in_flight.get(node, 0) + 1
@@ -106,7 +131,13 @@ class WebSubmitter:
                     self.in_flight[node] -= 1
             attempts.append({"node": node, "status": status, "t": t, "s": round(time.time() - t, 3)})
             if status in (200, 201):
-                entry = {"index": index, "run": payload["id"], "created": status == 201, "attempts": attempts, "key": key}
+                entry = {
+                    "index": index,
+                    "run": payload["id"],
+                    "created": status == 201,
+                    "attempts": attempts,
+                    "key": key,
+                }
                 with self.lock:
                     self.log.append(entry)
                 return entry

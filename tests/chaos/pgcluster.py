@@ -7,6 +7,7 @@ the server refuse to run as root), on a free port, and removes it at the end.
 fsync stays on: a restart in `immediate` mode is a crash, and what the
 runtime committed must survive it.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,16 +48,20 @@ class PrivatePostgres:
             done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=timeout)
             if done.returncode:
                 out.seek(0)
-                raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {out.read().decode(errors='replace')[-2000:]}")
+                raise RuntimeError(
+                    f"{' '.join(argv)} exited {done.returncode}: {out.read().decode(errors='replace')[-2000:]}"
+                )
             return done
 
-    def start(self) -> "PrivatePostgres":
+    def start(self) -> PrivatePostgres:
         if self.as_postgres:
             shutil.chown(self.dir, "postgres", "postgres")
         os.chmod(self.dir, 0o700)
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
-        opts = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c max_connections={self.max_connections}"
-                " -c shared_buffers=64MB -c log_min_messages=warning")
+        opts = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c max_connections={self.max_connections}"
+            " -c shared_buffers=64MB -c log_min_messages=warning"
+        )
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", opts, "-w", "-t", "60", "start")
         return self
 

@@ -1,5 +1,6 @@
 """What the chaos soak runs: the fault plans a run can carry and the seeded
 scripted agent each run gets (DESIGN §16's scripted provider)."""
+
 from __future__ import annotations
 
 import random
@@ -25,6 +26,7 @@ POST_TIMEOUT = 2.5
 
 # -- the agents --------------------------------------------------------------------
 
+
 def agent_definition(index: int, rng: random.Random, host: str, plan: str) -> tuple[dict, int]:
     """A seeded scripted agent: 2–7 tool steps, 1–3 http_post side effects
     among echo / http_get calls, then a final text turn. Returns it and the
@@ -38,8 +40,16 @@ def agent_definition(index: int, rng: random.Random, host: str, plan: str) -> tu
     for s in range(1, steps + 1):
         calls = []
         for k in range(posts.count(s)):
-            calls.append({"name": "http_post", "arguments": {"url": f"http://{host}/effect", "json": {"run": index, "step": s, "n": k},
-                                                        "timeout_seconds": POST_TIMEOUT}})
+            calls.append(
+                {
+                    "name": "http_post",
+                    "arguments": {
+                        "url": f"http://{host}/effect",
+                        "json": {"run": index, "step": s, "n": k},
+                        "timeout_seconds": POST_TIMEOUT,
+                    },
+                }
+            )
         for k in range(rng.randint(0 if calls else 1, 2)):
             if rng.random() < 0.5:
                 calls.append({"name": "echo", "arguments": {"text": f"run {index} step {s} look {k}"}})

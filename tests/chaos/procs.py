@@ -1,6 +1,7 @@
 """Process and database plumbing for the chaos soak: children in their own
 sessions, the process tree and states read from /proc (no psutil), and the
 soak's own throw-away database."""
+
 from __future__ import annotations
 
 import os
@@ -28,6 +29,7 @@ def recreate_database(url: str) -> None:
 
 # -- processes -------------------------------------------------------------------
 
+
 class Proc:
     """A supervised child process in its own session (so its whole group can
     be signalled). The soak is its supervisor, as systemd's
@@ -46,8 +48,9 @@ class Proc:
 
     def _start(self) -> None:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.pid = self.proc.pid
         self.generations.append(self.proc)
         self.started_at = time.time()

@@ -3,6 +3,7 @@ plus the soak's configuration).
 
     python -m tests.chaos.report ARTIFACT_DIR [--out PATH]   # re-check a soak's artifacts and render its report again
 """
+
 from __future__ import annotations
 
 import json
@@ -11,25 +12,52 @@ import sys
 from pathlib import Path
 
 # The report's headline, which README.md quotes; tests/chaos/test_soak_report.py parses both with HEADLINE_RE.
-HEADLINE = ("**{deaths:,} process deaths** ({sigkill:,} SIGKILLs of the deployment's processes, {backends:,} PostgreSQL backends "
-            "terminated, {restarts} PostgreSQL restart) over {runs:,} runs, seed {seed}: **{violations} violations**")
+HEADLINE = (
+    "**{deaths:,} process deaths** ({sigkill:,} SIGKILLs of the deployment's processes, {backends:,} PostgreSQL backends "
+    "terminated, {restarts} PostgreSQL restart) over {runs:,} runs, seed {seed}: **{violations} violations**"
+)
 HEADLINE_RE = re.compile(
     r"\*\*(?P<deaths>[\d,]+) process deaths\*\* \((?P<sigkill>[\d,]+) SIGKILLs of the deployment's processes, (?P<backends>[\d,]+) "
     r"PostgreSQL backends terminated, (?P<restarts>\d+) PostgreSQL restarts?\) over (?P<runs>[\d,]+) runs, seed (?P<seed>\d+): "
-    r"\*\*(?P<violations>\d+) violations\*\*")
+    r"\*\*(?P<violations>\d+) violations\*\*"
+)
 TYPE_LABELS = {
-    "busy_worker": "worker holding a lease", "idle_worker": "idle worker", "pusher": "pusher", "monitor": "monitor",
-    "sentinel": "sentinel", "qcluster_main": "qcluster main", "run_maintenance": "run_maintenance", "web_node": "web node (daphne)",
-    "pg_backend": "PostgreSQL backend (pg_terminate_backend)", "postgres_restart": "PostgreSQL restart (immediate)",
+    "busy_worker": "worker holding a lease",
+    "idle_worker": "idle worker",
+    "pusher": "pusher",
+    "monitor": "monitor",
+    "sentinel": "sentinel",
+    "qcluster_main": "qcluster main",
+    "run_maintenance": "run_maintenance",
+    "web_node": "web node (daphne)",
+    "pg_backend": "PostgreSQL backend (pg_terminate_backend)",
+    "postgres_restart": "PostgreSQL restart (immediate)",
 }
-WINDOW_ORDER = ("before_watermark", "watermark_to_result", "after_result", "no_effect", "idle", "submit_in_flight", "no_submit",
-                "active", "idle in transaction", "-")
+WINDOW_ORDER = (
+    "before_watermark",
+    "watermark_to_result",
+    "after_result",
+    "no_effect",
+    "idle",
+    "submit_in_flight",
+    "no_submit",
+    "active",
+    "idle in transaction",
+    "-",
+)
 
 
 def headline(r: dict) -> str:
     d = r.get("deaths") or {}
-    return HEADLINE.format(deaths=d.get("total", 0), sigkill=d.get("sigkill", 0), backends=d.get("pg_backends_terminated", 0),
-                           restarts=d.get("pg_restarts", 0), runs=r["runs"], seed=r["config"]["seed"], violations=len(r["violations"]))
+    return HEADLINE.format(
+        deaths=d.get("total", 0),
+        sigkill=d.get("sigkill", 0),
+        backends=d.get("pg_backends_terminated", 0),
+        restarts=d.get("pg_restarts", 0),
+        runs=r["runs"],
+        seed=r["config"]["seed"],
+        violations=len(r["violations"]),
+    )
 
 
 def parse_headline(text: str) -> dict | None:
@@ -57,9 +85,17 @@ def deaths_section(r: dict) -> list[str]:
         "|---|" + "---|" * (len(windows) + 1),
     ]
     for t, c in d["by_type_window"].items():
-        lines.append(f"| {TYPE_LABELS.get(t, t)} | " + " | ".join(str(c.get(w, 0)) for w in windows) + f" | {d['by_type'].get(t, 0)} |")
-    lines += ["", f"Every process type died at least once: {all(d['types_hit'].values())} "
-                  f"{[t for t, hit in d['types_hit'].items() if not hit] or ''}", ""]
+        lines.append(
+            f"| {TYPE_LABELS.get(t, t)} | "
+            + " | ".join(str(c.get(w, 0)) for w in windows)
+            + f" | {d['by_type'].get(t, 0)} |"
+        )
+    lines += [
+        "",
+        f"Every process type died at least once: {all(d['types_hit'].values())} "
+        f"{[t for t, hit in d['types_hit'].items() if not hit] or ''}",
+        "",
+    ]
     return lines
 
 
@@ -68,8 +104,12 @@ def recovery_section(r: dict) -> list[str]:
     if not rec:
         return []
     fmt = lambda x: f"n {x['n']}, p50 {x['p50']}, p95 {x['p95']}, max {x['max']}"  # noqa: E731
-    lines = ["## Recovery (figures, not assertions)", "",
-             "| died | → next claim anywhere (s) | → next claim by the same node (s) |", "|---|---|---|"]
+    lines = [
+        "## Recovery (figures, not assertions)",
+        "",
+        "| died | → next claim anywhere (s) | → next claim by the same node (s) |",
+        "|---|---|---|",
+    ]
     types = sorted(set(rec["next_claim_anywhere"]) | set(rec["next_claim_same_node"]))
     for t in types:
         a, b = rec["next_claim_anywhere"].get(t), rec["next_claim_same_node"].get(t)
@@ -100,13 +140,21 @@ def render_markdown(r: dict) -> str:
         f"lease {c['lease_seconds']} s, max in flight {c['max_inflight']}, wall {c['wall_s']} s",
         f"- random kills every U{tuple(c['kill_every']) if c['kill_every'] else 'off'} s, stops every U{tuple(c['stop_every']) if c['stop_every'] else 'off'} s "
         f"for U(L, 3L); cancel rate {c['cancel_rate']}; approve rate {c['approve_rate']}; planned fraction {c['planned_fraction']}"
-        + (f"; sink drops {c['sink_drop_rate']} / delays {c['sink_delay_rate']} of the POSTs (answer after {c['sink_delay']} s, "
-           f"call timeout {c.get('post_timeout')} s); uncertain decisions approve/confirm-true/confirm-false/reject {c['uncertain_mix']}"
-           if c.get("sink_drop_rate") is not None else "")
+        + (
+            f"; sink drops {c['sink_drop_rate']} / delays {c['sink_delay_rate']} of the POSTs (answer after {c['sink_delay']} s, "
+            f"call timeout {c.get('post_timeout')} s); uncertain decisions approve/confirm-true/confirm-false/reject {c['uncertain_mix']}"
+            if c.get("sink_drop_rate") is not None
+            else ""
+        )
         + (" — **baseline, no faults**" if c["no_faults"] else ""),
-        *([f"- stopped early: SIGUSR1 after {c['stopped_early_at_deaths']} process deaths (no more submits, then every submitted run "
-           f"was driven to its end under the same faults); the command's target is {c.get('deaths_target')} deaths"]
-          if c.get("stopped_early_at_deaths") is not None else []),
+        *(
+            [
+                f"- stopped early: SIGUSR1 after {c['stopped_early_at_deaths']} process deaths (no more submits, then every submitted run "
+                f"was driven to its end under the same faults); the command's target is {c.get('deaths_target')} deaths"
+            ]
+            if c.get("stopped_early_at_deaths") is not None
+            else []
+        ),
         f"- artifacts: `{c['artifacts']}` (snapshot.json, sink.jsonl, faults.jsonl, decisions.jsonl, process logs; "
         f"re-check with `python -m tests.chaos.checker <dir>`)",
         "",
@@ -134,10 +182,16 @@ def render_markdown(r: dict) -> str:
         "|---|---|---|---|---|",
     ]
     for w in ("before_watermark", "watermark_to_result", "after_result", "no_effect", "idle"):
-        lines.append(f"| {w} | {f['kill_by_window'][w]} | {f['stop_by_window'][w]} | {ub.get(w, 0)} | {f['by_window'][w] + ub.get(w, 0)} |")
+        lines.append(
+            f"| {w} | {f['kill_by_window'][w]} | {f['stop_by_window'][w]} | {ub.get(w, 0)} | {f['by_window'][w] + ub.get(w, 0)} |"
+        )
     lines += ["", f"Kills landed in every window: {all(r['kill_windows_hit'].values())} {r['kill_windows_hit']}", ""]
     if r.get("planned"):
-        lines += ["Planned faults (plan: runs → landed): " + ", ".join(f"{k}: {v['runs']}→{v['landed']}" for k, v in r["planned"].items()), ""]
+        lines += [
+            "Planned faults (plan: runs → landed): "
+            + ", ".join(f"{k}: {v['runs']}→{v['landed']}" for k, v in r["planned"].items()),
+            "",
+        ]
     lines += [
         "## Method",
         "",
@@ -179,8 +233,12 @@ def render_markdown(r: dict) -> str:
         f"- effect sink: {r['sends']}",
         f"- takeovers: {r['takeovers']}",
         f"- throughput: {r['throughput']}"
-        + (f"; no-fault baseline {r['baseline']['runs_per_min']} runs/min ({r['baseline']['runs']} runs) → ratio **{r['baseline']['ratio']}** "
-           f"(gate ≥ 0.5)" if r.get("baseline") else ""),
+        + (
+            f"; no-fault baseline {r['baseline']['runs_per_min']} runs/min ({r['baseline']['runs']} runs) → ratio **{r['baseline']['ratio']}** "
+            f"(gate ≥ 0.5)"
+            if r.get("baseline")
+            else ""
+        ),
         f"- per-run latency (submit → terminal, s): {r['run_latency_s']}",
         f"- takeover latency (worker frozen → `lease.taken_over`, s) after SIGKILL: {lat['kill']}",
         f"- takeover while a worker was SIGSTOPped (s): {lat['stop_during_stop']}",
@@ -202,9 +260,13 @@ def render_markdown(r: dict) -> str:
         lines.append(f"  - fault {item['fault']} ({item['kind']}), run {item['run'][:8]}: {item['why']}")
     lines.append(f"- parks without a fault in the window: {len(i8['parks_without_watermark_fault'])}")
     for item in i8["parks_without_watermark_fault"][:20]:
-        lines.append(f"  - run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}")
+        lines.append(
+            f"  - run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}"
+        )
     for item in i8.get("parks_unexplained") or []:
-        lines.append(f"  - UNEXPLAINED run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}")
+        lines.append(
+            f"  - UNEXPLAINED run {item['run'][:8]} invocation {item['invocation'][:8]} attempt {item['attempt']}: {item['cause']}"
+        )
     lines += [
         "",
         "## Uncertain outcomes vs uncertain_side_effect approvals (issue 11)",
@@ -217,7 +279,9 @@ def render_markdown(r: dict) -> str:
         f"approvals without an uncertain outcome {len(u.get('parks_unexplained') or [])}",
     ]
     for item in (u.get("explained_otherwise") or [])[:20]:
-        lines.append(f"  - run {item['run'][:8]} invocation {str(item['invocation'])[:8]} attempt {item['attempt']}: {item['why']}")
+        lines.append(
+            f"  - run {item['run'][:8]} invocation {str(item['invocation'])[:8]} attempt {item['attempt']}: {item['why']}"
+        )
     lines += ["", "## Violations", ""]
     if not r["violations"]:
         lines.append("None (I1–I8 hold).")
@@ -226,9 +290,11 @@ def render_markdown(r: dict) -> str:
     lg = r.get("logs_judged")
     lines += ["", "## Process logs", ""]
     if lg:
-        lines.append(f"- tracebacks: {lg['tracebacks']}, explained by a database fault of the soak (every exception of the chain a lost "
-                     f"connection, after the restart or a terminate of that process's backend): {lg['explained_by_db_fault']}, "
-                     f"unexplained (violations): {lg['unexplained']}")
+        lines.append(
+            f"- tracebacks: {lg['tracebacks']}, explained by a database fault of the soak (every exception of the chain a lost "
+            f"connection, after the restart or a terminate of that process's backend): {lg['explained_by_db_fault']}, "
+            f"unexplained (violations): {lg['unexplained']}"
+        )
         for name, x in lg["by_process"].items():
             lines.append(f"  - {name}: {x['tracebacks']} ({x['causes']})")
     sub = r.get("submits")
@@ -251,9 +317,16 @@ def rerender(folder: Path) -> tuple[dict, str]:
     args = folder / "args.json"
     if args.exists():  # what a soak recorded before its report carried the fleet's configuration
         a = json.loads(args.read_text())
-        for k, ck in (("kill_mix", "kill_mix"), ("web_nodes", "web_nodes"), ("web_fraction", "web_fraction"), ("deaths", "deaths_target")):
+        for k, ck in (
+            ("kill_mix", "kill_mix"),
+            ("web_nodes", "web_nodes"),
+            ("web_fraction", "web_fraction"),
+            ("deaths", "deaths_target"),
+        ):
             report["config"].setdefault(ck, a.get(k))
-    report["logs"] = {name: {k: v for k, v in x.items() if k != "traceback_list"} for name, x in (report.get("logs") or {}).items()}
+    report["logs"] = {
+        name: {k: v for k, v in x.items() if k != "traceback_list"} for name, x in (report.get("logs") or {}).items()
+    }
     return report, render_markdown(report)
 
 

@@ -72,6 +72,7 @@ victim picks and stop lengths come from `random.Random` seeded with --seed
 each fault hits still depends on timing, which is why every fault is
 classified from the database, not assumed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -85,15 +86,15 @@ import sys
 import time
 import traceback
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from tests import secret_env  # noqa: F401  (a throw-away DJANGO_SECRET_KEY for this and its processes)
 from tests.chaos.fleet import DEFAULT_MIX, WebSubmitter, node_roles, parse_mix
 from tests.chaos.pgcluster import PrivatePostgres, free_port
-from tests.chaos.procs import ROOT, Proc, descendants, proc_state, proc_table, recreate_database
 from tests.chaos.plans import PLAN_NAMES, PLANS, POINTS, POST_TIMEOUT, RunSpec, agent_definition
+from tests.chaos.procs import ROOT, Proc, descendants, proc_state, proc_table, recreate_database
 from tests.chaos.report import render_markdown
 
 LEASE = 2.0
@@ -131,7 +132,7 @@ def log(msg: str) -> None:
 
 
 def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(t, tz=UTC).isoformat(timespec="milliseconds")
 
 
 def parse_range(text: str) -> tuple[float, float] | None:
@@ -150,42 +151,83 @@ def parse_args(argv):
     p.add_argument("--database-url", default=None, help="default: agentrt_chaos on $DATABASE_URL's server")
     p.add_argument("--duration-cap", type=float, default=1800.0, help="seconds after the first submit")
     p.add_argument("--max-inflight", type=int, default=None, help="unfinished runs at a time (default 2 x workers)")
-    p.add_argument("--planned-fraction", type=float, default=0.5,
-                   help="share of runs with a planned fault; >= 1 cycles through every plan (CI)")
+    p.add_argument(
+        "--planned-fraction",
+        type=float,
+        default=0.5,
+        help="share of runs with a planned fault; >= 1 cycles through every plan (CI)",
+    )
     p.add_argument("--plans", default="all", help="comma-separated plan names to draw from (default: all of them)")
     p.add_argument("--kill-every", default="3,10", help="random SIGKILL every U(a,b) s ('off' to disable)")
     p.add_argument("--stop-every", default="20,60", help="random SIGSTOP every U(a,b) s ('off' to disable)")
-    p.add_argument("--cancel-rate", type=float, default=0.1, help="share of the runs without a plan cancelled at a random moment")
+    p.add_argument(
+        "--cancel-rate", type=float, default=0.1, help="share of the runs without a plan cancelled at a random moment"
+    )
     p.add_argument("--approve-rate", type=float, default=0.7)
-    p.add_argument("--sink-drop-rate", type=float, default=0.03,
-                   help="share of the effect POSTs whose connection the sink closes after reading the request (no answer)")
-    p.add_argument("--sink-delay-rate", type=float, default=0.03,
-                   help="share of the effect POSTs the sink answers only after --sink-delay s (past the call's timeout)")
-    p.add_argument("--sink-delay", type=float, default=4.0, help="seconds; the agents' http_post calls time out after 2.5 s")
-    p.add_argument("--uncertain-mix", default="0.4,0.2,0.2,0.2",
-                   help="uncertain_side_effect decisions: approve, confirm took_effect=true, confirm took_effect=false, reject")
+    p.add_argument(
+        "--sink-drop-rate",
+        type=float,
+        default=0.03,
+        help="share of the effect POSTs whose connection the sink closes after reading the request (no answer)",
+    )
+    p.add_argument(
+        "--sink-delay-rate",
+        type=float,
+        default=0.03,
+        help="share of the effect POSTs the sink answers only after --sink-delay s (past the call's timeout)",
+    )
+    p.add_argument(
+        "--sink-delay", type=float, default=4.0, help="seconds; the agents' http_post calls time out after 2.5 s"
+    )
+    p.add_argument(
+        "--uncertain-mix",
+        default="0.4,0.2,0.2,0.2",
+        help="uncertain_side_effect decisions: approve, confirm took_effect=true, confirm took_effect=false, reject",
+    )
     p.add_argument("--no-faults", action="store_true", help="baseline: no fault points, no kills, stops or cancels")
     p.add_argument("--out", default=None, help="artifact folder (default artifacts/chaos/seed-S-<time>)")
     p.add_argument("--report", default=None, help="also write the markdown report here")
     p.add_argument("--require-windows", action="store_true", help="exit 3 unless kills landed in every window")
     p.add_argument("--baseline", default=None, help="a --no-faults run's report.json: compare throughput with it")
-    p.add_argument("--web-nodes", type=int, default=2, help="daphne web nodes serving submits (0: every run submitted in-process)")
-    p.add_argument("--web-fraction", type=float, default=0.5, help="share of the runs submitted over HTTP to the web nodes")
-    p.add_argument("--kill-mix", default=DEFAULT_MIX,
-                   help="weights of the process types a random kill picks (busy_worker, idle_worker, pusher, monitor, sentinel, "
-                        "main, maintenance, web, backend = pg_terminate_backend)")
-    p.add_argument("--pg-restart-at", type=float, default=None,
-                   help="restart PostgreSQL (once) when this share of the runs is submitted, or of --deaths is reached "
-                        "(default: seeded U(0.3, 0.6)); needs the private cluster")
+    p.add_argument(
+        "--web-nodes", type=int, default=2, help="daphne web nodes serving submits (0: every run submitted in-process)"
+    )
+    p.add_argument(
+        "--web-fraction", type=float, default=0.5, help="share of the runs submitted over HTTP to the web nodes"
+    )
+    p.add_argument(
+        "--kill-mix",
+        default=DEFAULT_MIX,
+        help="weights of the process types a random kill picks (busy_worker, idle_worker, pusher, monitor, sentinel, "
+        "main, maintenance, web, backend = pg_terminate_backend)",
+    )
+    p.add_argument(
+        "--pg-restart-at",
+        type=float,
+        default=None,
+        help="restart PostgreSQL (once) when this share of the runs is submitted, or of --deaths is reached "
+        "(default: seeded U(0.3, 0.6)); needs the private cluster",
+    )
     p.add_argument("--no-pg-restart", action="store_true")
-    p.add_argument("--deaths", type=int, default=None,
-                   help="stop submitting (then drain) once this many process deaths were injected; --runs is then a cap")
-    p.add_argument("--min-uptime", type=float, default=20.0,
-                   help="a qcluster node (its main process or sentinel) or a web node is killed only once it has served this "
-                        "long since it came up (run_maintenance, which has no readiness signal: twice this long after its start): "
-                        "deaths faster than start-ups are a crash loop, not a fault")
-    p.add_argument("--cover-types", action="store_true",
-                   help="random kills first draw among the process types not yet killed, until each died once (a short soak)")
+    p.add_argument(
+        "--deaths",
+        type=int,
+        default=None,
+        help="stop submitting (then drain) once this many process deaths were injected; --runs is then a cap",
+    )
+    p.add_argument(
+        "--min-uptime",
+        type=float,
+        default=20.0,
+        help="a qcluster node (its main process or sentinel) or a web node is killed only once it has served this "
+        "long since it came up (run_maintenance, which has no readiness signal: twice this long after its start): "
+        "deaths faster than start-ups are a crash loop, not a fault",
+    )
+    p.add_argument(
+        "--cover-types",
+        action="store_true",
+        help="random kills first draw among the process types not yet killed, until each died once (a short soak)",
+    )
     return p.parse_args(argv)
 
 
@@ -205,7 +247,9 @@ def parse_tracebacks(lines: list[str]) -> list[dict]:
     import re
 
     stamp = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
-    exc_line = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Shutdown|Exit|Interrupt|Warning)): ?(.*)$|^([A-Za-z_][\w.]*(?:Error|Exception))$")
+    exc_line = re.compile(
+        r"^([A-Za-z_][\w.]*(?:Error|Exception|Shutdown|Exit|Interrupt|Warning)): ?(.*)$|^([A-Za-z_][\w.]*(?:Error|Exception))$"
+    )
     out, cur, last_record = [], None, None
     for line in lines:
         m = stamp.match(line)
@@ -216,8 +260,11 @@ def parse_tracebacks(lines: list[str]) -> list[dict]:
             continue
         if line.startswith("Traceback"):
             if cur is None:
-                cur = {"t": last_record["t"] if last_record else None, "record": last_record["record"] if last_record else None,
-                       "exceptions": []}
+                cur = {
+                    "t": last_record["t"] if last_record else None,
+                    "record": last_record["record"] if last_record else None,
+                    "exceptions": [],
+                }
                 out.append(cur)
             continue
         if cur is not None and not line.startswith((" ", "\t")):
@@ -240,6 +287,7 @@ def db_errors():
 
 
 # -- the soak ------------------------------------------------------------------------
+
 
 class Soak:
     def __init__(self, args):
@@ -288,13 +336,18 @@ class Soak:
         self.owed = {r for r, w in self.kill_mix.items() if w > 0} if args.cover_types else set()
         self.roles: dict[int, dict[str, list[int]]] = {}  # node -> {kernel name: pids}
         self.node_ready: dict[int, bool] = {}
-        self.node_up_since: dict[tuple[int, int], float] = {}  # (node, main pid) -> when that generation was first up  # a node is killed (main, sentinel, pusher, monitor) only once it is up again
+        self.node_up_since: dict[
+            tuple[int, int], float
+        ] = {}  # (node, main pid) -> when that generation was first up  # a node is killed (main, sentinel, pusher, monitor) only once it is up again
         self.pid_node: dict[int, int] = {}  # every worker pid ever seen -> its node (recovery figures)
         self.exits: list[dict] = []  # the supervisor's log: each exit of a supervised process and its restart
         self.db_outages = 0
         self.pg_restart_done = False
-        self.pg_restart_at = (args.pg_restart_at if args.pg_restart_at is not None
-                              else random.Random(f"{args.seed}:pg-restart").uniform(0.3, 0.6))
+        self.pg_restart_at = (
+            args.pg_restart_at
+            if args.pg_restart_at is not None
+            else random.Random(f"{args.seed}:pg-restart").uniform(0.3, 0.6)
+        )
         self.stopped_submitting = False
         self.stopped_early_at: int | None = None
         self._workers_at = 0.0
@@ -302,17 +355,19 @@ class Soak:
     # -- setup ---------------------------------------------------------------------
     def env(self, **extra) -> dict:
         env = dict(os.environ)
-        env.update({
-            "DATABASE_URL": self.db_url,
-            "AGENTRT_LEASE_SECONDS": str(LEASE),
-            "AGENTRT_HTTP_TOOL_ALLOWED_HOSTS": self.sink_host,
-            "AGENTRT_ENABLE_FAULTPOINTS": "0" if self.args.no_faults else "1",
-            "AGENTRT_FAULTPOINTS": "" if self.args.no_faults else ",".join(f"{p}=pause" for p in POINTS),
-            "AGENTRT_FAULTPOINT_DIR": str(self.fault_dir),
-            "AGENTRT_LOG_LEVEL": "WARNING",
-            "PYTHONUNBUFFERED": "1",
-            "AGENTRT_THROTTLE_RUNS_CREATE": "100000/min",
-        })
+        env.update(
+            {
+                "DATABASE_URL": self.db_url,
+                "AGENTRT_LEASE_SECONDS": str(LEASE),
+                "AGENTRT_HTTP_TOOL_ALLOWED_HOSTS": self.sink_host,
+                "AGENTRT_ENABLE_FAULTPOINTS": "0" if self.args.no_faults else "1",
+                "AGENTRT_FAULTPOINTS": "" if self.args.no_faults else ",".join(f"{p}=pause" for p in POINTS),
+                "AGENTRT_FAULTPOINT_DIR": str(self.fault_dir),
+                "AGENTRT_LOG_LEVEL": "WARNING",
+                "PYTHONUNBUFFERED": "1",
+                "AGENTRT_THROTTLE_RUNS_CREATE": "100000/min",
+            }
+        )
         env.pop("AGENTRT_RECONCILER", None)
         env.update({k: str(v) for k, v in extra.items()})
         return env
@@ -326,7 +381,14 @@ class Soak:
         recreate_database(self.db_url)
         env = dict(os.environ, DATABASE_URL=self.db_url)
         with open(self.out / "migrate.log", "wb") as fh:
-            subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, check=True)
+            subprocess.run(
+                [sys.executable, "manage.py", "migrate", "--noinput"],
+                cwd=ROOT,
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                check=True,
+            )
         os.environ["DATABASE_URL"] = self.db_url
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
         for key in ("AGENTRT_LEASE_SECONDS", "AGENTRT_ENABLE_FAULTPOINTS", "AGENTRT_FAULTPOINTS", "AGENTRT_RECONCILER"):
@@ -341,10 +403,18 @@ class Soak:
     def start_sink(self) -> None:
         log_path = self.out / "sink.jsonl"
         self.sink_log = open(self.out / "sink.stderr", "wb")
-        faults = {"seed": self.seed, "drop": 0.0 if self.args.no_faults else self.args.sink_drop_rate,
-                  "delay": 0.0 if self.args.no_faults else self.args.sink_delay_rate, "delay_s": self.args.sink_delay}
-        self.sink = subprocess.Popen([sys.executable, "-c", SINK_SCRIPT, str(log_path), str(ROOT), json.dumps(faults)], stdout=subprocess.PIPE,
-                                     stderr=self.sink_log, start_new_session=True)
+        faults = {
+            "seed": self.seed,
+            "drop": 0.0 if self.args.no_faults else self.args.sink_drop_rate,
+            "delay": 0.0 if self.args.no_faults else self.args.sink_delay_rate,
+            "delay_s": self.args.sink_delay,
+        }
+        self.sink = subprocess.Popen(
+            [sys.executable, "-c", SINK_SCRIPT, str(log_path), str(ROOT), json.dumps(faults)],
+            stdout=subprocess.PIPE,
+            stderr=self.sink_log,
+            start_new_session=True,
+        )
         port = int(self.sink.stdout.readline().decode().strip())
         self.sink_host = f"127.0.0.1:{port}"
         log(f"sink on {self.sink_host}")
@@ -371,11 +441,18 @@ class Soak:
                 agent_load(tenant=self.tenant, definition=definition)  # the rest at submit time
             crng = random.Random(f"{self.seed}:cancel:{i}")
             # random cancels only for runs without a planned fault, so that every plan lands
-            cancel_after = (crng.uniform(0.2, 4.0) if (not self.args.no_faults and plans[i] == "none" and crng.random() < self.args.cancel_rate)
-                            else None)
+            cancel_after = (
+                crng.uniform(0.2, 4.0)
+                if (not self.args.no_faults and plans[i] == "none" and crng.random() < self.args.cancel_rate)
+                else None
+            )
             spec = RunSpec(i, plans[i], definition["name"], posts, cancel_after)
             spec.definition = definition
-            spec.via = "web" if (self.args.web_nodes > 0 and random.Random(f"{self.seed}:via:{i}").random() < self.args.web_fraction) else "service"
+            spec.via = (
+                "web"
+                if (self.args.web_nodes > 0 and random.Random(f"{self.seed}:via:{i}").random() < self.args.web_fraction)
+                else "service"
+            )
             self.specs.append(spec)
         log(f"{len(self.specs)} agents; plans {dict(Counter(s.plan for s in self.specs))}")
 
@@ -400,25 +477,58 @@ class Soak:
         for k in range(self.n_clusters):
             w = 2 if k < self.n_clusters - 1 else max(1, left)
             left -= w
-            self.clusters.append(Proc(f"qcluster-{k}", [sys.executable, "manage.py", "qcluster"],
-                                      self.env(AGENTRT_WORKERS=w, PGAPPNAME=f"soak-node-{k}"), self.out / f"qcluster-{k}.log", role="qcluster"))
-        self.maintenance = Proc("maintenance", [sys.executable, "manage.py", "run_maintenance"], self.env(PGAPPNAME="soak-maintenance"),
-                                self.out / "maintenance.log", role="maintenance")
+            self.clusters.append(
+                Proc(
+                    f"qcluster-{k}",
+                    [sys.executable, "manage.py", "qcluster"],
+                    self.env(AGENTRT_WORKERS=w, PGAPPNAME=f"soak-node-{k}"),
+                    self.out / f"qcluster-{k}.log",
+                    role="qcluster",
+                )
+            )
+        self.maintenance = Proc(
+            "maintenance",
+            [sys.executable, "manage.py", "run_maintenance"],
+            self.env(PGAPPNAME="soak-maintenance"),
+            self.out / "maintenance.log",
+            role="maintenance",
+        )
         for k in range(max(0, self.args.web_nodes)):
             port = free_port()
             self.web_ports.append(port)
-            self.web.append(Proc(f"web-{k}", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "-v", "0",
-                                              "agentrt_site.asgi:application"],
-                                 self.env(PGAPPNAME=f"soak-web-{k}"), self.out / f"web-{k}.log", role="web"))
+            self.web.append(
+                Proc(
+                    f"web-{k}",
+                    [
+                        sys.executable,
+                        "-m",
+                        "daphne",
+                        "-b",
+                        "127.0.0.1",
+                        "-p",
+                        str(port),
+                        "-v",
+                        "0",
+                        "agentrt_site.asgi:application",
+                    ],
+                    self.env(PGAPPNAME=f"soak-web-{k}"),
+                    self.out / f"web-{k}.log",
+                    role="web",
+                )
+            )
         deadline = time.time() + 90
         while time.time() < deadline:
             self.refresh_workers()
-            if sum(len(r.get("qc-worker", [])) for r in self.roles.values()) >= self.workers and all(self.web_ready(k) for k in range(len(self.web))):
+            if sum(len(r.get("qc-worker", [])) for r in self.roles.values()) >= self.workers and all(
+                self.web_ready(k) for k in range(len(self.web))
+            ):
                 break
             time.sleep(0.2)
         if self.web:
             self.submitter = WebSubmitter(self.web_ports, self.token, self.seed)
-        log(f"{self.n_clusters} qcluster(s), {self.workers} workers, maintenance {self.maintenance.pid}, web nodes on {self.web_ports}")
+        log(
+            f"{self.n_clusters} qcluster(s), {self.workers} workers, maintenance {self.maintenance.pid}, web nodes on {self.web_ports}"
+        )
 
     def web_ready(self, k: int) -> bool:
         import urllib.request
@@ -444,8 +554,14 @@ class Soak:
                     p.ready = self.web_ready(self.web.index(p))
                     p.ready_at = now if p.ready else None
                 continue
-            cause = next((f["id"] for f in reversed(self.faults) if f.get("kind") == "kill" and f.get("supervised") == p.name
-                          and now - f["t"] < 120), None)
+            cause = next(
+                (
+                    f["id"]
+                    for f in reversed(self.faults)
+                    if f.get("kind") == "kill" and f.get("supervised") == p.name and now - f["t"] < 120
+                ),
+                None,
+            )
             entry = {"name": p.name, "role": p.role, "pid": p.pid, "rc": rc, "t": now, "fault": cause}
             p.restart()
             entry["restarted_pid"] = p.pid
@@ -463,7 +579,12 @@ class Soak:
                 pids[pid] = k
             self.roles[k] = r = node_roles(c.pid)
             want = int(c.env.get("AGENTRT_WORKERS") or 1)
-            self.node_ready[k] = bool(r.get("qc-sentinel") and r.get("qc-pusher") and r.get("qc-monitor") and len(r.get("qc-worker", [])) >= want)
+            self.node_ready[k] = bool(
+                r.get("qc-sentinel")
+                and r.get("qc-pusher")
+                and r.get("qc-monitor")
+                and len(r.get("qc-worker", [])) >= want
+            )
             if self.node_ready[k] and self.node_up_since.get((k, c.pid)) is None:
                 self.node_up_since[(k, c.pid)] = time.time()  # this generation came up
             for pid in self.roles[k].get("qc-worker", []):
@@ -539,8 +660,17 @@ class Soak:
                 elif done:
                     window, inv, attempt = "after_result", done[-1][0], done[-1][2]
                 spec = self.by_run.get(str(run_id))
-                held.append({"run": str(run_id), "run_index": spec.index if spec else None, "epoch": epoch, "lease_expired": bool(expired),
-                             "window": window, "invocation": str(inv) if inv else None, "attempt": attempt})
+                held.append(
+                    {
+                        "run": str(run_id),
+                        "run_index": spec.index if spec else None,
+                        "epoch": epoch,
+                        "lease_expired": bool(expired),
+                        "window": window,
+                        "invocation": str(inv) if inv else None,
+                        "attempt": attempt,
+                    }
+                )
         return held
 
     def record(self, fault: dict) -> dict:
@@ -550,7 +680,15 @@ class Soak:
             self.n_deaths += 1
         return fault
 
-    def inject(self, pid: int, kind: str, source: str, plan: str | None = None, point: str | None = None, require_lease: bool = True) -> dict | None:
+    def inject(
+        self,
+        pid: int,
+        kind: str,
+        source: str,
+        plan: str | None = None,
+        point: str | None = None,
+        require_lease: bool = True,
+    ) -> dict | None:
         """Freeze, classify, act (see the module docstring)."""
         if pid in self.stopped:
             if kind == "stop":
@@ -568,12 +706,30 @@ class Soak:
         except db_errors():
             self.db_lost()
             self.cont(pid)  # the window cannot be read: nothing is done to it
-            self.record({"kind": "aborted", "wanted": kind, "pid": pid, "source": source, "plan": plan, "t": time.time(),
-                         "why": "database unreachable while frozen"})
+            self.record(
+                {
+                    "kind": "aborted",
+                    "wanted": kind,
+                    "pid": pid,
+                    "source": source,
+                    "plan": plan,
+                    "t": time.time(),
+                    "why": "database unreachable while frozen",
+                }
+            )
             return None
-        base = {"source": source, "plan": plan, "point": point, "pid": pid, "cluster": self.pid_cluster.get(pid),
-                "t_freeze": t_freeze, "at": iso(t_freeze), "held": held,
-                "role": "busy_worker" if held else "idle_worker", "window": worst_window(held)}
+        base = {
+            "source": source,
+            "plan": plan,
+            "point": point,
+            "pid": pid,
+            "cluster": self.pid_cluster.get(pid),
+            "t_freeze": t_freeze,
+            "at": iso(t_freeze),
+            "held": held,
+            "role": "busy_worker" if held else "idle_worker",
+            "window": worst_window(held),
+        }
         if require_lease and not held:
             self.cont(pid)
             self.record({**base, "kind": "aborted", "wanted": kind})
@@ -585,7 +741,9 @@ class Soak:
                 pass
             return self.record({**base, "kind": "kill", "t": time.time(), "node": self.pid_node.get(pid)})
         duration = self.rng.uniform(LEASE, 3 * LEASE)
-        fault = self.record({**base, "kind": "stop", "t": t_freeze, "duration": round(duration, 3), "t_cont": t_freeze + duration})
+        fault = self.record(
+            {**base, "kind": "stop", "t": t_freeze, "duration": round(duration, 3), "t_cont": t_freeze + duration}
+        )
         self.stopped[pid] = {"cont_at": t_freeze + duration, "fault": fault}
         return fault
 
@@ -613,11 +771,15 @@ class Soak:
             spec.submitted_at = spec.submitted_at or time.time()
             self.t_first_submit = self.t_first_submit or spec.submitted_at
             if spec.via == "web":
-                self.web_pending[spec.index] = self.submitter.submit(spec.index, spec.agent, f"chaos run {spec.index}", key)
+                self.web_pending[spec.index] = self.submitter.submit(
+                    spec.index, spec.agent, f"chaos run {spec.index}", key
+                )
                 inflight += 1
                 continue
             spec.service_attempts = getattr(spec, "service_attempts", 0) + 1
-            run, _ = run_submit(tenant=self.tenant, agent=spec.agent, input=f"chaos run {spec.index}", idempotency_key=key)
+            run, _ = run_submit(
+                tenant=self.tenant, agent=spec.agent, input=f"chaos run {spec.index}", idempotency_key=key
+            )
             self.accept(spec, str(run.id))
             inflight += 1
 
@@ -650,7 +812,10 @@ class Soak:
         if not self.open_runs:
             return
         with connection.cursor() as cur:
-            cur.execute("SELECT id, status, lease_owner, lease_expires_at FROM runs WHERE id = ANY(%s::uuid[])", [list(self.open_runs)])
+            cur.execute(
+                "SELECT id, status, lease_owner, lease_expires_at FROM runs WHERE id = ANY(%s::uuid[])",
+                [list(self.open_runs)],
+            )
             rows = cur.fetchall()
         for i, st, _, _ in rows:  # a terminal status is final: those runs are not read again
             self.statuses[str(i)] = st
@@ -671,8 +836,7 @@ class Soak:
             except FileNotFoundError:
                 return
         else:
-            names = [f"{p}.{run_id}.paused" for run_id in self.open_runs
-                     for p in POINTS]
+            names = [f"{p}.{run_id}.paused" for run_id in self.open_runs for p in POINTS]
             names = [n for n in names if n not in self.handled_markers and (self.fault_dir / n).exists()]
         for name in names:
             if not name.endswith(".paused") or name in self.handled_markers:
@@ -702,11 +866,13 @@ class Soak:
                 fault = None
             go.touch()  # a stopped worker goes on at SIGCONT; a killed one never reads it
             if fault is None:
-                self.record({"kind": "missed", "plan": plan, "point": point, "pid": pid, "run": run_id, "t": time.time()})
+                self.record(
+                    {"kind": "missed", "plan": plan, "point": point, "pid": pid, "run": run_id, "t": time.time()}
+                )
 
     def planned_cancel(self, spec: RunSpec, go: Path, pid: int, point: str) -> None:
-        from runs.lifecycle import run_cancel
         from runs.models import Run
+        from runs.services.lifecycle import run_cancel
 
         run = Run.objects.get(id=spec.run_id)
         seen = run.lease_expires_at
@@ -714,8 +880,19 @@ class Soak:
             after = run_cancel(run=run, by="chaos")
         except Exception as exc:  # the run ended meanwhile
             after = type(exc).__name__
-        self.record({"kind": "cancel", "source": "planned", "plan": spec.plan, "point": point, "pid": pid, "run": spec.run_id,
-                     "t": time.time(), "at": iso(time.time()), "status_after": after})
+        self.record(
+            {
+                "kind": "cancel",
+                "source": "planned",
+                "plan": spec.plan,
+                "point": point,
+                "pid": pid,
+                "run": spec.run_id,
+                "t": time.time(),
+                "at": iso(time.time()),
+                "status_after": after,
+            }
+        )
         # release once a heartbeat has read the cancel (the token is set), as tests/fault does
         self.pending_cancels.append({"run": spec.run_id, "go": go, "seen": seen, "deadline": time.time() + 3 * LEASE})
 
@@ -736,8 +913,13 @@ class Soak:
         result is committed and nothing else is in flight."""
         from django.db import connection
 
-        waiting = [r for r in self.open_runs if self.by_run[r].plan == "kill@after_result" and not self.by_run[r].planned_done
-                   and self.statuses.get(r) in ("RUNNING", "QUEUED")]
+        waiting = [
+            r
+            for r in self.open_runs
+            if self.by_run[r].plan == "kill@after_result"
+            and not self.by_run[r].planned_done
+            and self.statuses.get(r) in ("RUNNING", "QUEUED")
+        ]
         if not waiting:
             return
         with connection.cursor() as cur:
@@ -765,7 +947,9 @@ class Soak:
         from django.db import connection
 
         with connection.cursor() as cur:
-            cur.execute("SELECT lease_owner FROM runs WHERE status = 'RUNNING' AND lease_owner IS NOT NULL AND lease_expires_at > now()")
+            cur.execute(
+                "SELECT lease_owner FROM runs WHERE status = 'RUNNING' AND lease_owner IS NOT NULL AND lease_expires_at > now()"
+            )
             owners = [r[0] for r in cur.fetchall()]
         pids = set()
         for owner in owners:
@@ -802,7 +986,10 @@ class Soak:
                     self.owed.discard(ROLE_OF_TYPE.get(f.get("role"), f.get("role")))
 
     def kill_role(self, role: str) -> None:
-        if role in ("busy_worker", "idle_worker", "pusher", "monitor", "sentinel") and time.time() - self._workers_at > 0.2:
+        if (
+            role in ("busy_worker", "idle_worker", "pusher", "monitor", "sentinel")
+            and time.time() - self._workers_at > 0.2
+        ):
             self.refresh_workers()  # a worker's death makes its node replace every worker: pids go stale fast
         if role == "busy_worker":
             pids = self.busy_workers()
@@ -812,7 +999,12 @@ class Soak:
             role = "idle_worker"  # nobody holds a lease right now
         if role == "idle_worker":
             busy = set(self.busy_workers())
-            pids = sorted(p for r in self.roles.values() for p in r.get("qc-worker", []) if p not in busy and p not in self.stopped)
+            pids = sorted(
+                p
+                for r in self.roles.values()
+                for p in r.get("qc-worker", [])
+                if p not in busy and p not in self.stopped
+            )
             if pids:
                 # frozen and classified like any worker: one found holding a lease after all counts as busy
                 self.inject(self.rng.choice(pids), "kill", "random", require_lease=False)
@@ -825,7 +1017,10 @@ class Soak:
             node = self.clusters[k]
             if not self.node_ready.get(k):
                 return  # still starting after its last death: a kill per start-up would be a crash loop, not a fault
-            if role in ("sentinel", "main") and time.time() - self.node_up_since.get((k, node.pid), time.time()) < self.args.min_uptime:
+            if (
+                role in ("sentinel", "main")
+                and time.time() - self.node_up_since.get((k, node.pid), time.time()) < self.args.min_uptime
+            ):
                 return
             if role == "main":
                 pids = [node.pid] if node.exited() is None else []  # not reaped yet: the pid cannot be reused
@@ -833,16 +1028,34 @@ class Soak:
                 pids = [p for p in self.roles.get(k, {}).get(f"qc-{role}", []) if self.ours(p, f"qc-{role}")]
             if not pids:
                 return  # the node is between generations
-            self.kill_process(self.rng.choice(pids), "qcluster_main" if role == "main" else role, node=k,
-                              supervised=node.name, window=self.node_window(k))
-        elif role == "maintenance" and self.maintenance.exited() is None and time.time() - self.maintenance.started_at > 2 * self.args.min_uptime:
+            self.kill_process(
+                self.rng.choice(pids),
+                "qcluster_main" if role == "main" else role,
+                node=k,
+                supervised=node.name,
+                window=self.node_window(k),
+            )
+        elif (
+            role == "maintenance"
+            and self.maintenance.exited() is None
+            and time.time() - self.maintenance.started_at > 2 * self.args.min_uptime
+        ):
             self.kill_process(self.maintenance.pid, "run_maintenance", supervised=self.maintenance.name, window="-")
         elif role == "web" and self.web:
             k = self.rng.randrange(len(self.web))
-            if self.web[k].exited() is not None or not self.web[k].ready or time.time() - (self.web[k].ready_at or time.time()) < self.args.min_uptime:
+            if (
+                self.web[k].exited() is not None
+                or not self.web[k].ready
+                or time.time() - (self.web[k].ready_at or time.time()) < self.args.min_uptime
+            ):
                 return
-            self.kill_process(self.web[k].pid, "web_node", node=k, supervised=self.web[k].name,
-                              window="submit_in_flight" if self.submitter and self.submitter.busy(k) else "no_submit")
+            self.kill_process(
+                self.web[k].pid,
+                "web_node",
+                node=k,
+                supervised=self.web[k].name,
+                window="submit_in_flight" if self.submitter and self.submitter.busy(k) else "no_submit",
+            )
 
     def node_window(self, k: int) -> str:
         """The worst window among the runs the node's workers hold (read, not frozen:
@@ -853,14 +1066,29 @@ class Soak:
                 held += self.classify(pid)
         return worst_window(held)
 
-    def kill_process(self, pid: int, role: str, *, window: str, node: int | None = None, supervised: str | None = None) -> dict | None:
+    def kill_process(
+        self, pid: int, role: str, *, window: str, node: int | None = None, supervised: str | None = None
+    ) -> dict | None:
         t = time.time()
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return None
-        return self.record({"kind": "kill", "role": role, "source": "random", "pid": pid, "node": node, "supervised": supervised,
-                            "window": window, "held": [], "t": t, "t_freeze": t, "at": iso(t)})
+        return self.record(
+            {
+                "kind": "kill",
+                "role": role,
+                "source": "random",
+                "pid": pid,
+                "node": node,
+                "supervised": supervised,
+                "window": window,
+                "held": [],
+                "t": t,
+                "t_freeze": t,
+                "at": iso(t),
+            }
+        )
 
     def terminate_backend(self) -> dict | None:
         """pg_terminate_backend of a random backend of the deployment (its
@@ -868,9 +1096,11 @@ class Soak:
         from django.db import connection
 
         with connection.cursor() as cur:
-            cur.execute("SELECT pid, application_name, state FROM pg_stat_activity WHERE datname = current_database()"
-                        " AND application_name LIKE 'soak-%%' AND application_name <> 'soak-observer' AND pid <> pg_backend_pid()"
-                        " ORDER BY pid")
+            cur.execute(
+                "SELECT pid, application_name, state FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name LIKE 'soak-%%' AND application_name <> 'soak-observer' AND pid <> pg_backend_pid()"
+                " ORDER BY pid"
+            )
             rows = cur.fetchall()
             if not rows:
                 return None
@@ -880,8 +1110,19 @@ class Soak:
             ok = cur.fetchone()[0]
         if not ok:
             return None
-        return self.record({"kind": "terminate", "role": "pg_backend", "source": "random", "backend_pid": bpid, "application_name": app,
-                            "window": state or "unknown", "held": [], "t": t, "at": iso(t)})
+        return self.record(
+            {
+                "kind": "terminate",
+                "role": "pg_backend",
+                "source": "random",
+                "backend_pid": bpid,
+                "application_name": app,
+                "window": state or "unknown",
+                "held": [],
+                "t": t,
+                "at": iso(t),
+            }
+        )
 
     def restart_postgres(self) -> None:
         """The one PostgreSQL restart of the soak, under load (immediate mode: every backend dies as in a crash)."""
@@ -900,8 +1141,19 @@ class Soak:
         entry = self.pg.restart("immediate")
         connection.close()
         log(f"PostgreSQL restarted in {entry['t_ready'] - t:.2f} s")
-        self.record({"kind": "pg_restart", "role": "postgres_restart", "source": "random", "window": window, "held": [], "t": t,
-                     "at": iso(t), "t_ready": entry["t_ready"], "mode": entry["mode"]})
+        self.record(
+            {
+                "kind": "pg_restart",
+                "role": "postgres_restart",
+                "source": "random",
+                "window": window,
+                "held": [],
+                "t": t,
+                "at": iso(t),
+                "t_ready": entry["t_ready"],
+                "mode": entry["mode"],
+            }
+        )
 
     def db_lost(self) -> None:
         from django.db import connection
@@ -924,8 +1176,8 @@ class Soak:
                 del self.stopped[pid]
 
     def random_cancels(self) -> None:
-        from runs.lifecycle import run_cancel
         from runs.models import Run
+        from runs.services.lifecycle import run_cancel
 
         now = time.time()
         for spec in list(self.cancel_specs):
@@ -939,14 +1191,25 @@ class Soak:
                 after = run_cancel(run=Run.objects.get(id=spec.run_id), by="chaos")
             except Exception as exc:
                 after = type(exc).__name__
-            self.record({"kind": "cancel", "source": "random", "run": spec.run_id, "t": now, "at": iso(now), "status_after": after})
+            self.record(
+                {
+                    "kind": "cancel",
+                    "source": "random",
+                    "run": spec.run_id,
+                    "t": now,
+                    "at": iso(now),
+                    "status_after": after,
+                }
+            )
 
     def operate(self) -> None:
         """The operator: decide every pending approval of a waiting run."""
         from approvals.models import Approval
 
         now = time.time()
-        pending = Approval.objects.filter(status="pending", run__status="WAITING_FOR_APPROVAL").values("id", "run_id", "request_hash", "kind")
+        pending = Approval.objects.filter(status="pending", run__status="WAITING_FOR_APPROVAL").values(
+            "id", "run_id", "request_hash", "kind"
+        )
         for a in pending:
             aid = str(a["id"])
             if aid in self.pending_decisions:
@@ -957,9 +1220,16 @@ class Soak:
                 spec.approvals_seen += 1
             rng = random.Random(f"{self.seed}:approval:{spec.index if spec else aid}:{k}")
             self.pending_decisions[aid] = {
-                "approval": aid, "run": str(a["run_id"]), "hash": a["request_hash"], "kind": a["kind"],
-                "at": now + rng.uniform(0.1, 1.0), "approve": rng.random() < self.args.approve_rate,
-                "wrong_hash_first": rng.random() < 0.1, "twice": rng.random() < 0.2, "done": False, "cancel_after": False,
+                "approval": aid,
+                "run": str(a["run_id"]),
+                "hash": a["request_hash"],
+                "kind": a["kind"],
+                "at": now + rng.uniform(0.1, 1.0),
+                "approve": rng.random() < self.args.approve_rate,
+                "wrong_hash_first": rng.random() < 0.1,
+                "twice": rng.random() < 0.2,
+                "done": False,
+                "cancel_after": False,
                 "confirm": None,
             }
             if a["kind"] == "uncertain_side_effect":
@@ -981,11 +1251,22 @@ class Soak:
             status = Approval.objects.filter(id=item["approval"]).values_list("status", flat=True).first()
             item["done"] = True  # after the read: a database outage leaves it to the next round
             if status != "pending":  # e.g. another approval of the batch was rejected, or the run was cancelled
-                self.decisions.append({"approval": item["approval"], "run": item["run"], "kind": item["kind"], "expect": "skip",
-                                       "why": f"no longer pending ({status})", "ok": None, "t": now})
+                self.decisions.append(
+                    {
+                        "approval": item["approval"],
+                        "run": item["run"],
+                        "kind": item["kind"],
+                        "expect": "skip",
+                        "why": f"no longer pending ({status})",
+                        "ok": None,
+                        "t": now,
+                    }
+                )
                 continue
             if item["wrong_hash_first"]:
-                self.decide(item, item["approve"], "0" * 64, expect="refused", why="wrong-hash", confirm=item["confirm"])
+                self.decide(
+                    item, item["approve"], "0" * 64, expect="refused", why="wrong-hash", confirm=item["confirm"]
+                )
             self.decide(item, item["approve"], item["hash"], expect="ok", why="decision", confirm=item["confirm"])
             if item["cancel_after"]:
                 self.cancel_now(item["run"], plan="approve+cancel@after_watermark", point="after_approval")
@@ -993,32 +1274,64 @@ class Soak:
                 self.decide(item, not item["approve"], item["hash"], expect="refused", why="second")
 
     def cancel_now(self, run_id: str, *, plan: str, point: str) -> None:
-        from runs.lifecycle import run_cancel
         from runs.models import Run
+        from runs.services.lifecycle import run_cancel
 
         try:
             after = run_cancel(run=Run.objects.get(id=run_id), by="chaos")
         except Exception as exc:
             after = type(exc).__name__
-        self.record({"kind": "cancel", "source": "planned", "plan": plan, "point": point, "run": run_id, "t": time.time(),
-                     "at": iso(time.time()), "status_after": after})
+        self.record(
+            {
+                "kind": "cancel",
+                "source": "planned",
+                "plan": plan,
+                "point": point,
+                "run": run_id,
+                "t": time.time(),
+                "at": iso(time.time()),
+                "status_after": after,
+            }
+        )
 
-    def decide(self, item: dict, approve: bool, digest: str, *, expect: str, why: str, confirm: bool | None = None) -> None:
+    def decide(
+        self, item: dict, approve: bool, digest: str, *, expect: str, why: str, confirm: bool | None = None
+    ) -> None:
         """approve / reject (approval_decide) or, with `confirm` set, the operator's
         took_effect knowledge (approval_confirm, `POST /api/approvals/{id}/confirm/`)."""
         from approvals.services import approval_confirm, approval_decide
 
         decision = "confirm" if confirm is not None else ("approve" if approve else "reject")
-        entry = {"approval": item["approval"], "run": item["run"], "kind": item["kind"], "decision": decision,
-                 "expect": expect, "why": why, "t": time.time()}
+        entry = {
+            "approval": item["approval"],
+            "run": item["run"],
+            "kind": item["kind"],
+            "decision": decision,
+            "expect": expect,
+            "why": why,
+            "t": time.time(),
+        }
         if confirm is not None:
             entry["took_effect"] = confirm
         try:
             if confirm is not None:
-                approval_confirm(user=self.operator, approval_id=item["approval"], request_hash=digest, took_effect=confirm,
-                                 reason=f"chaos {why}", via="api")
+                approval_confirm(
+                    user=self.operator,
+                    approval_id=item["approval"],
+                    request_hash=digest,
+                    took_effect=confirm,
+                    reason=f"chaos {why}",
+                    via="api",
+                )
             else:
-                approval_decide(user=self.operator, approval_id=item["approval"], approve=approve, request_hash=digest, reason=f"chaos {why}", via="api")
+                approval_decide(
+                    user=self.operator,
+                    approval_id=item["approval"],
+                    approve=approve,
+                    request_hash=digest,
+                    reason=f"chaos {why}",
+                    via="api",
+                )
             entry["ok"] = True
         except db_errors() as exc:
             # the database went away mid-decision: whether it committed is read back once it is up again
@@ -1136,7 +1449,9 @@ class Soak:
                 self.release_stopped()
                 if self.pg and not a.no_pg_restart and not self.pg_restart_done:
                     share = (self.deaths() / a.deaths) if a.deaths else (self.n_submitted / max(1, len(self.specs)))
-                    if share >= self.pg_restart_at or self.stopped_submitting:  # stopped early: restart now, runs still in flight
+                    if (
+                        share >= self.pg_restart_at or self.stopped_submitting
+                    ):  # stopped early: restart now, runs still in flight
                         self.pg_restart_done = True
                         g(self.restart_postgres)
             if now - last_ops > 0.2:
@@ -1145,10 +1460,14 @@ class Soak:
             if now - last_print > 10:
                 last_print = now
                 counts = Counter(self.statuses.get(r, "-") for r in self.open_runs)
-                kinds = Counter(f.get("role", f["kind"]) for f in self.faults if f["kind"] in ("kill", "terminate", "pg_restart"))
-                log(f"t={now - self.t_start:5.0f}s submitted {self.n_submitted}/{len(self.specs)} open {dict(counts)} deaths {self.deaths()} "
+                kinds = Counter(
+                    f.get("role", f["kind"]) for f in self.faults if f["kind"] in ("kill", "terminate", "pg_restart")
+                )
+                log(
+                    f"t={now - self.t_start:5.0f}s submitted {self.n_submitted}/{len(self.specs)} open {dict(counts)} deaths {self.deaths()} "
                     f"{dict(kinds)} stops {sum(1 for f in self.faults if f['kind'] == 'stop')} restarts {len(self.exits)} "
-                    f"db outages {self.db_outages} decisions {sum(1 for d in self.decisions if d.get('ok'))}")
+                    f"db outages {self.db_outages} decisions {sum(1 for d in self.decisions if d.get('ok'))}"
+                )
             if not open_specs and not self.web_pending and unfinished == 0 and not self.stopped:
                 log("every run is terminal")
                 break
@@ -1179,7 +1498,7 @@ class Soak:
     def snapshot(self) -> dict:
         from django.db import connection
 
-        from runs.resume import MAX_LEASE_EXPIRATIONS
+        from runs.runtime.resume import MAX_LEASE_EXPIRATIONS
 
         def val(x):
             if isinstance(x, datetime):
@@ -1204,14 +1523,31 @@ class Soak:
 
         with connection.cursor() as cur:
             cur.execute("SET statement_timeout = 0")
-        runs = rows("SELECT id, status, session_id, lease_owner, lease_epoch, lease_expires_at, lease_expirations, attempts, failure,"
-                    " cancel_requested_at, created_at, updated_at FROM runs",
-                    ["id", "status", "session_id", "lease_owner", "lease_epoch", "lease_expires_at", "lease_expirations", "attempts",
-                     "failure", "cancel_requested_at", "created_at", "updated_at"], ["failure"])
+        runs = rows(
+            "SELECT id, status, session_id, lease_owner, lease_epoch, lease_expires_at, lease_expirations, attempts, failure,"
+            " cancel_requested_at, created_at, updated_at FROM runs",
+            [
+                "id",
+                "status",
+                "session_id",
+                "lease_owner",
+                "lease_epoch",
+                "lease_expires_at",
+                "lease_expirations",
+                "attempts",
+                "failure",
+                "cancel_requested_at",
+                "created_at",
+                "updated_at",
+            ],
+            ["failure"],
+        )
         for r in runs:
             spec = self.by_run.get(r["id"])
             if spec:
-                r.update(index=spec.index, plan=spec.plan, agent=spec.agent, posts=spec.posts, submitted_at=spec.submitted_at)
+                r.update(
+                    index=spec.index, plan=spec.plan, agent=spec.agent, posts=spec.posts, submitted_at=spec.submitted_at
+                )
         doorbells = []
         try:
             from django_q.models import OrmQ
@@ -1219,7 +1555,9 @@ class Soak:
             for q in OrmQ.objects.all():
                 try:
                     task = q.task
-                    doorbells.append({"run": str(task.get("args", [None])[0]), "lock": val(q.lock), "func": task.get("func")})
+                    doorbells.append(
+                        {"run": str(task.get("args", [None])[0]), "lock": val(q.lock), "func": task.get("func")}
+                    )
                 except Exception:
                     continue
         except Exception:
@@ -1229,34 +1567,82 @@ class Soak:
             "runs": runs,
             "sessions": rows("SELECT id, event_seq FROM sessions", ["id", "event_seq"]),
             # xid: the writing transaction of each row's current version (xmin), for I3's "epoch at the time of the write"
-            "events": rows("SELECT session_id, sequence, run_id, type, payload, lease_epoch, occurred_at, xmin::text::bigint FROM events",
-                           ["session_id", "sequence", "run_id", "type", "payload", "lease_epoch", "occurred_at", "xid"], ["payload"]),
-            "invocations": rows("SELECT id, run_id, step_number, call_index, tool_name, read_only, status, effect_sent_at, attempt,"
-                                " result IS NOT NULL, idempotency_key, lease_epoch, suspended_kind, xmin::text::bigint FROM tool_invocations",
-                                ["id", "run_id", "step_number", "call_index", "tool_name", "read_only", "status", "effect_sent_at",
-                                 "attempt", "has_result", "idempotency_key", "lease_epoch", "suspended_kind", "xid"]),
-            "model_calls": rows("SELECT run_id, step_number, attempt_number, status, lease_epoch, xmin::text::bigint FROM model_calls",
-                                ["run_id", "step_number", "attempt_number", "status", "lease_epoch", "xid"]),
-            "checkpoints": rows("SELECT run_id, version, \"trigger\", lease_epoch, xmin::text::bigint FROM checkpoints",
-                                ["run_id", "version", "trigger", "lease_epoch", "xid"]),
+            "events": rows(
+                "SELECT session_id, sequence, run_id, type, payload, lease_epoch, occurred_at, xmin::text::bigint FROM events",
+                ["session_id", "sequence", "run_id", "type", "payload", "lease_epoch", "occurred_at", "xid"],
+                ["payload"],
+            ),
+            "invocations": rows(
+                "SELECT id, run_id, step_number, call_index, tool_name, read_only, status, effect_sent_at, attempt,"
+                " result IS NOT NULL, idempotency_key, lease_epoch, suspended_kind, xmin::text::bigint FROM tool_invocations",
+                [
+                    "id",
+                    "run_id",
+                    "step_number",
+                    "call_index",
+                    "tool_name",
+                    "read_only",
+                    "status",
+                    "effect_sent_at",
+                    "attempt",
+                    "has_result",
+                    "idempotency_key",
+                    "lease_epoch",
+                    "suspended_kind",
+                    "xid",
+                ],
+            ),
+            "model_calls": rows(
+                "SELECT run_id, step_number, attempt_number, status, lease_epoch, xmin::text::bigint FROM model_calls",
+                ["run_id", "step_number", "attempt_number", "status", "lease_epoch", "xid"],
+            ),
+            "checkpoints": rows(
+                'SELECT run_id, version, "trigger", lease_epoch, xmin::text::bigint FROM checkpoints',
+                ["run_id", "version", "trigger", "lease_epoch", "xid"],
+            ),
             "approvals": [
                 {**a, "attempt": (a.pop("presentation") or {}).get("attempt")}
-                for a in rows("SELECT id, run_id, invocation_id, kind, status, decided_at, decided_via, presentation, created_at FROM approvals",
-                              ["id", "run_id", "invocation_id", "kind", "status", "decided_at", "decided_via", "presentation", "created_at"],
-                              ["presentation"])
+                for a in rows(
+                    "SELECT id, run_id, invocation_id, kind, status, decided_at, decided_via, presentation, created_at FROM approvals",
+                    [
+                        "id",
+                        "run_id",
+                        "invocation_id",
+                        "kind",
+                        "status",
+                        "decided_at",
+                        "decided_via",
+                        "presentation",
+                        "created_at",
+                    ],
+                    ["presentation"],
+                )
             ],
             "meta": {
-                "runs_submitted": sum(1 for s in self.specs if s.run_id), "runs_planned": len(self.specs), "seed": self.seed,
-                "t_first_submit": self.t_first_submit, "t_end": getattr(self, "t_end", None), "lease_seconds": LEASE,
-                "status_polls": self.polls, "observed_waiting_with_lease": self.waiting_with_lease[:100],
-                "max_lease_expirations": MAX_LEASE_EXPIRATIONS, "reconciler": False,  # env() drops AGENTRT_RECONCILER
-                "supervisor": self.exits, "worker_nodes": {str(k): v for k, v in self.pid_node.items()},
+                "runs_submitted": sum(1 for s in self.specs if s.run_id),
+                "runs_planned": len(self.specs),
+                "seed": self.seed,
+                "t_first_submit": self.t_first_submit,
+                "t_end": getattr(self, "t_end", None),
+                "lease_seconds": LEASE,
+                "status_polls": self.polls,
+                "observed_waiting_with_lease": self.waiting_with_lease[:100],
+                "max_lease_expirations": MAX_LEASE_EXPIRATIONS,
+                "reconciler": False,  # env() drops AGENTRT_RECONCILER
+                "supervisor": self.exits,
+                "worker_nodes": {str(k): v for k, v in self.pid_node.items()},
                 "web_submits": self.submitter.log if self.submitter else [],
-                "service_submits": [{"index": s.index, "attempts": getattr(s, "service_attempts", 0)} for s in self.specs
-                                    if s.via == "service" and s.run_id],
-                "submit_errors": [{"index": s.index, "error": s.submit_error} for s in self.specs if getattr(s, "submit_error", None)],
+                "service_submits": [
+                    {"index": s.index, "attempts": getattr(s, "service_attempts", 0)}
+                    for s in self.specs
+                    if s.via == "service" and s.run_id
+                ],
+                "submit_errors": [
+                    {"index": s.index, "error": s.submit_error} for s in self.specs if getattr(s, "submit_error", None)
+                ],
                 "db_outages_seen_by_the_soak": self.db_outages,
-                "private_postgres": bool(self.pg), "pg_restarts": self.pg.restarts if self.pg else [],
+                "private_postgres": bool(self.pg),
+                "pg_restarts": self.pg.restarts if self.pg else [],
             },
         }
 
@@ -1265,7 +1651,11 @@ class Soak:
 
         snap = self.snapshot()
         snap["meta"]["process_logs"] = self.log_summary()  # the checker judges unhandled errors too
-        sink = [json.loads(line) for line in (self.out / "sink.jsonl").read_text().splitlines() if line.strip()] if (self.out / "sink.jsonl").exists() else []
+        sink = (
+            [json.loads(line) for line in (self.out / "sink.jsonl").read_text().splitlines() if line.strip()]
+            if (self.out / "sink.jsonl").exists()
+            else []
+        )
         (self.out / "snapshot.json").write_text(json.dumps(snap, default=str))
         with open(self.out / "faults.jsonl", "w") as fh:
             for f in self.faults:
@@ -1275,24 +1665,51 @@ class Soak:
                 fh.write(json.dumps(d, default=str) + "\n")
         report = check(snap, sink, self.faults, self.decisions)
         report["config"] = {
-            "command": "python -m tests.chaos.soak " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("soak.py") else None,
-            "runs": self.args.runs, "seed": self.seed, "workers": self.workers, "clusters": self.n_clusters,
-            "lease_seconds": LEASE, "max_inflight": self.max_inflight, "planned_fraction": self.args.planned_fraction,
-            "kill_every": self.kill_every, "stop_every": self.stop_every, "cancel_rate": self.args.cancel_rate,
-            "approve_rate": self.args.approve_rate, "no_faults": self.args.no_faults, "database": self.db_url,
-            "sink_drop_rate": self.args.sink_drop_rate, "sink_delay_rate": self.args.sink_delay_rate, "sink_delay": self.args.sink_delay,
-            "post_timeout": POST_TIMEOUT, "uncertain_mix": self.args.uncertain_mix,
-            "duration_cap": self.args.duration_cap, "wall_s": round(self.t_end - self.t_start, 1), "artifacts": str(self.out),
+            "command": "python -m tests.chaos.soak " + " ".join(sys.argv[1:])
+            if sys.argv and sys.argv[0].endswith("soak.py")
+            else None,
+            "runs": self.args.runs,
+            "seed": self.seed,
+            "workers": self.workers,
+            "clusters": self.n_clusters,
+            "lease_seconds": LEASE,
+            "max_inflight": self.max_inflight,
+            "planned_fraction": self.args.planned_fraction,
+            "kill_every": self.kill_every,
+            "stop_every": self.stop_every,
+            "cancel_rate": self.args.cancel_rate,
+            "approve_rate": self.args.approve_rate,
+            "no_faults": self.args.no_faults,
+            "database": self.db_url,
+            "sink_drop_rate": self.args.sink_drop_rate,
+            "sink_delay_rate": self.args.sink_delay_rate,
+            "sink_delay": self.args.sink_delay,
+            "post_timeout": POST_TIMEOUT,
+            "uncertain_mix": self.args.uncertain_mix,
+            "duration_cap": self.args.duration_cap,
+            "wall_s": round(self.t_end - self.t_start, 1),
+            "artifacts": str(self.out),
             "plans": dict(Counter(s.plan for s in self.specs)),
             **self.fleet_config(),
         }
         report["planned"] = self.planned_summary()
         if self.args.baseline:
             base = json.loads(Path(self.args.baseline).read_text())
-            b, t = (base.get("throughput") or {}).get("runs_per_min"), (report.get("throughput") or {}).get("runs_per_min")
-            report["baseline"] = {"report": self.args.baseline, "runs": base.get("runs"), "runs_per_min": b,
-                                  "ratio": round(t / b, 2) if b and t else None, "run_latency_s": base.get("run_latency_s")}
-        report["logs"] = {name: {k: v for k, v in x.items() if k != "traceback_list"} for name, x in snap["meta"]["process_logs"].items()}
+            b, t = (
+                (base.get("throughput") or {}).get("runs_per_min"),
+                (report.get("throughput") or {}).get("runs_per_min"),
+            )
+            report["baseline"] = {
+                "report": self.args.baseline,
+                "runs": base.get("runs"),
+                "runs_per_min": b,
+                "ratio": round(t / b, 2) if b and t else None,
+                "run_latency_s": base.get("run_latency_s"),
+            }
+        report["logs"] = {
+            name: {k: v for k, v in x.items() if k != "traceback_list"}
+            for name, x in snap["meta"]["process_logs"].items()
+        }
         (self.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         md = render_markdown(report)
         (self.out / "report.md").write_text(md)
@@ -1308,9 +1725,17 @@ class Soak:
 
     def fleet_config(self) -> dict:
         a = self.args
-        return {"kill_mix": a.kill_mix, "web_nodes": a.web_nodes, "web_fraction": a.web_fraction, "deaths_target": a.deaths,
-                "private_postgres": self.pg is not None, "pg_restart": not a.no_pg_restart and self.pg is not None,
-                "pg_restart_at": self.pg_restart_at, "stopped_early_at_deaths": self.stopped_early_at, "min_uptime": a.min_uptime}
+        return {
+            "kill_mix": a.kill_mix,
+            "web_nodes": a.web_nodes,
+            "web_fraction": a.web_fraction,
+            "deaths_target": a.deaths,
+            "private_postgres": self.pg is not None,
+            "pg_restart": not a.no_pg_restart and self.pg is not None,
+            "pg_restart_at": self.pg_restart_at,
+            "stopped_early_at_deaths": self.stopped_early_at,
+            "min_uptime": a.min_uptime,
+        }
 
     def planned_summary(self) -> dict:
         landed = Counter()

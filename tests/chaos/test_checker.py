@@ -7,6 +7,7 @@ interrupted_side_effect approval, approved by the operator, re-claimed (epoch
 3), re-sent once and completed. Transaction ids (`xid`) mimic PostgreSQL's
 xmin: the takeover is transaction 20, the approval 30.
 """
+
 from __future__ import annotations
 
 import copy
@@ -21,8 +22,16 @@ BODY = {"run": 0, "step": 1, "n": 0}
 
 
 def ev(seq, typ, epoch, xid, **payload):
-    return {"session_id": SESS, "sequence": seq, "run_id": RUN, "type": typ, "payload": payload, "lease_epoch": epoch,
-            "occurred_at": 100.0 + seq, "xid": xid}
+    return {
+        "session_id": SESS,
+        "sequence": seq,
+        "run_id": RUN,
+        "type": typ,
+        "payload": payload,
+        "lease_epoch": epoch,
+        "occurred_at": 100.0 + seq,
+        "xid": xid,
+    }
 
 
 def history():
@@ -39,34 +48,108 @@ def history():
         ev(10, "run.completed", 3, 40),
     ]
     snapshot = {
-        "runs": [{"id": RUN, "status": "COMPLETED", "session_id": SESS, "lease_owner": None, "lease_epoch": 3, "lease_expires_at": None,
-                  "lease_expirations": 1, "attempts": 3, "failure": None, "cancel_requested_at": None, "submitted_at": 100.0,
-                  "plan": "kill@after_watermark"}],
+        "runs": [
+            {
+                "id": RUN,
+                "status": "COMPLETED",
+                "session_id": SESS,
+                "lease_owner": None,
+                "lease_epoch": 3,
+                "lease_expires_at": None,
+                "lease_expirations": 1,
+                "attempts": 3,
+                "failure": None,
+                "cancel_requested_at": None,
+                "submitted_at": 100.0,
+                "plan": "kill@after_watermark",
+            }
+        ],
         "sessions": [{"id": SESS, "event_seq": 10}],
         "events": events,
-        "invocations": [{"id": INV, "run_id": RUN, "step_number": 1, "call_index": 0, "tool_name": "http_post", "read_only": False,
-                         "status": "completed", "effect_sent_at": 131.0, "attempt": 2, "has_result": True, "idempotency_key": KEY,
-                         "lease_epoch": 3, "suspended_kind": None, "xid": 35}],
-        "model_calls": [{"run_id": RUN, "step_number": 1, "attempt_number": 1, "status": "interrupted", "lease_epoch": 1, "xid": 20},
-                        {"run_id": RUN, "step_number": 2, "attempt_number": 1, "status": "completed", "lease_epoch": 3, "xid": 36}],
-        "checkpoints": [{"run_id": RUN, "version": 1, "trigger": "step", "lease_epoch": 1, "xid": 12},
-                        {"run_id": RUN, "version": 2, "trigger": "final", "lease_epoch": 3, "xid": 40}],
-        "approvals": [{"id": APPROVAL, "run_id": RUN, "invocation_id": INV, "kind": "interrupted_side_effect", "status": "approved",
-                       "decided_at": 130.0, "decided_via": "api", "attempt": 1, "created_at": 106.0}],
+        "invocations": [
+            {
+                "id": INV,
+                "run_id": RUN,
+                "step_number": 1,
+                "call_index": 0,
+                "tool_name": "http_post",
+                "read_only": False,
+                "status": "completed",
+                "effect_sent_at": 131.0,
+                "attempt": 2,
+                "has_result": True,
+                "idempotency_key": KEY,
+                "lease_epoch": 3,
+                "suspended_kind": None,
+                "xid": 35,
+            }
+        ],
+        "model_calls": [
+            {
+                "run_id": RUN,
+                "step_number": 1,
+                "attempt_number": 1,
+                "status": "interrupted",
+                "lease_epoch": 1,
+                "xid": 20,
+            },
+            {"run_id": RUN, "step_number": 2, "attempt_number": 1, "status": "completed", "lease_epoch": 3, "xid": 36},
+        ],
+        "checkpoints": [
+            {"run_id": RUN, "version": 1, "trigger": "step", "lease_epoch": 1, "xid": 12},
+            {"run_id": RUN, "version": 2, "trigger": "final", "lease_epoch": 3, "xid": 40},
+        ],
+        "approvals": [
+            {
+                "id": APPROVAL,
+                "run_id": RUN,
+                "invocation_id": INV,
+                "kind": "interrupted_side_effect",
+                "status": "approved",
+                "decided_at": 130.0,
+                "decided_via": "api",
+                "attempt": 1,
+                "created_at": 106.0,
+            }
+        ],
         "meta": {"runs_submitted": 1, "t_first_submit": 100.0, "max_lease_expirations": 3},
     }
     sink = [send(KEY, 1, 110.0), send(KEY, 2, 131.0)]
-    faults = [{"id": 1, "kind": "kill", "source": "planned", "plan": "kill@after_watermark", "t_freeze": 103.5,
-               "held": [{"run": RUN, "epoch": 1, "window": "watermark_to_result", "invocation": INV, "attempt": 1}]}]
-    decisions = [{"approval": APPROVAL, "run": RUN, "kind": "interrupted_side_effect", "decision": "approve", "ok": True, "expect": "ok"}]
+    faults = [
+        {
+            "id": 1,
+            "kind": "kill",
+            "source": "planned",
+            "plan": "kill@after_watermark",
+            "t_freeze": 103.5,
+            "held": [{"run": RUN, "epoch": 1, "window": "watermark_to_result", "invocation": INV, "attempt": 1}],
+        }
+    ]
+    decisions = [
+        {
+            "approval": APPROVAL,
+            "run": RUN,
+            "kind": "interrupted_side_effect",
+            "decision": "approve",
+            "ok": True,
+            "expect": "ok",
+        }
+    ]
     return snapshot, sink, faults, decisions
 
 
 def send(key, attempt, t, body=BODY):
     from tests.chaos.checker import _sha
 
-    return {"key": key, "attempt": str(attempt), "path": "/effect", "body": body, "body_sha256": _sha(body),
-            "t_ns": int(t * 1e9), "mono_ns": int(t * 1e9)}
+    return {
+        "key": key,
+        "attempt": str(attempt),
+        "path": "/effect",
+        "body": body,
+        "body_sha256": _sha(body),
+        "t_ns": int(t * 1e9),
+        "mono_ns": int(t * 1e9),
+    }
 
 
 def run_check(snapshot, sink, faults, decisions):
@@ -87,6 +170,7 @@ def test_the_history_that_respects_every_rule_passes():
 
 
 # -- I1: outcomes, not termination ------------------------------------------------------
+
 
 def test_i1_a_run_the_takeover_failed_internal_error_is_a_violation_not_a_terminal_state():
     snapshot, sink, faults, decisions = history()
@@ -115,8 +199,12 @@ def test_i1_operator_rejected_only_after_an_operator_rejection():
     decisions[0]["decision"] = "reject"
     report = run_check(snapshot, sink[:1], faults, decisions)
     assert not [v for v in report["violations"] if v["invariant"] == "I1"], report["violations"]
-    assert report["outcomes"]["FAILED:operator_rejected"] == {"n": 1, "explained": 1, "unexplained": 0,
-                                                              "why": {"the operator rejected its approval": 1}}
+    assert report["outcomes"]["FAILED:operator_rejected"] == {
+        "n": 1,
+        "explained": 1,
+        "unexplained": 0,
+        "why": {"the operator rejected its approval": 1},
+    }
 
 
 def test_i1_max_attempts_only_when_injected_faults_took_the_lease_more_than_the_limit():
@@ -124,8 +212,15 @@ def test_i1_max_attempts_only_when_injected_faults_took_the_lease_more_than_the_
     snapshot["runs"][0].update(status="FAILED", failure={"reason": "max_attempts_exceeded"})
     assert "I1" in invariants(run_check(snapshot, sink, faults, decisions))
     for k in range(3):
-        faults.append({"id": 10 + k, "kind": "kill", "source": "random", "t_freeze": 150.0 + k,
-                       "held": [{"run": RUN, "epoch": 3 + k, "window": "no_effect", "invocation": None, "attempt": None}]})
+        faults.append(
+            {
+                "id": 10 + k,
+                "kind": "kill",
+                "source": "random",
+                "t_freeze": 150.0 + k,
+                "held": [{"run": RUN, "epoch": 3 + k, "window": "no_effect", "invocation": None, "attempt": None}],
+            }
+        )
     report = run_check(snapshot, sink, faults, decisions)
     assert not [v for v in report["violations"] if v["invariant"] == "I1" and "max_attempts" in v["detail"]]
 
@@ -140,8 +235,17 @@ def test_i1_a_run_left_unfinished_is_lost(status):
 def test_i1_a_park_counts_only_on_a_fault_caused_approval():
     snapshot, sink, faults, decisions = history()
     snapshot["runs"][0]["status"] = "WAITING_FOR_APPROVAL"
-    snapshot["approvals"].append({"id": "a2", "run_id": RUN, "invocation_id": INV, "kind": "policy", "status": "pending",
-                                  "decided_at": None, "attempt": 2})
+    snapshot["approvals"].append(
+        {
+            "id": "a2",
+            "run_id": RUN,
+            "invocation_id": INV,
+            "kind": "policy",
+            "status": "pending",
+            "decided_at": None,
+            "attempt": 2,
+        }
+    )
     assert "I1" in invariants(run_check(snapshot, sink, faults, decisions))
     snapshot["approvals"][-1]["kind"] = "interrupted_side_effect"
     snapshot["approvals"][-1]["attempt"] = 9  # not a park the I8 accounting can place; only I1 is judged here
@@ -151,6 +255,7 @@ def test_i1_a_park_counts_only_on_a_fault_caused_approval():
 
 
 # -- I2: effects by content, ordered against decisions --------------------------------------
+
 
 def test_i2_a_resend_before_its_approval_is_a_violation_even_if_the_approval_comes_later():
     snapshot, sink, faults, decisions = history()
@@ -193,20 +298,45 @@ def test_i2_a_lost_effect_is_still_caught():
 
 # -- I3: every row against the epoch in force when it was written -------------------------
 
-@pytest.mark.parametrize("table,row", [
-    ("model_calls", {"run_id": RUN, "step_number": 1, "attempt_number": 1, "status": "completed", "lease_epoch": 1, "xid": 25}),
-    ("checkpoints", {"run_id": RUN, "version": 3, "trigger": "step", "lease_epoch": 2, "xid": 33}),
-    ("invocations", {"id": "i9", "run_id": RUN, "step_number": 1, "call_index": 1, "tool_name": "echo", "read_only": True,
-                     "status": "completed", "effect_sent_at": None, "attempt": 1, "has_result": True, "idempotency_key": "k9",
-                     "lease_epoch": 1, "suspended_kind": None, "xid": 22}),
-])
+
+@pytest.mark.parametrize(
+    "table,row",
+    [
+        (
+            "model_calls",
+            {"run_id": RUN, "step_number": 1, "attempt_number": 1, "status": "completed", "lease_epoch": 1, "xid": 25},
+        ),
+        ("checkpoints", {"run_id": RUN, "version": 3, "trigger": "step", "lease_epoch": 2, "xid": 33}),
+        (
+            "invocations",
+            {
+                "id": "i9",
+                "run_id": RUN,
+                "step_number": 1,
+                "call_index": 1,
+                "tool_name": "echo",
+                "read_only": True,
+                "status": "completed",
+                "effect_sent_at": None,
+                "attempt": 1,
+                "has_result": True,
+                "idempotency_key": "k9",
+                "lease_epoch": 1,
+                "suspended_kind": None,
+                "xid": 22,
+            },
+        ),
+    ],
+)
 def test_i3_a_zombie_row_at_an_old_epoch_written_after_the_takeover_is_caught(table, row):
     snapshot, sink, faults, decisions = history()
     snapshot[table].append(row)
     report = run_check(snapshot, sink, faults, decisions)
     assert invariants(report) == ["I3"], report["violations"]
     # the same row written before the takeover's transaction is legitimate
-    snapshot[table][-1] = dict(row, xid=15 if row["lease_epoch"] == 1 else 32, lease_epoch=row["lease_epoch"] if row["lease_epoch"] == 1 else 3)
+    snapshot[table][-1] = dict(
+        row, xid=15 if row["lease_epoch"] == 1 else 32, lease_epoch=row["lease_epoch"] if row["lease_epoch"] == 1 else 3
+    )
     assert run_check(snapshot, sink, faults, decisions)["violations"] == []
 
 
@@ -219,7 +349,9 @@ def test_i3_a_zombie_event_in_sequence_order_but_old_epoch_is_caught():
         e["sequence"] = i + 1
     snapshot["sessions"][0]["event_seq"] = len(snapshot["events"])
     report = run_check(snapshot, sink, faults, decisions)
-    assert any(v["invariant"] == "I3" and "transaction 23" in v["detail"] for v in report["violations"]), report["violations"]
+    assert any(v["invariant"] == "I3" and "transaction 23" in v["detail"] for v in report["violations"]), report[
+        "violations"
+    ]
 
 
 def test_i3_a_non_owner_write_is_judged_by_the_events_of_its_transaction():
@@ -241,6 +373,7 @@ def test_i3_without_xids_the_check_says_so():
 
 
 # -- I8: a fault in the watermark window ends in a recorded decision -------------------------
+
 
 def _failed_by_takeover(reason):
     snapshot, sink, faults, decisions = history()
@@ -317,6 +450,7 @@ def test_i8_an_operator_cancel_before_the_takeover_is_a_recorded_decision():
 
 # -- the sink's records carry what I2 needs ---------------------------------------------------
 
+
 def test_the_sink_stamps_arrivals_and_hashes_bodies_by_content(tmp_path):
     import json
     import time
@@ -328,8 +462,9 @@ def test_the_sink_stamps_arrivals_and_hashes_bodies_by_content(tmp_path):
     try:
         before = time.time_ns()
         for key, raw in (("k1", b'{"a": 1, "b": [2, 3]}'), ("k2", b'{"b":[2,3],"a":1}'), ("k3", b"not json")):
-            req = urllib.request.Request(sink.url, data=raw, method="POST",
-                                         headers={"Idempotency-Key": key, "Content-Type": "application/json"})
+            req = urllib.request.Request(
+                sink.url, data=raw, method="POST", headers={"Idempotency-Key": key, "Content-Type": "application/json"}
+            )
             urllib.request.urlopen(req, timeout=10).read()
         after = time.time_ns()
     finally:
@@ -338,14 +473,20 @@ def test_the_sink_stamps_arrivals_and_hashes_bodies_by_content(tmp_path):
     assert logged == sink.sends and [r["key"] for r in logged] == ["k1", "k2", "k3"]
     assert all(before <= r["t_ns"] <= after for r in logged)
     assert logged[0]["mono_ns"] < logged[1]["mono_ns"] < logged[2]["mono_ns"]
-    assert logged[0]["body_sha256"] == logged[1]["body_sha256"] != logged[2]["body_sha256"]  # same content, other key order
+    assert (
+        logged[0]["body_sha256"] == logged[1]["body_sha256"] != logged[2]["body_sha256"]
+    )  # same content, other key order
     assert logged[2]["body"] == "not json"
 
 
 def test_i1_an_unhandled_error_in_a_worker_log_is_a_failure_no_fault_caused():
     snapshot, sink, faults, decisions = history()
-    snapshot["meta"]["process_logs"] = {"qcluster-0": {"tracebacks": 0, "errors": 3, "unhandled_run_errors": 0, "reincarnated": 3}}
-    assert run_check(snapshot, sink, faults, decisions)["violations"] == []  # reincarnations after SIGKILL are the plan's
+    snapshot["meta"]["process_logs"] = {
+        "qcluster-0": {"tracebacks": 0, "errors": 3, "unhandled_run_errors": 0, "reincarnated": 3}
+    }
+    assert (
+        run_check(snapshot, sink, faults, decisions)["violations"] == []
+    )  # reincarnations after SIGKILL are the plan's
     snapshot["meta"]["process_logs"]["qcluster-0"].update(tracebacks=1, unhandled_run_errors=1)
     report = run_check(snapshot, sink, faults, decisions)
     assert invariants(report) == ["I1"] and "qcluster-0" in report["violations"][0]["detail"]
@@ -364,8 +505,19 @@ def uncertain_history():
         ev(1, "run.created", 0, 10),
         ev(2, "run.claimed", 1, 11, lease_epoch=1),
         ev(3, "tool.call.started", 1, 12),
-        ev(4, "tool.call.failed", 1, 13, invocation=INV, tool="http_post", attempt=1, outcome="uncertain", awaiting_decision=True,
-           result=None, error={"error": "connection_lost", "uncertain": True}),
+        ev(
+            4,
+            "tool.call.failed",
+            1,
+            13,
+            invocation=INV,
+            tool="http_post",
+            attempt=1,
+            outcome="uncertain",
+            awaiting_decision=True,
+            result=None,
+            error={"error": "connection_lost", "uncertain": True},
+        ),
         ev(5, "run.waiting_for_approval", 1, 14, kind="uncertain_side_effect"),
         ev(6, "approval.resolved", 1, 30, approval=UAPPROVAL, decision="approved"),
         ev(7, "run.requeued", 1, 30, reason="approval"),
@@ -373,24 +525,76 @@ def uncertain_history():
         ev(9, "run.completed", 2, 40),
     ]
     snapshot = {
-        "runs": [{"id": RUN, "status": "COMPLETED", "session_id": SESS, "lease_owner": None, "lease_epoch": 2, "lease_expires_at": None,
-                  "lease_expirations": 0, "attempts": 2, "failure": None, "cancel_requested_at": None, "submitted_at": 100.0,
-                  "plan": "none"}],
+        "runs": [
+            {
+                "id": RUN,
+                "status": "COMPLETED",
+                "session_id": SESS,
+                "lease_owner": None,
+                "lease_epoch": 2,
+                "lease_expires_at": None,
+                "lease_expirations": 0,
+                "attempts": 2,
+                "failure": None,
+                "cancel_requested_at": None,
+                "submitted_at": 100.0,
+                "plan": "none",
+            }
+        ],
         "sessions": [{"id": SESS, "event_seq": 9}],
         "events": events,
-        "invocations": [{"id": INV, "run_id": RUN, "step_number": 1, "call_index": 0, "tool_name": "http_post", "read_only": False,
-                         "status": "completed", "effect_sent_at": 131.0, "attempt": 2, "has_result": True, "idempotency_key": KEY,
-                         "lease_epoch": 2, "suspended_kind": None, "xid": 35}],
-        "model_calls": [{"run_id": RUN, "step_number": 1, "attempt_number": 1, "status": "completed", "lease_epoch": 1, "xid": 12},
-                        {"run_id": RUN, "step_number": 2, "attempt_number": 1, "status": "completed", "lease_epoch": 2, "xid": 36}],
-        "checkpoints": [{"run_id": RUN, "version": 1, "trigger": "step", "lease_epoch": 1, "xid": 12},
-                        {"run_id": RUN, "version": 2, "trigger": "final", "lease_epoch": 2, "xid": 40}],
-        "approvals": [{"id": UAPPROVAL, "run_id": RUN, "invocation_id": INV, "kind": "uncertain_side_effect", "status": "approved",
-                       "decided_at": 130.0, "decided_via": "api", "attempt": 1, "created_at": 105.0}],
+        "invocations": [
+            {
+                "id": INV,
+                "run_id": RUN,
+                "step_number": 1,
+                "call_index": 0,
+                "tool_name": "http_post",
+                "read_only": False,
+                "status": "completed",
+                "effect_sent_at": 131.0,
+                "attempt": 2,
+                "has_result": True,
+                "idempotency_key": KEY,
+                "lease_epoch": 2,
+                "suspended_kind": None,
+                "xid": 35,
+            }
+        ],
+        "model_calls": [
+            {"run_id": RUN, "step_number": 1, "attempt_number": 1, "status": "completed", "lease_epoch": 1, "xid": 12},
+            {"run_id": RUN, "step_number": 2, "attempt_number": 1, "status": "completed", "lease_epoch": 2, "xid": 36},
+        ],
+        "checkpoints": [
+            {"run_id": RUN, "version": 1, "trigger": "step", "lease_epoch": 1, "xid": 12},
+            {"run_id": RUN, "version": 2, "trigger": "final", "lease_epoch": 2, "xid": 40},
+        ],
+        "approvals": [
+            {
+                "id": UAPPROVAL,
+                "run_id": RUN,
+                "invocation_id": INV,
+                "kind": "uncertain_side_effect",
+                "status": "approved",
+                "decided_at": 130.0,
+                "decided_via": "api",
+                "attempt": 1,
+                "created_at": 105.0,
+            }
+        ],
         "meta": {"runs_submitted": 1, "t_first_submit": 100.0, "max_lease_expirations": 3},
     }
     sink = [dict(send(KEY, 1, 103.5), behaviour="close"), send(KEY, 2, 131.0)]
-    decisions = [{"approval": UAPPROVAL, "run": RUN, "kind": "uncertain_side_effect", "decision": "approve", "ok": True, "expect": "ok"}]
+    decisions = [
+        {
+            "approval": UAPPROVAL,
+            "run": RUN,
+            "kind": "uncertain_side_effect",
+            "decision": "approve",
+            "ok": True,
+            "expect": "ok",
+        }
+    ]
     return snapshot, sink, [], decisions
 
 
@@ -399,7 +603,10 @@ def test_uncertain_a_resend_after_a_prior_approval_passes_and_is_counted():
     assert report["violations"] == [], report["violations"]
     unc = report["uncertain"]
     assert unc["outcomes"] == 1 and unc["by_tool"] == {"http_post": 1} and unc["by_cause"] == {"connection_lost": 1}
-    assert unc["by_window"]["watermark_to_result"] == 1 and report["faults"]["uncertain_by_window"]["watermark_to_result"] == 1
+    assert (
+        unc["by_window"]["watermark_to_result"] == 1
+        and report["faults"]["uncertain_by_window"]["watermark_to_result"] == 1
+    )
     assert unc["parked"] == 1 and unc["equal"] is True
     assert unc["sink_faults"] == {"close": 1} and unc["sink_faults_that_ended_uncertain"] == 1
     assert unc["sink_faults_overtaken_by_a_process_fault"] == 0
@@ -409,13 +616,18 @@ def test_uncertain_a_resend_after_a_prior_approval_passes_and_is_counted():
 def test_uncertain_a_resend_without_a_decision_is_a_violation():
     snapshot, sink, faults, decisions = uncertain_history()
     # the run went on as if the answer had come: no park, no approval, and the call was sent again
-    snapshot["events"] = snapshot["events"][:4] + [ev(5, "run.requeued", 1, 14, reason="resume"), ev(6, "run.claimed", 2, 31, lease_epoch=2),
-                                                   ev(7, "run.completed", 2, 40)]
+    snapshot["events"] = snapshot["events"][:4] + [
+        ev(5, "run.requeued", 1, 14, reason="resume"),
+        ev(6, "run.claimed", 2, 31, lease_epoch=2),
+        ev(7, "run.completed", 2, 40),
+    ]
     snapshot["sessions"][0]["event_seq"] = 7
     snapshot["approvals"] = []
     report = run_check(snapshot, sink, faults, [])
     assert {"I2", "I8"} <= set(invariants(report)), report["violations"]
-    assert any(v["invariant"] == "I2" and "no recorded decision permits it" in v["detail"] for v in report["violations"])
+    assert any(
+        v["invariant"] == "I2" and "no recorded decision permits it" in v["detail"] for v in report["violations"]
+    )
     assert report["uncertain"]["equal"] is False and len(report["uncertain"]["unexplained"]) == 1
 
 
@@ -423,7 +635,9 @@ def test_uncertain_a_resend_under_another_key_without_a_decision_is_a_violation(
     snapshot, sink, faults, decisions = uncertain_history()
     inv2 = dict(snapshot["invocations"][0], id=INV2, idempotency_key=KEY2, step_number=2, attempt=1, xid=37)
     snapshot["invocations"].append(inv2)
-    sink.append(send(KEY2, 1, 140.0))  # the same effect asked again under a new key: the approval of i1 permits one re-send of i1
+    sink.append(
+        send(KEY2, 1, 140.0)
+    )  # the same effect asked again under a new key: the approval of i1 permits one re-send of i1
     report = run_check(snapshot, sink, faults, decisions)
     assert invariants(report) == ["I2"] and KEY2 in report["violations"][0]["detail"]
 
@@ -446,7 +660,9 @@ def test_uncertain_a_confirm_that_it_took_effect_is_not_a_lost_effect():
     snapshot, sink, faults, decisions = uncertain_history()
     snapshot["approvals"][0]["status"] = "confirmed"
     snapshot["invocations"][0].update(attempt=1)
-    assert run_check(snapshot, [], faults, decisions)["violations"] == []  # the sink never saw it; the operator vouched for it
+    assert (
+        run_check(snapshot, [], faults, decisions)["violations"] == []
+    )  # the sink never saw it; the operator vouched for it
     snapshot["approvals"][0]["status"] = "approved"
     assert "I2" in invariants(run_check(snapshot, [], faults, decisions))  # completed by a send nobody received: lost
 
@@ -460,11 +676,15 @@ def test_uncertain_an_approval_decided_after_the_resend_does_not_cover_it():
 
 def test_uncertain_i1_accepts_a_reject_as_operator_rejected_and_nothing_else():
     snapshot, sink, faults, decisions = uncertain_history()
-    snapshot["events"] = snapshot["events"][:5] + [ev(6, "approval.resolved", 1, 30, approval=UAPPROVAL, decision="rejected"),
-                                                   ev(7, "run.failed", 1, 30, failure={"reason": "operator_rejected"})]
+    snapshot["events"] = snapshot["events"][:5] + [
+        ev(6, "approval.resolved", 1, 30, approval=UAPPROVAL, decision="rejected"),
+        ev(7, "run.failed", 1, 30, failure={"reason": "operator_rejected"}),
+    ]
     snapshot["sessions"][0]["event_seq"] = 7
     snapshot["runs"][0].update(status="FAILED", failure={"reason": "operator_rejected"}, lease_epoch=1)
-    snapshot["invocations"][0].update(status="uncertain", has_result=False, attempt=1, effect_sent_at=103.0, lease_epoch=1, xid=13)
+    snapshot["invocations"][0].update(
+        status="uncertain", has_result=False, attempt=1, effect_sent_at=103.0, lease_epoch=1, xid=13
+    )
     snapshot["model_calls"].pop()
     snapshot["checkpoints"].pop()
     snapshot["approvals"][0]["status"] = "rejected"
@@ -485,7 +705,9 @@ def test_uncertain_a_run_parked_on_its_approval_at_the_end_is_explained():
     snapshot["events"] = snapshot["events"][:5]
     snapshot["sessions"][0]["event_seq"] = 5
     snapshot["runs"][0].update(status="WAITING_FOR_APPROVAL", lease_epoch=1)
-    snapshot["invocations"][0].update(status="uncertain", has_result=False, attempt=1, effect_sent_at=103.0, lease_epoch=1, xid=13)
+    snapshot["invocations"][0].update(
+        status="uncertain", has_result=False, attempt=1, effect_sent_at=103.0, lease_epoch=1, xid=13
+    )
     snapshot["model_calls"].pop()
     snapshot["checkpoints"].pop()
     snapshot["approvals"][0].update(status="pending", decided_at=None)
@@ -514,7 +736,12 @@ def test_the_sink_plays_a_chosen_drop_and_records_it(tmp_path):
         answers = {}
         for key in ("drop-me", "keep-me"):
             conn = http.client.HTTPConnection("127.0.0.1", sink.port, timeout=10)
-            conn.request("POST", "/effect", body=b'{"a": 1}', headers={"Idempotency-Key": key, "Content-Type": "application/json"})
+            conn.request(
+                "POST",
+                "/effect",
+                body=b'{"a": 1}',
+                headers={"Idempotency-Key": key, "Content-Type": "application/json"},
+            )
             try:
                 answers[key] = conn.getresponse().status
             except (http.client.RemoteDisconnected, ConnectionError) as exc:
@@ -524,10 +751,14 @@ def test_the_sink_plays_a_chosen_drop_and_records_it(tmp_path):
         sink.close()
     assert answers == {"drop-me": "RemoteDisconnected", "keep-me": 200}
     logged = [json.loads(line) for line in (tmp_path / "sink.jsonl").read_text().splitlines()]
-    assert [(r["key"], r.get("behaviour")) for r in logged] == [("drop-me", "close"), ("keep-me", None)]  # the request arrived: an effect
+    assert [(r["key"], r.get("behaviour")) for r in logged] == [
+        ("drop-me", "close"),
+        ("keep-me", None),
+    ]  # the request arrived: an effect
 
 
 # -- the soak without carve-outs (issue 14): database faults, node deaths, web submits ------------
+
 
 def _tb(t, *exceptions, record="2026-11-30 10:00:00,000 ERROR agentrt.executor run r1: unhandled error"):
     return {"t": t, "record": record, "exceptions": list(exceptions)}
@@ -538,26 +769,57 @@ LOST = "django.db.utils.OperationalError: terminating connection due to administ
 
 def test_logs_a_lost_connection_after_a_terminate_of_that_process_backend_is_explained():
     snapshot, sink, faults, decisions = history()
-    snapshot["meta"]["process_logs"] = {"qcluster-0": {"application_name": "soak-node-0", "traceback_list": [_tb(150.0, LOST)]}}
-    faults = faults + [{"id": 2, "kind": "terminate", "role": "pg_backend", "application_name": "soak-node-0", "t": 149.5,
-                        "window": "active", "held": []}]
+    snapshot["meta"]["process_logs"] = {
+        "qcluster-0": {"application_name": "soak-node-0", "traceback_list": [_tb(150.0, LOST)]}
+    }
+    faults = faults + [
+        {
+            "id": 2,
+            "kind": "terminate",
+            "role": "pg_backend",
+            "application_name": "soak-node-0",
+            "t": 149.5,
+            "window": "active",
+            "held": [],
+        }
+    ]
     report = run_check(snapshot, sink, faults, decisions)
     assert report["violations"] == [] and report["logs_judged"]["explained_by_db_fault"] == 1
 
 
 def test_logs_a_lost_connection_with_no_database_fault_reaching_that_process_is_a_violation():
     snapshot, sink, faults, decisions = history()
-    snapshot["meta"]["process_logs"] = {"qcluster-0": {"application_name": "soak-node-0", "traceback_list": [_tb(150.0, LOST)]}}
-    other_node = {"id": 2, "kind": "terminate", "role": "pg_backend", "application_name": "soak-node-1", "t": 149.5, "held": []}
-    later = {"id": 3, "kind": "terminate", "role": "pg_backend", "application_name": "soak-node-0", "t": 151.5, "held": []}
+    snapshot["meta"]["process_logs"] = {
+        "qcluster-0": {"application_name": "soak-node-0", "traceback_list": [_tb(150.0, LOST)]}
+    }
+    other_node = {
+        "id": 2,
+        "kind": "terminate",
+        "role": "pg_backend",
+        "application_name": "soak-node-1",
+        "t": 149.5,
+        "held": [],
+    }
+    later = {
+        "id": 3,
+        "kind": "terminate",
+        "role": "pg_backend",
+        "application_name": "soak-node-0",
+        "t": 151.5,
+        "held": [],
+    }
     report = run_check(snapshot, sink, faults + [other_node, later], decisions)
     assert invariants(report) == ["I1"] and report["logs_judged"]["unexplained"] == 1
 
 
 def test_logs_any_other_exception_is_a_violation_even_right_after_the_restart():
     snapshot, sink, faults, decisions = history()
-    snapshot["meta"]["process_logs"] = {"maintenance": {"application_name": "soak-maintenance", "traceback_list": [
-        _tb(150.0, "KeyError: 'lease_epoch'"), _tb(150.2, LOST, "ValueError: boom")]}}
+    snapshot["meta"]["process_logs"] = {
+        "maintenance": {
+            "application_name": "soak-maintenance",
+            "traceback_list": [_tb(150.0, "KeyError: 'lease_epoch'"), _tb(150.2, LOST, "ValueError: boom")],
+        }
+    }
     restart = {"id": 2, "kind": "pg_restart", "role": "postgres_restart", "t": 149.0, "t_ready": 149.6, "held": []}
     report = run_check(snapshot, sink, faults + [restart], decisions)
     assert invariants(report) == ["I1"] and report["logs_judged"]["unexplained"] == 2
@@ -571,12 +833,32 @@ def _max_attempts_history(extra_fault: dict | None):
     faults = []
     for epoch in (1, 3, 5, 7):
         events.append(ev(seq, "run.claimed", epoch, xid, lease_epoch=epoch, lease_owner=f"vm:{70 + epoch}:x"))
-        events.append(ev(seq + 1, "lease.taken_over", epoch + 1, xid + 1, previous_epoch=epoch, lease_epoch=epoch + 1, via="sweep"))
+        events.append(
+            ev(
+                seq + 1,
+                "lease.taken_over",
+                epoch + 1,
+                xid + 1,
+                previous_epoch=epoch,
+                lease_epoch=epoch + 1,
+                via="sweep",
+            )
+        )
         events.append(ev(seq + 2, "run.requeued", epoch + 1, xid + 2, reason="resume"))
         if epoch != 7:
-            faults.append({"id": len(faults) + 1, "kind": "kill", "role": "busy_worker", "source": "random", "t": 100.0 + seq + 0.5,
-                           "t_freeze": 100.0 + seq + 0.5, "pid": 70 + epoch, "node": 0,
-                           "held": [{"run": RUN, "epoch": epoch, "window": "no_effect", "invocation": None, "attempt": None}]})
+            faults.append(
+                {
+                    "id": len(faults) + 1,
+                    "kind": "kill",
+                    "role": "busy_worker",
+                    "source": "random",
+                    "t": 100.0 + seq + 0.5,
+                    "t_freeze": 100.0 + seq + 0.5,
+                    "pid": 70 + epoch,
+                    "node": 0,
+                    "held": [{"run": RUN, "epoch": epoch, "window": "no_effect", "invocation": None, "attempt": None}],
+                }
+            )
         seq, xid = seq + 3, xid + 3
     events[-1] = ev(seq - 1, "run.failed", 8, xid, failure={"reason": "max_attempts_exceeded"})
     snapshot, sink, _, _ = history()
@@ -592,18 +874,29 @@ def _max_attempts_history(extra_fault: dict | None):
 
 def test_i1_max_attempts_counts_a_lease_lost_to_a_terminated_backend_of_its_node():
     claimed_at = 100.0 + 11  # the fourth claim (epoch 7) is event 11
-    report = run_check(*_max_attempts_history({"kind": "terminate", "role": "pg_backend", "application_name": "soak-node-0",
-                                              "t": claimed_at + 0.4}))
+    report = run_check(
+        *_max_attempts_history(
+            {"kind": "terminate", "role": "pg_backend", "application_name": "soak-node-0", "t": claimed_at + 0.4}
+        )
+    )
     assert report["violations"] == [], report["violations"]
     assert report["outcomes"]["FAILED:max_attempts_exceeded"]["explained"] == 1
 
 
-@pytest.mark.parametrize("extra", [
-    None,  # nothing reached the fourth worker: the runtime lost the lease on its own
-    {"kind": "terminate", "role": "pg_backend", "application_name": "soak-node-1", "t": 111.4},  # another node's backend
-    {"kind": "kill", "role": "pusher", "node": 1, "pid": 5, "t": 111.4},  # another node's pusher
-    {"kind": "terminate", "role": "pg_backend", "application_name": "soak-node-0", "t": 109.0},  # before the claim
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        None,  # nothing reached the fourth worker: the runtime lost the lease on its own
+        {
+            "kind": "terminate",
+            "role": "pg_backend",
+            "application_name": "soak-node-1",
+            "t": 111.4,
+        },  # another node's backend
+        {"kind": "kill", "role": "pusher", "node": 1, "pid": 5, "t": 111.4},  # another node's pusher
+        {"kind": "terminate", "role": "pg_backend", "application_name": "soak-node-0", "t": 109.0},  # before the claim
+    ],
+)
 def test_i1_max_attempts_with_a_lease_loss_no_fault_caused_is_a_violation(extra):
     report = run_check(*_max_attempts_history(extra))
     assert invariants(report) == ["I1"], report["violations"]
@@ -616,9 +909,20 @@ def test_i6_a_cancel_that_cut_a_live_request_must_record_it_uncertain():
     snapshot["invocations"][0].update(status="uncertain", has_result=False, attempt=1)
     faults = faults + [{"id": 2, "kind": "cancel", "run": RUN, "t": 104.0}]
     snapshot["approvals"], decisions, sink = [], [], [send(KEY, 1, 110.0)]
-    snapshot["events"] = snapshot["events"][:3] + [ev(4, "tool.call.failed", 1, 20, invocation=INV, attempt=1, outcome="uncertain",
-                                                       tool="http_post", error={"error": "cancelled"}),
-                                                    ev(5, "run.cancelled", 1, 21)]
+    snapshot["events"] = snapshot["events"][:3] + [
+        ev(
+            4,
+            "tool.call.failed",
+            1,
+            20,
+            invocation=INV,
+            attempt=1,
+            outcome="uncertain",
+            tool="http_post",
+            error={"error": "cancelled"},
+        ),
+        ev(5, "run.cancelled", 1, 21),
+    ]
     snapshot["sessions"][0]["event_seq"] = 5
     snapshot["runs"][0]["lease_epoch"] = 1
     snapshot["checkpoints"] = snapshot["checkpoints"][:1]
@@ -640,20 +944,44 @@ def test_deaths_are_counted_by_process_type_and_window_and_only_workers_fill_the
         {"kind": "kill", "role": "idle_worker", "window": "idle", "held": [], "t": 120.0, "pid": 9, "node": 0},
         {"kind": "kill", "role": "sentinel", "window": "watermark_to_result", "held": [], "t": 121.0, "node": 0},
         {"kind": "kill", "role": "web_node", "window": "submit_in_flight", "held": [], "t": 122.0, "node": 1},
-        {"kind": "terminate", "role": "pg_backend", "window": "idle in transaction", "held": [], "t": 123.0,
-         "application_name": "soak-node-0"},
-        {"kind": "pg_restart", "role": "postgres_restart", "window": "no_effect", "held": [], "t": 124.0, "t_ready": 125.0},
-        {"kind": "stop", "role": "busy_worker", "window": "no_effect", "t": 126.0, "t_freeze": 126.0,
-         "held": [{"run": "gone", "epoch": 9, "window": "no_effect", "invocation": None, "attempt": None}]},
+        {
+            "kind": "terminate",
+            "role": "pg_backend",
+            "window": "idle in transaction",
+            "held": [],
+            "t": 123.0,
+            "application_name": "soak-node-0",
+        },
+        {
+            "kind": "pg_restart",
+            "role": "postgres_restart",
+            "window": "no_effect",
+            "held": [],
+            "t": 124.0,
+            "t_ready": 125.0,
+        },
+        {
+            "kind": "stop",
+            "role": "busy_worker",
+            "window": "no_effect",
+            "t": 126.0,
+            "t_freeze": 126.0,
+            "held": [{"run": "gone", "epoch": 9, "window": "no_effect", "invocation": None, "attempt": None}],
+        },
     ]
     report = run_check(snapshot, sink, faults + [{"id": i + 2, **f} for i, f in enumerate(more)], decisions)
     d = report["deaths"]
-    assert d["total"] == 6 and d["sigkill"] == 4 and d["pg_backends_terminated"] == 1 and d["pg_restarts"] == 1  # a stop is no death
+    assert (
+        d["total"] == 6 and d["sigkill"] == 4 and d["pg_backends_terminated"] == 1 and d["pg_restarts"] == 1
+    )  # a stop is no death
     assert d["by_type_window"]["sentinel"] == {"watermark_to_result": 1}
     assert d["by_type_window"]["web_node"] == {"submit_in_flight": 1}
     assert d["by_type"]["busy_worker"] == 1 and d["by_type"]["monitor"] == 0 and d["types_hit"]["monitor"] is False
     # the sentinel's death is not a kill of a worker in the watermark window
-    assert report["faults"]["kill_by_window"]["watermark_to_result"] == 1 and report["faults"]["kill_by_window"]["idle"] == 1
+    assert (
+        report["faults"]["kill_by_window"]["watermark_to_result"] == 1
+        and report["faults"]["kill_by_window"]["idle"] == 1
+    )
 
 
 def _resumer_died_history(decision: str = "run.waiting_for_approval"):

@@ -1,6 +1,7 @@
 """The README quotes the committed soak report (tests/chaos/LAST_SOAK.md):
 its headline figures and the command that regenerates it must be the
 report's own, so the README cannot claim a soak that was not run."""
+
 from __future__ import annotations
 
 import re
@@ -60,10 +61,21 @@ def test_the_committed_report_is_a_pass_of_at_least_5000_process_deaths_of_every
 def test_the_headline_parser_reads_what_the_report_writes_and_sees_a_changed_figure():
     from tests.chaos.report import headline
 
-    r = {"deaths": {"total": 5123, "sigkill": 4600, "pg_backends_terminated": 522, "pg_restarts": 1}, "runs": 3000,
-         "config": {"seed": 7}, "violations": []}
+    r = {
+        "deaths": {"total": 5123, "sigkill": 4600, "pg_backends_terminated": 522, "pg_restarts": 1},
+        "runs": 3000,
+        "config": {"seed": 7},
+        "violations": [],
+    }
     line = headline(r)
-    assert parse_headline(line) == {"deaths": 5123, "sigkill": 4600, "backends": 522, "restarts": 1, "runs": 3000, "seed": 7,
-                                    "violations": 0}
+    assert parse_headline(line) == {
+        "deaths": 5123,
+        "sigkill": 4600,
+        "backends": 522,
+        "restarts": 1,
+        "runs": 3000,
+        "seed": 7,
+        "violations": 0,
+    }
     assert parse_headline(line.replace("5,123", "5,124")) != parse_headline(line)
     assert HEADLINE_RE.search("no figures here") is None

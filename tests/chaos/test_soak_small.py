@@ -16,6 +16,7 @@ them landed — a fault type or window no fault reached proves nothing — rathe
 than pass vacuously. Plus a few tests that plant violations in a synthetic
 snapshot to prove the checker can fail.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,10 +43,33 @@ CI_PLANS = [p for p in PLAN_NAMES if p not in KNOWN_PRODUCT_BUGS]
 def test_seeded_small_soak_kills_every_process_type_and_holds_every_invariant(tmp_path):
     out = tmp_path / "soak"
     cmd = [
-        sys.executable, "-m", "tests.chaos.soak", "--runs", str(RUNS), "--workers", "4", "--seed", str(SEED),
-        "--planned-fraction", "1", "--kill-every", "0.5,1.5", "--stop-every", "10,20", "--cover-types",
-        "--duration-cap", "300", "--out", str(out), "--require-windows", "--plans", ",".join(CI_PLANS),
-        "--sink-drop-rate", "0.08", "--sink-delay-rate", "0.08",  # a few live calls end uncertain (issue 11)
+        sys.executable,
+        "-m",
+        "tests.chaos.soak",
+        "--runs",
+        str(RUNS),
+        "--workers",
+        "4",
+        "--seed",
+        str(SEED),
+        "--planned-fraction",
+        "1",
+        "--kill-every",
+        "0.5,1.5",
+        "--stop-every",
+        "10,20",
+        "--cover-types",
+        "--duration-cap",
+        "300",
+        "--out",
+        str(out),
+        "--require-windows",
+        "--plans",
+        ",".join(CI_PLANS),
+        "--sink-drop-rate",
+        "0.08",
+        "--sink-delay-rate",
+        "0.08",  # a few live calls end uncertain (issue 11)
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=570)
     tail = f"\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
@@ -97,23 +121,63 @@ def test_seeded_small_soak_kills_every_process_type_and_holds_every_invariant(tm
 
 # -- the oracle can fail: planted violations in a synthetic snapshot ---------------
 
+
 def _snapshot():
     run, sess, inv = "r1", "s1", "i1"
-    ev = lambda seq, typ, epoch, **p: {"session_id": sess, "sequence": seq, "run_id": run, "type": typ, "payload": p,  # noqa: E731
-                                       "lease_epoch": epoch, "occurred_at": 100.0 + seq}
+    ev = lambda seq, typ, epoch, **p: {
+        "session_id": sess,
+        "sequence": seq,
+        "run_id": run,
+        "type": typ,
+        "payload": p,  # noqa: E731
+        "lease_epoch": epoch,
+        "occurred_at": 100.0 + seq,
+    }
     return {
-        "runs": [{"id": run, "status": "COMPLETED", "session_id": sess, "lease_owner": None, "lease_epoch": 2, "lease_expires_at": None,
-                  "lease_expirations": 1, "attempts": 2, "failure": None, "cancel_requested_at": None, "submitted_at": 100.0}],
+        "runs": [
+            {
+                "id": run,
+                "status": "COMPLETED",
+                "session_id": sess,
+                "lease_owner": None,
+                "lease_epoch": 2,
+                "lease_expires_at": None,
+                "lease_expirations": 1,
+                "attempts": 2,
+                "failure": None,
+                "cancel_requested_at": None,
+                "submitted_at": 100.0,
+            }
+        ],
         "sessions": [{"id": sess, "event_seq": 6}],
         "events": [
-            ev(1, "run.created", 0), ev(2, "run.claimed", 1), ev(3, "tool.call.started", 1),
-            ev(4, "lease.taken_over", 2, previous_epoch=1, lease_epoch=2, via="sweep"), ev(5, "run.requeued", 2, reason="resume"),
+            ev(1, "run.created", 0),
+            ev(2, "run.claimed", 1),
+            ev(3, "tool.call.started", 1),
+            ev(4, "lease.taken_over", 2, previous_epoch=1, lease_epoch=2, via="sweep"),
+            ev(5, "run.requeued", 2, reason="resume"),
             ev(6, "run.completed", 2),
         ],
-        "invocations": [{"id": inv, "run_id": run, "step_number": 1, "call_index": 0, "tool_name": "http_post", "read_only": False,
-                         "status": "completed", "effect_sent_at": 101.0, "attempt": 1, "has_result": True, "idempotency_key": "r1:1:call_1_0",
-                         "lease_epoch": 2, "suspended_kind": None}],
-        "model_calls": [{"run_id": run, "step_number": 1, "attempt_number": 1, "status": "completed", "lease_epoch": 1}],
+        "invocations": [
+            {
+                "id": inv,
+                "run_id": run,
+                "step_number": 1,
+                "call_index": 0,
+                "tool_name": "http_post",
+                "read_only": False,
+                "status": "completed",
+                "effect_sent_at": 101.0,
+                "attempt": 1,
+                "has_result": True,
+                "idempotency_key": "r1:1:call_1_0",
+                "lease_epoch": 2,
+                "suspended_kind": None,
+            }
+        ],
+        "model_calls": [
+            {"run_id": run, "step_number": 1, "attempt_number": 1, "status": "completed", "lease_epoch": 1}
+        ],
         "checkpoints": [{"run_id": run, "version": 2, "trigger": "final", "lease_epoch": 2}],
         "approvals": [],
         "meta": {"runs_submitted": 1, "t_first_submit": 100.0},
@@ -134,7 +198,9 @@ def test_checker_flags_an_unapproved_duplicate_and_a_lost_effect():
 
 def test_checker_flags_stale_epochs_gaps_leases_and_lost_runs():
     snap = _snapshot()
-    snap["events"].append({**snap["events"][2], "sequence": 8, "type": "tool.call.completed"})  # epoch 1 after epoch 2, and a gap at 7
+    snap["events"].append(
+        {**snap["events"][2], "sequence": 8, "type": "tool.call.completed"}
+    )  # epoch 1 after epoch 2, and a gap at 7
     snap["sessions"][0]["event_seq"] = 8
     snap["checkpoints"].append({"run_id": "r1", "version": 3, "trigger": "x", "lease_epoch": 3})
     snap["runs"][0].update(status="RUNNING", lease_owner="h:1:x")
@@ -144,13 +210,28 @@ def test_checker_flags_stale_epochs_gaps_leases_and_lost_runs():
 
 def test_checker_flags_a_takeover_that_continues_past_an_unknown_effect():
     snap = _snapshot()
-    snap["events"].insert(4, {"session_id": "s1", "sequence": 5, "run_id": "r1", "type": "step.interrupted", "lease_epoch": 2,
-                              "occurred_at": 104.5, "payload": {"phase": "executing", "read_only": False, "invocation": "i1"}})
+    snap["events"].insert(
+        4,
+        {
+            "session_id": "s1",
+            "sequence": 5,
+            "run_id": "r1",
+            "type": "step.interrupted",
+            "lease_epoch": 2,
+            "occurred_at": 104.5,
+            "payload": {"phase": "executing", "read_only": False, "invocation": "i1"},
+        },
+    )
     for i, e in enumerate(snap["events"]):
         e["sequence"] = i + 1
     snap["sessions"][0]["event_seq"] = len(snap["events"])
-    fault = {"id": 1, "kind": "kill", "source": "planned", "t_freeze": 102.0,
-             "held": [{"run": "r1", "epoch": 1, "window": "watermark_to_result", "invocation": "i1", "attempt": 1}]}
+    fault = {
+        "id": 1,
+        "kind": "kill",
+        "source": "planned",
+        "t_freeze": 102.0,
+        "held": [{"run": "r1", "epoch": 1, "window": "watermark_to_result", "invocation": "i1", "attempt": 1}],
+    }
     report = check(snap, [{"key": "r1:1:call_1_0", "attempt": "1"}], [fault])
     assert any(v["invariant"] == "I8" for v in report["violations"])
     assert report["faults"]["kill_by_window"]["watermark_to_result"] == 1

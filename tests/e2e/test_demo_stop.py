@@ -3,6 +3,7 @@
 server, the worker (draining it) and maintenance, frees its port, and a
 second start right after starts cleanly. Real processes, a scratch SQLite
 file, a free port."""
+
 from __future__ import annotations
 
 import os
@@ -28,11 +29,19 @@ def listening(port: int) -> bool:
 class Demo:
     def __init__(self, tmp_path, port: int, n: int):
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-        env.update(AGENTRT_SQLITE_PATH=str(tmp_path / "demo.sqlite3"), PYTHONUNBUFFERED="1", AGENTRT_LOG_LEVEL="WARNING")
+        env.update(
+            AGENTRT_SQLITE_PATH=str(tmp_path / "demo.sqlite3"), PYTHONUNBUFFERED="1", AGENTRT_LOG_LEVEL="WARNING"
+        )
         self.log_path = tmp_path / f"demo-{n}.log"
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "manage.py", "demo", "--port", str(port)], cwd=ROOT, env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "demo", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -70,7 +79,9 @@ def test_a_signal_to_the_demo_stops_everything_it_started_and_it_starts_again(si
     try:
         sessions = set(kids)
         assert len(in_sessions(sessions)) >= 3 + 4  # web, qcluster, maintenance; sentinel, worker(s), pusher, monitor
-        demo.proc.send_signal(sig)  # to the demo's process only, as docker stop / systemd / a closing terminal's supervisor
+        demo.proc.send_signal(
+            sig
+        )  # to the demo's process only, as docker stop / systemd / a closing terminal's supervisor
         rc = demo.proc.wait(timeout=120)
         out = demo.output()
         assert rc == 0, out[-3000:]

@@ -1,13 +1,14 @@
-"""The doorbell on PostgreSQL (runs/doorbell.py), through a real `qcluster`:
+"""The doorbell on PostgreSQL (runs/runtime/doorbell.py), through a real `qcluster`:
 an enqueue wakes an idle pusher through NOTIFY, long before its fallback
 poll would have found the task, and a lost listener reconnects."""
+
 from __future__ import annotations
 
 import pytest
 from django.db import connection
 
-from runs.doorbell import CHANNEL
 from runs.models import Run
+from runs.runtime.doorbell import CHANNEL
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -35,8 +36,11 @@ def test_an_idle_pusher_is_woken_by_the_enqueue_not_by_its_poll(cluster, load_ag
     wait_for(listeners, timeout=30, message=f"the pusher to LISTEN\n{c.output()}")
     for i in range(3):  # each submit finds the pusher waiting on LISTEN again
         run = submit(text=f"run {i}")
-        wait_for(lambda: status(run.id) == "COMPLETED", timeout=FALLBACK / 4,
-                 message=f"run {i} to be woken by NOTIFY\n{c.output()}")
+        wait_for(
+            lambda: status(run.id) == "COMPLETED",
+            timeout=FALLBACK / 4,
+            message=f"run {i} to be woken by NOTIFY\n{c.output()}",
+        )
 
 
 def test_a_lost_listener_reconnects_and_nothing_is_missed(cluster, load_agent, submit):
@@ -46,8 +50,16 @@ def test_a_lost_listener_reconnects_and_nothing_is_missed(cluster, load_agent, s
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(%s)", [first])
     run = submit()
-    wait_for(lambda: status(run.id) == "COMPLETED", timeout=FALLBACK / 4, message=f"the run after the listener was lost\n{c.output()}")
+    wait_for(
+        lambda: status(run.id) == "COMPLETED",
+        timeout=FALLBACK / 4,
+        message=f"the run after the listener was lost\n{c.output()}",
+    )
     again = wait_for(listeners, timeout=30, message="the pusher to LISTEN again")
     assert first not in again
     later = submit(text="after reconnecting")
-    wait_for(lambda: status(later.id) == "COMPLETED", timeout=FALLBACK / 4, message=f"a run woken by the new listener\n{c.output()}")
+    wait_for(
+        lambda: status(later.id) == "COMPLETED",
+        timeout=FALLBACK / 4,
+        message=f"a run woken by the new listener\n{c.output()}",
+    )

@@ -1,4 +1,5 @@
 """End to end through a real `qcluster` process (never django-q2's sync mode)."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,7 +36,7 @@ def test_the_heartbeat_renews_the_lease_while_a_long_step_runs(cluster, load_age
     sweeping expired leases: only renewal keeps the run from being taken
     over. Without it the sweep takes the run (lease.taken_over, epoch 2) and
     the worker fences itself (run.fenced): the test fails (checked by
-    disabling renewal in runs/supervisor.py)."""
+    disabling renewal in runs/runtime/supervisor.py)."""
     import subprocess
     import sys
 
@@ -45,8 +46,14 @@ def test_the_heartbeat_renews_the_lease_while_a_long_step_runs(cluster, load_age
     env = dict(AGENTRT_LEASE_SECONDS=2)
     c = cluster(**env)
     log = open(tmp_path / "maintenance.log", "wb")
-    maintenance = subprocess.Popen([sys.executable, "manage.py", "run_maintenance"], cwd=ROOT, env=subprocess_env(**env),
-                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    maintenance = subprocess.Popen(
+        [sys.executable, "manage.py", "run_maintenance"],
+        cwd=ROOT,
+        env=subprocess_env(**env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         run = submit()
         wait_for(lambda: status(run.id) == "RUNNING", timeout=30, message="the run to be claimed")
@@ -54,7 +61,11 @@ def test_the_heartbeat_renews_the_lease_while_a_long_step_runs(cluster, load_age
 
         def observe():
             row = Run.objects.filter(id=run.id).values("status", "lease_expires_at", "lease_epoch").get()
-            if row["status"] == "RUNNING" and row["lease_expires_at"] and (not seen or seen[-1] != row["lease_expires_at"]):
+            if (
+                row["status"] == "RUNNING"
+                and row["lease_expires_at"]
+                and (not seen or seen[-1] != row["lease_expires_at"])
+            ):
                 seen.append(row["lease_expires_at"])
             return row["status"] != "RUNNING"
 
@@ -78,7 +89,7 @@ def test_the_heartbeat_renews_the_lease_while_a_long_step_runs(cluster, load_age
 
 
 def test_a_duplicate_doorbell_for_a_finished_run_changes_nothing(cluster, load_agent, submit):
-    from runs.executor import enqueue_drive
+    from runs.runtime.executor import enqueue_drive
 
     load_agent()
     cluster(AGENTRT_LEASE_SECONDS=3)
@@ -93,7 +104,10 @@ def test_a_duplicate_doorbell_for_a_finished_run_changes_nothing(cluster, load_a
 
 
 def test_slices_yield_the_run_back_to_queued_and_it_still_completes(cluster, load_agent, submit):
-    load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}], "delay_ms": 300} for i in range(5)] + [{"text": "end"}])
+    load_agent(
+        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}], "delay_ms": 300} for i in range(5)]
+        + [{"text": "end"}]
+    )
     cluster(AGENTRT_LEASE_SECONDS=3, AGENTRT_SLICE_SECONDS=0.5)
     run = submit()
     wait_for(lambda: status(run.id) == "COMPLETED", timeout=60, message="completion across slices")
@@ -106,8 +120,16 @@ def test_slices_yield_the_run_back_to_queued_and_it_still_completes(cluster, loa
 
     from tests.conftest import ROOT
 
-    rows = list(Event.objects.filter(run=run, type__in=("run.requeued", "run.claimed")).order_by("sequence").values_list("type", "occurred_at"))
-    gaps = [(b[1] - a[1]).total_seconds() * 1000 for a, b in zip(rows, rows[1:]) if a[0] == "run.requeued" and b[0] == "run.claimed"]
+    rows = list(
+        Event.objects.filter(run=run, type__in=("run.requeued", "run.claimed"))
+        .order_by("sequence")
+        .values_list("type", "occurred_at")
+    )
+    gaps = [
+        (b[1] - a[1]).total_seconds() * 1000
+        for a, b in zip(rows, rows[1:])
+        if a[0] == "run.requeued" and b[0] == "run.claimed"
+    ]
     (ROOT / "artifacts").mkdir(exist_ok=True)
     with open(ROOT / "artifacts" / "yield_to_claim_ms.json", "w") as fh:
         json.dump({"gaps_ms": [round(g, 1) for g in gaps], "poll_s": 0.02}, fh)
@@ -116,14 +138,24 @@ def test_slices_yield_the_run_back_to_queued_and_it_still_completes(cluster, loa
 def test_sigterm_drains_the_cluster_and_yields_the_run_for_another_node(cluster, load_agent, submit):
     import signal
 
-    load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}], "delay_ms": 400} for i in range(30)] + [{"text": "end"}],
-               limits={"max_steps": 40, "max_model_calls": 40})
+    load_agent(
+        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}], "delay_ms": 400} for i in range(30)]
+        + [{"text": "end"}],
+        limits={"max_steps": 40, "max_model_calls": 40},
+    )
     first = cluster(AGENTRT_LEASE_SECONDS=30, AGENTRT_WORKERS=1)
     run = submit()
-    wait_for(lambda: Event.objects.filter(run=run, type="tool.call.completed").exists(), timeout=60, message="the run to make progress")
+    wait_for(
+        lambda: Event.objects.filter(run=run, type="tool.call.completed").exists(),
+        timeout=60,
+        message="the run to make progress",
+    )
     first.proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: Event.objects.filter(run=run, type="run.requeued", payload__reason="drain").exists(), timeout=20,
-             message=f"the run to be yielded on drain\n{first.output()[-2000:]}")
+    wait_for(
+        lambda: Event.objects.filter(run=run, type="run.requeued", payload__reason="drain").exists(),
+        timeout=20,
+        message=f"the run to be yielded on drain\n{first.output()[-2000:]}",
+    )
     first.proc.wait(timeout=30)
     row = Run.objects.get(id=run.id)
     assert row.lease_owner is None and row.status in ("QUEUED", "RUNNING", "COMPLETED")
@@ -134,8 +166,13 @@ def test_sigterm_drains_the_cluster_and_yields_the_run_for_another_node(cluster,
 
 
 def test_a_long_conversation_is_compacted_on_a_real_cluster(cluster, load_agent, submit):
-    turns = [{"tool_calls": [{"name": "echo", "arguments": {"text": f"{i}:" + "x" * 400}}]} for i in range(12)] + [{"text": "all read"}]
-    load_agent(model={"provider": "scripted", "turns": turns, "context_window": 2000}, limits={"max_steps": 20, "max_tool_calls": 30})
+    turns = [{"tool_calls": [{"name": "echo", "arguments": {"text": f"{i}:" + "x" * 400}}]} for i in range(12)] + [
+        {"text": "all read"}
+    ]
+    load_agent(
+        model={"provider": "scripted", "turns": turns, "context_window": 2000},
+        limits={"max_steps": 20, "max_tool_calls": 30},
+    )
     cluster(AGENTRT_LEASE_SECONDS=5)
     run = submit()
     wait_for(lambda: status(run.id) in ("COMPLETED", "FAILED"), timeout=60, message="the run to end")

@@ -6,6 +6,7 @@ The request left, so the call may have taken effect: the run must not hand
 the model a failure to retry under a new key. It waits on an
 `uncertain_side_effect` approval; approve sends the same request once more
 with the same Idempotency-Key, confirm sends nothing, reject ends the run."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,12 +36,18 @@ def parked(cluster, load_agent, submit, sink):
     def start(mode: str):
         behaviour, extra = MODES[mode]
         sink.behaviours = [behaviour]
-        load_agent(turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}, **extra}}]},
-                          {"text": "paid"}],
-                   tools=("http_post",))
+        load_agent(
+            turns=[
+                {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}, **extra}}]},
+                {"text": "paid"},
+            ],
+            tools=("http_post",),
+        )
         c = cluster(AGENTRT_LEASE_SECONDS=3, AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host)
         run = submit()
-        wait_for(lambda: status(run) == "WAITING_FOR_APPROVAL", timeout=60, message=f"the run to park\n{c.output()[-3000:]}")
+        wait_for(
+            lambda: status(run) == "WAITING_FOR_APPROVAL", timeout=60, message=f"the run to park\n{c.output()[-3000:]}"
+        )
         return run
 
     return start
@@ -82,8 +89,12 @@ def test_approve_sends_the_same_request_once_more_with_the_same_key(parked, sink
     inv.refresh_from_db()
     assert (inv.status, inv.outcome, inv.error, inv.attempt) == ("completed", "succeeded", None, 2)
     assert [(a["attempt"], a["outcome"]) for a in inv.attempts] == [(1, "uncertain"), (2, "succeeded")]
-    results = [(e.type, e.payload["attempt"], e.payload["outcome"])
-               for e in Event.objects.filter(run=run, type__in=("tool.call.failed", "tool.call.completed")).order_by("sequence")]
+    results = [
+        (e.type, e.payload["attempt"], e.payload["outcome"])
+        for e in Event.objects.filter(run=run, type__in=("tool.call.failed", "tool.call.completed")).order_by(
+            "sequence"
+        )
+    ]
     assert results == [("tool.call.failed", 1, "uncertain"), ("tool.call.completed", 2, "succeeded")]
 
 
@@ -91,8 +102,14 @@ def test_approve_sends_the_same_request_once_more_with_the_same_key(parked, sink
 def test_confirm_sends_nothing_and_the_model_sees_the_confirmation(parked, sink, operator, mode):
     run = parked(mode)
     inv, approval = check_parked(run, sink)
-    approval_confirm(user=operator, approval_id=approval.id, request_hash=approval.request_hash, took_effect=True,
-                     reason="the ledger shows the payment", via="api")
+    approval_confirm(
+        user=operator,
+        approval_id=approval.id,
+        request_hash=approval.request_hash,
+        took_effect=True,
+        reason="the ledger shows the payment",
+        via="api",
+    )
     wait_for(lambda: status(run) == "COMPLETED", timeout=60, message="completion after confirmation")
     assert sink.count() == 1
     approval.refresh_from_db()
@@ -101,7 +118,11 @@ def test_confirm_sends_nothing_and_the_model_sees_the_confirmation(parked, sink,
     assert resolved.payload["decision"] == "confirmed" and resolved.payload["took_effect"] is True
     inv.refresh_from_db()
     assert (inv.status, inv.outcome, inv.error, inv.attempt) == ("completed", "succeeded", None, 1)
-    assert inv.result["outcome"] == "confirmed" and inv.result["took_effect"] is True and inv.result["confirmed_by"] == "op"
+    assert (
+        inv.result["outcome"] == "confirmed"
+        and inv.result["took_effect"] is True
+        and inv.result["confirmed_by"] == "op"
+    )
     tool_messages = [m for m in checkpoint_latest(run.id).conversation if m.get("role") == "tool"]
     assert len(tool_messages) == 1 and '"confirmed"' in tool_messages[0]["content"] and not tool_messages[0]["is_error"]
 
@@ -110,7 +131,9 @@ def test_confirm_sends_nothing_and_the_model_sees_the_confirmation(parked, sink,
 def test_reject_ends_the_run_failed_and_sends_nothing_more(parked, sink, operator, mode):
     run = parked(mode)
     _, approval = check_parked(run, sink)
-    approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash, via="api")
+    approval_decide(
+        user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash, via="api"
+    )
     assert status(run) == "FAILED"
     assert Run.objects.get(id=run.id).failure["reason"] == "operator_rejected"
     assert sink.count() == 1

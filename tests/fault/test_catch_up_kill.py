@@ -3,6 +3,7 @@ after a side effect's watermark, the run's newest checkpoint having been
 deleted meanwhile; a real `run_maintenance` resumes it from the older
 checkpoint, which is caught up from the log. Approved, the run reaches the
 undisturbed end with one send and no second model call for a recorded step."""
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,9 @@ from tests.fault.test_kill_points import post_agent, stack, status  # noqa: F401
 pytestmark = [pytest.mark.fault, pytest.mark.django_db(transaction=True)]
 
 
-def test_sigkill_with_the_newest_checkpoint_deleted_resumes_from_the_log_and_sends_once(stack, load_agent, submit, sink, tmp_path, operator):  # noqa: F811
+def test_sigkill_with_the_newest_checkpoint_deleted_resumes_from_the_log_and_sends_once(
+    stack, load_agent, submit, sink, tmp_path, operator
+):  # noqa: F811
     post_agent(load_agent, sink, before=3)
     c = stack("tool.after_watermark=pause")
     run = submit()
@@ -31,7 +34,11 @@ def test_sigkill_with_the_newest_checkpoint_deleted_resumes_from_the_log_and_sen
     newest.delete()
     worker = int((tmp_path / f"tool.after_watermark.{run.id}").read_text())
     os.kill(worker, signal.SIGKILL)
-    wait_for(lambda: status(run) in ("WAITING_FOR_APPROVAL", "FAILED"), timeout=90, message="the reclaim sweep to resume the run")
+    wait_for(
+        lambda: status(run) in ("WAITING_FOR_APPROVAL", "FAILED"),
+        timeout=90,
+        message="the reclaim sweep to resume the run",
+    )
     row = Run.objects.get(id=run.id)
     assert row.status == "WAITING_FOR_APPROVAL", row.failure
     assert sink.count() == 0

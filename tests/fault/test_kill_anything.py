@@ -2,8 +2,9 @@
 may be SIGKILLed at any moment and the deployment recovers with no person.
 
 Real `qcluster` processes; the roles are told apart by their kernel names
-(runs/qheal.py names them qc-sentinel, qc-worker, qc-pusher, qc-monitor).
+(runs/runtime/qheal.py names them qc-sentinel, qc-worker, qc-pusher, qc-monitor).
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from django.db import connection
 
 from runs.models import Event, Run
@@ -42,7 +42,12 @@ def roles(main_pid: int) -> dict[str, list[int]]:
 
 def node_ready(c, workers: int):
     r = roles(c.proc.pid)
-    ok = len(r.get("qc-sentinel", [])) == 1 and len(r.get("qc-worker", [])) >= workers and r.get("qc-pusher") and r.get("qc-monitor")
+    ok = (
+        len(r.get("qc-sentinel", [])) == 1
+        and len(r.get("qc-worker", [])) >= workers
+        and r.get("qc-pusher")
+        and r.get("qc-monitor")
+    )
     return r if ok else None
 
 
@@ -63,7 +68,6 @@ def all_completed(runs):
     return all(status(r.id) == "COMPLETED" for r in runs)
 
 
-
 class Supervised:
     """A process under a minimal supervisor, as systemd's Restart=on-failure:
     started in its own session, started again whenever it exits non-zero."""
@@ -80,8 +84,14 @@ class Supervised:
 
     def _start(self) -> None:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, *self.args], cwd=ROOT, env=self.env,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, *self.args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.generations.append(self.proc)
 
     def _watch(self) -> None:
@@ -134,7 +144,9 @@ def deployment(transactional_db, tmp_path):
 
 
 def slow_agent(load_agent, steps: int = 4, delay_ms: int = 300):
-    turns = [{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}], "delay_ms": delay_ms} for i in range(steps)]
+    turns = [
+        {"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}], "delay_ms": delay_ms} for i in range(steps)
+    ]
     load_agent(turns=turns + [{"text": "done"}], limits={"max_steps": steps + 4})
 
 
@@ -176,7 +188,9 @@ def test_sigkill_of_any_cluster_process_under_load_and_every_run_completes(victi
     slow_agent(load_agent)
     node, _ = deployment(workers=2)
     first = [submit(text=f"before {i}") for i in range(4)]
-    running = wait_or_dump(lambda: next((r for r in first if status(r.id) == "RUNNING"), None), 60, "a run to be claimed", node)
+    running = wait_or_dump(
+        lambda: next((r for r in first if status(r.id) == "RUNNING"), None), 60, "a run to be claimed", node
+    )
     r = wait_for(lambda: node_ready(node, 2), timeout=30, message="the node's processes")
     main = node.proc
     old_children = [p for role, pids in r.items() if role != "qc-sentinel" for p in pids]
@@ -188,7 +202,9 @@ def test_sigkill_of_any_cluster_process_under_load_and_every_run_completes(victi
         pid = r[f"qc-{victim}"][0]
     os.kill(pid, signal.SIGKILL)
     later = [submit(text=f"after {i}") for i in range(4)]
-    wait_or_dump(lambda: all_completed(first + later), BOUND + 30, f"every run to complete after the {victim} was killed", node)
+    wait_or_dump(
+        lambda: all_completed(first + later), BOUND + 30, f"every run to complete after the {victim} was killed", node
+    )
     if KILLS[victim] == "heals":
         assert node.exits == [] and node.proc is main, "the node healed in place"
     else:
@@ -196,7 +212,9 @@ def test_sigkill_of_any_cluster_process_under_load_and_every_run_completes(victi
         # Nothing of the killed generation lives on: orphans drain and exit.
         wait_or_dump(lambda: not in_sessions({main.pid}), 60, "the old generation's processes to exit", node)
     # The pusher, monitor and workers of the broken queues are all replaced.
-    wait_or_dump(lambda: not set(old_children) & set(in_sessions({main.pid})), 30, "the old queues' processes to be gone", node)
+    wait_or_dump(
+        lambda: not set(old_children) & set(in_sessions({main.pid})), 30, "the old queues' processes to be gone", node
+    )
     if victim == "busy-worker":
         assert Event.objects.filter(run=running, type="lease.taken_over").exists()
     record_claim_delays(victim, later)
@@ -210,7 +228,12 @@ def record_claim_delays(case: str, runs) -> None:
     delays = []
     for run in runs:
         created = Run.objects.filter(id=run.id).values_list("created_at", flat=True).get()
-        claimed = Event.objects.filter(run=run, type="run.claimed").order_by("sequence").values_list("occurred_at", flat=True).first()
+        claimed = (
+            Event.objects.filter(run=run, type="run.claimed")
+            .order_by("sequence")
+            .values_list("occurred_at", flat=True)
+            .first()
+        )
         delays.append(round((claimed - created).total_seconds(), 2))
     (ROOT / "artifacts").mkdir(exist_ok=True)
     path = ROOT / "artifacts" / "kill_claim_delays.json"
@@ -243,7 +266,9 @@ def test_every_backend_terminated_mid_step_and_every_run_completes(deployment, l
     for round_ in range(2):
         seen = Event.objects.count()
         assert terminate_backends() >= 3  # at least the two workers and the listener
-        wait_or_dump(lambda: Event.objects.count() > seen + 3, BOUND, f"progress after cut {round_ + 1}", node, maintenance)
+        wait_or_dump(
+            lambda: Event.objects.count() > seen + 3, BOUND, f"progress after cut {round_ + 1}", node, maintenance
+        )
     wait_or_dump(lambda: all_completed(runs), BOUND + 30, "every run to complete", node, maintenance)
     assert maintenance.exits == [] and node.exits == []  # both reconnected in place
 
@@ -283,8 +308,11 @@ def test_redis_going_away_under_load_and_every_run_completes(deployment, load_ag
     """Redis carries only wake-ups (channel layer) and the cache: losing it
     must cost no run. A redis-server of our own, killed mid-load."""
     port = free_port()
-    redis = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         import redis as redis_py
 
@@ -315,8 +343,12 @@ def test_a_web_node_sigkilled_is_restarted_and_serves_again(transactional_db, tm
     import urllib.request
 
     port = free_port()
-    web = Supervised("web", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentrt_site.asgi:application"],
-                     subprocess_env(), tmp_path / "web.log")
+    web = Supervised(
+        "web",
+        ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentrt_site.asgi:application"],
+        subprocess_env(),
+        tmp_path / "web.log",
+    )
 
     def healthy() -> bool:
         try:
@@ -344,8 +376,11 @@ def test_random_sigkills_of_cluster_processes_under_load(deployment, load_agent,
 
     rng = random.Random(int(os.environ.get("AGENTRT_TEST_KILL_SEED", "1414")))
     kills = int(os.environ.get("AGENTRT_TEST_KILLS", "12"))
-    load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}], "delay_ms": 20} for i in range(3)]
-               + [{"text": "done"}], limits={"max_steps": 8})
+    load_agent(
+        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}], "delay_ms": 20} for i in range(3)]
+        + [{"text": "done"}],
+        limits={"max_steps": 8},
+    )
     node, maintenance = deployment(workers=2)
     runs = [submit(text=f"seed {i}") for i in range(4)]
     done_kills: dict[str, int] = {}
@@ -362,7 +397,9 @@ def test_random_sigkills_of_cluster_processes_under_load(deployment, load_agent,
         except ProcessLookupError:
             continue
         done_kills[role] = done_kills.get(role, 0) + 1
-    wait_or_dump(lambda: all_completed(runs), BOUND + 60, f"every run to complete after kills {done_kills}", node, maintenance)
+    wait_or_dump(
+        lambda: all_completed(runs), BOUND + 60, f"every run to complete after kills {done_kills}", node, maintenance
+    )
     after = [submit(text=f"after {i}") for i in range(3)]
     wait_or_dump(lambda: all_completed(after), BOUND, "runs submitted after the last kill", node, maintenance)
     assert sum(done_kills.values()) >= kills // 2

@@ -11,6 +11,7 @@ tool.before_watermark, tool.after_watermark, tool.after_execute,
 checkpoint.before_write, resume.after_takeover (the resumer itself dies), and
 the reconcile paths with AGENTRT_RECONCILER naming a reconciler of
 tests/integration/reconcilers.py in the maintenance process."""
+
 from __future__ import annotations
 
 import json
@@ -18,16 +19,15 @@ import os
 import signal
 import subprocess
 import sys
-from datetime import datetime, timezone
-from pathlib import Path
+from datetime import UTC, datetime
 
 import pytest
 from django.db import connection
 
 from approvals.models import Approval
 from approvals.services import approval_decide
-from runs.lifecycle import run_cancel
 from runs.models import Event, ModelCall, Run, ToolInvocation
+from runs.services.lifecycle import run_cancel
 from tests.conftest import ROOT, subprocess_env, wait_for
 
 pytestmark = [pytest.mark.fault, pytest.mark.django_db(transaction=True)]
@@ -45,15 +45,25 @@ def stack(cluster, sink, tmp_path):
     def maintenance():
         """Start (another) `run_maintenance` with the plan of `start`."""
         log = open(tmp_path / f"maintenance-{len(procs)}.log", "wb")
-        m = subprocess.Popen([sys.executable, "manage.py", "run_maintenance"], cwd=ROOT, env=subprocess_env(**envs[-1]),
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        m = subprocess.Popen(
+            [sys.executable, "manage.py", "run_maintenance"],
+            cwd=ROOT,
+            env=subprocess_env(**envs[-1]),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         procs.append((m, log))
         return m
 
     def start(faults: str = "", workers: int = 2, reconciler: str = ""):
         env = dict(
-            AGENTRT_LEASE_SECONDS=LEASE, AGENTRT_WORKERS=workers, AGENTRT_ENABLE_FAULTPOINTS=1,
-            AGENTRT_FAULTPOINTS=faults, AGENTRT_FAULTPOINT_DIR=tmp_path, AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host,
+            AGENTRT_LEASE_SECONDS=LEASE,
+            AGENTRT_WORKERS=workers,
+            AGENTRT_ENABLE_FAULTPOINTS=1,
+            AGENTRT_FAULTPOINTS=faults,
+            AGENTRT_FAULTPOINT_DIR=tmp_path,
+            AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host,
         )
         if reconciler:
             env["AGENTRT_RECONCILER"] = "tests.integration.reconcilers." + reconciler
@@ -76,7 +86,10 @@ def stack(cluster, sink, tmp_path):
 
 def post_agent(load_agent, sink, before=1):
     turns = [{"tool_calls": [{"name": "echo", "arguments": {"text": f"look {i}"}}]} for i in range(before)]
-    turns += [{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "paid"}]
+    turns += [
+        {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]},
+        {"text": "paid"},
+    ]
     load_agent(turns=turns, tools=("echo", "http_post"))
 
 
@@ -98,22 +111,37 @@ def marker(tmp_path, point, run):
 
 def record_takeover(run, point, tmp_path):
     """Kill → the new owner's first write (lease.taken_over), for the note."""
-    killed = datetime.fromtimestamp(marker(tmp_path, point, run).stat().st_mtime, tz=timezone.utc)
+    killed = datetime.fromtimestamp(marker(tmp_path, point, run).stat().st_mtime, tz=UTC)
     taken = Event.objects.filter(run=run, type="lease.taken_over").order_by("sequence").first()
     latency = (taken.occurred_at - killed).total_seconds()
     ARTIFACTS.mkdir(exist_ok=True)
     with open(ARTIFACTS / "takeover_latency.jsonl", "a") as fh:
-        fh.write(json.dumps({"point": point, "lease": LEASE, "sweep_interval": LEASE / 6, "latency_s": round(latency, 3)}) + "\n")
+        fh.write(
+            json.dumps({"point": point, "lease": LEASE, "sweep_interval": LEASE / 6, "latency_s": round(latency, 3)})
+            + "\n"
+        )
     return latency
 
 
-@pytest.mark.parametrize("point", ["model.before_call", "model.after_call", "tool.before_watermark", "checkpoint.before_write",
-                                   "finalize.before_transition"])
+@pytest.mark.parametrize(
+    "point",
+    [
+        "model.before_call",
+        "model.after_call",
+        "tool.before_watermark",
+        "checkpoint.before_write",
+        "finalize.before_transition",
+    ],
+)
 def test_sigkill_before_any_unknown_effect_completes_with_one_send(stack, load_agent, submit, sink, tmp_path, point):
     post_agent(load_agent, sink)
     c = stack(f"{point}=kill")
     run = submit()
-    wait_for(lambda: status(run) == "COMPLETED", timeout=90, message=f"completion after a kill at {point}\n{c.output()[-3000:]}")
+    wait_for(
+        lambda: status(run) == "COMPLETED",
+        timeout=90,
+        message=f"completion after a kill at {point}\n{c.output()[-3000:]}",
+    )
     assert marker(tmp_path, point, run).exists()
     assert sink.count() == 1
     row = Run.objects.get(id=run.id)
@@ -123,7 +151,9 @@ def test_sigkill_before_any_unknown_effect_completes_with_one_send(stack, load_a
     record_takeover(run, point, tmp_path)
 
 
-def test_sigkill_after_the_watermark_parks_the_run_and_approval_sends_once(stack, load_agent, submit, sink, tmp_path, operator):
+def test_sigkill_after_the_watermark_parks_the_run_and_approval_sends_once(
+    stack, load_agent, submit, sink, tmp_path, operator
+):
     post_agent(load_agent, sink)
     stack("tool.after_watermark=kill")
     run = submit()
@@ -140,20 +170,26 @@ def test_sigkill_after_the_watermark_parks_the_run_and_approval_sends_once(stack
     assert sink.count() == 1 and sink.sends[0]["key"] == inv.idempotency_key and sink.sends[0]["attempt"] == "2"
 
 
-def test_sigkill_after_the_call_parks_the_run_and_rejection_sends_nothing_more(stack, load_agent, submit, sink, tmp_path, operator):
+def test_sigkill_after_the_call_parks_the_run_and_rejection_sends_nothing_more(
+    stack, load_agent, submit, sink, tmp_path, operator
+):
     post_agent(load_agent, sink)
     stack("tool.after_execute=kill")
     run = submit()
     park_or_end(run)
     assert sink.count() == 1
     approval = Approval.objects.get(run=run, status="pending")
-    approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash, via="api")
+    approval_decide(
+        user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash, via="api"
+    )
     assert status(run) == "FAILED"
     assert Run.objects.get(id=run.id).failure["reason"] == "operator_rejected"
     assert sink.count() == 1
 
 
-def test_sigkill_of_the_resumer_after_its_takeover_leaves_the_unknown_outcome_for_the_next(stack, load_agent, submit, sink, tmp_path, operator):
+def test_sigkill_of_the_resumer_after_its_takeover_leaves_the_unknown_outcome_for_the_next(
+    stack, load_agent, submit, sink, tmp_path, operator
+):
     """The worker dies after the watermark; the process that resumes it (the
     maintenance sweep, or a worker's drive_run) is itself SIGKILLed right
     after its takeover. The next resumer still finds the outcome unknown and
@@ -189,24 +225,36 @@ RECONCILED = [
     pytest.param("tool.after_execute", "always_continue", "COMPLETED", None, 1, id="after_execute-continue"),
     pytest.param("model.after_call", "always_continue", "COMPLETED", None, 1, id="after_call-continue"),
     pytest.param("tool.after_execute", "completed_json", "COMPLETED", None, 1, id="after_execute-completed"),
-    pytest.param("tool.after_execute", "conflict_with_detail", "FAILED", "reconcile_conflict", 1, id="after_execute-conflict"),
+    pytest.param(
+        "tool.after_execute", "conflict_with_detail", "FAILED", "reconcile_conflict", 1, id="after_execute-conflict"
+    ),
 ]
 
 
 def pay_agent(load_agent, sink):
-    load_agent(turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "paid"}],
-               tools=("http_post",))
+    load_agent(
+        turns=[
+            {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]},
+            {"text": "paid"},
+        ],
+        tools=("http_post",),
+    )
 
 
 @pytest.mark.parametrize("point,name,end,reason,sent", RECONCILED)
-def test_sigkill_then_the_reconciler_decides_and_nothing_is_sent_twice(stack, load_agent, submit, sink, tmp_path, point, name, end, reason, sent):
+def test_sigkill_then_the_reconciler_decides_and_nothing_is_sent_twice(
+    stack, load_agent, submit, sink, tmp_path, point, name, end, reason, sent
+):
     from tests.integration import reconcilers as R
 
     pay_agent(load_agent, sink)
     c = stack(f"{point}=kill", reconciler=name)
     run = submit()
-    wait_for(lambda: status(run) in ("COMPLETED", "FAILED", "CANCELLED", "WAITING_FOR_APPROVAL"), timeout=90,
-             message=f"the run to end after a kill at {point} and {name}\n{c.output()[-3000:]}")
+    wait_for(
+        lambda: status(run) in ("COMPLETED", "FAILED", "CANCELLED", "WAITING_FOR_APPROVAL"),
+        timeout=90,
+        message=f"the run to end after a kill at {point} and {name}\n{c.output()[-3000:]}",
+    )
     assert marker(tmp_path, point, run).exists()
     row = Run.objects.get(id=run.id)
     assert row.status == end, (row.status, row.failure)
@@ -225,7 +273,9 @@ def test_sigkill_then_the_reconciler_decides_and_nothing_is_sent_twice(stack, lo
         assert inv.attempt == 1 and inv.effect_sent_at is not None  # the interrupted call was never re-run
 
 
-def test_sigkill_after_the_watermark_then_a_waiting_reconciler_parks_and_approval_sends_once(stack, load_agent, submit, sink, tmp_path, operator):
+def test_sigkill_after_the_watermark_then_a_waiting_reconciler_parks_and_approval_sends_once(
+    stack, load_agent, submit, sink, tmp_path, operator
+):
     from tests.integration import reconcilers as R
 
     pay_agent(load_agent, sink)
@@ -236,7 +286,11 @@ def test_sigkill_after_the_watermark_then_a_waiting_reconciler_parks_and_approva
     approval = Approval.objects.get(run=run, status="pending")
     # The reconciler's presentation, plus what runs.
     assert approval.kind == "reconcile" and approval.presentation == {
-        **R.PAUSE["presentation"], "tool": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}, "side_effect": "external_write"}
+        **R.PAUSE["presentation"],
+        "tool": "http_post",
+        "arguments": {"url": sink.url, "json": {"amount": 5}},
+        "side_effect": "external_write",
+    }
     approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash, via="api")
     wait_for(lambda: status(run) == "COMPLETED", timeout=60, message="completion after approval")
     inv = ToolInvocation.objects.get(run=run)
@@ -244,7 +298,9 @@ def test_sigkill_after_the_watermark_then_a_waiting_reconciler_parks_and_approva
     assert sink.sends[0]["key"] == inv.idempotency_key and sink.sends[0]["attempt"] == "2"
 
 
-def test_a_sigstopped_zombie_writes_only_run_fenced_and_the_effect_is_sent_once(stack, load_agent, submit, sink, tmp_path):
+def test_a_sigstopped_zombie_writes_only_run_fenced_and_the_effect_is_sent_once(
+    stack, load_agent, submit, sink, tmp_path
+):
     post_agent(load_agent, sink)
     stack("tool.before_watermark=stop")
     run = submit()
@@ -252,7 +308,9 @@ def test_a_sigstopped_zombie_writes_only_run_fenced_and_the_effect_is_sent_once(
     wait_for(stop_marker.exists, timeout=60, message="the worker to stop itself")
     zombie_pid = int(stop_marker.read_text())
     wait_for(lambda: status(run) == "COMPLETED", timeout=90, message="another worker to take over and finish")
-    old_epoch = Event.objects.filter(run=run, type="lease.taken_over").order_by("sequence").first().payload["previous_epoch"]
+    old_epoch = (
+        Event.objects.filter(run=run, type="lease.taken_over").order_by("sequence").first().payload["previous_epoch"]
+    )
 
     def zombie_rows():
         with connection.cursor() as cur:
@@ -266,7 +324,11 @@ def test_a_sigstopped_zombie_writes_only_run_fenced_and_the_effect_is_sent_once(
     before_events = list(Event.objects.filter(run=run).values_list("sequence", flat=True))
     before_run = Run.objects.filter(id=run.id).values().get()
     os.kill(zombie_pid, signal.SIGCONT)
-    wait_for(lambda: Event.objects.filter(run=run, type="run.fenced").exists(), timeout=30, message="the zombie to record run.fenced")
+    wait_for(
+        lambda: Event.objects.filter(run=run, type="run.fenced").exists(),
+        timeout=30,
+        message="the zombie to record run.fenced",
+    )
     new_events = list(Event.objects.filter(run=run).exclude(sequence__in=before_events))
     assert [e.type for e in new_events] == ["run.fenced"]
     assert new_events[0].lease_epoch == old_epoch
@@ -277,7 +339,11 @@ def test_a_sigstopped_zombie_writes_only_run_fenced_and_the_effect_is_sent_once(
 
 def _await_heartbeat_after_cancel(run):
     seen = Run.objects.get(id=run.id).lease_expires_at
-    wait_for(lambda: Run.objects.get(id=run.id).lease_expires_at != seen, timeout=10, message="a heartbeat to read the cancel")
+    wait_for(
+        lambda: Run.objects.get(id=run.id).lease_expires_at != seen,
+        timeout=10,
+        message="a heartbeat to read the cancel",
+    )
 
 
 def test_cancel_before_the_watermark_stops_cleanly(stack, load_agent, submit, sink, tmp_path):
@@ -295,7 +361,9 @@ def test_cancel_before_the_watermark_stops_cleanly(stack, load_agent, submit, si
     assert sink.count() == 0
 
 
-def test_cancel_after_the_watermark_keeps_the_record_and_the_http_tool_sends_nothing(stack, load_agent, submit, sink, tmp_path):
+def test_cancel_after_the_watermark_keeps_the_record_and_the_http_tool_sends_nothing(
+    stack, load_agent, submit, sink, tmp_path
+):
     post_agent(load_agent, sink, before=0)
     stack("tool.after_watermark=pause")
     run = submit()

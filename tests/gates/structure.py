@@ -5,14 +5,15 @@ to) and returns the violations it finds, by walking the AST; nothing is
 imported or executed. `tests/gates/test_structure.py` runs every gate over
 the runtime code, and over a planted fixture that each gate must catch.
 """
+
 from __future__ import annotations
 
 import ast
 import re
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_PACKAGES = ("runs", "approvals", "checkpoints", "maintenance")
@@ -31,6 +32,7 @@ class Violation:
 
 
 # -- files ----------------------------------------------------------------------
+
 
 def runtime_files(root: Path = ROOT) -> list[Path]:
     """Every .py of the runtime packages except migrations (management
@@ -160,10 +162,14 @@ AMBIENT_IDENTITY = frozenset({"uuid.uuid4", "uuid.uuid1"})
 CLOCK_ADAPTER = frozenset({"runs/clock.py"})
 
 
-def _banned_references(paths: Iterable[Path], banned: frozenset[str], gate: str, exempt: frozenset[str], root: Path) -> list[Violation]:
+def _banned_references(
+    paths: Iterable[Path], banned: frozenset[str], gate: str, exempt: frozenset[str], root: Path
+) -> list[Violation]:
     found = []
     # `from time import *` binds time.time; `from django.utils.timezone import *` binds now.
-    star_modules = {name.rsplit(".", 1)[0] for name in banned} | {name.split(".")[0] for name in banned if not name.startswith("django.")}
+    star_modules = {name.rsplit(".", 1)[0] for name in banned} | {
+        name.split(".")[0] for name in banned if not name.startswith("django.")
+    }
     for path in paths:
         relpath = rel(path, root)
         if relpath in exempt:
@@ -175,7 +181,14 @@ def _banned_references(paths: Iterable[Path], banned: frozenset[str], gate: str,
                 module = _resolve_relative(relpath, node.level, node.module) if node.level else (node.module or "")
                 for a in node.names:
                     if a.name == "*" and module in star_modules:
-                        found.append(Violation(gate, relpath, node.lineno, f"`from {module} import *` can bind {module}'s clock/id functions"))
+                        found.append(
+                            Violation(
+                                gate,
+                                relpath,
+                                node.lineno,
+                                f"`from {module} import *` can bind {module}'s clock/id functions",
+                            )
+                        )
                     elif f"{module}.{a.name}" in banned:
                         found.append(Violation(gate, relpath, node.lineno, f"imports {module}.{a.name}"))
             elif isinstance(node, (ast.Attribute, ast.Name)) and isinstance(getattr(node, "ctx", None), ast.Load):
@@ -183,17 +196,23 @@ def _banned_references(paths: Iterable[Path], banned: frozenset[str], gate: str,
                 if name in banned:
                     # ast.walk also visits the inner nodes of a chain (`time` in
                     # `time.time`); only the whole chain can match exactly.
-                    found.append(Violation(gate, relpath, node.lineno, f"references {name}; use the Clock/IdFactory port"))
+                    found.append(
+                        Violation(gate, relpath, node.lineno, f"references {name}; use the Clock/IdFactory port")
+                    )
     return found
 
 
-def ambient_time_violations(paths: Iterable[Path], root: Path = ROOT, exempt: frozenset[str] = CLOCK_ADAPTER) -> list[Violation]:
+def ambient_time_violations(
+    paths: Iterable[Path], root: Path = ROOT, exempt: frozenset[str] = CLOCK_ADAPTER
+) -> list[Violation]:
     """No `datetime.now`, `time.time`, `time.monotonic`, `timezone.now` (or
     kin) outside the Clock adapter, however imported."""
     return _banned_references(paths, AMBIENT_TIME, "ambient-time", exempt, root)
 
 
-def ambient_identity_violations(paths: Iterable[Path], root: Path = ROOT, exempt: frozenset[str] = CLOCK_ADAPTER) -> list[Violation]:
+def ambient_identity_violations(
+    paths: Iterable[Path], root: Path = ROOT, exempt: frozenset[str] = CLOCK_ADAPTER
+) -> list[Violation]:
     """No `uuid.uuid4` / `uuid.uuid1` (called or referenced) outside the
     IdFactory adapter, however imported."""
     return _banned_references(paths, AMBIENT_IDENTITY, "ambient-identity", exempt, root)
@@ -213,7 +232,7 @@ def _domain_allowed(module: str) -> bool:
     top = module.split(".")[0]
     if module == DOMAIN_PACKAGE or module.startswith(DOMAIN_PACKAGE + "."):
         return True
-    if top == "runs":  # runs.models, runs.store, …: the adapters, never the core
+    if top == "runs":  # runs.models, runs.store.repository, …: the adapters, never the core
         return False
     return top in sys.stdlib_module_names or top in DOMAIN_THIRD_PARTY
 
@@ -247,7 +266,9 @@ def domain_import_violations(paths: Iterable[Path], root: Path = ROOT) -> list[V
                         modules = [arg.value]
             for module in modules:
                 if not _domain_allowed(module):
-                    found.append(Violation("domain-imports", relpath, node.lineno, f"the domain core imports {module!r}"))
+                    found.append(
+                        Violation("domain-imports", relpath, node.lineno, f"the domain core imports {module!r}")
+                    )
     return found
 
 
@@ -326,7 +347,14 @@ def transaction_io_violations(paths: Iterable[Path], root: Path = ROOT) -> list[
                         what = _io_call(node, aliases)
                         if what:
                             seen.add(id(node))
-                            found.append(Violation("transaction-io", relpath, node.lineno, f"{what} inside the transaction opened at line {start}"))
+                            found.append(
+                                Violation(
+                                    "transaction-io",
+                                    relpath,
+                                    node.lineno,
+                                    f"{what} inside the transaction opened at line {start}",
+                                )
+                            )
     return found
 
 
@@ -335,18 +363,36 @@ def transaction_io_violations(paths: Iterable[Path], root: Path = ROOT) -> list[
 LEASE_COLUMNS = ("lease_owner", "lease_epoch", "lease_expires_at")
 GUARDED_COLUMNS = ("status", *LEASE_COLUMNS)
 WRITERS: dict[str, frozenset[str]] = {
-    "runs/executor.py": frozenset({"status", "lease_owner", "lease_expires_at"}),  # finalize
-    "runs/queue.py": frozenset({"status", "lease_owner", "lease_epoch", "lease_expires_at"}),  # claim, heartbeat
-    "runs/resume.py": frozenset({"lease_owner", "lease_epoch", "lease_expires_at"}),  # take_over
-    "runs/lifecycle.py": frozenset({"status"}),  # cancel of queued / waiting runs
+    "runs/runtime/executor.py": frozenset({"status", "lease_owner", "lease_expires_at"}),  # finalize
+    "runs/runtime/queue.py": frozenset(
+        {"status", "lease_owner", "lease_epoch", "lease_expires_at"}
+    ),  # claim, heartbeat
+    "runs/runtime/resume.py": frozenset({"lease_owner", "lease_epoch", "lease_expires_at"}),  # take_over
+    "runs/services/lifecycle.py": frozenset({"status"}),  # cancel of queued / waiting runs
     "approvals/services.py": frozenset({"status"}),  # WAITING_* → QUEUED
-    "runs/inputs.py": frozenset({"status"}),  # WAITING_FOR_USER → QUEUED (the input service)
+    "runs/services/inputs.py": frozenset({"status"}),  # WAITING_FOR_USER → QUEUED (the input service)
 }
 RUN_MODEL_NAMES = frozenset({"Run", "runs"})
 # Receivers whose `.status` is another table's column, not the run's.
-OTHER_ENTITIES = ("approval", "invocation", "model_call", "call", "checkpoint", "event", "session", "tenant", "agent", "heartbeat", "beat", "response", "resp")
+OTHER_ENTITIES = (
+    "approval",
+    "invocation",
+    "model_call",
+    "call",
+    "checkpoint",
+    "event",
+    "session",
+    "tenant",
+    "agent",
+    "heartbeat",
+    "beat",
+    "response",
+    "resp",
+)
 
-_UPDATE = re.compile(r"\bUPDATE\s+(?:ONLY\s+)?(\"?[\w.]+\"?(?:\.\"?\w+\"?)?)\s+(?:AS\s+\w+\s+|\w+\s+)?SET\b", re.IGNORECASE)
+_UPDATE = re.compile(
+    r"\bUPDATE\s+(?:ONLY\s+)?(\"?[\w.]+\"?(?:\.\"?\w+\"?)?)\s+(?:AS\s+\w+\s+|\w+\s+)?SET\b", re.IGNORECASE
+)
 _SET = re.compile(r"\bSET\b", re.IGNORECASE)
 _END = re.compile(r"\b(WHERE|RETURNING|FROM)\b|;", re.IGNORECASE)
 _ASSIGN = re.compile(r"(?:\"?(\w+)\"?\.)?\"?\b(" + "|".join(GUARDED_COLUMNS) + r")\b\"?\s*=(?!=)", re.IGNORECASE)
@@ -424,11 +470,11 @@ def sql_writes(text: str) -> tuple[list[str], list[str], bool]:
             table = match.group(1).replace('"', "").split(".")[-1].lower()
             tables.append(table)
             if table == "runs":
-                columns += _set_assignments(blanked[match.end(): _clause_end(blanked, match.end())])
+                columns += _set_assignments(blanked[match.end() : _clause_end(blanked, match.end())])
         return columns, tables, False
     set_keyword = _SET.search(blanked)
     begin = set_keyword.end() if set_keyword else 0
-    return _set_assignments(blanked[begin: _clause_end(blanked, begin)]), [], True
+    return _set_assignments(blanked[begin : _clause_end(blanked, begin)]), [], True
 
 
 class _StringCollector(ast.NodeVisitor):
@@ -567,7 +613,11 @@ class _WriteFinder(ast.NodeVisitor):
 
     def visit_Call(self, node):
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in ("update", "bulk_update", "update_or_create") and self._mentions_run(func.value):
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in ("update", "bulk_update", "update_or_create")
+            and self._mentions_run(func.value)
+        ):
             for column in self._orm_columns(node):
                 self.writes.append(Write(self.relpath, node.lineno, column, "orm"))
         if isinstance(func, ast.Name) and func.id == "setattr" and len(node.args) >= 2:
@@ -583,7 +633,9 @@ class _WriteFinder(ast.NodeVisitor):
             if kw.arg in GUARDED_COLUMNS:
                 columns.append(kw.arg)
             elif kw.arg is None and isinstance(kw.value, ast.Dict):  # update(**{"status": ...})
-                columns += [k.value for k in kw.value.keys if isinstance(k, ast.Constant) and k.value in GUARDED_COLUMNS]
+                columns += [
+                    k.value for k in kw.value.keys if isinstance(k, ast.Constant) and k.value in GUARDED_COLUMNS
+                ]
             elif kw.arg in ("defaults", "fields"):
                 columns += _constant_keys(kw.value)
         if call.func.attr == "bulk_update" and len(call.args) >= 2:
@@ -631,13 +683,20 @@ def terminal_writes(paths: Iterable[Path], root: Path = ROOT) -> list[Write]:
     return writes
 
 
-def terminal_writer_violations(paths: Iterable[Path], root: Path = ROOT, writers: dict[str, frozenset[str]] = WRITERS) -> list[Violation]:
+def terminal_writer_violations(
+    paths: Iterable[Path], root: Path = ROOT, writers: dict[str, frozenset[str]] = WRITERS
+) -> list[Violation]:
     """Status and lease columns of `runs` are written only by the writer
     table of DESIGN §4."""
     found = []
     for write in terminal_writes(paths, root):
         if write.column not in writers.get(write.path, frozenset()):
             found.append(
-                Violation("terminal-writer", write.path, write.line, f"writes runs.{write.column} ({write.how}); only the writer table of DESIGN §4 may")
+                Violation(
+                    "terminal-writer",
+                    write.path,
+                    write.line,
+                    f"writes runs.{write.column} ({write.how}); only the writer table of DESIGN §4 may",
+                )
             )
     return found

@@ -1,5 +1,6 @@
 """Structural gates (seed 002): each runs over the runtime code and must find
 nothing, and over its planted fixture and must find exactly the planted lines."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .structure import (
+from tests.gates.structure import (
     ROOT,
     WRITERS,
     ambient_identity_violations,
@@ -42,17 +43,27 @@ def assert_catches_exactly_the_planted_lines(violations, fixture: Path):
     expected = planted_lines(fixture)
     found = {v.line for v in violations}
     assert all(v.path == rel(fixture) for v in violations), report(violations)
-    assert found - expected == set(), "reported lines that plant nothing:\n" + report(v for v in violations if v.line not in expected)
+    assert found - expected == set(), "reported lines that plant nothing:\n" + report(
+        v for v in violations if v.line not in expected
+    )
     assert expected - found == set(), f"missed planted lines {sorted(expected - found)}"
 
 
 # -- the runtime code -------------------------------------------------------------
 
+
 def test_runtime_code_is_every_module_of_the_runtime_packages_but_migrations():
     names = {rel(p) for p in RUNTIME}
 
-    assert {"runs/executor.py", "runs/queue.py", "runs/store.py", "runs/domain/loop.py", "approvals/policy.py",
-            "checkpoints/repository.py", "runs/management/commands/submit_run.py"} <= names
+    assert {
+        "runs/runtime/executor.py",
+        "runs/runtime/queue.py",
+        "runs/store/repository.py",
+        "runs/domain/loop.py",
+        "approvals/policy.py",
+        "checkpoints/repository.py",
+        "runs/management/commands/submit_run.py",
+    } <= names
     assert any(n.startswith("maintenance/") for n in names)
     assert not any("/migrations/" in n for n in names)
     assert all(n.endswith(".py") for n in names)
@@ -72,10 +83,10 @@ def test_the_writer_gate_sees_the_writes_the_writers_make():
     for write in terminal_writes(RUNTIME):
         columns[write.path].add(write.column)
 
-    assert columns["runs/executor.py"] == {"status", "lease_owner", "lease_expires_at"}
-    assert columns["runs/queue.py"] == {"status", "lease_owner", "lease_epoch", "lease_expires_at"}
-    assert columns["runs/lifecycle.py"] == {"status"}
-    assert "runs/store.py" not in columns
+    assert columns["runs/runtime/executor.py"] == {"status", "lease_owner", "lease_expires_at"}
+    assert columns["runs/runtime/queue.py"] == {"status", "lease_owner", "lease_epoch", "lease_expires_at"}
+    assert columns["runs/services/lifecycle.py"] == {"status"}
+    assert "runs/store/repository.py" not in columns
     assert set(columns) <= set(WRITERS)
 
 
@@ -113,10 +124,15 @@ def test_no_external_io_inside_a_transaction():
     violations = transaction_io_violations(RUNTIME)
 
     assert violations == [], report(violations)
-    assert {path for path, _ in atomic_blocks(RUNTIME)} >= {"runs/store.py", "runs/queue.py", "runs/lifecycle.py"}
+    assert {path for path, _ in atomic_blocks(RUNTIME)} >= {
+        "runs/store/repository.py",
+        "runs/runtime/queue.py",
+        "runs/services/lifecycle.py",
+    }
 
 
 # -- the planted violations ----------------------------------------------------------
+
 
 def test_writer_gate_catches_the_planted_writes():
     fixture = FIXTURES / "planted_terminal_writer.py"
@@ -138,7 +154,11 @@ def test_writer_gate_allows_only_the_columns_of_each_writer():
     violations = terminal_writer_violations([fixture], writers=lifecycle_only_status)
 
     assert violations, "the lease writes are still violations for a status-only writer"
-    assert {v.message.split()[1] for v in violations} == {"runs.lease_owner", "runs.lease_epoch", "runs.lease_expires_at"}
+    assert {v.message.split()[1] for v in violations} == {
+        "runs.lease_owner",
+        "runs.lease_epoch",
+        "runs.lease_expires_at",
+    }
 
 
 def test_ambient_time_gate_catches_the_planted_reads():
@@ -202,6 +222,7 @@ def test_planted_fixtures_are_not_collected_as_tests():
 
 # -- the SQL reading of the writer gate ----------------------------------------------
 
+
 @pytest.mark.parametrize(
     "sql, columns",
     [
@@ -210,13 +231,25 @@ def test_planted_fixtures_are_not_collected_as_tests():
         ('UPDATE "runs" SET "status" = %s WHERE id = %s', ["status"]),
         ("UPDATE runs SET runs.lease_owner = NULL", ["lease_owner"]),
         ("UPDATE runs AS r SET lease_epoch = lease_epoch + 1 WHERE id = %s", ["lease_epoch"]),
-        ("UPDATE runs SET lease_expires_at = now() + make_interval(secs => %s) WHERE id = %s AND status = 'RUNNING'", ["lease_expires_at"]),
-        ("UPDATE runs SET failure = (SELECT status FROM x WHERE status = 'a'), status = 'FAILED' WHERE id = %s", ["status"]),
-        ("UPDATE runs SET updated_at = now() WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'", []),
+        (
+            "UPDATE runs SET lease_expires_at = now() + make_interval(secs => %s) WHERE id = %s AND status = 'RUNNING'",
+            ["lease_expires_at"],
+        ),
+        (
+            "UPDATE runs SET failure = (SELECT status FROM x WHERE status = 'a'), status = 'FAILED' WHERE id = %s",
+            ["status"],
+        ),
+        (
+            "UPDATE runs SET updated_at = now() WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'",
+            [],
+        ),
         ("UPDATE runs SET {} {} WHERE id = %s AND status = 'QUEUED' RETURNING runs.id", []),
         ("UPDATE approvals SET status = 'cancelled' WHERE run_id = %s", []),
         ("UPDATE tool_invocations SET effect_sent_at = %s, status = 'executing', lease_epoch = %s WHERE id = %s", []),
-        ("status = 'QUEUED', lease_owner = NULL, lease_expires_at = NULL", ["status", "lease_owner", "lease_expires_at"]),
+        (
+            "status = 'QUEUED', lease_owner = NULL, lease_expires_at = NULL",
+            ["status", "lease_owner", "lease_expires_at"],
+        ),
         (", lease_epoch = %s", ["lease_epoch"]),
         ("id = %s AND status = 'QUEUED'", []),
         ("SELECT id FROM runs WHERE status = 'QUEUED' AND lease_expires_at <= now()", []),

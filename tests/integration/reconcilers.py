@@ -4,6 +4,7 @@ settings.AGENTRT_RECONCILER (DESIGN §16 "Reconciler").
 
 Each records the RunView it was given in SEEN, so a test can check what the
 reconciler saw. Resume calls them on a thread of its own."""
+
 from __future__ import annotations
 
 import threading
@@ -30,6 +31,7 @@ def _seen(view):
 
 
 # -- continue / completed / conflict -----------------------------------------
+
 
 def always_continue(view):
     _seen(view)
@@ -84,6 +86,7 @@ def conflict_without_detail(view):
 
 # -- waiting --------------------------------------------------------------------
 
+
 def waiting(view):
     _seen(view)
     return {"outcome": "waiting", "pause": PAUSE}
@@ -122,6 +125,7 @@ def waiting_presentation_list(view):
 
 
 # -- answers that are not a Reconciliation ---------------------------------------
+
 
 def unknown_outcome(view):
     return {"outcome": "retry"}
@@ -164,6 +168,7 @@ def slow(view):
 
 # -- the view is read-only -----------------------------------------------------
 
+
 def assigns_view(view):
     view.run = {"status": "COMPLETED"}  # a frozen model refuses: this raises
     return {"outcome": "continue"}
@@ -196,6 +201,7 @@ def mutates_then_waiting(view):
 
 
 # -- a Reconciliation as an object with attributes -------------------------------
+
 
 class Reconciliation:
     def __init__(self, outcome, result=None, pause=None, detail=""):

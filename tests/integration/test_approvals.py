@@ -1,5 +1,6 @@
 """Policy approvals: a whole batch suspends, the run holds nothing while it
 waits, and resumes once, on the same step, when the last call is decided."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,14 +10,18 @@ from approvals.errors import ApprovalExpired, ApprovalStale
 from approvals.models import Approval
 from approvals.services import approval_decide
 from checkpoints.repository import checkpoint_latest
-from runs.executor import run_drive
 from runs.models import Event, Run, ToolInvocation
+from runs.runtime.executor import run_drive
 from runs.tools import REGISTRY
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-APPROVE_POSTS = {"default": "allow", "rules": [{"tool": "http_post", "decision": "require_approval",
-                                                "when": {"arg": "json.amount", "op": "gt", "value": 100}}]}
+APPROVE_POSTS = {
+    "default": "allow",
+    "rules": [
+        {"tool": "http_post", "decision": "require_approval", "when": {"arg": "json.amount", "op": "gt", "value": 100}}
+    ],
+}
 
 
 def reload(run):
@@ -29,10 +34,17 @@ def types(run):
 
 def batch_agent(load_agent, sink, amount=250):
     load_agent(
-        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "before"}},
-                               {"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": amount}}}]},
-               {"text": "done"}],
-        tools=("echo", "http_post"), policy=APPROVE_POSTS,
+        turns=[
+            {
+                "tool_calls": [
+                    {"name": "echo", "arguments": {"text": "before"}},
+                    {"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": amount}}},
+                ]
+            },
+            {"text": "done"},
+        ],
+        tools=("echo", "http_post"),
+        policy=APPROVE_POSTS,
     )
 
 
@@ -67,7 +79,14 @@ def test_approving_runs_the_batch_once_on_the_same_step(load_agent, submit, sink
     run = submit()
     run_drive(run_id=run.id)
     approval = Approval.objects.get(run=run)
-    approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash, reason="ok", via="live")
+    approval_decide(
+        user=operator,
+        approval_id=approval.id,
+        approve=True,
+        request_hash=approval.request_hash,
+        reason="ok",
+        via="live",
+    )
     assert reload(run).status == "QUEUED"
     run_drive(run_id=run.id)
     row = reload(run)
@@ -85,7 +104,9 @@ def test_rejecting_gives_the_model_a_denied_result_and_the_run_goes_on(load_agen
     run = submit()
     run_drive(run_id=run.id)
     approval = Approval.objects.get(run=run)
-    approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash, via="api")
+    approval_decide(
+        user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash, via="api"
+    )
     run_drive(run_id=run.id)
     row = reload(run)
     assert row.status == "COMPLETED" and sink.count() == 0
@@ -95,7 +116,9 @@ def test_rejecting_gives_the_model_a_denied_result_and_the_run_goes_on(load_agen
     assert any("rejected_by_operator" in m["content"] for m in tool_msgs)
 
 
-def test_a_tool_whose_schema_changed_invalidates_the_approval_and_asks_again(load_agent, submit, sink, operator, monkeypatch):
+def test_a_tool_whose_schema_changed_invalidates_the_approval_and_asks_again(
+    load_agent, submit, sink, operator, monkeypatch
+):
     batch_agent(load_agent, sink)
     run = submit()
     run_drive(run_id=run.id)
@@ -130,8 +153,11 @@ def test_a_stale_hash_changes_nothing_and_an_expired_approval_cannot_be_decided(
 
 
 def test_a_run_that_keeps_asking_for_denied_calls_fails_repeated_denial(load_agent, submit):
-    load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "nope"}}]}], policy={"default": "deny"},
-               limits={"max_steps": 10})
+    load_agent(
+        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "nope"}}]}],
+        policy={"default": "deny"},
+        limits={"max_steps": 10},
+    )
     run = submit()
     run_drive(run_id=run.id)
     row = reload(run)
@@ -170,7 +196,7 @@ def test_a_waiting_run_past_its_deadline_fails_deadline_exceeded(load_agent, sub
 
 
 def test_cancelling_a_waiting_run_ends_it_and_calls_nothing(load_agent, submit, sink):
-    from runs.lifecycle import run_cancel
+    from runs.services.lifecycle import run_cancel
 
     batch_agent(load_agent, sink)
     run = submit()
@@ -181,11 +207,16 @@ def test_cancelling_a_waiting_run_ends_it_and_calls_nothing(load_agent, submit, 
 
 
 def test_ask_user_waits_for_input_and_text_to_the_session_is_routed_to_it(load_agent, submit, tenant):
-    from runs.inputs import RunNotWaitingForUser, run_input
     from runs.services import run_submit
+    from runs.services.inputs import RunNotWaitingForUser, run_input
 
-    load_agent(turns=[{"tool_calls": [{"name": "ask_user", "arguments": {"question": "Which region?"}}]}, {"text": "deploying"}],
-               tools=("ask_user",))
+    load_agent(
+        turns=[
+            {"tool_calls": [{"name": "ask_user", "arguments": {"question": "Which region?"}}]},
+            {"text": "deploying"},
+        ],
+        tools=("ask_user",),
+    )
     run = submit()
     run_drive(run_id=run.id)
     row = reload(run)
@@ -208,7 +239,10 @@ def test_ask_user_waits_for_input_and_text_to_the_session_is_routed_to_it(load_a
 def test_a_question_nobody_answers_fails_input_deadline_exceeded(load_agent, submit, settings):
     from maintenance.sweeps.expiry import sweep_expiry
 
-    load_agent(turns=[{"tool_calls": [{"name": "ask_user", "arguments": {"question": "?"}}]}, {"text": "x"}], tools=("ask_user",))
+    load_agent(
+        turns=[{"tool_calls": [{"name": "ask_user", "arguments": {"question": "?"}}]}, {"text": "x"}],
+        tools=("ask_user",),
+    )
     run = submit()
     run_drive(run_id=run.id)
     assert sweep_expiry()["input_deadline_exceeded"] == 0
@@ -221,7 +255,9 @@ def test_prune_keeps_only_the_final_snapshot_of_a_terminal_run(load_agent, submi
     from checkpoints.models import Checkpoint
     from maintenance.sweeps.prune import sweep_prune
 
-    load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}]} for i in range(4)] + [{"text": "end"}])
+    load_agent(
+        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}]} for i in range(4)] + [{"text": "end"}]
+    )
     run = submit()
     run_drive(run_id=run.id)
     before = Checkpoint.objects.filter(run=run).count()
@@ -249,7 +285,7 @@ def test_the_sweep_rings_again_for_a_queued_run_whose_doorbell_a_dead_worker_too
     assert sweep_reclaim()["requeued_doorbells"] == 0
     # A worker took it 10 s ago and died with it: django-q2 would hand it out
     # again only after `retry`. The sweep rings again.
-    from runs.queue import db_now
+    from runs.runtime.queue import db_now
 
     taken = db_now() - timedelta(seconds=10)
     OrmQ.objects.update(lock=taken + timedelta(seconds=settings.Q_CLUSTER["retry"]))

@@ -2,12 +2,13 @@
 record): a failed or retried attempt's tokens and cost go into the ledger, so
 `max_cost_usd` cannot be overrun by failures. Scripted provider, in-process,
 on PostgreSQL."""
+
 from __future__ import annotations
 
 import pytest
 
-from runs.executor import run_drive
 from runs.models import Event, ModelCall, Run
+from runs.runtime.executor import run_drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -15,11 +16,18 @@ SPENT = {"input_tokens": 1000, "output_tokens": 200, "cost_usd": 0.03}
 
 
 def test_failed_attempts_count_against_the_cost_limit(load_agent, submit):
-    load_agent(turns=[{"attempts": [
-        {"error": "transient", "stream_had_output": True, "usage": SPENT},
-        {"error": "transient", "stream_had_output": True, "usage": SPENT},
-        {"text": "done", "usage": {"input_tokens": 10, "output_tokens": 1, "cost_usd": 0.001}},
-    ]}], limits={"max_cost_usd": 0.05})
+    load_agent(
+        turns=[
+            {
+                "attempts": [
+                    {"error": "transient", "stream_had_output": True, "usage": SPENT},
+                    {"error": "transient", "stream_had_output": True, "usage": SPENT},
+                    {"text": "done", "usage": {"input_tokens": 10, "output_tokens": 1, "cost_usd": 0.001}},
+                ]
+            }
+        ],
+        limits={"max_cost_usd": 0.05},
+    )
     run = submit()
     run_drive(run_id=run.id)
     row = Run.objects.get(id=run.id)
@@ -28,7 +36,11 @@ def test_failed_attempts_count_against_the_cost_limit(load_agent, submit):
     assert row.status == "FAILED" and row.failure["reason"] == "budget_exceeded", (row.status, row.failure, row.usage)
     assert row.usage["cost_usd"] == pytest.approx(0.06)
     assert row.usage["input_tokens"] == 2000 and row.usage["output_tokens"] == 400 and row.usage["model_calls"] == 2
-    calls = list(ModelCall.objects.filter(run=run).order_by("attempt_number").values_list("attempt_number", "status", "stream_had_output", "usage"))
+    calls = list(
+        ModelCall.objects.filter(run=run)
+        .order_by("attempt_number")
+        .values_list("attempt_number", "status", "stream_had_output", "usage")
+    )
     assert [(a, s, o) for a, s, o, _ in calls] == [(1, "failed", True), (2, "failed", True)]
     assert all(u["cost_usd"] == pytest.approx(0.03) and u["output_tokens"] == 200 for *_, u in calls)
     failed = list(Event.objects.filter(run=run, type="model.response.failed").values_list("payload", flat=True))
@@ -36,10 +48,17 @@ def test_failed_attempts_count_against_the_cost_limit(load_agent, submit):
 
 
 def test_a_retried_step_charges_every_attempt_it_made(load_agent, submit):
-    load_agent(turns=[{"attempts": [
-        {"error": "transient", "stream_had_output": True, "usage": SPENT},
-        {"text": "done", "usage": {"input_tokens": 10, "output_tokens": 1, "cost_usd": 0.001}},
-    ]}], limits={"max_cost_usd": 1.0})
+    load_agent(
+        turns=[
+            {
+                "attempts": [
+                    {"error": "transient", "stream_had_output": True, "usage": SPENT},
+                    {"text": "done", "usage": {"input_tokens": 10, "output_tokens": 1, "cost_usd": 0.001}},
+                ]
+            }
+        ],
+        limits={"max_cost_usd": 1.0},
+    )
     run = submit()
     run_drive(run_id=run.id)
     row = Run.objects.get(id=run.id)

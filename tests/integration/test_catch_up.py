@@ -3,18 +3,19 @@ stored form, DESIGN §12): a run whose newest non-terminal checkpoint is gone
 catches its state up from the event log and the invocation rows, and reaches
 the same end as an undisturbed run — no second model call for a recorded
 step, no duplicate idempotency key, no second effect."""
+
 from __future__ import annotations
 
 import pytest
 
-import runs.faults
+import runs.runtime.faults
 from approvals.models import Approval
 from approvals.services import approval_decide
 from checkpoints.models import Checkpoint
-from runs.executor import execute_run, run_drive
 from runs.models import Event, ModelCall, Run, ToolInvocation
-from runs.queue import run_claim
-from runs.resume import run_resume
+from runs.runtime.executor import execute_run, run_drive
+from runs.runtime.queue import run_claim
+from runs.runtime.resume import run_resume
 from tests.crash import Crash, expire
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def die_at_nth(monkeypatch, run, point, n):
     """Claim the run and crash at the n-th firing of `point`; expire the lease."""
-    real = runs.faults.fire
+    real = runs.runtime.faults.fire
     seen = {"n": 0}
 
     def fire(p, run_id):
@@ -32,11 +33,11 @@ def die_at_nth(monkeypatch, run, point, n):
                 raise Crash(p)
         return real(p, run_id)
 
-    monkeypatch.setattr(runs.faults, "fire", fire)
+    monkeypatch.setattr(runs.runtime.faults, "fire", fire)
     claim = run_claim(run_id=run.id, owner="dying-worker")
     with pytest.raises(Crash):
         execute_run(claim)
-    monkeypatch.setattr(runs.faults, "fire", real)
+    monkeypatch.setattr(runs.runtime.faults, "fire", real)
     expire(run)
 
 
@@ -53,14 +54,19 @@ def reload(run):
 
 def end_state(run):
     row = reload(run)
-    invocations = list(ToolInvocation.objects.filter(run=run).order_by("step_number", "call_index").values_list(
-        "step_number", "tool_name", "arguments"))
+    invocations = list(
+        ToolInvocation.objects.filter(run=run)
+        .order_by("step_number", "call_index")
+        .values_list("step_number", "tool_name", "arguments")
+    )
     return (row.status, row.final_message, row.step_count, invocations)
 
 
 def one_completed_call_per_step(run):
     steps = list(ModelCall.objects.filter(run=run, status="completed").values_list("step_number", flat=True))
-    responses = list(Event.objects.filter(run=run, type="model.response.completed").values_list("payload__step", flat=True))
+    responses = list(
+        Event.objects.filter(run=run, type="model.response.completed").values_list("payload__step", flat=True)
+    )
     return sorted(steps) == sorted(set(steps)) and sorted(responses) == sorted(set(responses))
 
 
@@ -95,7 +101,9 @@ def test_a_deleted_newest_checkpoint_after_a_read_only_step_is_caught_up_from_th
     assert step3.status == "interrupted" and step3.result["error"] == "interrupted"
 
 
-def test_a_deleted_newest_checkpoint_before_an_interrupted_side_effect_pauses_then_completes_once(monkeypatch, load_agent, submit, sink, operator):
+def test_a_deleted_newest_checkpoint_before_an_interrupted_side_effect_pauses_then_completes_once(
+    monkeypatch, load_agent, submit, sink, operator
+):
     echo_agent(load_agent, sink, post=True)
     control = submit(text="same")
     run_drive(run_id=control.id)

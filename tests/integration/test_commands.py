@@ -1,4 +1,5 @@
 """Management commands of DESIGN §16 and their refusals of bad input."""
+
 from __future__ import annotations
 
 import json
@@ -10,11 +11,23 @@ from runs.models import Agent, AgentVersion, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-GOOD = {"name": "release-bot", "instructions": "x", "model": {"provider": "scripted", "turns": [{"text": "hi"}]},
-        "tools": ["echo", "http_post"],
-        "policy": {"default": "allow", "rules": [{"tool": "http_post", "decision": "require_approval",
-                                                  "when": {"arg": "json.amount", "op": "gt", "value": 100}}]},
-        "limits": {"max_steps": 32, "max_tool_calls": 64, "deadline_seconds": 3600}}
+GOOD = {
+    "name": "release-bot",
+    "instructions": "x",
+    "model": {"provider": "scripted", "turns": [{"text": "hi"}]},
+    "tools": ["echo", "http_post"],
+    "policy": {
+        "default": "allow",
+        "rules": [
+            {
+                "tool": "http_post",
+                "decision": "require_approval",
+                "when": {"arg": "json.amount", "op": "gt", "value": 100},
+            }
+        ],
+    },
+    "limits": {"max_steps": 32, "max_tool_calls": 64, "deadline_seconds": 3600},
+}
 
 
 def write(tmp_path, data, name="agent.json"):
@@ -37,8 +50,17 @@ def test_create_tenant_load_agent_submit_and_show(tmp_path, capsys):
     shown = json.loads(capsys.readouterr().out)
     assert shown["id"] == run_id and shown["status"] == "QUEUED" and shown["agent"] == "release-bot"
     assert [e["type"] for e in shown["events"]] == ["run.created"]
-    assert set(shown["usage"]) == {"input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
-                                   "reasoning_tokens", "cost_usd", "model_calls", "tool_calls", "steps"}
+    assert set(shown["usage"]) == {
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "reasoning_tokens",
+        "cost_usd",
+        "model_calls",
+        "tool_calls",
+        "steps",
+    }
 
 
 @pytest.mark.parametrize(

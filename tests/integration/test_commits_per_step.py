@@ -4,18 +4,21 @@ its id (`xmin`), so the distinct ids across the run's events, model calls,
 invocations and checkpoints are the transactions that wrote them, whatever
 else the server is doing. Runs of two lengths cancel the per-run writes
 (claim, start, finalize) and leave the marginal step."""
+
 from __future__ import annotations
 
 import pytest
 from django.db import connection
 
-from runs.executor import run_drive
+from runs.runtime.executor import run_drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def echo_steps(n: int) -> list[dict]:
-    return [{"tool_calls": [{"name": "echo", "arguments": {"text": f"step {i}"}}]} for i in range(n - 1)] + [{"text": "done"}]
+    return [{"tool_calls": [{"name": "echo", "arguments": {"text": f"step {i}"}}]} for i in range(n - 1)] + [
+        {"text": "done"}
+    ]
 
 
 def writing_transactions(load_agent, submit, steps: int) -> int:

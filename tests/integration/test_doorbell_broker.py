@@ -3,12 +3,13 @@ keeps delivering when LISTEN is impossible (the server refuses the extra
 connection), and it does not retry LISTEN on every poll, which would also
 log a warning 50 times a second. NOTIFY waking a real cluster is
 tests/e2e/test_doorbell.py."""
+
 from __future__ import annotations
 
 import psycopg
 import pytest
 
-from runs.doorbell import DoorbellORM
+from runs.runtime.doorbell import DoorbellORM
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,4 +32,3 @@ def test_without_a_listener_the_broker_polls_and_retries_listen_only_after_a_pau
     broker.enqueue("second")
     assert [payload for _, payload in broker.dequeue()] == ["second"]
     assert len(attempts) == 1  # LISTEN was tried once, then left alone for LISTEN_RETRY_SECONDS
-

@@ -1,4 +1,5 @@
 """Runs executed in-process against the real PostgreSQL schema."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +8,9 @@ import threading
 import pytest
 from django.db import connection
 
-from runs.executor import execute_run, run_drive
 from runs.models import Event, ModelCall, Run, ToolInvocation
-from runs.queue import run_claim
+from runs.runtime.executor import execute_run, run_drive
+from runs.runtime.queue import run_claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,9 +43,20 @@ def test_three_tool_steps_complete_with_the_expected_event_order(load_agent, sub
     assert run.lease_owner is None and run.lease_expires_at is None
     assert run.step_count == 4
     seen = events(run)
-    step = ["model.request.started", "model.response.completed", "run.checkpointed", "tool.call.proposed",
-            "tool.call.authorized", "tool.call.completed", "run.checkpointed"]
-    expected = ["run.created", "run.claimed", "run.started"] + step * 3 + ["model.request.started", "model.response.completed", "run.checkpointed", "run.completed"]
+    step = [
+        "model.request.started",
+        "model.response.completed",
+        "run.checkpointed",
+        "tool.call.proposed",
+        "tool.call.authorized",
+        "tool.call.completed",
+        "run.checkpointed",
+    ]
+    expected = (
+        ["run.created", "run.claimed", "run.started"]
+        + step * 3
+        + ["model.request.started", "model.response.completed", "run.checkpointed", "run.completed"]
+    )
     assert seen == expected
     # Sequences are contiguous per session.
     seqs = list(Event.objects.filter(session_id=run.session_id).order_by("sequence").values_list("sequence", flat=True))
@@ -110,7 +122,9 @@ def test_max_steps_fails_the_run_and_it_is_never_requeued(load_agent, submit):
 
 
 def test_model_call_budget_fails_before_the_attempt(load_agent, submit):
-    load_agent(turns=[echo_step("a")], limits={"max_model_calls": 2, "max_steps": 10, "synthesis_reserve_model_calls": 0})
+    load_agent(
+        turns=[echo_step("a")], limits={"max_model_calls": 2, "max_steps": 10, "synthesis_reserve_model_calls": 0}
+    )
     run = submit()
     run_drive(run_id=run.id)
     run = reload(run)
@@ -127,9 +141,9 @@ def test_empty_turns_retry_three_attempts_then_fail(load_agent, submit):
     run = reload(run)
     assert run.status == "FAILED"
     assert run.failure["reason"] == "empty_model_turn"
-    assert list(ModelCall.objects.filter(run=run).order_by("attempt_number").values_list("attempt_number", "status")) == [
-        (1, "failed"), (2, "failed"), (3, "failed")
-    ]
+    assert list(
+        ModelCall.objects.filter(run=run).order_by("attempt_number").values_list("attempt_number", "status")
+    ) == [(1, "failed"), (2, "failed"), (3, "failed")]
 
 
 def test_transient_errors_retry_under_the_same_cap(load_agent, submit):
@@ -170,11 +184,22 @@ def test_tool_call_budget_fits_the_batch(load_agent, submit):
 
 def test_policy_deny_gives_a_denied_result_and_require_approval_suspends_the_batch(load_agent, submit):
     load_agent(
-        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "no"}}, {"name": "echo", "arguments": {"text": "ask"}}]}, {"text": "ok"}],
-        policy={"default": "allow", "rules": [
-            {"tool": "echo", "decision": "deny", "when": {"arg": "text", "op": "eq", "value": "no"}},
-            {"tool": "echo", "decision": "require_approval"},
-        ]},
+        turns=[
+            {
+                "tool_calls": [
+                    {"name": "echo", "arguments": {"text": "no"}},
+                    {"name": "echo", "arguments": {"text": "ask"}},
+                ]
+            },
+            {"text": "ok"},
+        ],
+        policy={
+            "default": "allow",
+            "rules": [
+                {"tool": "echo", "decision": "deny", "when": {"arg": "text", "op": "eq", "value": "no"}},
+                {"tool": "echo", "decision": "require_approval"},
+            ],
+        },
     )
     run = submit()
     run_drive(run_id=run.id)
@@ -246,7 +271,7 @@ def test_a_read_only_step_costs_two_commits(load_agent, submit):
     load_agent(turns=[echo_step(str(i)) for i in range(6)] + [{"text": "done"}], limits={"max_steps": 10})
     run = submit()
     claim = run_claim(run_id=run.id, owner="w")
-    from runs import store
+    from runs.store import repository as store
 
     counted = []
     original = store.DjangoRunStore.commit
@@ -290,8 +315,15 @@ def test_http_post_sends_the_idempotency_key_after_its_watermark(load_agent, sub
     settings.AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = [f"127.0.0.1:{port}"]
     try:
         load_agent(
-            turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": f"http://127.0.0.1:{port}/x", "json": {"a": 1}}},
-                                   {"name": "http_get", "arguments": {"url": "http://evil.example/"}}]}, {"text": "sent"}],
+            turns=[
+                {
+                    "tool_calls": [
+                        {"name": "http_post", "arguments": {"url": f"http://127.0.0.1:{port}/x", "json": {"a": 1}}},
+                        {"name": "http_get", "arguments": {"url": "http://evil.example/"}},
+                    ]
+                },
+                {"text": "sent"},
+            ],
             tools=("http_post", "http_get"),
         )
         run = submit()

@@ -7,6 +7,7 @@ where a zombie's write can also fail for an unrelated reason (a duplicate
 checkpoint key); these call the store directly, with writes that cannot
 collide with anything, so only the fenced UPDATE's predicate can refuse them
 (tests/mutants/fence_dropped_from_step_update.toml removes it)."""
+
 from __future__ import annotations
 
 from uuid import uuid4
@@ -19,8 +20,8 @@ from runs.clock import CLOCK
 from runs.domain.errors import WorkerFenced
 from runs.domain.writes import InvocationInsert, ModelCallFinish, ModelCallInsert, UnitOfWork
 from runs.models import Event, ModelCall, Run, ToolInvocation
-from runs.queue import run_claim
-from runs.store import DjangoRunStore
+from runs.runtime.queue import run_claim
+from runs.store.repository import DjangoRunStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,17 +29,26 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def take_over_elsewhere(run_id):
     """What a takeover does, committed on a connection of its own."""
     s = connection.settings_dict
-    with psycopg.connect(host=s["HOST"] or "127.0.0.1", port=s["PORT"] or 5432, user=s["USER"] or "postgres",
-                         dbname=s["NAME"], autocommit=True) as other:
+    with psycopg.connect(
+        host=s["HOST"] or "127.0.0.1",
+        port=s["PORT"] or 5432,
+        user=s["USER"] or "postgres",
+        dbname=s["NAME"],
+        autocommit=True,
+    ) as other:
         cur = other.execute(
             "UPDATE runs SET lease_owner = 'worker-b', lease_epoch = lease_epoch + 1,"
-            " lease_expires_at = now() + interval '1 minute' WHERE id = %s RETURNING lease_epoch", [run_id])
+            " lease_expires_at = now() + interval '1 minute' WHERE id = %s RETURNING lease_epoch",
+            [run_id],
+        )
         return cur.fetchone()[0]
 
 
 def store_for(claim):
     run = Run.objects.get(id=claim.run_id)
-    return DjangoRunStore(run_id=run.id, tenant_id=run.tenant_id, session_id=run.session_id, owner=claim.owner, epoch=claim.epoch)
+    return DjangoRunStore(
+        run_id=run.id, tenant_id=run.tenant_id, session_id=run.session_id, owner=claim.owner, epoch=claim.epoch
+    )
 
 
 def snapshot(run_id):
@@ -60,8 +70,18 @@ def model_call_unit(*, step: int, finish: bool) -> UnitOfWork:
     call_id = uuid4()
     work.model_call_inserts.append(ModelCallInsert(id=call_id, step_number=step, attempt_number=1, started_at=now))
     if finish:
-        work.model_call_finishes.append(ModelCallFinish(id=call_id, status="completed", usage={}, stop_reason="stop",
-                                                        stream_had_output=False, error=None, prefix_sha256=None, finished_at=now))
+        work.model_call_finishes.append(
+            ModelCallFinish(
+                id=call_id,
+                status="completed",
+                usage={},
+                stop_reason="stop",
+                stream_had_output=False,
+                error=None,
+                prefix_sha256=None,
+                finished_at=now,
+            )
+        )
     work.event("model.request.started", {"step": step, "attempt": 1}, now)
     return work
 
@@ -92,10 +112,22 @@ def test_a_stale_epoch_watermark_writes_zero_rows_and_raises_worker_fenced(load_
     now = CLOCK.now()
     work = UnitOfWork()
     inv = uuid4()
-    work.invocation_inserts.append(InvocationInsert(
-        id=inv, step_number=1, call_index=0, call_id="call_1_0", tool_name="http_post", arguments={"url": "http://x.invalid/"},
-        raw_arguments="{}", idempotency_key=f"{run.id}:1:0", status="authorized", read_only=False, side_effect="external",
-        created_at=now))
+    work.invocation_inserts.append(
+        InvocationInsert(
+            id=inv,
+            step_number=1,
+            call_index=0,
+            call_id="call_1_0",
+            tool_name="http_post",
+            arguments={"url": "http://x.invalid/"},
+            raw_arguments="{}",
+            idempotency_key=f"{run.id}:1:0",
+            status="authorized",
+            read_only=False,
+            side_effect="external",
+            created_at=now,
+        )
+    )
     work.event("tool.call.proposed", {"invocation": str(inv)}, now)
     store.commit(work)
     take_over_elsewhere(run.id)

@@ -1,5 +1,6 @@
 """The fenced statements are prepared on PostgreSQL; the ORM's are not, and
 AGENTRT_PG_PREPARE=0 turns preparing off (transaction-mode poolers)."""
+
 from __future__ import annotations
 
 import os
@@ -9,13 +10,12 @@ import sys
 import pytest
 from django.db import connection
 
-from runs.executor import run_drive
 from runs.models import Event, Run
-from runs.store import statement_cursor
+from runs.runtime.executor import run_drive
+from runs.store.repository import statement_cursor
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
 
 
 def echo(text):
@@ -74,7 +74,15 @@ def test_agentrt_pg_prepare_sets_the_connection_option(value, expected):
         env["AGENTRT_PG_PREPARE"] = value
     env["DJANGO_SETTINGS_MODULE"] = "agentrt_site.settings"
     out = subprocess.run(
-        [sys.executable, "-c", "from django.conf import settings; print(settings.DATABASES['default']['OPTIONS']['prepare_threshold'])"],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "from django.conf import settings; print(settings.DATABASES['default']['OPTIONS']['prepare_threshold'])",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert out.stdout.strip() == expected

@@ -1,4 +1,5 @@
 """Races on separate connections behind a barrier (RELIABILITY F10, F13)."""
+
 from __future__ import annotations
 
 import threading
@@ -10,7 +11,7 @@ from approvals.errors import ApprovalDecided
 from approvals.models import Approval
 from approvals.services import approval_decide
 from runs.models import Event, Run
-from runs.queue import run_claim_next
+from runs.runtime.queue import run_claim_next
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,8 +36,10 @@ def race(*fns):
 
 
 def test_approve_and_reject_racing_have_exactly_one_winner_and_one_requeue(load_agent, submit, operator):
-    load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "x"}}]}, {"text": "ok"}],
-               policy={"default": "require_approval"})
+    load_agent(
+        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "x"}}]}, {"text": "ok"}],
+        policy={"default": "require_approval"},
+    )
     iterations = 300
     outcomes = []
     for i in range(iterations):
@@ -44,7 +47,9 @@ def test_approve_and_reject_racing_have_exactly_one_winner_and_one_requeue(load_
         # Park the run by hand (a test fixture, not a runtime path): one pending approval.
         with connection.cursor() as cur:
             cur.execute("UPDATE runs SET status = 'WAITING_FOR_APPROVAL' WHERE id = %s", [run.id])
-        approval = Approval.objects.create(tenant_id=run.tenant_id, run=run, kind="policy", request_hash="h" * 64, presentation={"tool": "echo"})
+        approval = Approval.objects.create(
+            tenant_id=run.tenant_id, run=run, kind="policy", request_hash="h" * 64, presentation={"tool": "echo"}
+        )
         results = race(
             lambda: approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash="h" * 64),
             lambda: approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash="h" * 64),
@@ -52,7 +57,9 @@ def test_approve_and_reject_racing_have_exactly_one_winner_and_one_requeue(load_
         wins = [r for r in results if isinstance(r, Approval)]
         losses = [r for r in results if isinstance(r, ApprovalDecided)]
         requeues = Event.objects.filter(run=run, type="run.requeued").count()
-        outcomes.append((len(wins), len(losses), requeues, Event.objects.filter(run=run, type="approval.resolved").count()))
+        outcomes.append(
+            (len(wins), len(losses), requeues, Event.objects.filter(run=run, type="approval.resolved").count())
+        )
         with connection.cursor() as cur:  # end it so the session frees
             cur.execute("UPDATE runs SET status = 'CANCELLED' WHERE id = %s", [run.id])
     assert outcomes == [(1, 1, 1, 1)] * iterations

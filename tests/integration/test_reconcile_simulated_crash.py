@@ -9,36 +9,37 @@ The loopback sink is the ground truth for how often the side effect was sent.
 These are SIMULATED crashes (a BaseException; `finally` blocks of the "dead"
 worker still run): the same fault points with a real SIGKILL and a real
 reconciler in the real resuming process are in tests/fault/test_kill_points.py."""
+
 from __future__ import annotations
 
 import json
 import threading
 
 import pytest
-from django.db import connection
 
 from approvals.models import Approval
 from approvals.services import approval_decide
 from checkpoints.repository import checkpoint_latest
-from runs.executor import execute_run, run_drive
 from runs.models import Event, ModelCall, Run, ToolInvocation
-from runs.queue import run_claim
-from runs.resume import RunView, run_resume
+from runs.runtime.executor import run_drive
+from runs.runtime.resume import RunView, run_resume
 from runs.tools import REGISTRY
+from tests.crash import die_at  # noqa: E402
 from tests.integration import reconcilers as R
-
-from tests.crash import Crash, crash_at, die_at, expire  # noqa: E402
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PATH = "tests.integration.reconcilers."
 
 
-
-
 def shown(presentation, sink):
     """A reconcile approval's presentation: the reconciler's keys and, always, what runs."""
-    return {**presentation, "tool": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}, "side_effect": "external_write"}
+    return {
+        **presentation,
+        "tool": "http_post",
+        "arguments": {"url": sink.url, "json": {"amount": 5}},
+        "side_effect": "external_write",
+    }
 
 
 def reload(run):
@@ -73,13 +74,19 @@ def reconciler(settings):
 def pay(load_agent, sink, submit):
     """The payment agent, submitted: one http_post to the sink, then "paid"."""
     load_agent(
-        turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "paid"}],
+        turns=[
+            {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]},
+            {"text": "paid"},
+        ],
         tools=("http_post",),
     )
     return submit()
 
 
-KILLS = [pytest.param("tool.after_watermark", 0, id="after_watermark"), pytest.param("tool.after_execute", 1, id="after_execute")]
+KILLS = [
+    pytest.param("tool.after_watermark", 0, id="after_watermark"),
+    pytest.param("tool.after_execute", 1, id="after_execute"),
+]
 
 
 def assert_ended(run, status, reason=None):
@@ -107,8 +114,11 @@ def no_raw_text(run, text):
 
 # -- continue ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("point,sent", KILLS)
-def test_continue_requeues_and_the_agent_sees_the_interrupted_observation_without_a_resend(monkeypatch, reconciler, pay, sink, point, sent):
+def test_continue_requeues_and_the_agent_sees_the_interrupted_observation_without_a_resend(
+    monkeypatch, reconciler, pay, sink, point, sent
+):
     reconciler("always_continue")
     die_at(monkeypatch, pay, point)
     assert sink.count() == sent
@@ -131,7 +141,9 @@ def test_continue_requeues_and_the_agent_sees_the_interrupted_observation_withou
     assert len(R.SEEN) == 1  # asked once
 
 
-def test_continue_while_the_agent_was_deciding_retries_the_step_and_calls_the_tool_once(monkeypatch, reconciler, pay, sink):
+def test_continue_while_the_agent_was_deciding_retries_the_step_and_calls_the_tool_once(
+    monkeypatch, reconciler, pay, sink
+):
     reconciler("always_continue")
     die_at(monkeypatch, pay, "model.after_call")
     assert run_resume(run_id=pay.id) == "continue"
@@ -142,13 +154,19 @@ def test_continue_while_the_agent_was_deciding_retries_the_step_and_calls_the_to
 
 # -- completed -------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,result", [
-    ("completed_json", R.RESULT),
-    ("completed_list", [1, "two", {"three": 3}]),
-    ("completed_string", "already paid"),
-    ("completed_zero", 0),
-])
-def test_completed_with_usable_json_completes_the_run_with_that_result(monkeypatch, reconciler, pay, sink, name, result):
+
+@pytest.mark.parametrize(
+    "name,result",
+    [
+        ("completed_json", R.RESULT),
+        ("completed_list", [1, "two", {"three": 3}]),
+        ("completed_string", "already paid"),
+        ("completed_zero", 0),
+    ],
+)
+def test_completed_with_usable_json_completes_the_run_with_that_result(
+    monkeypatch, reconciler, pay, sink, name, result
+):
     reconciler(name)
     die_at(monkeypatch, pay, "tool.after_execute")
     assert sink.count() == 1
@@ -160,7 +178,9 @@ def test_completed_with_usable_json_completes_the_run_with_that_result(monkeypat
     assert sink.count() == 1
 
 
-@pytest.mark.parametrize("name", ["completed_object", "completed_nan", "completed_inf_inside", "completed_set", "completed_missing"])
+@pytest.mark.parametrize(
+    "name", ["completed_object", "completed_nan", "completed_inf_inside", "completed_set", "completed_missing"]
+)
 def test_completed_with_a_result_that_is_not_usable_json_fails_internal_error(monkeypatch, reconciler, pay, sink, name):
     reconciler(name)
     die_at(monkeypatch, pay, "tool.after_execute")
@@ -173,8 +193,11 @@ def test_completed_with_a_result_that_is_not_usable_json_fails_internal_error(mo
 
 # -- waiting -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("point,sent", KILLS)
-def test_waiting_pauses_the_interrupted_call_and_approving_runs_it_once_more(monkeypatch, reconciler, pay, sink, operator, point, sent):
+def test_waiting_pauses_the_interrupted_call_and_approving_runs_it_once_more(
+    monkeypatch, reconciler, pay, sink, operator, point, sent
+):
     reconciler("waiting")
     die_at(monkeypatch, pay, point)
     assert sink.count() == sent
@@ -184,7 +207,12 @@ def test_waiting_pauses_the_interrupted_call_and_approving_runs_it_once_more(mon
     inv = assert_still_unknown(pay)
     assert approval.kind == "reconcile" and approval.status == "pending" and approval.invocation_id == inv.id
     # The reconciler's presentation, plus what runs (issue 11 item 6).
-    assert approval.presentation == {**R.PAUSE["presentation"], "tool": "http_post", "arguments": inv.arguments, "side_effect": "external_write"}
+    assert approval.presentation == {
+        **R.PAUSE["presentation"],
+        "tool": "http_post",
+        "arguments": inv.arguments,
+        "side_effect": "external_write",
+    }
     assert approval.capability == R.PAUSE["capability"]
     assert len(approval.request_hash) == 64
     assert inv.suspended_kind == "reconcile"
@@ -205,12 +233,20 @@ def test_waiting_pauses_the_interrupted_call_and_approving_runs_it_once_more(mon
     assert len(R.SEEN) == 1
 
 
-def test_rejecting_a_reconcile_approval_fails_the_run_without_calling_the_tool(monkeypatch, reconciler, pay, sink, operator):
+def test_rejecting_a_reconcile_approval_fails_the_run_without_calling_the_tool(
+    monkeypatch, reconciler, pay, sink, operator
+):
     reconciler("waiting")
     die_at(monkeypatch, pay, "tool.after_execute")
     assert run_resume(run_id=pay.id) == "waiting"
     approval = Approval.objects.get(run=pay)
-    approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash, reason="ledger says paid")
+    approval_decide(
+        user=operator,
+        approval_id=approval.id,
+        approve=False,
+        request_hash=approval.request_hash,
+        reason="ledger says paid",
+    )
     assert_ended(pay, "FAILED", "operator_rejected")
     assert run_drive(run_id=pay.id) is None
     assert sink.count() == 1
@@ -228,7 +264,9 @@ def test_waiting_when_nothing_was_executing_is_a_reconcile_conflict(monkeypatch,
 
 
 @pytest.mark.parametrize("point,sent", KILLS)
-def test_waiting_on_a_tool_that_is_no_longer_registered_is_a_reconcile_conflict(monkeypatch, reconciler, pay, sink, point, sent):
+def test_waiting_on_a_tool_that_is_no_longer_registered_is_a_reconcile_conflict(
+    monkeypatch, reconciler, pay, sink, point, sent
+):
     reconciler("waiting")
     die_at(monkeypatch, pay, point)
     spec = REGISTRY.spec("http_post")
@@ -244,12 +282,17 @@ def test_waiting_on_a_tool_that_is_no_longer_registered_is_a_reconcile_conflict(
     assert sink.count() == sent
 
 
-@pytest.mark.parametrize("arguments", [
-    pytest.param({"url": "SINK"}, id="missing-json"),
-    pytest.param({"url": "SINK", "json": "not an object"}, id="json-not-object"),
-    pytest.param({"url": "SINK", "json": {"amount": 5}, "extra": 1}, id="extra-property"),
-])
-def test_waiting_on_arguments_that_now_fail_the_schema_ends_the_call_invalid_decision(monkeypatch, reconciler, pay, sink, arguments):
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        pytest.param({"url": "SINK"}, id="missing-json"),
+        pytest.param({"url": "SINK", "json": "not an object"}, id="json-not-object"),
+        pytest.param({"url": "SINK", "json": {"amount": 5}, "extra": 1}, id="extra-property"),
+    ],
+)
+def test_waiting_on_arguments_that_now_fail_the_schema_ends_the_call_invalid_decision(
+    monkeypatch, reconciler, pay, sink, arguments
+):
     reconciler("waiting")
     die_at(monkeypatch, pay, "tool.after_execute")
     arguments = {k: (sink.url if v == "SINK" else v) for k, v in arguments.items()}
@@ -262,17 +305,22 @@ def test_waiting_on_arguments_that_now_fail_the_schema_ends_the_call_invalid_dec
     assert sink.count() == 1
 
 
-@pytest.mark.parametrize("name", [
-    "waiting_without_pause",
-    "waiting_pause_deny",
-    "waiting_pause_allow",
-    "waiting_capability_list",
-    "waiting_capability_string",
-    "waiting_capability_not_json",
-    "waiting_presentation_not_json",
-    "waiting_presentation_list",
-])
-def test_waiting_with_a_pause_that_is_not_a_usable_require_approval_fails_internal_error(monkeypatch, reconciler, pay, sink, name):
+@pytest.mark.parametrize(
+    "name",
+    [
+        "waiting_without_pause",
+        "waiting_pause_deny",
+        "waiting_pause_allow",
+        "waiting_capability_list",
+        "waiting_capability_string",
+        "waiting_capability_not_json",
+        "waiting_presentation_not_json",
+        "waiting_presentation_list",
+    ],
+)
+def test_waiting_with_a_pause_that_is_not_a_usable_require_approval_fails_internal_error(
+    monkeypatch, reconciler, pay, sink, name
+):
     reconciler(name)
     die_at(monkeypatch, pay, "tool.after_execute")
     assert run_resume(run_id=pay.id) == "failed"
@@ -284,6 +332,7 @@ def test_waiting_with_a_pause_that_is_not_a_usable_require_approval_fails_intern
 
 # -- conflict ------------------------------------------------------------------
 
+
 def test_conflict_fails_the_run_reconcile_conflict_carrying_the_detail(monkeypatch, reconciler, pay, sink):
     reconciler("conflict_with_detail")
     die_at(monkeypatch, pay, "tool.after_execute")
@@ -291,7 +340,9 @@ def test_conflict_fails_the_run_reconcile_conflict_carrying_the_detail(monkeypat
     row = assert_ended(pay, "FAILED", "reconcile_conflict")
     assert R.DETAIL in row.failure["message"]
     failed = Event.objects.get(run=pay, type="run.failed")
-    assert failed.payload["failure"]["reason"] == "reconcile_conflict" and R.DETAIL in failed.payload["failure"]["message"]
+    assert (
+        failed.payload["failure"]["reason"] == "reconcile_conflict" and R.DETAIL in failed.payload["failure"]["message"]
+    )
     assert run_drive(run_id=pay.id) is None
     assert sink.count() == 1
 
@@ -307,18 +358,24 @@ def test_conflict_without_detail_still_fails_reconcile_conflict_with_a_message(m
 
 # -- answers that are not a Reconciliation, errors, timeouts -----------------------
 
-@pytest.mark.parametrize("name", [
-    "unknown_outcome",
-    "no_outcome",
-    "returns_42",
-    "returns_none",
-    "returns_string",
-    "raises",
-    "raises_system_exit",
-    "raises_keyboard_interrupt",
-    "assigns_view",  # the RunView is frozen: assigning to it raises
-])
-def test_a_bad_answer_or_an_error_fails_internal_error_and_the_worker_survives(monkeypatch, reconciler, pay, sink, name):
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "unknown_outcome",
+        "no_outcome",
+        "returns_42",
+        "returns_none",
+        "returns_string",
+        "raises",
+        "raises_system_exit",
+        "raises_keyboard_interrupt",
+        "assigns_view",  # the RunView is frozen: assigning to it raises
+    ],
+)
+def test_a_bad_answer_or_an_error_fails_internal_error_and_the_worker_survives(
+    monkeypatch, reconciler, pay, sink, name
+):
     reconciler(name)
     die_at(monkeypatch, pay, "tool.after_execute")
     assert run_resume(run_id=pay.id) == "failed"  # returned: nothing was raised into the worker
@@ -331,7 +388,9 @@ def test_a_bad_answer_or_an_error_fails_internal_error_and_the_worker_survives(m
     assert sink.count() == 1
 
 
-def test_a_reconciler_past_the_timeout_fails_internal_error_and_its_late_answer_changes_nothing(monkeypatch, reconciler, pay, sink):
+def test_a_reconciler_past_the_timeout_fails_internal_error_and_its_late_answer_changes_nothing(
+    monkeypatch, reconciler, pay, sink
+):
     reconciler("slow", timeout=0.5)
     die_at(monkeypatch, pay, "tool.after_execute")
     assert run_resume(run_id=pay.id) == "failed"
@@ -353,7 +412,9 @@ def test_a_reconciler_past_the_timeout_fails_internal_error_and_its_late_answer_
     assert sink.count() == 1
 
 
-def test_a_reconciler_path_that_does_not_import_fails_internal_error_and_the_worker_survives(monkeypatch, settings, pay, sink):
+def test_a_reconciler_path_that_does_not_import_fails_internal_error_and_the_worker_survives(
+    monkeypatch, settings, pay, sink
+):
     settings.AGENTRT_RECONCILER = PATH + "no_such_reconciler"
     die_at(monkeypatch, pay, "tool.after_execute")
     assert run_resume(run_id=pay.id) == "failed"
@@ -363,7 +424,10 @@ def test_a_reconciler_path_that_does_not_import_fails_internal_error_and_the_wor
 
 # -- the RunView -----------------------------------------------------------------
 
-def test_the_reconciler_sees_copies_of_the_run_its_steps_invocations_and_approvals(monkeypatch, reconciler, pay, sink, operator):
+
+def test_the_reconciler_sees_copies_of_the_run_its_steps_invocations_and_approvals(
+    monkeypatch, reconciler, pay, sink, operator
+):
     reconciler("waiting")
     die_at(monkeypatch, pay, "tool.after_watermark")
     assert run_resume(run_id=pay.id) == "waiting"
@@ -376,7 +440,11 @@ def test_the_reconciler_sees_copies_of_the_run_its_steps_invocations_and_approva
     assert seen_inv["id"] == str(inv.id) and seen_inv["tool_name"] == "http_post"
     assert seen_inv["status"] == "interrupted" and seen_inv["effect_sent_at"] is not None
     assert seen_inv["arguments"] == {"url": sink.url, "json": {"amount": 5}}
-    assert seen_inv["read_only"] is False and seen_inv["attempt"] == 1 and seen_inv["idempotency_key"] == inv.idempotency_key
+    assert (
+        seen_inv["read_only"] is False
+        and seen_inv["attempt"] == 1
+        and seen_inv["idempotency_key"] == inv.idempotency_key
+    )
     assert first.approvals == []
     with pytest.raises(Exception):
         first.run = {}  # frozen
@@ -391,7 +459,8 @@ def test_the_reconciler_sees_copies_of_the_run_its_steps_invocations_and_approva
     assert_ended(pay, "FAILED", "reconcile_conflict")
     second = R.SEEN[1]
     assert [(a["id"], a["kind"], a["status"], a["request_hash"]) for a in second.approvals] == [
-        (str(approval.id), "reconcile", "approved", approval.request_hash)]
+        (str(approval.id), "reconcile", "approved", approval.request_hash)
+    ]
     (seen_inv,) = second.invocations
     assert seen_inv["status"] == "interrupted" and seen_inv["attempt"] == 2 and seen_inv["effect_sent_at"] is not None
 
@@ -407,14 +476,18 @@ def test_mutating_the_view_then_continuing_changes_nothing_persisted(monkeypatch
     assert inv.status == "interrupted" and inv.result["error"] == "interrupted"
     assert inv.arguments == {"url": sink.url, "json": {"amount": 5}}
     assert ToolInvocation.objects.filter(run=pay).count() == 1
-    assert list(ModelCall.objects.filter(run=pay).values_list("step_number", "attempt_number", "status")) == calls_before
+    assert (
+        list(ModelCall.objects.filter(run=pay).values_list("step_number", "attempt_number", "status")) == calls_before
+    )
     assert not Approval.objects.filter(run=pay).exists()
     run_drive(run_id=pay.id)
     assert assert_ended(pay, "COMPLETED").final_message == "paid"
     assert sink.count() == 1
 
 
-def test_mutating_the_view_then_waiting_pauses_and_reruns_the_recorded_arguments(monkeypatch, reconciler, pay, sink, operator):
+def test_mutating_the_view_then_waiting_pauses_and_reruns_the_recorded_arguments(
+    monkeypatch, reconciler, pay, sink, operator
+):
     reconciler("mutates_then_waiting")
     die_at(monkeypatch, pay, "tool.after_execute")
     assert run_resume(run_id=pay.id) == "waiting"
@@ -431,16 +504,20 @@ def test_mutating_the_view_then_waiting_pauses_and_reruns_the_recorded_arguments
 
 # -- a dict and an object with attributes --------------------------------------------
 
-@pytest.mark.parametrize("name", [
-    "completed_json",
-    "object_completed",
-    "dataclass_completed",
-    "namespace_completed",
-    "pydantic_completed",
-    "slots_completed",
-    "namedtuple_completed",
-    "properties_completed",
-])
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "completed_json",
+        "object_completed",
+        "dataclass_completed",
+        "namespace_completed",
+        "pydantic_completed",
+        "slots_completed",
+        "namedtuple_completed",
+        "properties_completed",
+    ],
+)
 def test_a_reconciliation_as_a_dict_or_an_object_with_attributes_is_accepted(monkeypatch, reconciler, pay, sink, name):
     reconciler(name)
     die_at(monkeypatch, pay, "tool.after_execute")

@@ -6,6 +6,7 @@ These are SIMULATED crashes (fast, but `finally` blocks and context managers
 of the "dead" worker still run, which a SIGKILL never allows): every fault
 point used here is also exercised with a real SIGKILL of a real worker in
 tests/fault/test_kill_points.py."""
+
 from __future__ import annotations
 
 import threading
@@ -16,22 +17,22 @@ from django.db import connection, connections
 from approvals.models import Approval
 from approvals.services import approval_decide
 from checkpoints.models import Checkpoint
-from runs.executor import execute_run, run_drive
-from runs.lifecycle import run_cancel
 from runs.models import Event, ModelCall, Run, ToolInvocation
-from runs.queue import run_claim
-from runs.resume import RunLeased, RunNotRunning, run_resume, take_over
-
+from runs.runtime.executor import execute_run, run_drive
+from runs.runtime.queue import run_claim
+from runs.runtime.resume import RunLeased, RunNotRunning, run_resume, take_over
+from runs.services.lifecycle import run_cancel
 from tests.crash import Crash, crash_at, die_at, expire  # noqa: E402
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-
-
 def post_agent(load_agent, sink, before=0, **kw):
     turns = [{"tool_calls": [{"name": "echo", "arguments": {"text": f"look {i}"}}]} for i in range(before)]
-    turns += [{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "paid"}]
+    turns += [
+        {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]},
+        {"text": "paid"},
+    ]
     return load_agent(turns=turns, tools=("echo", "http_post"), **kw)
 
 
@@ -43,7 +44,9 @@ def types(run):
     return list(Event.objects.filter(run=run).order_by("sequence").values_list("type", flat=True))
 
 
-def test_interrupted_side_effect_pauses_for_an_operator_and_approval_runs_it_once_more(monkeypatch, load_agent, submit, sink, operator):
+def test_interrupted_side_effect_pauses_for_an_operator_and_approval_runs_it_once_more(
+    monkeypatch, load_agent, submit, sink, operator
+):
     post_agent(load_agent, sink)
     run = submit()
     die_at(monkeypatch, run, "tool.after_watermark")
@@ -75,14 +78,23 @@ def test_interrupted_side_effect_pauses_for_an_operator_and_approval_runs_it_onc
     assert Event.objects.filter(run=run, type="tool.call.started").count() == 2  # a new watermark
 
 
-def test_rejecting_an_interrupted_side_effect_fails_the_run_without_calling_the_tool(monkeypatch, load_agent, submit, sink, operator):
+def test_rejecting_an_interrupted_side_effect_fails_the_run_without_calling_the_tool(
+    monkeypatch, load_agent, submit, sink, operator
+):
     post_agent(load_agent, sink)
     run = submit()
     die_at(monkeypatch, run, "tool.after_execute")
     assert sink.count() == 1  # it did happen; nobody knows
     assert run_resume(run_id=run.id) == "waiting"
     approval = Approval.objects.get(run=run)
-    approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash, reason="already paid", via="admin")
+    approval_decide(
+        user=operator,
+        approval_id=approval.id,
+        approve=False,
+        request_hash=approval.request_hash,
+        reason="already paid",
+        via="admin",
+    )
     row = reload(run)
     assert row.status == "FAILED" and row.failure["reason"] == "operator_rejected"
     assert run_drive(run_id=run.id) is None
@@ -143,7 +155,11 @@ def test_a_kill_while_deciding_retries_the_step_as_its_next_attempt(monkeypatch,
     assert run_resume(run_id=run.id) == "continue"
     run_drive(run_id=run.id)
     assert reload(run).status == "COMPLETED"
-    attempts = list(ModelCall.objects.filter(run=run, step_number=1).order_by("attempt_number").values_list("attempt_number", "status"))
+    attempts = list(
+        ModelCall.objects.filter(run=run, step_number=1)
+        .order_by("attempt_number")
+        .values_list("attempt_number", "status")
+    )
     assert attempts == [(1, "interrupted"), (2, "completed")]
     assert sink.count() == 1
     assert "run.resumed" in types(run)
@@ -185,7 +201,9 @@ def test_resume_respects_a_live_lease_and_refuses_runs_that_are_not_running(load
         run_resume(run_id="not-a-uuid")
 
 
-def test_a_resume_that_crashed_after_marking_leaves_the_unknown_outcome_for_the_next(monkeypatch, load_agent, submit, sink):
+def test_a_resume_that_crashed_after_marking_leaves_the_unknown_outcome_for_the_next(
+    monkeypatch, load_agent, submit, sink
+):
     post_agent(load_agent, sink)
     run = submit()
     die_at(monkeypatch, run, "tool.after_watermark")
@@ -213,9 +231,15 @@ def test_deleting_every_checkpoint_then_resuming_reaches_the_same_end(monkeypatc
     approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash)
     run_drive(run_id=run.id)
     row = reload(run)
-    assert (row.status, row.final_message, row.step_count) == (control.status, control.final_message, control.step_count)
+    assert (row.status, row.final_message, row.step_count) == (
+        control.status,
+        control.final_message,
+        control.step_count,
+    )
     assert row.usage["tool_calls"] == control.usage["tool_calls"]
-    results = lambda r: list(ToolInvocation.objects.filter(run=r).order_by("step_number").values_list("tool_name", "status"))  # noqa: E731
+    results = lambda r: list(
+        ToolInvocation.objects.filter(run=r).order_by("step_number").values_list("tool_name", "status")
+    )  # noqa: E731
     assert results(row) == results(control)
 
 
@@ -292,7 +316,9 @@ def test_a_sweep_racing_a_completion_leaves_the_run_completed(settings, tmp_path
     assert "lease.taken_over" not in types(run)
 
 
-def test_cancelling_right_after_approving_a_rerun_keeps_the_outcome_unknown(monkeypatch, load_agent, submit, sink, operator):
+def test_cancelling_right_after_approving_a_rerun_keeps_the_outcome_unknown(
+    monkeypatch, load_agent, submit, sink, operator
+):
     post_agent(load_agent, sink)
     run = submit()
     die_at(monkeypatch, run, "tool.after_watermark")

@@ -2,6 +2,7 @@
 where it happened, the runtime's own timeout, read-only vs side-effect
 uncertain calls in a run, the reconciler's view of an uncertain call, and the
 `confirm` decision over REST, the admin and the live page."""
+
 from __future__ import annotations
 
 import re
@@ -20,10 +21,10 @@ from runs.domain.cancellation import Token
 from runs.domain.errors import OutcomeUnknown, ToolFailure
 from runs.domain.pipeline import ToolExecutionContext
 from runs.domain.values import CancelReason, ToolSpec
-from runs.executor import run_drive
 from runs.models import Event, ModelCall, Run, ToolInvocation
-from runs.resume import run_resume
-from runs.selectors import tool_uncertain_counts
+from runs.runtime.executor import run_drive
+from runs.runtime.resume import run_resume
+from runs.services.selectors import tool_uncertain_counts
 from runs.tools import REGISTRY, builtin
 from runs.tools import OutcomeUnknown as PublicOutcomeUnknown
 from tests.conftest import free_port
@@ -33,8 +34,18 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def context(*, timeout=5.0, deadline=None, token=None, key="run:1:call_1_0"):
-    return ToolExecutionContext(run_id=None, step_number=1, call_id="call_1_0", invocation_id=None, idempotency_key=key, attempt=1,
-                                timeout_seconds=timeout, token=token or Token(), deadline=deadline, clock=CLOCK)
+    return ToolExecutionContext(
+        run_id=None,
+        step_number=1,
+        call_id="call_1_0",
+        invocation_id=None,
+        idempotency_key=key,
+        attempt=1,
+        timeout_seconds=timeout,
+        token=token or Token(),
+        deadline=deadline,
+        clock=CLOCK,
+    )
 
 
 def post(sink, ctx, **extra):
@@ -46,6 +57,7 @@ def reload(run):
 
 
 # -- the built-in HTTP tools classify by where the error happened ---------------
+
 
 def test_the_public_name_is_the_domain_error():
     assert PublicOutcomeUnknown is OutcomeUnknown and issubclass(OutcomeUnknown, ToolFailure)
@@ -87,7 +99,9 @@ def test_the_deadline_bounds_the_timeout_and_a_passed_deadline_sends_nothing(sin
     with pytest.raises(OutcomeUnknown) as err:  # tool timeout 20 s, the run has 0.3 s left
         post(sink, context(timeout=20, deadline=CLOCK.now() + timedelta(seconds=0.3)))
     assert err.value.code == "timeout"
-    assert 0 < float(re.search(r"within ([0-9.e-]+) s", str(err.value)).group(1)) <= 0.3  # the deadline's bound, not the 20 s
+    assert (
+        0 < float(re.search(r"within ([0-9.e-]+) s", str(err.value)).group(1)) <= 0.3
+    )  # the deadline's bound, not the 20 s
     with pytest.raises(ToolFailure) as err:
         post(sink, context(deadline=CLOCK.now() - timedelta(seconds=1)))
     assert err.value.code == "deadline_exceeded" and err.value.uncertain is False
@@ -97,7 +111,9 @@ def test_the_deadline_bounds_the_timeout_and_a_passed_deadline_sends_nothing(sin
 def test_cancellation_stops_a_request_in_flight_and_its_outcome_is_uncertain(sink):
     token = Token()
     sink.behaviours = ["delay:30"]
-    sink.on_request = lambda path: token.cancel(CancelReason.REQUESTED)  # the cancel arrives while the server holds the request
+    sink.on_request = lambda path: token.cancel(
+        CancelReason.REQUESTED
+    )  # the cancel arrives while the server holds the request
     with pytest.raises(OutcomeUnknown) as err:
         post(sink, context(timeout=20, token=token))
     assert err.value.code == "cancelled" and sink.count() == 1
@@ -114,7 +130,13 @@ def test_an_http_error_status_is_an_answer_not_an_unknown_outcome(sink):
 
 def test_the_runtime_enforces_timeout_seconds_and_the_call_is_then_uncertain():
     release = threading.Event()
-    spec = ToolSpec(name="blocker", parameters={"type": "object"}, read_only=False, side_effect="external_write", timeout_seconds=0.2)
+    spec = ToolSpec(
+        name="blocker",
+        parameters={"type": "object"},
+        read_only=False,
+        side_effect="external_write",
+        timeout_seconds=0.2,
+    )
     REGISTRY.register(spec, lambda arguments, ctx: release.wait(30))
     try:
         with pytest.raises(OutcomeUnknown) as err:
@@ -127,9 +149,13 @@ def test_the_runtime_enforces_timeout_seconds_and_the_call_is_then_uncertain():
 
 # -- in a run ------------------------------------------------------------------
 
+
 def test_a_read_only_uncertain_call_is_a_failure_the_model_sees(load_agent, submit, sink):
     sink.behaviours = ["close"]
-    load_agent(turns=[{"tool_calls": [{"name": "http_get", "arguments": {"url": sink.url}}]}, {"text": "it failed"}], tools=("http_get",))
+    load_agent(
+        turns=[{"tool_calls": [{"name": "http_get", "arguments": {"url": sink.url}}]}, {"text": "it failed"}],
+        tools=("http_get",),
+    )
     run = submit()
     run_drive(run_id=run.id)
     assert reload(run).status == "COMPLETED" and sink.gets == 1
@@ -146,24 +172,41 @@ def test_a_read_only_uncertain_call_is_a_failure_the_model_sees(load_agent, subm
 def slow_post():
     """A side-effect tool whose runtime timeout (0.2 s) elapses."""
     release = threading.Event()
-    spec = ToolSpec(name="slow_post", parameters={"type": "object"}, read_only=False, side_effect="external_write", timeout_seconds=0.2)
+    spec = ToolSpec(
+        name="slow_post",
+        parameters={"type": "object"},
+        read_only=False,
+        side_effect="external_write",
+        timeout_seconds=0.2,
+    )
     REGISTRY.register(spec, lambda arguments, ctx: release.wait(30))
     yield spec
     release.set()
     REGISTRY.unregister("slow_post")
 
 
-def test_a_side_effect_timed_out_by_the_runtime_waits_and_confirming_it_did_not_happen_goes_on(load_agent, submit, slow_post, operator):
-    load_agent(turns=[{"tool_calls": [{"name": "slow_post", "arguments": {}}]}, {"text": "noted"}], tools=("slow_post",))
+def test_a_side_effect_timed_out_by_the_runtime_waits_and_confirming_it_did_not_happen_goes_on(
+    load_agent, submit, slow_post, operator
+):
+    load_agent(
+        turns=[{"tool_calls": [{"name": "slow_post", "arguments": {}}]}, {"text": "noted"}], tools=("slow_post",)
+    )
     run = submit()
     assert run_drive(run_id=run.id).kind.value == "suspended"
     row = reload(run)
     assert row.status == "WAITING_FOR_APPROVAL" and row.lease_owner is None
     approval = Approval.objects.get(run=run)
     assert approval.kind == "uncertain_side_effect" and approval.presentation["error"]["error"] == "timeout"
-    assert [e for e in Event.objects.filter(run=run, type="run.waiting_for_approval").values_list("payload__reason", flat=True)] == ["interrupted_side_effect"]
+    assert [
+        e
+        for e in Event.objects.filter(run=run, type="run.waiting_for_approval").values_list(
+            "payload__reason", flat=True
+        )
+    ] == ["interrupted_side_effect"]
     assert tool_uncertain_counts() == {"slow_post": 1}
-    approval_confirm(user=operator, approval_id=approval.id, request_hash=approval.request_hash, took_effect=False, via="api")
+    approval_confirm(
+        user=operator, approval_id=approval.id, request_hash=approval.request_hash, took_effect=False, via="api"
+    )
     assert reload(run).status == "QUEUED"
     run_drive(run_id=run.id)
     assert reload(run).status == "COMPLETED"
@@ -182,13 +225,20 @@ def test_the_reconciler_sees_the_uncertain_call_and_may_let_the_model_see_it(set
     settings.AGENTRT_RECONCILER = "tests.integration.reconcilers.always_continue"
     reconcilers.SEEN.clear()
     sink.behaviours = ["close"]
-    load_agent(turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "checked"}],
-               tools=("http_post",))
+    load_agent(
+        turns=[
+            {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]},
+            {"text": "checked"},
+        ],
+        tools=("http_post",),
+    )
     run = submit()
     assert run_drive(run_id=run.id).kind.value == "yielded"  # continue: back to the queue
     (view,) = reconcilers.SEEN
     (seen,) = view.invocations
-    assert seen["status"] == "uncertain" and seen["outcome"] == "uncertain" and seen["error"]["error"] == "connection_lost"
+    assert (
+        seen["status"] == "uncertain" and seen["outcome"] == "uncertain" and seen["error"]["error"] == "connection_lost"
+    )
     run_drive(run_id=run.id)
     assert reload(run).status == "COMPLETED" and sink.count() == 1
     assert not Approval.objects.filter(run=run).exists()
@@ -199,8 +249,13 @@ def test_the_reconciler_sees_the_uncertain_call_and_may_let_the_model_see_it(set
 def test_the_reconciler_waiting_pauses_on_a_reconcile_approval(settings, load_agent, submit, sink):
     settings.AGENTRT_RECONCILER = "tests.integration.reconcilers.waiting"
     sink.behaviours = ["close"]
-    load_agent(turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "x"}],
-               tools=("http_post",))
+    load_agent(
+        turns=[
+            {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]},
+            {"text": "x"},
+        ],
+        tools=("http_post",),
+    )
     run = submit()
     run_drive(run_id=run.id)
     assert reload(run).status == "WAITING_FOR_APPROVAL"
@@ -208,6 +263,7 @@ def test_the_reconciler_waiting_pauses_on_a_reconcile_approval(settings, load_ag
 
 
 # -- confirm over REST ------------------------------------------------------------
+
 
 @pytest.fixture
 def api(operator):
@@ -219,8 +275,13 @@ def api(operator):
 @pytest.fixture
 def uncertain_run(load_agent, submit, sink):
     sink.behaviours = ["close"]
-    load_agent(turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "paid"}],
-               tools=("http_post",))
+    load_agent(
+        turns=[
+            {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]},
+            {"text": "paid"},
+        ],
+        tools=("http_post",),
+    )
     run = submit()
     run_drive(run_id=run.id)
     return run, Approval.objects.get(run=run)
@@ -229,21 +290,32 @@ def uncertain_run(load_agent, submit, sink):
 def test_confirm_over_rest_records_the_decision_and_refuses_bad_input(api, uncertain_run, sink):
     run, approval = uncertain_run
     url = f"/api/approvals/{approval.id}/confirm/"
-    for body in ({"request_hash": approval.request_hash}, {"request_hash": approval.request_hash, "took_effect": "yes"},
-                 {"request_hash": approval.request_hash, "took_effect": 1}, {"request_hash": approval.request_hash, "took_effect": None}):
+    for body in (
+        {"request_hash": approval.request_hash},
+        {"request_hash": approval.request_hash, "took_effect": "yes"},
+        {"request_hash": approval.request_hash, "took_effect": 1},
+        {"request_hash": approval.request_hash, "took_effect": None},
+    ):
         r = api.post(url, body, format="json")
         assert r.status_code == 400 and "took_effect" in r.json()["fields"], body
     r = api.post(url, {"request_hash": "0" * 64, "took_effect": True}, format="json")
     assert r.status_code == 409 and r.json()["code"] == "approval_stale"
     assert Approval.objects.get(id=approval.id).status == "pending"  # nothing half-written
-    r = api.post(url, {"request_hash": approval.request_hash, "took_effect": True, "reason": "receipt r-42"}, format="json")
+    r = api.post(
+        url, {"request_hash": approval.request_hash, "took_effect": True, "reason": "receipt r-42"}, format="json"
+    )
     assert r.status_code == 200 and r.json()["status"] == "confirmed"
     r = api.post(url, {"request_hash": approval.request_hash, "took_effect": False}, format="json")
     assert r.status_code == 409 and r.json()["code"] == "approval_decided"
     r = api.post(f"/api/approvals/{approval.id}/approve/", {"request_hash": approval.request_hash}, format="json")
     assert r.status_code == 409 and r.json()["code"] == "approval_decided"
     resolved = Event.objects.get(run=run, type="approval.resolved").payload
-    assert (resolved["decision"], resolved["took_effect"], resolved["decided_via"], resolved["reason"]) == ("confirmed", True, "api", "receipt r-42")
+    assert (resolved["decision"], resolved["took_effect"], resolved["decided_via"], resolved["reason"]) == (
+        "confirmed",
+        True,
+        "api",
+        "receipt r-42",
+    )
     run_drive(run_id=run.id)
     assert reload(run).status == "COMPLETED" and sink.count() == 1
 
@@ -255,31 +327,54 @@ def test_confirm_needs_the_permission(uncertain_run, tenant):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {AuthToken.objects.create(user=viewer)[1]}")
     _, approval = uncertain_run
-    r = client.post(f"/api/approvals/{approval.id}/confirm/", {"request_hash": approval.request_hash, "took_effect": True}, format="json")
+    r = client.post(
+        f"/api/approvals/{approval.id}/confirm/",
+        {"request_hash": approval.request_hash, "took_effect": True},
+        format="json",
+    )
     assert r.status_code == 403 and Approval.objects.get(id=approval.id).status == "pending"
 
 
 def test_a_policy_approval_cannot_be_confirmed(api, load_agent, submit):
     policy = {"default": "allow", "rules": [{"tool": "http_post", "decision": "require_approval"}]}
-    load_agent(turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": "http://127.0.0.1:9/x", "json": {}}}]}, {"text": "x"}],
-               tools=("http_post",), policy=policy)
+    load_agent(
+        turns=[
+            {"tool_calls": [{"name": "http_post", "arguments": {"url": "http://127.0.0.1:9/x", "json": {}}}]},
+            {"text": "x"},
+        ],
+        tools=("http_post",),
+        policy=policy,
+    )
     run = submit()
     run_drive(run_id=run.id)
     approval = Approval.objects.get(run=run)
-    r = api.post(f"/api/approvals/{approval.id}/confirm/", {"request_hash": approval.request_hash, "took_effect": True}, format="json")
+    r = api.post(
+        f"/api/approvals/{approval.id}/confirm/",
+        {"request_hash": approval.request_hash, "took_effect": True},
+        format="json",
+    )
     assert r.status_code == 409 and r.json()["code"] == "approval_not_confirmable"
     assert Approval.objects.get(id=approval.id).status == "pending"
 
 
-def test_an_interrupted_side_effect_can_be_confirmed_and_nothing_is_sent(monkeypatch, load_agent, submit, sink, operator):
-    load_agent(turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "paid"}],
-               tools=("http_post",))
+def test_an_interrupted_side_effect_can_be_confirmed_and_nothing_is_sent(
+    monkeypatch, load_agent, submit, sink, operator
+):
+    load_agent(
+        turns=[
+            {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]},
+            {"text": "paid"},
+        ],
+        tools=("http_post",),
+    )
     run = submit()
     die_at(monkeypatch, run, "tool.after_execute")  # sent, then the process died before recording it
     assert run_resume(run_id=run.id, via="test") == "waiting"
     approval = Approval.objects.get(run=run)
     assert approval.kind == "interrupted_side_effect"
-    approval_confirm(user=operator, approval_id=approval.id, request_hash=approval.request_hash, took_effect=True, via="api")
+    approval_confirm(
+        user=operator, approval_id=approval.id, request_hash=approval.request_hash, took_effect=True, via="api"
+    )
     run_drive(run_id=run.id)
     assert reload(run).status == "COMPLETED" and reload(run).final_message == "paid"
     assert sink.count() == 1
@@ -292,10 +387,14 @@ def test_the_openapi_schema_documents_confirm(api):
     op = schema["paths"]["/api/approvals/{id}/confirm/"]["post"]
     assert op["operationId"] == "approvals_confirm" and {"200", "400", "403", "404", "409"} <= set(op["responses"])
     body = schema["components"]["schemas"]["ApprovalConfirmationRequest"]
-    assert body["properties"]["took_effect"]["type"] == "boolean" and set(body["required"]) == {"request_hash", "took_effect"}
+    assert body["properties"]["took_effect"]["type"] == "boolean" and set(body["required"]) == {
+        "request_hash",
+        "took_effect",
+    }
 
 
 # -- confirm in the admin and on the live page ------------------------------------------
+
 
 def staff(operator):
     operator.is_staff = True
@@ -308,10 +407,20 @@ def test_the_admin_confirm_action_shows_a_confirmation_page_then_confirms(client
     client.force_login(staff(operator))
     url = "/admin/approvals/approval/"
     page = client.post(url, {"action": "confirm_took_effect_selected", "_selected_action": [str(approval.id)]})
-    assert page.status_code == 200 and b"Yes, confirm" in page.content and approval.request_hash.encode() in page.content
+    assert (
+        page.status_code == 200 and b"Yes, confirm" in page.content and approval.request_hash.encode() in page.content
+    )
     assert Approval.objects.get(id=approval.id).status == "pending"
-    client.post(url, {"action": "confirm_took_effect_selected", "_selected_action": [str(approval.id)], "confirm": "yes",
-                      f"hash_{approval.id}": approval.request_hash, "reason": "seen in the ledger"})
+    client.post(
+        url,
+        {
+            "action": "confirm_took_effect_selected",
+            "_selected_action": [str(approval.id)],
+            "confirm": "yes",
+            f"hash_{approval.id}": approval.request_hash,
+            "reason": "seen in the ledger",
+        },
+    )
     approval.refresh_from_db()
     assert (approval.status, approval.decided_via) == ("confirmed", "admin")
     assert Event.objects.get(run=run, type="approval.resolved").payload["took_effect"] is True
@@ -321,20 +430,32 @@ def test_the_live_page_offers_confirm_and_records_it(client, operator, uncertain
     run, approval = uncertain_run
     client.force_login(operator)
     page = client.get(f"/runs/{run.id}/")
-    assert page.status_code == 200 and b"uncertain_side_effect" in page.content  # the pending card's data; detail.js draws the buttons
-    client.post(f"/runs/{run.id}/decide/", {"approval": str(approval.id), "request_hash": approval.request_hash, "decision": "not_taken"})
+    assert (
+        page.status_code == 200 and b"uncertain_side_effect" in page.content
+    )  # the pending card's data; detail.js draws the buttons
+    client.post(
+        f"/runs/{run.id}/decide/",
+        {"approval": str(approval.id), "request_hash": approval.request_hash, "decision": "not_taken"},
+    )
     approval.refresh_from_db()
     assert (approval.status, approval.decided_via) == ("confirmed", "live")
     assert Event.objects.get(run=run, type="approval.resolved").payload["took_effect"] is False
     assert reload(run).status == "QUEUED"
 
 
-def test_an_approved_rerun_of_an_interrupted_call_leaves_one_consistent_record(monkeypatch, load_agent, submit, sink, operator):
+def test_an_approved_rerun_of_an_interrupted_call_leaves_one_consistent_record(
+    monkeypatch, load_agent, submit, sink, operator
+):
     """Item 7: before, the row said `completed` with the first attempt's
     "outcome unknown" still in `error`; now every attempt is in `attempts`
     and a completed call carries no error."""
-    load_agent(turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "paid"}],
-               tools=("http_post",))
+    load_agent(
+        turns=[
+            {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]},
+            {"text": "paid"},
+        ],
+        tools=("http_post",),
+    )
     run = submit()
     die_at(monkeypatch, run, "tool.after_watermark")
     assert run_resume(run_id=run.id, via="test") == "waiting"

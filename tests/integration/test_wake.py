@@ -1,6 +1,7 @@
 """Live wake-ups leave the step's path: a commit hands the run's and the
-tenant's group to runs.wake's thread, which sends them over the channel layer
+tenant's group to runs.runtime.wake's thread, which sends them over the channel layer
 (real Redis here). A stuck layer never holds a step up."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,15 +10,17 @@ import threading
 import pytest
 from django.test import override_settings
 
-from runs.consumers import run_group, tenant_group
-from runs.executor import run_drive
 from runs.models import Run
-from runs.wake import waker
+from runs.runtime.executor import run_drive
+from runs.runtime.wake import waker
+from runs.web.consumers import run_group, tenant_group
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REDIS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/0"]}}}
+REDIS = {
+    "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/0"]}}
+}
 GATE = threading.Event()
 SENT: list[str] = []
 

@@ -1,8 +1,8 @@
 """A real browser (Debian's headless chromium driven by Playwright) against a
 live ASGI server (daphne) and a real qcluster: open a run page, watch the run
 reach its approval, approve it from the page, see it complete."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -14,8 +14,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 CHROMIUM = "/usr/bin/chromium"
 # Without the background-networking flags chromium keeps trying hosts this
 # machine's closed network refuses.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def launch_chromium(playwright):
@@ -30,6 +37,8 @@ def log_in(page, server: str, username: str, password: str, next_path: str) -> N
     page.fill("#id_password", password)
     page.click("input[type=submit]")
     page.wait_for_url(f"**{next_path}")
+
+
 SHOTS = ROOT / "artifacts" / "browser"
 
 
@@ -44,20 +53,38 @@ def server(transactional_db, sink, tmp_path):
     log.close()
 
 
-def test_an_operator_approves_a_paused_call_on_the_live_page_and_watches_it_complete(server, cluster, load_agent, submit, sink, tenant):
+def test_an_operator_approves_a_paused_call_on_the_live_page_and_watches_it_complete(
+    server, cluster, load_agent, submit, sink, tenant
+):
     from playwright.sync_api import sync_playwright
 
     from runs.services import tenant_create
 
     _, user = tenant_create(name=tenant.name, username="oncall", password="s3cret-pass", operator=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["resolve_approval", "view_run", "view_approval"]))
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["resolve_approval", "view_run", "view_approval"])
+    )
     load_agent(
-        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "checking"}}]},
-               {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"release": "1.4.2", "amount": 250}}}]},
-               {"text": "Released 1.4.2."}],
+        turns=[
+            {"tool_calls": [{"name": "echo", "arguments": {"text": "checking"}}]},
+            {
+                "tool_calls": [
+                    {"name": "http_post", "arguments": {"url": sink.url, "json": {"release": "1.4.2", "amount": 250}}}
+                ]
+            },
+            {"text": "Released 1.4.2."},
+        ],
         tools=("echo", "http_post"),
-        policy={"default": "allow", "rules": [{"tool": "http_post", "decision": "require_approval",
-                                               "when": {"arg": "json.amount", "op": "gt", "value": 100}}]},
+        policy={
+            "default": "allow",
+            "rules": [
+                {
+                    "tool": "http_post",
+                    "decision": "require_approval",
+                    "when": {"arg": "json.amount", "op": "gt", "value": 100},
+                }
+            ],
+        },
     )
     run = submit(text="ship it")
     SHOTS.mkdir(parents=True, exist_ok=True)

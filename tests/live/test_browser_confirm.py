@@ -2,6 +2,7 @@
 chromium, daphne and qcluster; a POST the server takes and never answers
 parks the run on `uncertain_side_effect`, the operator clicks "It took
 effect", nothing is sent again and the run completes."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,10 +21,17 @@ def test_an_operator_confirms_an_unknown_outcome_on_the_live_page(server, cluste
     from runs.services import tenant_create
 
     _, user = tenant_create(name=tenant.name, username="oncall", password="s3cret-pass", operator=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["resolve_approval", "view_run", "view_approval"]))
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["resolve_approval", "view_run", "view_approval"])
+    )
     sink.behaviours = ["close"]
-    load_agent(turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "Paid."}],
-               tools=("http_post",))
+    load_agent(
+        turns=[
+            {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]},
+            {"text": "Paid."},
+        ],
+        tools=("http_post",),
+    )
     run = submit(text="pay")
     with sync_playwright() as p:
         browser = launch_chromium(p)

@@ -1,8 +1,8 @@
 """WebSocket streams (DESIGN §14): replay from the table, then live, in order,
 exactly once — also across reconnects while events are being written."""
+
 from __future__ import annotations
 
-import asyncio
 import threading
 
 import pytest
@@ -14,10 +14,10 @@ from django.test import Client
 from agentrt_site.asgi import application
 from runs.clock import CLOCK
 from runs.domain.writes import EventWrite
-from runs.executor import run_drive
 from runs.models import Event
+from runs.runtime.executor import run_drive
 from runs.services import tenant_create
-from runs.store import append_events
+from runs.store.repository import append_events
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 ORIGIN = (b"origin", b"http://localhost")
@@ -51,7 +51,9 @@ def alice(tenant):
 
 
 async def test_replay_after_n_then_nothing_more(finished_run, alice):
-    seqs = await sync_to_async(lambda: list(Event.objects.filter(run=finished_run).order_by("sequence").values_list("sequence", flat=True)))()
+    seqs = await sync_to_async(
+        lambda: list(Event.objects.filter(run=finished_run).order_by("sequence").values_list("sequence", flat=True))
+    )()
     comm, ok = await connect(f"/ws/runs/{finished_run.id}/?after=3", await sync_to_async(cookie_for)(alice))
     assert ok
     got = [(await comm.receive_json_from(timeout=5))["sequence"] for _ in range(len(seqs) - 3)]
@@ -67,8 +69,14 @@ async def test_replay_after_n_then_nothing_more(finished_run, alice):
 def _append_marker(run) -> int:
     with transaction.atomic():
         with connection.cursor() as cur:
-            append_events(cur, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=0,
-                          events=[EventWrite("test.marker", {}, CLOCK.now())])
+            append_events(
+                cur,
+                tenant_id=run.tenant_id,
+                session_id=run.session_id,
+                run_id=run.id,
+                epoch=0,
+                events=[EventWrite("test.marker", {}, CLOCK.now())],
+            )
     return Event.objects.filter(run=run, type="test.marker").values_list("sequence", flat=True).get()
 
 
@@ -130,13 +138,21 @@ def _writer(run, n, started: threading.Event):
         for i in range(n):
             with transaction.atomic():
                 with connection.cursor() as cur:
-                    append_events(cur, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=0,
-                                  events=[EventWrite("test.tick", {"i": i}, CLOCK.now())])
+                    append_events(
+                        cur,
+                        tenant_id=run.tenant_id,
+                        session_id=run.session_id,
+                        run_id=run.id,
+                        epoch=0,
+                        events=[EventWrite("test.tick", {"i": i}, CLOCK.now())],
+                    )
     finally:
         connections.close_all()
 
 
-async def test_a_reconnect_with_the_last_sequence_gets_every_event_exactly_once_while_events_are_written(finished_run, alice):
+async def test_a_reconnect_with_the_last_sequence_gets_every_event_exactly_once_while_events_are_written(
+    finished_run, alice
+):
     cookie = await sync_to_async(cookie_for)(alice)
     base = await sync_to_async(lambda: Event.objects.filter(run=finished_run).count())()
     total = base + 150
@@ -154,7 +170,7 @@ async def test_a_reconnect_with_the_last_sequence_gets_every_event_exactly_once_
         for _ in range(17):  # drop the socket every few frames
             try:
                 frame = await comm.receive_json_from(timeout=3)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
             received.append(frame["sequence"])
             last = frame["sequence"]

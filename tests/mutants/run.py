@@ -22,6 +22,7 @@ guard passed. ERROR: the guards could not run (collection error, timeout) —
 which is not a kill. A snippet that is not found stops everything before any
 test runs: a refactor must update the mutant.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,10 +73,15 @@ def load(only: list[str] | None = None) -> list[Mutant]:
         unknown = set(data) - {"claim", "guards", "edit", "pending"}
         if unknown:
             raise SpecError(f"{path.name}: unknown keys {sorted(unknown)}")
-        m = Mutant(name=path.stem, claim=data.get("claim", ""), guards=list(data.get("guards", [])),
-                   edits=list(data.get("edit", [])), pending=data.get("pending", ""))
+        m = Mutant(
+            name=path.stem,
+            claim=data.get("claim", ""),
+            guards=list(data.get("guards", [])),
+            edits=list(data.get("edit", [])),
+            pending=data.get("pending", ""),
+        )
         if not m.claim or (not m.pending and (not m.edits or not m.guards)):
-            raise SpecError(f"{path.name}: needs claim, at least one [[edit]] and guards (or pending = \"why\")")
+            raise SpecError(f'{path.name}: needs claim, at least one [[edit]] and guards (or pending = "why")')
         for e in m.edits:
             if set(e) - {"file", "find", "replace", "count"} or not {"file", "find", "replace"} <= set(e):
                 raise SpecError(f"{path.name}: an [[edit]] needs exactly file, find, replace (and optional count)")
@@ -117,8 +123,12 @@ def mutated(root: Path, mutant: Mutant) -> dict[Path, str]:
 
 def scratch_copy(dest: Path) -> None:
     """The working tree as it is (tracked + untracked, not ignored files)."""
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                         check=True, capture_output=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout
     for name in filter(None, out.decode().split("\0")):
         src = ROOT / name
         if src.is_file():
@@ -169,7 +179,9 @@ def run_one(mutant: Mutant, index: int, base: Path, work: Path, db_url: str, tim
     try:
         proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return Result(mutant, "ERROR", seconds=time.monotonic() - started, detail=f"guards did not finish in {timeout:.0f}s")
+        return Result(
+            mutant, "ERROR", seconds=time.monotonic() - started, detail=f"guards did not finish in {timeout:.0f}s"
+        )
     seconds = time.monotonic() - started
     output = proc.stdout + proc.stderr
     if proc.returncode == 0:
@@ -188,9 +200,12 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant")
     parser.add_argument("--keep", action="store_true", help="keep the scratch copies")
     parser.add_argument("--check", action="store_true", help="only check that every snippet applies")
-    parser.add_argument("--baseline", action="store_true",
-                        help="first run every guard on the unmutated copy (a kill means something only if the guards pass "
-                             "without the mutant; .ci/run gets that from the `make test` just before)")
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="first run every guard on the unmutated copy (a kill means something only if the guards pass "
+        "without the mutant; .ci/run gets that from the `make test` just before)",
+    )
     args = parser.parse_args(argv)
     db_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/agentrt")
     if not db_url.startswith(("postgres://", "postgresql://")):
@@ -213,16 +228,32 @@ def main(argv=None) -> int:
         scratch_copy(base)
         guards = sorted({g for m in mutants for g in m.guards})
         if guards:  # every guard names a test that exists (a renamed test must update its mutant)
-            proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *guards],
-                                  cwd=base, env=dict(os.environ, DATABASE_URL=db_url), capture_output=True, text=True)
+            proc = subprocess.run(
+                [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *guards],
+                cwd=base,
+                env=dict(os.environ, DATABASE_URL=db_url),
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode != 0:
-                print(f"make mutants: a guard does not name a test\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}", file=sys.stderr)
+                print(
+                    f"make mutants: a guard does not name a test\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}",
+                    file=sys.stderr,
+                )
                 return 2
         if guards and args.baseline:
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *guards], cwd=base,
-                                  env=dict(os.environ, DATABASE_URL=database_url(db_url, len(mutants))), capture_output=True, text=True)
+            proc = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *guards],
+                cwd=base,
+                env=dict(os.environ, DATABASE_URL=database_url(db_url, len(mutants))),
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode != 0:
-                print(f"make mutants: the guards fail WITHOUT any mutant\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}", file=sys.stderr)
+                print(
+                    f"make mutants: the guards fail WITHOUT any mutant\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}",
+                    file=sys.stderr,
+                )
                 return 2
             print(f"baseline: every guard passes unmutated ({time.monotonic() - started:.0f}s)", flush=True)
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -231,8 +262,12 @@ def main(argv=None) -> int:
             for f in futures:
                 r = f.result()
                 results.append(r)
-                print(f"{r.verdict:8} {r.mutant.name}" + (f"  <- {r.killer}\n         {r.detail}" if r.killer else "")
-                      + f"  ({r.seconds:.0f}s)", flush=True)
+                print(
+                    f"{r.verdict:8} {r.mutant.name}"
+                    + (f"  <- {r.killer}\n         {r.detail}" if r.killer else "")
+                    + f"  ({r.seconds:.0f}s)",
+                    flush=True,
+                )
     finally:
         if args.keep:
             print(f"scratch copies kept in {work}")
@@ -264,7 +299,9 @@ def render(results: list[Result], total: float, jobs: int) -> str:
     killed = sum(r.verdict == "KILLED" for r in results)
     run = sum(r.verdict != "PENDING" for r in results)
     lines.append("")
-    lines.append(f"{killed}/{run} mutants killed ({len(results) - run} pending), {total:.0f}s wall clock with --jobs {jobs}")
+    lines.append(
+        f"{killed}/{run} mutants killed ({len(results) - run} pending), {total:.0f}s wall clock with --jobs {jobs}"
+    )
     return "\n".join(lines) + "\n"
 
 

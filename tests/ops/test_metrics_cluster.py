@@ -3,6 +3,7 @@ cluster (`qcluster` + `run_maintenance`): seed 002's series move, both nodes
 show the same deployment-wide figures, the bearer token is enforced, the
 worker node serves its per-process histograms on AGENTRT_METRICS_PORT, and
 the worker's JSON log lines parse and carry the run id."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from approvals.models import Approval
 from approvals.services import approval_decide
-from runs.lifecycle import run_cancel
 from runs.models import Event, Run
+from runs.services.lifecycle import run_cancel
 from tests.conftest import ROOT, subprocess_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -47,8 +48,14 @@ def procs(tmp_path):
 
     def start(args, name, **env):
         log = open(tmp_path / f"{name}.log", "wb")
-        p = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=subprocess_env(**env), stdout=log,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(
+            [sys.executable, *args],
+            cwd=ROOT,
+            env=subprocess_env(**env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         started.append((p, log))
         return p
 
@@ -68,10 +75,27 @@ def web_nodes(procs, tmp_path):
     """Two web nodes on one database: A open, B behind AGENTRT_METRICS_TOKEN."""
     a, b = free_port(), free_port()
     # daphne writes its access log itself (Common Log Format, not through logging): in JSON mode it goes to its own file.
-    procs(["-m", "daphne", "-b", "127.0.0.1", "-p", str(a), "--access-log", str(tmp_path / "web-a.access.log"),
-           "agentrt_site.asgi:application"], "web-a", AGENTRT_LOG_FORMAT="json", AGENTRT_LOG_LEVEL="INFO")
-    procs(["-m", "daphne", "-b", "127.0.0.1", "-p", str(b), "agentrt_site.asgi:application"], "web-b",
-          AGENTRT_METRICS_TOKEN=TOKEN)
+    procs(
+        [
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(a),
+            "--access-log",
+            str(tmp_path / "web-a.access.log"),
+            "agentrt_site.asgi:application",
+        ],
+        "web-a",
+        AGENTRT_LOG_FORMAT="json",
+        AGENTRT_LOG_LEVEL="INFO",
+    )
+    procs(
+        ["-m", "daphne", "-b", "127.0.0.1", "-p", str(b), "agentrt_site.asgi:application"],
+        "web-b",
+        AGENTRT_METRICS_TOKEN=TOKEN,
+    )
     wait_for(lambda: listening(a) and listening(b), timeout=30, message="both web nodes to listen")
     return f"http://127.0.0.1:{a}", f"http://127.0.0.1:{b}"
 
@@ -109,7 +133,8 @@ def status(run) -> str:
 
 
 def test_metrics_move_with_real_runs_and_every_web_node_shows_the_same_totals(
-        web_nodes, procs, cluster, load_agent, submit, sink, operator, tmp_path):
+    web_nodes, procs, cluster, load_agent, submit, sink, operator, tmp_path
+):
     node_a, node_b = web_nodes
 
     # The token: node B refuses a scrape without it, with a wrong one, or with another scheme.
@@ -119,13 +144,28 @@ def test_metrics_move_with_real_runs_and_every_web_node_shows_the_same_totals(
     assert get(node_b + "/metrics", {"Authorization": f"Bearer {TOKEN}"})[0] == 200
 
     load_agent(name="slow", turns=[{"text": "slept", "delay_ms": 2500}])
-    load_agent(name="payer", tools=("http_post",),
-               turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "paid"}])
-    load_agent(name="asker", tools=("echo",), policy={"default": "allow", "rules": [{"tool": "echo", "decision": "require_approval"}]},
-               turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "may I"}}]}, {"text": "ok"}])
-    turns = [{"tool_calls": [{"name": "echo", "arguments": {"text": f"{i}:" + "x" * 400}}]} for i in range(8)] + [{"text": "all read"}]
-    load_agent(name="reader", model={"provider": "scripted", "turns": turns, "context_window": 2000},
-               limits={"max_steps": 20, "max_tool_calls": 30})
+    load_agent(
+        name="payer",
+        tools=("http_post",),
+        turns=[
+            {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]},
+            {"text": "paid"},
+        ],
+    )
+    load_agent(
+        name="asker",
+        tools=("echo",),
+        policy={"default": "allow", "rules": [{"tool": "echo", "decision": "require_approval"}]},
+        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "may I"}}]}, {"text": "ok"}],
+    )
+    turns = [{"tool_calls": [{"name": "echo", "arguments": {"text": f"{i}:" + "x" * 400}}]} for i in range(8)] + [
+        {"text": "all read"}
+    ]
+    load_agent(
+        name="reader",
+        model={"provider": "scripted", "turns": turns, "context_window": 2000},
+        limits={"max_steps": 20, "max_tool_calls": 30},
+    )
 
     # Before any worker runs: the queue and its oldest run's age.
     slow = submit(agent="slow")
@@ -134,9 +174,16 @@ def test_metrics_move_with_real_runs_and_every_web_node_shows_the_same_totals(
     assert value(m, "agent_queue_depth") == 1 and value(m, "agent_runs", status="QUEUED") == 1
 
     metrics_port = free_port()
-    env = dict(AGENTRT_LEASE_SECONDS=LEASE, AGENTRT_WORKERS=2, AGENTRT_ENABLE_FAULTPOINTS=1,
-               AGENTRT_FAULTPOINTS="tool.after_watermark=kill", AGENTRT_FAULTPOINT_DIR=tmp_path,
-               AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host, AGENTRT_LOG_FORMAT="json", AGENTRT_LOG_LEVEL="INFO")
+    env = dict(
+        AGENTRT_LEASE_SECONDS=LEASE,
+        AGENTRT_WORKERS=2,
+        AGENTRT_ENABLE_FAULTPOINTS=1,
+        AGENTRT_FAULTPOINTS="tool.after_watermark=kill",
+        AGENTRT_FAULTPOINT_DIR=tmp_path,
+        AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host,
+        AGENTRT_LOG_FORMAT="json",
+        AGENTRT_LOG_LEVEL="INFO",
+    )
     c = cluster(AGENTRT_METRICS_PORT=metrics_port, **env)
     procs(["manage.py", "run_maintenance"], "maintenance", **env)
 
@@ -147,7 +194,9 @@ def test_metrics_move_with_real_runs_and_every_web_node_shows_the_same_totals(
     # A worker killed after the watermark: the lease is taken over with the
     # phase `side_effect`, and the run waits on an interrupted_side_effect approval.
     payer = submit(agent="payer")
-    wait_for(lambda: status(payer) == "WAITING_FOR_APPROVAL", timeout=90, message=f"the payer to park\n{c.output()[-3000:]}")
+    wait_for(
+        lambda: status(payer) == "WAITING_FOR_APPROVAL", timeout=90, message=f"the payer to park\n{c.output()[-3000:]}"
+    )
     m = scrape(node_a)
     assert value(m, "agent_run_leases_lost_total", phase="side_effect") >= 1
     assert value(m, "agent_approvals_pending", kind="interrupted_side_effect") == 1
@@ -172,14 +221,22 @@ def test_metrics_move_with_real_runs_and_every_web_node_shows_the_same_totals(
     assert deployment == {k: v for k, v in b.items() if k in deployment}, "both web nodes show the same totals"
 
     assert value(a, "agent_run_steps_count", outcome="completed") == 3
-    assert value(a, "agent_run_steps_sum", outcome="completed") == sum(Run.objects.filter(status="COMPLETED").values_list("step_count", flat=True))
+    assert value(a, "agent_run_steps_sum", outcome="completed") == sum(
+        Run.objects.filter(status="COMPLETED").values_list("step_count", flat=True)
+    )
     assert value(a, "agent_run_steps_count", outcome="cancelled") == 1
     assert value(a, "agent_run_steps_bucket", outcome="completed", le="1.0") == 1  # the slow run: one step
     assert value(a, "agent_runs_cancelled_total", reason="requested") == 1
     assert value(a, "agent_run_leases_lost_total", phase="side_effect") == 1
     assert value(a, "agent_runs_requeued_total", reason="approval") >= 1
-    assert value(a, "agent_context_compactions_total", reason="pressure") == Event.objects.filter(type="context.compacted").count() >= 1
-    assert value(a, "agent_run_waiting_seconds_count", kind="approval") == 2  # the payer's (approved) and the asker's (cancelled)
+    assert (
+        value(a, "agent_context_compactions_total", reason="pressure")
+        == Event.objects.filter(type="context.compacted").count()
+        >= 1
+    )
+    assert (
+        value(a, "agent_run_waiting_seconds_count", kind="approval") == 2
+    )  # the payer's (approved) and the asker's (cancelled)
     assert value(a, "agent_run_waiting_seconds_sum", kind="approval") > 0
     assert value(a, "agent_run_waiting_seconds_bucket", kind="approval", le="+Inf") == 2
     assert "# TYPE agent_tool_uncertain_total counter" in get(node_a + "/metrics")[1]  # moved by the next test
@@ -214,14 +271,22 @@ def test_an_unanswered_side_effect_moves_agent_tool_uncertain_total(cluster, loa
     from django.test import Client
 
     sink.behaviours = ["close"]
-    load_agent(name="unsure", tools=("http_post",),
-               turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]}, {"text": "paid"}])
+    load_agent(
+        name="unsure",
+        tools=("http_post",),
+        turns=[
+            {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 5}}}]},
+            {"text": "paid"},
+        ],
+    )
     cluster(AGENTRT_LEASE_SECONDS=3, AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host)
     run = submit(agent="unsure")
-    wait_for(lambda: status(run) == "WAITING_FOR_APPROVAL", timeout=60, message="the run to park on its unknown outcome")
+    wait_for(
+        lambda: status(run) == "WAITING_FOR_APPROVAL", timeout=60, message="the run to park on its unknown outcome"
+    )
     m = samples(Client(HTTP_HOST="127.0.0.1").get("/metrics").content.decode())
     assert value(m, "agent_tool_uncertain_total", tool="http_post") == 1
     assert value(m, "agent_approvals_pending", kind="uncertain_side_effect") == 1
-    from runs.selectors import tool_uncertain_counts
+    from runs.services.selectors import tool_uncertain_counts
 
     assert tool_uncertain_counts() == {"http_post": 1}  # the same figure the runs app's selector gives

@@ -2,6 +2,7 @@
 exporter, for a run with tool calls, a compaction and an approval; the
 submit and both execution slices (before and after the approval) are one
 trace. With tracing off the loop keeps its null tracer."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,8 @@ from approvals.models import Approval
 from approvals.services import approval_decide
 from ops import tracing
 from runs.domain.tracing import NullTracer
-from runs.executor import build_context, run_drive
 from runs.models import Event, Run
+from runs.runtime.executor import build_context, run_drive
 
 pytestmark = pytest.mark.django_db
 
@@ -30,16 +31,26 @@ def spans():
 
 
 def children(all_spans, parent, name):
-    return [s for s in all_spans if s.name == name and s.parent is not None and s.parent.span_id == parent.context.span_id]
+    return [
+        s for s in all_spans if s.name == name and s.parent is not None and s.parent.span_id == parent.context.span_id
+    ]
 
 
-def test_a_run_with_tools_a_compaction_and_an_approval_is_one_trace_of_the_seed_tree(spans, load_agent, submit, operator):
+def test_a_run_with_tools_a_compaction_and_an_approval_is_one_trace_of_the_seed_tree(
+    spans, load_agent, submit, operator
+):
     turns = [{"tool_calls": [{"name": "echo", "arguments": {"text": f"{i}:" + "x" * 800}}]} for i in range(8)]
     turns += [{"tool_calls": [{"name": "echo", "arguments": {"text": "deploy"}}]}, {"text": "done"}]
-    load_agent(model={"provider": "scripted", "turns": turns, "context_window": 2000},
-               policy={"default": "allow", "rules": [{"tool": "echo", "decision": "require_approval",
-                                                      "when": {"arg": "text", "op": "eq", "value": "deploy"}}]},
-               limits={"max_steps": 20, "max_tool_calls": 30})
+    load_agent(
+        model={"provider": "scripted", "turns": turns, "context_window": 2000},
+        policy={
+            "default": "allow",
+            "rules": [
+                {"tool": "echo", "decision": "require_approval", "when": {"arg": "text", "op": "eq", "value": "deploy"}}
+            ],
+        },
+        limits={"max_steps": 20, "max_tool_calls": 30},
+    )
     run = submit()
     assert Event.objects.get(run=run, type="run.created").payload["traceparent"].startswith("00-")
     assert run_drive(run_id=run.id).kind.value == "suspended"
@@ -79,8 +90,18 @@ def test_a_run_with_tools_a_compaction_and_an_approval_is_one_trace_of_the_seed_
     assert all(t.attributes["tool.side_effect"] == "none" and t.attributes["tool.read_only"] is True for t in tools)
     decisions = [p.attributes["policy.decision"] for s in steps for p in children(got, s, "policy.evaluate")]
     assert "require_approval" in decisions and "allow" in decisions
-    assert {s.name for s in got} == {"run.submit", "agent.run", "run.step", "context.build", "context.compact", "model.invoke",
-                                     "model.attempt", "policy.evaluate", "tool.execute", "checkpoint.save"}
+    assert {s.name for s in got} == {
+        "run.submit",
+        "agent.run",
+        "run.step",
+        "context.build",
+        "context.compact",
+        "model.invoke",
+        "model.attempt",
+        "policy.evaluate",
+        "tool.execute",
+        "checkpoint.save",
+    }
 
 
 def test_without_a_provider_the_loop_keeps_the_null_tracer(load_agent, submit):
@@ -89,7 +110,7 @@ def test_without_a_provider_the_loop_keeps_the_null_tracer(load_agent, submit):
     assert "traceparent" not in Event.objects.get(run=run, type="run.created").payload
     from ops.instrument import instrument
     from runs.domain.cancellation import Token
-    from runs.queue import run_claim
+    from runs.runtime.queue import run_claim
 
     claim = run_claim(run_id=run.id, owner="test:1:abc")
     ctx = build_context(claim, token=Token(), lease=None)
@@ -141,17 +162,33 @@ def test_a_worker_process_exports_its_spans_over_otlp_in_the_submits_trace(spans
     collector = _Collector()
     try:
         load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "hi"}}]}, {"text": "done"}])
-        cluster(OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, OTEL_BSP_SCHEDULE_DELAY="100", OTEL_SERVICE_NAME="agentrt-worker")
+        cluster(
+            OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, OTEL_BSP_SCHEDULE_DELAY="100", OTEL_SERVICE_NAME="agentrt-worker"
+        )
         run = submit()
         (submit_span,) = [s for s in spans.get_finished_spans() if s.name == "run.submit"]
         wait_for(lambda: Run.objects.get(id=run.id).status == "COMPLETED", timeout=60, message="the run to complete")
-        wait_for(lambda: any(s.name == "checkpoint.save" for s in collector.spans) and
-                 any(s.name == "agent.run" for s in collector.spans), timeout=30, message="the worker's spans")
+        wait_for(
+            lambda: (
+                any(s.name == "checkpoint.save" for s in collector.spans)
+                and any(s.name == "agent.run" for s in collector.spans)
+            ),
+            timeout=30,
+            message="the worker's spans",
+        )
         (slice_,) = [s for s in collector.spans if s.name == "agent.run"]
         assert slice_.trace_id == submit_span.context.trace_id.to_bytes(16, "big")
         assert slice_.parent_span_id == submit_span.context.span_id.to_bytes(8, "big")
         names = {s.name for s in collector.spans}
-        assert {"run.step", "context.build", "model.invoke", "model.attempt", "policy.evaluate", "tool.execute", "checkpoint.save"} <= names
+        assert {
+            "run.step",
+            "context.build",
+            "model.invoke",
+            "model.attempt",
+            "policy.evaluate",
+            "tool.execute",
+            "checkpoint.save",
+        } <= names
         assert {s.trace_id for s in collector.spans} == {slice_.trace_id}
     finally:
         collector.close()

@@ -9,8 +9,7 @@ from runs.domain.cancellation import Token
 from runs.domain.values import ModelRequest
 from runs.providers.endpoints import Endpoint
 from runs.providers.openai import OpenAIProvider
-
-from .fake_openai import FakeOpenAI
+from tests.providers.fake_openai import FakeOpenAI
 
 KEY = "sk-test-SECRET-5f2c9a71d0"
 PRICES = {
@@ -58,8 +57,12 @@ def api_key(monkeypatch):
 @pytest.fixture
 def make_provider(fake, priced, api_key):
     def make(**kwargs) -> OpenAIProvider:
-        endpoint = Endpoint(name="test", provider="openai", base_url=kwargs.pop("base_url", fake.base_url),
-                            api_key_env="AGENTRT_TEST_OPENAI_KEY")
+        endpoint = Endpoint(
+            name="test",
+            provider="openai",
+            base_url=kwargs.pop("base_url", fake.base_url),
+            api_key_env="AGENTRT_TEST_OPENAI_KEY",
+        )
         kwargs.setdefault("rng", random.Random(7))
         kwargs.setdefault("backoff_base", 0.01)
         return OpenAIProvider(endpoint, kwargs.pop("model", "test-model"), **kwargs)

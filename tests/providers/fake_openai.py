@@ -12,6 +12,7 @@ one repeats) and is recorded (`method`, `path`, lower-cased `headers`, parsed
 * `answer(status, body, headers)`: a plain response (JSON or text body).
 * `hang(seconds)`: reads the request and sends nothing for `seconds`.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,10 +22,26 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
-def stream(events: list[Any], *, delay: float = 0.0, cut_after: int | None = None, stall_after: int | None = None,
-           stall_for: float = 60.0, done: bool = True, content_type: str = "text/event-stream") -> dict:
-    return {"kind": "stream", "events": list(events), "delay": delay, "cut_after": cut_after,
-            "stall_after": stall_after, "stall_for": stall_for, "done": done, "content_type": content_type}
+def stream(
+    events: list[Any],
+    *,
+    delay: float = 0.0,
+    cut_after: int | None = None,
+    stall_after: int | None = None,
+    stall_for: float = 60.0,
+    done: bool = True,
+    content_type: str = "text/event-stream",
+) -> dict:
+    return {
+        "kind": "stream",
+        "events": list(events),
+        "delay": delay,
+        "cut_after": cut_after,
+        "stall_after": stall_after,
+        "stall_for": stall_for,
+        "done": done,
+        "content_type": content_type,
+    }
 
 
 def answer(status: int = 200, body: Any = None, headers: dict | None = None) -> dict:
@@ -35,8 +52,9 @@ def hang(seconds: float) -> dict:
     return {"kind": "hang", "seconds": seconds}
 
 
-def chunk(content: str | None = None, *, tool_calls: list | None = None, finish: str | None = None,
-          role: str | None = None) -> dict:
+def chunk(
+    content: str | None = None, *, tool_calls: list | None = None, finish: str | None = None, role: str | None = None
+) -> dict:
     delta: dict[str, Any] = {}
     if role:
         delta["role"] = role
@@ -44,11 +62,17 @@ def chunk(content: str | None = None, *, tool_calls: list | None = None, finish:
         delta["content"] = content
     if tool_calls is not None:
         delta["tool_calls"] = tool_calls
-    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "m",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
 
 
-def tool_delta(index: int | None, *, id: str | None = None, name: str | None = None, arguments: str | None = None) -> dict:
+def tool_delta(
+    index: int | None, *, id: str | None = None, name: str | None = None, arguments: str | None = None
+) -> dict:
     call: dict[str, Any] = {}
     if index is not None:
         call["index"] = index
@@ -66,9 +90,13 @@ def tool_delta(index: int | None, *, id: str | None = None, name: str | None = N
 
 
 def usage_chunk(prompt: int, completion: int, *, cached: int = 0, reasoning: int = 0, **extra: Any) -> dict:
-    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-             "prompt_tokens_details": {"cached_tokens": cached},
-             "completion_tokens_details": {"reasoning_tokens": reasoning}}
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
+    }
     usage.update(extra)
     return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "m", "choices": [], "usage": usage}
 
@@ -106,8 +134,14 @@ class FakeOpenAI:
                     body = raw.decode("utf-8", "replace")
                 with fake._lock:
                     number = len(fake.requests)
-                    fake.requests.append({"method": "POST", "path": self.path,
-                                          "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
+                    fake.requests.append(
+                        {
+                            "method": "POST",
+                            "path": self.path,
+                            "headers": {k.lower(): v for k, v in self.headers.items()},
+                            "body": body,
+                        }
+                    )
                     if not fake.script:
                         plan = answer(500, {"error": {"message": "nothing scripted"}})
                     else:
@@ -177,11 +211,11 @@ class FakeOpenAI:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
-    def push(self, *plans: dict) -> "FakeOpenAI":
+    def push(self, *plans: dict) -> FakeOpenAI:
         self.script.extend(plans)
         return self
 
-    def start(self) -> "FakeOpenAI":
+    def start(self) -> FakeOpenAI:
         self.thread.start()
         return self
 

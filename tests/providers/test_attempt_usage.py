@@ -3,6 +3,7 @@ what a failed attempt spent — the usage the server sent before the cut, else
 a conservative estimate — and the loop charges it, so a run whose attempts
 keep failing after output stops at `max_cost_usd`. Against the local server
 that speaks chat completions (tests/providers/fake_openai.py)."""
+
 from __future__ import annotations
 
 import math
@@ -11,18 +12,19 @@ import pytest
 
 from runs.domain.cancellation import Token
 from runs.domain.errors import ModelError
-from runs.executor import run_drive
 from runs.models import ModelCall, Run
-
-from .conftest import endpoints_for, make_request
-from .fake_openai import chunk, stream, usage_chunk
+from runs.runtime.executor import run_drive
+from tests.providers.conftest import endpoints_for, make_request
+from tests.providers.fake_openai import chunk, stream, usage_chunk
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def cut_with_usage(prompt=10_000, completion=1_000):
     # Output, the usage chunk, then the connection drops before finish_reason and [DONE].
-    return stream([chunk("", role="assistant"), chunk("I will pay"), usage_chunk(prompt, completion)], cut_after=3, done=False)
+    return stream(
+        [chunk("", role="assistant"), chunk("I will pay"), usage_chunk(prompt, completion)], cut_after=3, done=False
+    )
 
 
 def test_a_stream_cut_after_output_carries_the_usage_the_server_reported(make_provider, fake):
@@ -55,8 +57,11 @@ def test_a_failure_before_any_output_is_not_charged(make_provider, fake):
 
 def test_cut_streams_are_charged_and_the_run_stops_at_its_cost_limit(load_agent, submit, fake, priced, api_key):
     priced.AGENTRT_MODEL_ENDPOINTS = endpoints_for(fake)
-    load_agent(name="gpt-bot", model={"provider": "openai", "endpoint": "test", "model": "test-model"},
-               limits={"max_cost_usd": 0.05})
+    load_agent(
+        name="gpt-bot",
+        model={"provider": "openai", "endpoint": "test", "model": "test-model"},
+        limits={"max_cost_usd": 0.05},
+    )
     fake.push(cut_with_usage())  # every attempt: 0.028 USD, then cut
     run = submit(agent="gpt-bot")
     run_drive(run_id=run.id)

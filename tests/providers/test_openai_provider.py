@@ -4,6 +4,7 @@ No database: the adapter is a plain object. Each test scripts the server's
 answers, calls `complete()` once, and asserts on the turn, the error and the
 requests the server received.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,16 @@ from runs.domain.errors import ModelError
 from runs.domain.values import CancelReason, StopReason
 from runs.providers.endpoints import Endpoint
 from runs.providers.openai import OpenAIProvider
-
 from tests.conftest import wait_for
-
-from .conftest import KEY, RecordingToken, make_request
-from .fake_openai import answer, chunk, hang, stream, text_stream, tool_delta, usage_chunk
+from tests.providers.conftest import KEY, RecordingToken, make_request
+from tests.providers.fake_openai import answer, chunk, hang, stream, text_stream, tool_delta, usage_chunk
 
 TOOLS = [
-    {"name": "http_get", "description": "Fetch a URL", "parameters": {"type": "object", "properties": {"url": {"type": "string"}}}},
+    {
+        "name": "http_get",
+        "description": "Fetch a URL",
+        "parameters": {"type": "object", "properties": {"url": {"type": "string"}}},
+    },
     {"name": "echo", "description": "", "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}},
 ]
 
@@ -40,19 +43,38 @@ def assert_no_secret(exc: BaseException) -> None:
 
 
 def test_text_stream_usage_cost_and_request_translation(fake, make_provider):
-    fake.push(stream([
-        chunk("", role="assistant"), chunk("Hel"), chunk("lo"), chunk(", world"), chunk(finish="stop"),
-        usage_chunk(1000, 100, cached=400, reasoning=60),
-    ]))
+    fake.push(
+        stream(
+            [
+                chunk("", role="assistant"),
+                chunk("Hel"),
+                chunk("lo"),
+                chunk(", world"),
+                chunk(finish="stop"),
+                usage_chunk(1000, 100, cached=400, reasoning=60),
+            ]
+        )
+    )
     deltas: list[str] = []
     provider = make_provider(on_delta=deltas.append)
     conversation = [
         {"role": "user", "content": "fetch it"},
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"id": "call_a", "name": "http_get", "arguments": "{\"url\": \"http://x\"}"},
-                        {"id": "call_b", "name": "echo", "arguments": "not json"}]},
-        {"role": "tool", "tool_call_id": "call_a", "name": "http_get", "content": "{\"status\": 200}", "is_error": False},
-        {"role": "tool", "tool_call_id": "call_b", "name": "echo", "content": "{\"error\": \"invalid_arguments\"}", "is_error": True},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_a", "name": "http_get", "arguments": '{"url": "http://x"}'},
+                {"id": "call_b", "name": "echo", "arguments": "not json"},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_a", "name": "http_get", "content": '{"status": 200}', "is_error": False},
+        {
+            "role": "tool",
+            "tool_call_id": "call_b",
+            "name": "echo",
+            "content": '{"error": "invalid_arguments"}',
+            "is_error": True,
+        },
         {"role": "assistant", "content": "Fetched.", "tool_calls": []},
         {"role": "user", "content": "thanks"},
     ]
@@ -63,7 +85,12 @@ def test_text_stream_usage_cost_and_request_translation(fake, make_provider):
     assert turn.tool_calls == []
     assert deltas == ["Hel", "lo", ", world"]
     usage = turn.usage
-    assert (usage.input_tokens, usage.output_tokens, usage.cache_read_input_tokens, usage.reasoning_tokens) == (1000, 100, 400, 60)
+    assert (usage.input_tokens, usage.output_tokens, usage.cache_read_input_tokens, usage.reasoning_tokens) == (
+        1000,
+        100,
+        400,
+        60,
+    )
     assert usage.cache_creation_input_tokens == 0
     assert usage.cost_usd == pytest.approx((600 * 2.0 + 400 * 0.5 + 100 * 8.0) / 1e6)
 
@@ -76,18 +103,29 @@ def test_text_stream_usage_cost_and_request_translation(fake, make_provider):
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["tool_choice"] == "auto" and body["parallel_tool_calls"] is True
     assert body["tools"] == [
-        {"type": "function", "function": {"name": "http_get", "description": "Fetch a URL", "parameters": TOOLS[0]["parameters"]}},
+        {
+            "type": "function",
+            "function": {"name": "http_get", "description": "Fetch a URL", "parameters": TOOLS[0]["parameters"]},
+        },
         {"type": "function", "function": {"name": "echo", "description": "", "parameters": TOOLS[1]["parameters"]}},
     ]
     assert body["messages"] == [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "fetch it"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_a", "type": "function", "function": {"name": "http_get", "arguments": "{\"url\": \"http://x\"}"}},
-            {"id": "call_b", "type": "function", "function": {"name": "echo", "arguments": "not json"}},
-        ]},
-        {"role": "tool", "tool_call_id": "call_a", "content": "{\"status\": 200}"},
-        {"role": "tool", "tool_call_id": "call_b", "content": "{\"error\": \"invalid_arguments\"}"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_a",
+                    "type": "function",
+                    "function": {"name": "http_get", "arguments": '{"url": "http://x"}'},
+                },
+                {"id": "call_b", "type": "function", "function": {"name": "echo", "arguments": "not json"}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_a", "content": '{"status": 200}'},
+        {"role": "tool", "tool_call_id": "call_b", "content": '{"error": "invalid_arguments"}'},
         {"role": "assistant", "content": "Fetched."},
         {"role": "user", "content": "thanks"},
     ]
@@ -114,51 +152,69 @@ def test_no_tools_sends_no_tool_fields_and_named_choice_forces_a_function(fake, 
 
 
 def test_parallel_tool_calls_with_arguments_split_across_chunks(fake, make_provider):
-    fake.push(stream([
-        chunk(role="assistant", tool_calls=[tool_delta(0, id="call_x", name="http_get", arguments="")]),
-        chunk(tool_calls=[tool_delta(0, arguments="{\"u")]),
-        chunk(tool_calls=[tool_delta(1, id="call_y", name="echo", arguments="{\"te")]),
-        chunk(tool_calls=[tool_delta(0, arguments="rl\": \"http://a\"}")]),
-        chunk(tool_calls=[tool_delta(1, arguments="xt\": \"hi\"}")]),
-        chunk(finish="tool_calls"),
-        usage_chunk(50, 20),
-    ]))
+    fake.push(
+        stream(
+            [
+                chunk(role="assistant", tool_calls=[tool_delta(0, id="call_x", name="http_get", arguments="")]),
+                chunk(tool_calls=[tool_delta(0, arguments='{"u')]),
+                chunk(tool_calls=[tool_delta(1, id="call_y", name="echo", arguments='{"te')]),
+                chunk(tool_calls=[tool_delta(0, arguments='rl": "http://a"}')]),
+                chunk(tool_calls=[tool_delta(1, arguments='xt": "hi"}')]),
+                chunk(finish="tool_calls"),
+                usage_chunk(50, 20),
+            ]
+        )
+    )
     turn = make_provider().complete(make_request(tools=TOOLS), RecordingToken())
     assert turn.stop_reason is StopReason.TOOL_CALLS
     assert turn.text is None
     assert [(c.call_id, c.name, c.raw_arguments) for c in turn.tool_calls] == [
-        ("call_x", "http_get", "{\"url\": \"http://a\"}"),
-        ("call_y", "echo", "{\"text\": \"hi\"}"),
+        ("call_x", "http_get", '{"url": "http://a"}'),
+        ("call_y", "echo", '{"text": "hi"}'),
     ]
     assert json.loads(turn.tool_calls[0].raw_arguments) == {"url": "http://a"}
     assert turn.usage.input_tokens == 50 and turn.usage.output_tokens == 20
 
 
 def test_malformed_tool_arguments_are_passed_through_raw(fake, make_provider):
-    fake.push(stream([
-        chunk(tool_calls=[tool_delta(0, id="call_1", name="echo", arguments="{\"text\": ")]),
-        chunk(tool_calls=[tool_delta(0, arguments="oops}")]),
-        chunk(finish="tool_calls"),
-        usage_chunk(5, 5),
-    ]))
+    fake.push(
+        stream(
+            [
+                chunk(tool_calls=[tool_delta(0, id="call_1", name="echo", arguments='{"text": ')]),
+                chunk(tool_calls=[tool_delta(0, arguments="oops}")]),
+                chunk(finish="tool_calls"),
+                usage_chunk(5, 5),
+            ]
+        )
+    )
     turn = make_provider().complete(make_request(tools=TOOLS), RecordingToken())
-    assert turn.tool_calls[0].raw_arguments == "{\"text\": oops}"
+    assert turn.tool_calls[0].raw_arguments == '{"text": oops}'
     assert turn.stop_reason is StopReason.TOOL_CALLS
 
 
 def test_servers_without_index_or_ids_and_stop_with_tool_calls(fake, make_provider):
     # Ollama-style: whole calls, no `index`, finish_reason "stop"; one without an id.
-    fake.push(stream([
-        chunk(tool_calls=[tool_delta(None, id="call_o1", name="echo", arguments="{\"text\": \"a\"}"),
-                          tool_delta(None, id="call_o2", name="http_get", arguments="{\"url\": \"b\"}")]),
-        chunk(finish="stop"),
-        usage_chunk(5, 5),
-    ]))
+    fake.push(
+        stream(
+            [
+                chunk(
+                    tool_calls=[
+                        tool_delta(None, id="call_o1", name="echo", arguments='{"text": "a"}'),
+                        tool_delta(None, id="call_o2", name="http_get", arguments='{"url": "b"}'),
+                    ]
+                ),
+                chunk(finish="stop"),
+                usage_chunk(5, 5),
+            ]
+        )
+    )
     turn = make_provider().complete(make_request(tools=TOOLS, step=4), RecordingToken())
     assert [(c.call_id, c.name) for c in turn.tool_calls] == [("call_o1", "echo"), ("call_o2", "http_get")]
     assert turn.stop_reason is StopReason.TOOL_CALLS
 
-    fake.script[:] = [stream([chunk(tool_calls=[tool_delta(0, name="echo", arguments="{}")]), chunk(finish="tool_calls")])]
+    fake.script[:] = [
+        stream([chunk(tool_calls=[tool_delta(0, name="echo", arguments="{}")]), chunk(finish="tool_calls")])
+    ]
     fake.requests.clear()
     turn = make_provider().complete(make_request(tools=TOOLS, step=4), RecordingToken())
     assert turn.tool_calls[0].call_id == "call_4_0"  # synthesised like the scripted provider's ids
@@ -186,15 +242,25 @@ def test_missing_usage_is_estimated_never_free(fake, make_provider):
 
 
 def test_cache_creation_tokens_where_reported(fake, make_provider):
-    fake.push(stream([chunk("ok"), chunk(finish="stop"), usage_chunk(100, 1, cached=10, cache_creation_input_tokens=30)]))
+    fake.push(
+        stream([chunk("ok"), chunk(finish="stop"), usage_chunk(100, 1, cached=10, cache_creation_input_tokens=30)])
+    )
     usage = make_provider().complete(make_request(), RecordingToken()).usage
     assert usage.cache_creation_input_tokens == 30 and usage.cache_read_input_tokens == 10
     assert usage.cost_usd == pytest.approx((60 * 2.0 + 10 * 0.5 + 30 * 2.0 + 1 * 8.0) / 1e6)
 
 
 def test_sse_comments_and_event_fields_are_ignored(fake, make_provider):
-    fake.push(stream([": keep-alive\n\n", "event: message\nid: 1\n" f"data: {json.dumps(chunk('hi'))}\n\n",
-                      chunk(finish="stop"), usage_chunk(1, 1)]))
+    fake.push(
+        stream(
+            [
+                ": keep-alive\n\n",
+                f"event: message\nid: 1\ndata: {json.dumps(chunk('hi'))}\n\n",
+                chunk(finish="stop"),
+                usage_chunk(1, 1),
+            ]
+        )
+    )
     assert make_provider().complete(make_request(), RecordingToken()).text == "hi"
 
 
@@ -238,9 +304,16 @@ def test_500_before_output_is_retried_with_seeded_jittered_backoff(fake, make_pr
     assert token.waits == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("status, error_class", [(500, "ProviderUnavailable"), (502, "ProviderUnavailable"),
-                                                 (503, "ProviderUnavailable"), (504, "ProviderUnavailable"),
-                                                 (429, "RateLimited")])
+@pytest.mark.parametrize(
+    "status, error_class",
+    [
+        (500, "ProviderUnavailable"),
+        (502, "ProviderUnavailable"),
+        (503, "ProviderUnavailable"),
+        (504, "ProviderUnavailable"),
+        (429, "RateLimited"),
+    ],
+)
 def test_retries_are_bounded_to_three_tries(fake, make_provider, status, error_class):
     fake.push(answer(status, {"error": {"message": f"provider says {KEY}"}}))
     token = RecordingToken()
@@ -342,8 +415,16 @@ def test_in_stream_error_after_output_is_not_retried(fake, make_provider):
 # -- permanent errors ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status, error_class", [(400, "BadRequest"), (401, "AuthenticationFailed"),
-                                                 (403, "PermissionDenied"), (404, "NotFound"), (422, "BadRequest")])
+@pytest.mark.parametrize(
+    "status, error_class",
+    [
+        (400, "BadRequest"),
+        (401, "AuthenticationFailed"),
+        (403, "PermissionDenied"),
+        (404, "NotFound"),
+        (422, "BadRequest"),
+    ],
+)
 def test_client_errors_are_permanent_and_not_retried(fake, make_provider, status, error_class):
     fake.push(answer(status, {"error": {"message": f"Incorrect API key provided: {KEY}", "code": "invalid_api_key"}}))
     token = RecordingToken()
@@ -391,7 +472,9 @@ def test_unpriced_model_fails_before_any_request(fake, make_provider):
 
 
 def test_repr_hides_credentials_in_the_url(priced):
-    endpoint = Endpoint(name="internal", provider="openai", base_url="https://user:pw@llm.internal:8443/v1", api_key_env="K")
+    endpoint = Endpoint(
+        name="internal", provider="openai", base_url="https://user:pw@llm.internal:8443/v1", api_key_env="K"
+    )
     provider = OpenAIProvider(endpoint, "test-model")
     assert "pw" not in repr(provider) and "llm.internal:8443" in repr(provider)
 
@@ -433,8 +516,17 @@ def test_html_answer_is_malformed(fake, make_provider):
 
 
 def test_json_answer_to_a_streaming_request_is_accepted(fake, make_provider):
-    fake.push(answer(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": "plain"}, "finish_reason": "stop"}],
-                           "usage": {"prompt_tokens": 4, "completion_tokens": 1}}))
+    fake.push(
+        answer(
+            200,
+            {
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "plain"}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 4, "completion_tokens": 1},
+            },
+        )
+    )
     turn = make_provider().complete(make_request(), RecordingToken())
     assert turn.text == "plain" and turn.usage.input_tokens == 4
 
@@ -456,7 +548,9 @@ def complete_or_hang(provider, token, within: float = 30.0):
 
     t = threading.Thread(target=call, daemon=True)
     t.start()
-    wait_for(lambda: not t.is_alive(), timeout=within, message="complete() to return while the server still held the answer")
+    wait_for(
+        lambda: not t.is_alive(), timeout=within, message="complete() to return while the server still held the answer"
+    )
     if "error" in box:
         raise box["error"]
     return box["turn"]
@@ -498,7 +592,9 @@ def test_cancellation_aborts_a_stalled_stream_at_once(fake, make_provider):
     token = RecordingToken()
     deltas: list[str] = []
     # no read timeout to fall back on: only the cancel can end the call while the server stays silent
-    turn = complete_or_hang(make_provider(read_timeout=3600, on_delta=_cancel_after_first_delta(token, deltas, 0.2)), token)
+    turn = complete_or_hang(
+        make_provider(read_timeout=3600, on_delta=_cancel_after_first_delta(token, deltas, 0.2)), token
+    )
     assert turn.stop_reason is StopReason.CANCELLED and turn.text == "thinking"
 
 
@@ -549,17 +645,41 @@ def test_call_limit_stops_a_stalled_stream(fake, make_provider):
 def test_non_streaming_mode(fake, make_provider):
     fake.push(
         answer(502, "bad gateway"),
-        answer(200, {
-            "id": "chatcmpl-2", "object": "chat.completion",
-            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                "role": "assistant", "content": "Let me check.",
-                "tool_calls": [
-                    {"id": "call_n1", "type": "function", "function": {"name": "http_get", "arguments": "{\"url\": \"http://a\"}"}},
-                    {"id": "call_n2", "type": "function", "function": {"name": "echo", "arguments": "{bad"}},
-                ]}}],
-            "usage": {"prompt_tokens": 30, "completion_tokens": 12, "prompt_tokens_details": {"cached_tokens": 10},
-                      "completion_tokens_details": {"reasoning_tokens": 4}},
-        }),
+        answer(
+            200,
+            {
+                "id": "chatcmpl-2",
+                "object": "chat.completion",
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "tool_calls",
+                        "message": {
+                            "role": "assistant",
+                            "content": "Let me check.",
+                            "tool_calls": [
+                                {
+                                    "id": "call_n1",
+                                    "type": "function",
+                                    "function": {"name": "http_get", "arguments": '{"url": "http://a"}'},
+                                },
+                                {
+                                    "id": "call_n2",
+                                    "type": "function",
+                                    "function": {"name": "echo", "arguments": "{bad"},
+                                },
+                            ],
+                        },
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": 30,
+                    "completion_tokens": 12,
+                    "prompt_tokens_details": {"cached_tokens": 10},
+                    "completion_tokens_details": {"reasoning_tokens": 4},
+                },
+            },
+        ),
     )
     deltas: list[str] = []
     token = RecordingToken()
@@ -571,8 +691,15 @@ def test_non_streaming_mode(fake, make_provider):
     assert turn.text == "Let me check." and deltas == ["Let me check."]
     assert turn.stop_reason is StopReason.TOOL_CALLS
     assert [(c.call_id, c.name, c.raw_arguments) for c in turn.tool_calls] == [
-        ("call_n1", "http_get", "{\"url\": \"http://a\"}"), ("call_n2", "echo", "{bad")]
-    assert (turn.usage.input_tokens, turn.usage.output_tokens, turn.usage.cache_read_input_tokens, turn.usage.reasoning_tokens) == (30, 12, 10, 4)
+        ("call_n1", "http_get", '{"url": "http://a"}'),
+        ("call_n2", "echo", "{bad"),
+    ]
+    assert (
+        turn.usage.input_tokens,
+        turn.usage.output_tokens,
+        turn.usage.cache_read_input_tokens,
+        turn.usage.reasoning_tokens,
+    ) == (30, 12, 10, 4)
 
 
 def test_non_streaming_garbage_and_no_choices(fake, make_provider):

@@ -1,4 +1,5 @@
 """The price table: settings override, validation, snapshots, cost arithmetic."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,7 +36,7 @@ def test_other_providers_are_not_priced_here():
 
 
 def test_accepts_the_pydantic_model_block(settings):
-    from runs.agent_schema import OpenAIModel
+    from runs.services.agent_schema import OpenAIModel
 
     settings.AGENTRT_MODEL_PRICES = {"m": {"input_per_mtok": 1, "output_per_mtok": 2}}
     block = OpenAIModel(provider="openai", model="m")
@@ -60,7 +61,10 @@ def test_invalid_entries_are_errors(settings, entry, fragment):
 
 
 def test_dated_snapshot_takes_the_undated_price():
-    table = {"gpt-4o": {"input_per_mtok": 2.5, "output_per_mtok": 10}, "gpt-4o-mini": {"input_per_mtok": 0.15, "output_per_mtok": 0.6}}
+    table = {
+        "gpt-4o": {"input_per_mtok": 2.5, "output_per_mtok": 10},
+        "gpt-4o-mini": {"input_per_mtok": 0.15, "output_per_mtok": 0.6},
+    }
     assert price_for("gpt-4o-mini-2024-07-18", table).input_per_mtok == 0.15
     assert price_for("gpt-4o-2024-08-06", table).input_per_mtok == 2.5
     assert price_for("gpt-4o-audio", table) is None  # only a date suffix falls back

@@ -1,6 +1,7 @@
 """Shared pieces of the authorization tests (tests/security/test_authz_*.py):
 two tenants, users in each role, a release-bot that posts to a local sink,
 and a real daphne for the attacks replayed over HTTP."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,10 @@ import pytest
 
 from tests.conftest import ROOT, start_daphne, subprocess_env
 
-SIDE_EFFECTS_NEED_APPROVAL = {"default": "allow", "rules": [{"tool": "*", "side_effect": True, "decision": "require_approval"}]}
+SIDE_EFFECTS_NEED_APPROVAL = {
+    "default": "allow",
+    "rules": [{"tool": "*", "side_effect": True, "decision": "require_approval"}],
+}
 
 
 def release_bot(url: str, policy: dict | None = None) -> dict:
@@ -50,8 +54,12 @@ def token_header(u) -> str:
 def http(base: str, method: str, path: str, *, auth: str | None = None, body=None) -> tuple[int, dict]:
     """One JSON request to the live server: (status, body)."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json", **({"Authorization": auth} if auth else {})})
+    request = urllib.request.Request(
+        base + path,
+        data=data,
+        method=method,
+        headers={"Content-Type": "application/json", **({"Authorization": auth} if auth else {})},
+    )
     try:
         with urllib.request.urlopen(request, timeout=15) as response:
             return response.status, json.loads(response.read() or b"{}")
@@ -77,7 +85,7 @@ def live_server_url(transactional_db, sink, tmp_path):
 def two_tenants(db, sink):
     """acme and globex, each with release-bot waiting for approval, users in each role."""
     from approvals.models import Approval
-    from runs.executor import run_drive
+    from runs.runtime.executor import run_drive
     from runs.services import agent_load, run_submit, tenant_get
 
     member = user("acme", "alice")
@@ -89,13 +97,34 @@ def two_tenants(db, sink):
     worlds = {}
     for tenant in (acme, globex):
         agent_load(tenant=tenant, definition=release_bot(sink.url))
-        agent_load(tenant=tenant, definition={"name": "asker", "instructions": "ask", "tools": ["ask_user"], "model": {
-            "provider": "scripted", "turns": [{"tool_calls": [{"name": "ask_user", "arguments": {"question": "Which?"}}]}, {"text": "ok"}]}})
+        agent_load(
+            tenant=tenant,
+            definition={
+                "name": "asker",
+                "instructions": "ask",
+                "tools": ["ask_user"],
+                "model": {
+                    "provider": "scripted",
+                    "turns": [
+                        {"tool_calls": [{"name": "ask_user", "arguments": {"question": "Which?"}}]},
+                        {"text": "ok"},
+                    ],
+                },
+            },
+        )
         waiting, _ = run_submit(tenant=tenant, agent="release-bot", input="ship")
         run_drive(run_id=waiting.id)
         asking, _ = run_submit(tenant=tenant, agent="asker", input="go")
         run_drive(run_id=asking.id)
-        worlds[tenant.name] = SimpleNamespace(tenant=tenant, waiting=waiting, asking=asking,
-                                              approval=Approval.objects.get(run=waiting, status="pending"))
-    return SimpleNamespace(acme=worlds["acme"], globex=worlds["globex"], member=member, publisher=publisher,
-                           operator=operator, root=root, bob=bob)
+        worlds[tenant.name] = SimpleNamespace(
+            tenant=tenant, waiting=waiting, asking=asking, approval=Approval.objects.get(run=waiting, status="pending")
+        )
+    return SimpleNamespace(
+        acme=worlds["acme"],
+        globex=worlds["globex"],
+        member=member,
+        publisher=publisher,
+        operator=operator,
+        root=root,
+        bob=bob,
+    )

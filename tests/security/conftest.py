@@ -1,5 +1,6 @@
 """Fixtures of the security tests (issue 10): an attacker's listener that
 records every connection, token clients, endpoint settings."""
+
 from __future__ import annotations
 
 import socket
@@ -33,7 +34,7 @@ class Listener:
         while not self._stop.is_set():
             try:
                 conn, _ = self.sock.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             conn.settimeout(0.5)
             try:

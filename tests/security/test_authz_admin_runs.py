@@ -1,14 +1,14 @@
 """Issue 10 item 4: the admin's cancel and resume need `runs.cancel_run` /
 `runs.resume_run` and a confirmation page. A view-only staff user once
 cancelled a run by posting the action; now the post changes nothing."""
+
 from __future__ import annotations
 
 import pytest
 from django.test import Client
 
 from runs.models import Run
-
-from .authz_world import two_tenants, user  # noqa: F401
+from tests.security.authz_world import two_tenants, user  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

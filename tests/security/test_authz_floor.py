@@ -2,6 +2,7 @@
 a floor rule can target side-effect calls, and only users with
 `runs.change_tenant` edit their own tenant's floor in the admin, validated
 with the agent policy schema."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,7 @@ from django.test import Client
 from approvals.policy import PolicyEngine, stricter
 from runs.models import Tenant
 from runs.services import tenant_get
-
-from .authz_world import SIDE_EFFECTS_NEED_APPROVAL, user
+from tests.security.authz_world import SIDE_EFFECTS_NEED_APPROVAL, user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 READ_ONLY = {"echo": True, "http_get": True, "http_post": False}
@@ -21,17 +21,47 @@ def engine(agent, floor):
     return PolicyEngine(agent, floor=lambda: floor, read_only_of=READ_ONLY.get)
 
 
-@pytest.mark.parametrize("agent, floor, tool, expected", [
-    ({"default": "allow"}, SIDE_EFFECTS_NEED_APPROVAL, "http_post", "require_approval"),
-    ({"default": "allow"}, SIDE_EFFECTS_NEED_APPROVAL, "http_get", "allow"),
-    ({"default": "allow"}, SIDE_EFFECTS_NEED_APPROVAL, "mystery", "require_approval"),  # unknown kind counts as a side effect
-    ({"default": "deny"}, SIDE_EFFECTS_NEED_APPROVAL, "http_post", "deny"),  # the agent may be stricter than the floor
-    ({"default": "require_approval"}, {"default": "deny"}, "echo", "deny"),
-    ({"default": "allow"}, {}, "http_post", "allow"),  # no floor: the agent decides
-    ({"default": "allow"}, {"rules": [{"tool": "*", "side_effect": False, "decision": "deny"}]}, "http_get", "deny"),
-    ({"default": "allow"}, {"rules": [{"tool": "http_post", "decision": "require_approval",
-                                       "when": {"arg": "json.amount", "op": "gt", "value": 100}}]}, "http_post", "require_approval"),
-])
+@pytest.mark.parametrize(
+    "agent, floor, tool, expected",
+    [
+        ({"default": "allow"}, SIDE_EFFECTS_NEED_APPROVAL, "http_post", "require_approval"),
+        ({"default": "allow"}, SIDE_EFFECTS_NEED_APPROVAL, "http_get", "allow"),
+        (
+            {"default": "allow"},
+            SIDE_EFFECTS_NEED_APPROVAL,
+            "mystery",
+            "require_approval",
+        ),  # unknown kind counts as a side effect
+        (
+            {"default": "deny"},
+            SIDE_EFFECTS_NEED_APPROVAL,
+            "http_post",
+            "deny",
+        ),  # the agent may be stricter than the floor
+        ({"default": "require_approval"}, {"default": "deny"}, "echo", "deny"),
+        ({"default": "allow"}, {}, "http_post", "allow"),  # no floor: the agent decides
+        (
+            {"default": "allow"},
+            {"rules": [{"tool": "*", "side_effect": False, "decision": "deny"}]},
+            "http_get",
+            "deny",
+        ),
+        (
+            {"default": "allow"},
+            {
+                "rules": [
+                    {
+                        "tool": "http_post",
+                        "decision": "require_approval",
+                        "when": {"arg": "json.amount", "op": "gt", "value": 100},
+                    }
+                ]
+            },
+            "http_post",
+            "require_approval",
+        ),
+    ],
+)
 def test_the_stricter_of_floor_and_agent_decides(agent, floor, tool, expected):
     assert engine(agent, floor).evaluate(tool, {"url": "http://x", "json": {"amount": 250}}) == expected
 
@@ -40,12 +70,17 @@ def test_an_unreadable_floor_fails_closed():
     def broken():
         raise RuntimeError("database down")
 
-    assert PolicyEngine({"default": "allow"}, floor=broken, read_only_of=READ_ONLY.get).evaluate("echo", {}) == "require_approval"
+    assert (
+        PolicyEngine({"default": "allow"}, floor=broken, read_only_of=READ_ONLY.get).evaluate("echo", {})
+        == "require_approval"
+    )
     assert stricter("allow", "nonsense") == "require_approval"
 
 
 def admin_post_floor(client, tenant, floor_text, **extra):
-    return client.post(f"/admin/runs/tenant/{tenant.id}/change/", {"name": tenant.name, "policy_floor": floor_text, **extra})
+    return client.post(
+        f"/admin/runs/tenant/{tenant.id}/change/", {"name": tenant.name, "policy_floor": floor_text, **extra}
+    )
 
 
 def test_a_tenant_admin_edits_its_own_floor_and_nothing_else():
@@ -57,11 +92,18 @@ def test_a_tenant_admin_edits_its_own_floor_and_nothing_else():
     client = Client()
     client.force_login(editor)
 
-    response = admin_post_floor(client, acme, '{"rules": [{"tool": "*", "side_effect": true, "decision": "require_approval"}]}',
-                                max_active_runs="100000")
+    response = admin_post_floor(
+        client,
+        acme,
+        '{"rules": [{"tool": "*", "side_effect": true, "decision": "require_approval"}]}',
+        max_active_runs="100000",
+    )
     assert response.status_code == 302, response.content[:2000]
     acme.refresh_from_db()
-    assert acme.policy_floor == {"default": "allow", "rules": [{"tool": "*", "decision": "require_approval", "when": None, "side_effect": True}]}
+    assert acme.policy_floor == {
+        "default": "allow",
+        "rules": [{"tool": "*", "decision": "require_approval", "when": None, "side_effect": True}],
+    }
     assert acme.max_active_runs is None  # the quota is the platform's, read-only here
 
     bad = admin_post_floor(client, acme, '{"rules": [{"tool": "*", "decision": "maybe"}]}')
@@ -88,11 +130,17 @@ def test_side_effect_is_an_optional_rule_key_that_leaves_older_definitions_uncha
 
     user("acme", "alice")
     acme = tenant_get(name="acme")
-    plain = {"name": "a", "model": {"provider": "scripted", "turns": []}, "tools": ["echo"],
-             "policy": {"rules": [{"tool": "echo", "decision": "allow"}]}}
+    plain = {
+        "name": "a",
+        "model": {"provider": "scripted", "turns": []},
+        "tools": ["echo"],
+        "policy": {"rules": [{"tool": "echo", "decision": "allow"}]},
+    }
     version = agent_load(tenant=acme, definition=plain)
     assert version.definition["policy"]["rules"] == [{"tool": "echo", "decision": "allow", "when": None}]
-    marked = agent_load(tenant=acme, definition={**plain, "policy": {"rules": [{"tool": "*", "side_effect": True, "decision": "deny"}]}})
+    marked = agent_load(
+        tenant=acme, definition={**plain, "policy": {"rules": [{"tool": "*", "side_effect": True, "decision": "deny"}]}}
+    )
     assert marked.definition["policy"]["rules"][0]["side_effect"] is True
 
 
@@ -100,12 +148,14 @@ def test_the_floor_is_read_once_per_step_and_a_tightened_floor_applies_at_the_ne
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from runs.executor import tenant_floor
+    from runs.runtime.executor import tenant_floor
 
     user("acme", "alice")
     acme = tenant_get(name="acme")
     step = {"n": 1}
-    policy = PolicyEngine({"default": "allow"}, floor=tenant_floor(acme.id, step_of=lambda: step["n"]), read_only_of=READ_ONLY.get)
+    policy = PolicyEngine(
+        {"default": "allow"}, floor=tenant_floor(acme.id, step_of=lambda: step["n"]), read_only_of=READ_ONLY.get
+    )
 
     with CaptureQueriesContext(connection) as queries:
         assert [policy.evaluate(tool, {}) for tool in ("http_post", "echo", "http_post")] == ["allow"] * 3
@@ -121,7 +171,7 @@ def test_the_floor_is_read_once_per_step_and_a_tightened_floor_applies_at_the_ne
 
 
 def test_a_floor_read_that_failed_is_not_remembered():
-    from runs.executor import tenant_floor
+    from runs.runtime.executor import tenant_floor
 
     user("acme", "alice")
     acme = tenant_get(name="acme")
@@ -134,6 +184,8 @@ def test_a_floor_read_that_failed_is_not_remembered():
             raise RuntimeError("state unreadable")
         return 1
 
-    policy = PolicyEngine({"default": "allow"}, floor=tenant_floor(acme.id, step_of=step_of), read_only_of=READ_ONLY.get)
+    policy = PolicyEngine(
+        {"default": "allow"}, floor=tenant_floor(acme.id, step_of=step_of), read_only_of=READ_ONLY.get
+    )
     assert policy.evaluate("echo", {}) == "require_approval"  # fails closed
     assert policy.evaluate("echo", {}) == "deny"  # and the next evaluation reads the floor

@@ -2,6 +2,7 @@
 makes an operator with admin access and the operator permissions; the auth
 (User, Group) and django-q2 admins are superuser-only; `make run`'s demo
 operator still has what the first five minutes need."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,10 +11,24 @@ from django.core.management import call_command
 from django.test import Client
 
 pytestmark = pytest.mark.django_db(transaction=True)
-OPERATOR_PERMS = {"approvals.resolve_approval", "runs.cancel_run", "runs.resume_run", "runs.view_run", "approvals.view_approval"}
-SUPERUSER_ONLY = ["/admin/auth/user/", "/admin/auth/group/", "/admin/django_q/schedule/", "/admin/django_q/failure/",
-                  "/admin/django_q/success/", "/admin/django_q/ormq/", "/admin/knox/authtoken/",
-                  "/admin/axes/accessattempt/", "/admin/axes/accesslog/"]
+OPERATOR_PERMS = {
+    "approvals.resolve_approval",
+    "runs.cancel_run",
+    "runs.resume_run",
+    "runs.view_run",
+    "approvals.view_approval",
+}
+SUPERUSER_ONLY = [
+    "/admin/auth/user/",
+    "/admin/auth/group/",
+    "/admin/django_q/schedule/",
+    "/admin/django_q/failure/",
+    "/admin/django_q/success/",
+    "/admin/django_q/ormq/",
+    "/admin/knox/authtoken/",
+    "/admin/axes/accessattempt/",
+    "/admin/axes/accesslog/",
+]
 
 
 def login(username) -> Client:
@@ -51,11 +66,18 @@ def test_even_granted_permissions_do_not_open_the_auth_and_q_admins():
 
     call_command("create_tenant", "acme", "--user", "op", "--operator")
     op = get_user_model().objects.get(username="op")
-    op.user_permissions.add(*Permission.objects.filter(content_type__app_label__in=["auth", "django_q", "knox", "axes"]))
+    op.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label__in=["auth", "django_q", "knox", "axes"])
+    )
     client = login("op")
     for path in SUPERUSER_ONLY:
         assert client.get(path).status_code == 403, path
-    assert client.post("/admin/auth/user/add/", {"username": "evil", "password1": "x1!Aaaaaaaaa", "password2": "x1!Aaaaaaaaa"}).status_code == 403
+    assert (
+        client.post(
+            "/admin/auth/user/add/", {"username": "evil", "password1": "x1!Aaaaaaaaa", "password2": "x1!Aaaaaaaaa"}
+        ).status_code
+        == 403
+    )
     assert not get_user_model().objects.filter(username="evil").exists()
 
 
@@ -81,7 +103,9 @@ def test_a_member_logs_in_to_the_live_pages_without_admin_access():
     client = Client()
     assert client.get("/runs/")["Location"].startswith("/accounts/login/")
     assert client.post("/accounts/login/", {"username": "alice", "password": "wrong"}).status_code == 200
-    response = client.post("/accounts/login/", {"username": "alice", "password": "correct-Horse-battery-9", "next": "/runs/"})
+    response = client.post(
+        "/accounts/login/", {"username": "alice", "password": "correct-Horse-battery-9", "next": "/runs/"}
+    )
     assert response.status_code == 302 and response["Location"] == "/runs/"
     assert client.get("/runs/").status_code == 200
     assert client.get("/admin/").status_code == 302  # still no admin

@@ -3,6 +3,7 @@ tenant member without `runs.publish_agent` republishes release-bot with
 `policy.default: allow` — refused 403, and the http_post still waits for a
 person. A tenant policy floor that requires approval for side effects beats
 an agent whose policy allows them, and it is read live, not pinned."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,14 @@ import pytest
 from runs.models import Agent, AgentVersion, Run, Tenant
 from runs.services import agent_load, tenant_configure, tenant_get
 from tests.conftest import wait_for
-
-from .authz_world import SIDE_EFFECTS_NEED_APPROVAL, allow_everything, http, live_server_url, release_bot, token_header, user  # noqa: F401
+from tests.security.authz_world import (
+    SIDE_EFFECTS_NEED_APPROVAL,
+    allow_everything,
+    http,
+    release_bot,
+    token_header,
+    user,
+)  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -32,9 +39,13 @@ def test_a_member_cannot_republish_release_bot_with_allow_and_the_post_still_wai
     assert AgentVersion.objects.filter(tenant=tenant).count() == 1
 
     cluster(AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host)
-    code, run = http(live_server_url, "POST", "/api/runs/", auth=auth, body={"agent": "release-bot", "input": "ship 1.4.2"})
+    code, run = http(
+        live_server_url, "POST", "/api/runs/", auth=auth, body={"agent": "release-bot", "input": "ship 1.4.2"}
+    )
     assert code == 201, run
-    wait_for(lambda: status_of(run["id"]) == "WAITING_FOR_APPROVAL", timeout=60, message="release-bot to wait for approval")
+    wait_for(
+        lambda: status_of(run["id"]) == "WAITING_FOR_APPROVAL", timeout=60, message="release-bot to wait for approval"
+    )
     assert sink.count() == 0  # the http_post was not sent
 
 
@@ -58,12 +69,14 @@ def test_a_side_effect_floor_beats_an_agent_that_allows_everything(live_server_u
     cluster(AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host)
     code, run = http(live_server_url, "POST", "/api/runs/", auth=auth, body={"agent": "release-bot", "input": "ship"})
     assert code == 201, run
-    wait_for(lambda: status_of(run["id"]) == "WAITING_FOR_APPROVAL", timeout=60, message="the floor to require approval")
+    wait_for(
+        lambda: status_of(run["id"]) == "WAITING_FOR_APPROVAL", timeout=60, message="the floor to require approval"
+    )
     assert sink.count() == 0  # ... and the tenant's floor still stops its side effect for a person
 
 
 def test_the_floor_is_read_when_the_call_is_evaluated_not_pinned_at_submit(db, sink, settings):
-    from runs.executor import run_drive
+    from runs.runtime.executor import run_drive
     from runs.services import run_submit
 
     settings.AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = [sink.host]

@@ -3,6 +3,7 @@
 429 `quota_exceeded`, the service raises QuotaExceeded, the CLI prints an
 error. Concurrent submits at the limit cannot both pass: the submit locks
 the tenant row."""
+
 from __future__ import annotations
 
 import threading
@@ -12,15 +13,19 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from runs.errors import QuotaExceeded
-from runs.executor import run_drive
 from runs.models import Run
+from runs.runtime.executor import run_drive
 from runs.services import agent_load, run_submit, tenant_configure, tenant_get
 from tests.api.conftest import token_client
-
-from .authz_world import user
+from tests.security.authz_world import user
 
 pytestmark = pytest.mark.django_db(transaction=True)
-BOT = {"name": "bot", "instructions": "x", "model": {"provider": "scripted", "turns": [{"text": "done"}]}, "tools": ["echo"]}
+BOT = {
+    "name": "bot",
+    "instructions": "x",
+    "model": {"provider": "scripted", "turns": [{"text": "done"}]},
+    "tools": ["echo"],
+}
 
 
 @pytest.fixture

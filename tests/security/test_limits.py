@@ -1,5 +1,6 @@
 """Issue 10 item 8: limits a hostile member cannot exceed (sleep, throttles
 shared across processes). The sockets' caps are in test_websockets.py."""
+
 from __future__ import annotations
 
 import os
@@ -9,14 +10,16 @@ import uuid
 
 import pytest
 
-from runs.executor import run_drive
 from runs.models import Event, ToolInvocation
+from runs.runtime.executor import run_drive
 from tests.conftest import ROOT, subprocess_env
 
 
 def _sleep_run(load_agent, submit, seconds):
-    load_agent(turns=[{"tool_calls": [{"name": "sleep", "arguments": {"seconds": seconds}}]}, {"text": "done"}],
-               tools=("sleep",))
+    load_agent(
+        turns=[{"tool_calls": [{"name": "sleep", "arguments": {"seconds": seconds}}]}, {"text": "done"}],
+        tools=("sleep",),
+    )
     run = submit()
     run_drive(run_id=run.id)
     run.refresh_from_db()
@@ -51,8 +54,9 @@ SETUP = "import os, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'age
 
 
 def django_python(code: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", SETUP + code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", SETUP + code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 THROTTLE = """
@@ -73,8 +77,11 @@ def test_throttles_count_across_processes_on_redis():
     key = uuid.uuid4().hex
     env = subprocess_env(REDIS_URL="redis://127.0.0.1:6379/0")
     results = [django_python(THROTTLE.format(key=key), env) for _ in range(3)]
-    assert [r.stdout.split() for r in results] == [["RedisCache", "True"], ["RedisCache", "True"], ["RedisCache", "False"]], \
-        [r.stderr[-500:] for r in results]
+    assert [r.stdout.split() for r in results] == [
+        ["RedisCache", "True"],
+        ["RedisCache", "True"],
+        ["RedisCache", "False"],
+    ], [r.stderr[-500:] for r in results]
 
 
 def test_without_redis_the_cache_is_local_memory():

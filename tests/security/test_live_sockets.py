@@ -2,6 +2,7 @@
 (REDIS_URL) hold at most AGENTRT_WS_MAX_PER_USER sockets of one user between
 them; a logout closes a live socket; a deep JSON frame is answered and closed
 with no traceback in the server's log."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,12 @@ class Daphne:
         self.port, self.proc = start_daphne(env, self.log)
 
     def socket(self, cookie: str, path: str = "/ws/runs/"):
-        return connect(f"ws://127.0.0.1:{self.port}{path}", origin=f"http://127.0.0.1:{self.port}",
-                       additional_headers={"Cookie": cookie}, open_timeout=10)
+        return connect(
+            f"ws://127.0.0.1:{self.port}{path}",
+            origin=f"http://127.0.0.1:{self.port}",
+            additional_headers={"Cookie": cookie},
+            open_timeout=10,
+        )
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")

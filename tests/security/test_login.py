@@ -1,5 +1,6 @@
 """Issue 10 item 11: login throttling (django-axes) and Django's password
 validators; the weak demo operator/operator exists only through the demo."""
+
 from __future__ import annotations
 
 import subprocess
@@ -67,12 +68,27 @@ def test_only_the_demo_creates_operator_operator(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.update(AGENTRT_SQLITE_PATH=str(tmp_path / "db.sqlite3"), AGENTRT_LOG_LEVEL="WARNING")
-    done = subprocess.run([sys.executable, "manage.py", "demo", "--no-serve"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "demo", "--no-serve"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-1500:]
     check = subprocess.run(
-        [sys.executable, "-c", "import os, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'agentrt_site.settings'); "
-         "django.setup(); from django.contrib.auth import get_user_model; "
-         "print(get_user_model().objects.get(username='operator').check_password('operator'))"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-c",
+            "import os, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'agentrt_site.settings'); "
+            "django.setup(); from django.contrib.auth import get_user_model; "
+            "print(get_user_model().objects.get(username='operator').check_password('operator'))",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.stdout.strip() == "True", check.stderr[-800:]

@@ -9,6 +9,7 @@ database is dumped with `pg_dump` and searched: no canary may be there. A
 plain marker beside each source's canaries must be there, which proves each
 source was persisted (and searched) at all.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,7 @@ from runs.models import Run
 from tests.conftest import wait_for
 from tests.providers.conftest import PRICES
 from tests.providers.fake_openai import chunk, stream, text_stream, tool_delta, usage_chunk
-
-from .conftest import token_client
+from tests.security.conftest import token_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -93,9 +93,21 @@ def secret_server():
 def dump_database() -> str:
     s = connection.settings_dict
     done = subprocess.run(
-        ["pg_dump", "-h", s["HOST"] or "127.0.0.1", "-p", str(s["PORT"] or 5432), "-U", s["USER"] or "postgres",
-         "--no-owner", s["NAME"]],
-        capture_output=True, text=True, timeout=120, check=True,
+        [
+            "pg_dump",
+            "-h",
+            s["HOST"] or "127.0.0.1",
+            "-p",
+            str(s["PORT"] or 5432),
+            "-U",
+            s["USER"] or "postgres",
+            "--no-owner",
+            s["NAME"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     return done.stdout
 
@@ -110,33 +122,70 @@ def test_no_canary_of_any_source_survives_in_a_pg_dump(member, fake, secret_serv
     settings.AGENTRT_MODEL_PRICES = PRICES
     settings.AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = [secret_server.host]
     client = token_client(member)
-    created = client.post("/api/agents/", {
-        "name": "leaky", "instructions": "test",
-        "model": {"provider": "openai", "endpoint": "local", "model": "test-model"},
-        "tools": ["echo", "http_get", "ask_user"], "policy": {"default": "allow"},
-    }, format="json")
+    created = client.post(
+        "/api/agents/",
+        {
+            "name": "leaky",
+            "instructions": "test",
+            "model": {"provider": "openai", "endpoint": "local", "model": "test-model"},
+            "tools": ["echo", "http_get", "ask_user"],
+            "policy": {"default": "allow"},
+        },
+        format="json",
+    )
     assert created.status_code == 201, created.content
 
     text = planted("TXT")
-    split = text.index("sk-") + len("sk-CANARYTX")  # one canary arrives in two deltas (the first part too short to match)
+    split = text.index("sk-") + len(
+        "sk-CANARYTX"
+    )  # one canary arrives in two deltas (the first part too short to match)
     fake.push(
         # Step 1: streamed text (one secret split across two deltas, a pause
         # between so each is its own flush) and two tool calls.
-        stream([chunk("", role="assistant"), chunk(text[:split]), chunk(text[split:] + " "),
-                chunk(tool_calls=[tool_delta(0, id="c1", name="echo", arguments=json.dumps({"text": planted("ARG")})),
-                                  tool_delta(1, id="c2", name="http_get",
-                                             arguments=json.dumps({"url": f"http://{secret_server.host}/secrets"}))]),
-                chunk(finish="tool_calls"), usage_chunk(40, 8)], delay=0.4),
+        stream(
+            [
+                chunk("", role="assistant"),
+                chunk(text[:split]),
+                chunk(text[split:] + " "),
+                chunk(
+                    tool_calls=[
+                        tool_delta(0, id="c1", name="echo", arguments=json.dumps({"text": planted("ARG")})),
+                        tool_delta(
+                            1,
+                            id="c2",
+                            name="http_get",
+                            arguments=json.dumps({"url": f"http://{secret_server.host}/secrets"}),
+                        ),
+                    ]
+                ),
+                chunk(finish="tool_calls"),
+                usage_chunk(40, 8),
+            ],
+            delay=0.4,
+        ),
         # Step 2: a question that itself carries secrets.
-        stream([chunk("", role="assistant"),
-                chunk(tool_calls=[tool_delta(0, id="c3", name="ask_user",
-                                             arguments=json.dumps({"question": planted("QST")}))]),
-                chunk(finish="tool_calls"), usage_chunk(50, 8)]),
+        stream(
+            [
+                chunk("", role="assistant"),
+                chunk(
+                    tool_calls=[
+                        tool_delta(0, id="c3", name="ask_user", arguments=json.dumps({"question": planted("QST")}))
+                    ]
+                ),
+                chunk(finish="tool_calls"),
+                usage_chunk(50, 8),
+            ]
+        ),
         # Step 3, after the answer: the final message.
         text_stream(planted("FIN"), usage=(60, 8)),
     )
-    cluster(AGENTRT_MODEL_ENDPOINTS=json.dumps(endpoints), AGENTRT_MODEL_PRICES=json.dumps(PRICES),
-            AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=secret_server.host, AGENTRT_DUMP_KEY="local-key", AGENTRT_LEASE_SECONDS=5)
+    cluster(
+        AGENTRT_MODEL_ENDPOINTS=json.dumps(endpoints),
+        AGENTRT_MODEL_PRICES=json.dumps(PRICES),
+        AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=secret_server.host,
+        AGENTRT_DUMP_KEY="local-key",
+        AGENTRT_LEASE_SECONDS=5,
+    )
 
     run = client.post("/api/runs/", {"agent": "leaky", "input": planted("IN")}, format="json")
     assert run.status_code == 201, run.content
@@ -156,8 +205,12 @@ def test_no_canary_of_any_source_survives_in_a_pg_dump(member, fake, secret_serv
     missing = [tag for tag in sources if f"plain-marker-{tag.lower()}" not in dump]
     assert missing == [], f"sources never persisted: {missing}"
     # ... and none of its secrets was.
-    leaks = [(tag, shape) for tag in sources for shape, value in canaries(tag).items()
-             if value in dump or value.replace("\n", "\\n") in dump]
+    leaks = [
+        (tag, shape)
+        for tag in sources
+        for shape, value in canaries(tag).items()
+        if value in dump or value.replace("\n", "\\n") in dump
+    ]
     assert leaks == [], f"secrets in the database dump: {leaks}"
     lines = [line[:200] for line in dump.splitlines() if MARK in line]
     assert lines == [], "a fragment of a secret is in the database dump:\n" + "\n".join(lines)
@@ -181,8 +234,10 @@ def test_a_model_turn_is_scrubbed_before_anything_of_it_is_kept():
     from runs.domain.scrub import scrub_turn
     from runs.domain.values import ModelTurn, ToolCallRequest
 
-    turn = ModelTurn(text=planted("T"), tool_calls=[ToolCallRequest(call_id="c", name="echo",
-                                                                    raw_arguments=json.dumps({"text": planted("A")}))])
+    turn = ModelTurn(
+        text=planted("T"),
+        tool_calls=[ToolCallRequest(call_id="c", name="echo", raw_arguments=json.dumps({"text": planted("A")}))],
+    )
     clean = scrub_turn(turn)
     assert MARK not in clean.model_dump_json()
     assert json.loads(clean.tool_calls[0].raw_arguments)["text"].startswith("plain-marker-a [REDACTED]")

@@ -1,6 +1,7 @@
 """Issue 10 item 13: the runtime lock is hashed and holds exactly the pinned
 direct dependencies of requirements.in; test tools are only in the dev lock.
 (A fresh `pip install --require-hashes` of both locks was run by hand.)"""
+
 from __future__ import annotations
 
 import re
@@ -50,4 +51,6 @@ def test_the_runtime_lock_holds_every_direct_pin_and_no_test_tool():
     assert not TEST_TOOLS & set(locked)
     assert TEST_TOOLS <= set(pins("requirements-dev.in")) and TEST_TOOLS <= set(pins("requirements-dev.txt"))
     dev = pins("requirements-dev.txt")
-    assert all(locked[name] == version for name, version in dev.items() if name in locked)  # constrained by the runtime lock
+    assert all(
+        locked[name] == version for name, version in dev.items() if name in locked
+    )  # constrained by the runtime lock

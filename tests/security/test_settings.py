@@ -2,6 +2,7 @@
 start without a secret key, `check --deploy` clean under the environment the
 README documents, the demo's key and hook only under `make run`, loopback-only
 hosts by default."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,17 @@ SETUP = "import os, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'age
 
 def base_env(**overrides) -> dict:
     """This environment without any of the settings under test."""
-    drop = ("DJANGO_SECRET_KEY", "DJANGO_DEBUG", "DJANGO_ALLOWED_HOSTS", "AGENTRT_DEMO", "AGENTRT_SECURE_COOKIES",
-            "AGENTRT_SSL_REDIRECT", "AGENTRT_HSTS_SECONDS", "AGENTRT_HSTS_PRELOAD", "AGENTRT_PROXY_SSL_HEADER")
+    drop = (
+        "DJANGO_SECRET_KEY",
+        "DJANGO_DEBUG",
+        "DJANGO_ALLOWED_HOSTS",
+        "AGENTRT_DEMO",
+        "AGENTRT_SECURE_COOKIES",
+        "AGENTRT_SSL_REDIRECT",
+        "AGENTRT_HSTS_SECONDS",
+        "AGENTRT_HSTS_PRELOAD",
+        "AGENTRT_PROXY_SSL_HEADER",
+    )
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(overrides)
     return env
@@ -45,11 +55,14 @@ def documented_production_env() -> dict:
     return env
 
 
-@pytest.mark.parametrize("argv", [
-    ["manage.py", "check"],
-    ["manage.py", "qcluster"],
-    ["-c", "import agentrt_site.asgi"],  # what daphne loads
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["manage.py", "check"],
+        ["manage.py", "qcluster"],
+        ["-c", "import agentrt_site.asgi"],  # what daphne loads
+    ],
+)
 def test_debug_off_without_a_secret_key_refuses_to_start(argv):
     out = run([sys.executable, *argv], base_env())
     assert out.returncode != 0
@@ -64,20 +77,33 @@ def test_debug_on_may_start_without_a_key():
 
 def test_check_deploy_is_clean_under_the_documented_production_environment():
     documented = documented_production_env()
-    assert {"AGENTRT_SECURE_COOKIES", "AGENTRT_HSTS_SECONDS", "AGENTRT_SSL_REDIRECT", "AGENTRT_PROXY_SSL_HEADER"} <= set(documented)
+    assert {
+        "AGENTRT_SECURE_COOKIES",
+        "AGENTRT_HSTS_SECONDS",
+        "AGENTRT_SSL_REDIRECT",
+        "AGENTRT_PROXY_SSL_HEADER",
+    } <= set(documented)
     documented["DJANGO_SECRET_KEY"] = secrets.token_urlsafe(50)  # the README shows a placeholder
     out = run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], base_env(**documented))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no issues" in out.stdout
-    shown = run([sys.executable, "-c", SETUP + "from django.conf import settings as s; print(s.SECURE_PROXY_SSL_HEADER, "
-                 "s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS > 0)"],
-                base_env(**documented))
+    shown = run(
+        [
+            sys.executable,
+            "-c",
+            SETUP + "from django.conf import settings as s; print(s.SECURE_PROXY_SSL_HEADER, "
+            "s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS > 0)",
+        ],
+        base_env(**documented),
+    )
     assert shown.stdout.strip() == "('HTTP_X_FORWARDED_PROTO', 'https') True True True True", shown.stderr[-800:]
 
 
 def test_check_deploy_is_not_clean_without_it():
-    out = run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-              base_env(DJANGO_SECRET_KEY=secrets.token_urlsafe(50)))
+    out = run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        base_env(DJANGO_SECRET_KEY=secrets.token_urlsafe(50)),
+    )
     assert out.returncode != 0
     for warning in ("security.W004", "security.W008", "security.W012", "security.W016"):
         assert warning in out.stderr + out.stdout
@@ -116,5 +142,7 @@ def test_allowed_hosts_default_to_loopback_names_and_come_from_the_environment()
     code = SETUP + "from django.conf import settings; print(settings.ALLOWED_HOSTS)"
     out = run([sys.executable, "-c", code], base_env(DJANGO_SECRET_KEY="k" * 50))
     assert out.stdout.strip() == "['localhost', '127.0.0.1', '[::1]']", out.stderr[-800:]
-    out = run([sys.executable, "-c", code], base_env(DJANGO_SECRET_KEY="k" * 50, DJANGO_ALLOWED_HOSTS="agentrt.example.com"))
+    out = run(
+        [sys.executable, "-c", code], base_env(DJANGO_SECRET_KEY="k" * 50, DJANGO_ALLOWED_HOSTS="agentrt.example.com")
+    )
     assert out.stdout.strip() == "['agentrt.example.com']"

@@ -2,6 +2,7 @@
 and are revocable in the admin; `drf_create_token` keeps its interface; the
 same token works for REST and WebSockets; old plaintext authtoken rows are
 converted and their table dropped."""
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,14 @@ def all_token_columns() -> str:
 
 @pytest.mark.django_db(transaction=True)
 def test_drf_create_token_prints_a_working_token_that_is_not_stored(alice):
-    out = subprocess.run([sys.executable, "manage.py", "drf_create_token", "alice"], cwd=ROOT, env=subprocess_env(),
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "manage.py", "drf_create_token", "alice"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     words = out.stdout.split()
     assert words[:2] == ["Generated", "token"] and words[3:] == ["for", "user", "alice"]
@@ -78,10 +85,19 @@ def test_a_token_revoked_in_the_admin_is_refused(alice):
 @pytest.mark.django_db
 def test_the_ttl_comes_from_the_environment():
     out = subprocess.run(
-        [sys.executable, "-c", "import os, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'agentrt_site.settings'); "
-         "django.setup(); from knox.settings import knox_settings; print(knox_settings.TOKEN_TTL.days, "
-         "knox_settings.AUTH_HEADER_PREFIX)"],
-        cwd=ROOT, env=subprocess_env(AGENTRT_TOKEN_TTL_DAYS="7"), capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-c",
+            "import os, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'agentrt_site.settings'); "
+            "django.setup(); from knox.settings import knox_settings; print(knox_settings.TOKEN_TTL.days, "
+            "knox_settings.AUTH_HEADER_PREFIX)",
+        ],
+        cwd=ROOT,
+        env=subprocess_env(AGENTRT_TOKEN_TTL_DAYS="7"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.stdout.split() == ["7", "Token"], out.stderr[-800:]
 
 
@@ -92,8 +108,10 @@ def test_old_plaintext_authtoken_rows_become_knox_tokens_and_the_table_is_droppe
     migration = importlib.import_module("runs.migrations.0004_authtoken_to_knox")
     old_key = "0123456789abcdef0123456789abcdef01234567"  # DRF's shape: 40 hex characters
     with connection.cursor() as cur:
-        cur.execute("CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, created timestamptz NOT NULL, "
-                    "user_id integer NOT NULL)")
+        cur.execute(
+            "CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, created timestamptz NOT NULL, "
+            "user_id integer NOT NULL)"
+        )
         cur.execute("INSERT INTO authtoken_token VALUES (%s, now(), %s)", [old_key, alice.pk])
         cur.execute("INSERT INTO django_migrations (app, name, applied) VALUES ('authtoken', '0001_initial', now())")
     with connection.schema_editor() as editor:

@@ -3,6 +3,7 @@
 socket closes within a poll period of logout, token revocation or losing the
 membership, and inbound frames are bounded and depth-limited without a
 traceback."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,8 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from agentrt_site.asgi import application
-from runs import ws_limits
 from runs.models import Membership
+from runs.web import ws_limits
 from tests.conftest import ROOT, subprocess_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -83,12 +84,20 @@ async def test_in_redis_the_cap_is_shared_by_every_web_process(alice, settings):
         assert not await ws_limits.ws_admit(alice.pk, "one-too-many")
         other = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-c", "import asyncio, os, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', "
-             "'agentrt_site.settings'); django.setup(); from runs.ws_limits import ws_admit; "
-             f"print(asyncio.run(ws_admit({alice.pk}, 'from-another-process')))"],
-            cwd=ROOT, env=subprocess_env(REDIS_URL="redis://127.0.0.1:6379/0",
-                                         AGENTRT_CACHE_PREFIX=ws_limits._key(alice.pk).split(":ws:")[0]),
-            capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-c",
+                "import asyncio, os, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', "
+                "'agentrt_site.settings'); django.setup(); from runs.web.ws_limits import ws_admit; "
+                f"print(asyncio.run(ws_admit({alice.pk}, 'from-another-process')))",
+            ],
+            cwd=ROOT,
+            env=subprocess_env(
+                REDIS_URL="redis://127.0.0.1:6379/0", AGENTRT_CACHE_PREFIX=ws_limits._key(alice.pk).split(":ws:")[0]
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert other.stdout.strip() == "False", other.stderr[-800:]
         await ws_limits.ws_release(alice.pk, sockets[0])

@@ -10,6 +10,7 @@ tool results, the run's input, event payloads (all over the WebSocket), the agen
 The operator holds `approvals.resolve_approval`. The pages must show the payload as text, run none of it, and
 carry a Content-Security-Policy without inline script.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -46,7 +47,9 @@ def _operator(tenant):
     _, user = tenant_create(name=tenant.name, username="oncall", password="s3cret-pass")
     user.is_staff = True  # an operator with admin access
     user.save(update_fields=["is_staff"])
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["resolve_approval", "view_run", "view_approval"]))
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["resolve_approval", "view_run", "view_approval"])
+    )
     return user
 
 
@@ -60,12 +63,20 @@ class Browser:
         self.context.on("page", self._watch)
 
     def _watch(self, page):
-        page.on("console", lambda m: self.errors.append(f"{page.url}: console.{m.type}: {m.text} at {m.location.get('url')}")
-                if m.type == "error" else None)
+        page.on(
+            "console",
+            lambda m: (
+                self.errors.append(f"{page.url}: console.{m.type}: {m.text} at {m.location.get('url')}")
+                if m.type == "error"
+                else None
+            ),
+        )
         page.on("pageerror", lambda exc: self.errors.append(f"{page.url}: pageerror: {exc}"))
         # A violation report is the browser telling us something tried to run or load against the policy.
-        page.add_init_script("document.addEventListener('securitypolicyviolation', e => {"
-                             " (window.__violations = window.__violations || []).push(e.violatedDirective + ' ' + e.blockedURI); });")
+        page.add_init_script(
+            "document.addEventListener('securitypolicyviolation', e => {"
+            " (window.__violations = window.__violations || []).push(e.violatedDirective + ' ' + e.blockedURI); });"
+        )
 
     def new_page(self):
         return self.context.new_page()
@@ -88,7 +99,9 @@ def assert_policy(response):
     assert "'unsafe-inline'" not in script_src and "'unsafe-eval'" not in script_src, policy
 
 
-def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(server, cluster, load_agent, submit, sink, tenant, monkeypatch):  # noqa: F811
+def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(
+    server, cluster, load_agent, submit, sink, tenant, monkeypatch
+):  # noqa: F811
     from playwright.sync_api import sync_playwright
 
     from runs.services import run_submit
@@ -98,12 +111,26 @@ def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(server, 
     #    echo tool's arguments and result carry it too.
     load_agent(
         name="release-bot",
-        turns=[{"text": PAYLOAD, "tool_calls": [{"name": "echo", "arguments": {"text": PAYLOAD}}]},
-               {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 1000000, "note": PAYLOAD}}}]},
-               {"text": "sent"}],
+        turns=[
+            {"text": PAYLOAD, "tool_calls": [{"name": "echo", "arguments": {"text": PAYLOAD}}]},
+            {
+                "tool_calls": [
+                    {"name": "http_post", "arguments": {"url": sink.url, "json": {"amount": 1000000, "note": PAYLOAD}}}
+                ]
+            },
+            {"text": "sent"},
+        ],
         tools=("echo", "http_post"),
-        policy={"default": "allow", "rules": [{"tool": "http_post", "decision": "require_approval",
-                                               "when": {"arg": "json.amount", "op": "gt", "value": 100}}]},
+        policy={
+            "default": "allow",
+            "rules": [
+                {
+                    "tool": "http_post",
+                    "decision": "require_approval",
+                    "when": {"arg": "json.amount", "op": "gt", "value": 100},
+                }
+            ],
+        },
     )
     # 2. Completes with the payload as its final message, under a hostile agent name.
     load_agent(name="answer-bot", turns=[{"text": PAYLOAD}])
@@ -136,14 +163,20 @@ def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(server, 
         cluster(AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host, AGENTRT_LEASE_SECONDS=5, DJANGO_ALLOW_ASYNC_UNSAFE="")
 
         detail.wait_for_selector("#approvals button[value=approve]", timeout=60000)
-        wait_for(lambda: Run.objects.get(id=answered.id).status == "COMPLETED", timeout=60, message="the answer run to complete")
+        wait_for(
+            lambda: Run.objects.get(id=answered.id).status == "COMPLETED",
+            timeout=60,
+            message="the answer run to complete",
+        )
         wait_for(lambda: Run.objects.get(id=broken.id).status == "FAILED", timeout=60, message="the broken run to fail")
         detail.wait_for_selector("#timeline li:has-text('run.waiting_for_approval')", timeout=15000)
         assert detail.inner_text("#status") == "WAITING_FOR_APPROVAL"
         assert_inert(detail)
-        assert PAYLOAD in detail.inner_text("#approvals")          # tool arguments on the approval card
+        assert PAYLOAD in detail.inner_text("#approvals")  # tool arguments on the approval card
         timeline = detail.inner_text("#timeline")
-        assert timeline.count(PAYLOAD) >= 4, timeline             # input, model text, echo arguments, echo result, http_post arguments
+        assert timeline.count(PAYLOAD) >= 4, (
+            timeline
+        )  # input, model text, echo arguments, echo result, http_post arguments
         assert_inert(page)
         page.wait_for_selector(f"tr[data-run='{answered.id}'] .s-COMPLETED", timeout=15000)
         page.wait_for_selector(f"tr[data-run='{broken.id}'] .s-FAILED", timeout=15000)
@@ -158,8 +191,12 @@ def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(server, 
         event.save(update_fields=["payload"])
 
         # Every page again, now rendered from the server (json_script, template text) and replayed over the socket.
-        for shot, url in (("list", "/runs/"), ("waiting", f"/runs/{waiting.id}/"), ("completed", f"/runs/{answered.id}/"),
-                          ("failed", f"/runs/{broken.id}/")):
+        for shot, url in (
+            ("list", "/runs/"),
+            ("waiting", f"/runs/{waiting.id}/"),
+            ("completed", f"/runs/{answered.id}/"),
+            ("failed", f"/runs/{broken.id}/"),
+        ):
             view = b.new_page()
             response = view.goto(server + url)
             assert response.status == 200
@@ -172,7 +209,7 @@ def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(server, 
                 view.wait_for_selector("#approvals button[value=approve]")
                 assert PAYLOAD in view.inner_text("#approvals")
                 view.wait_for_selector("#timeline li:has-text('run.waiting_for_approval')", timeout=15000)
-                assert view.locator("#approvals .approval").count() == 1   # the server's card; the replay added none
+                assert view.locator("#approvals .approval").count() == 1  # the server's card; the replay added none
             elif url.endswith(f"{answered.id}/"):
                 view.wait_for_selector("#status:text('COMPLETED')", timeout=15000)
                 view.wait_for_selector("#answer .final", timeout=15000)
@@ -187,8 +224,13 @@ def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(server, 
 
         # The admin shows the same text: the approval's page, the run's events, the action's confirmation page.
         approval = Approval.objects.get(run_id=waiting.id)
-        for url in (f"/admin/approvals/approval/{approval.id}/change/", f"/admin/runs/run/{waiting.id}/change/",
-                    f"/admin/runs/run/{answered.id}/change/", f"/admin/runs/run/{broken.id}/change/", "/admin/runs/run/"):
+        for url in (
+            f"/admin/approvals/approval/{approval.id}/change/",
+            f"/admin/runs/run/{waiting.id}/change/",
+            f"/admin/runs/run/{answered.id}/change/",
+            f"/admin/runs/run/{broken.id}/change/",
+            "/admin/runs/run/",
+        ):
             view = b.new_page()
             response = view.goto(server + url)
             assert response.status == 200, url
@@ -213,8 +255,10 @@ def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(server, 
         # Defence in depth: on the live pages the browser itself refuses to turn a string into markup.
         probe = b.new_page()
         probe.goto(f"{server}/runs/{waiting.id}/")
-        refused = probe.evaluate("() => { try { document.body.insertAdjacentHTML('beforeend', '<b>x</b>'); return 'allowed'; }"
-                                 " catch (e) { return e.name; } }")
+        refused = probe.evaluate(
+            "() => { try { document.body.insertAdjacentHTML('beforeend', '<b>x</b>'); return 'allowed'; }"
+            " catch (e) { return e.name; } }"
+        )
         assert refused == "TypeError"
         b.close()
         connections.close_all()  # the ORM reads above ran on a connection of their own (Playwright's loop context)
@@ -227,10 +271,23 @@ def test_hostile_text_on_the_live_pages_is_shown_as_text_and_never_runs(server, 
 
 
 REDOC_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"
-ADMIN_PAGES = ("/admin/", "/admin/runs/run/", "/admin/runs/run/{run}/change/", "/admin/runs/agent/", "/admin/runs/agentversion/",
-               "/admin/runs/tenant/", "/admin/approvals/approval/", "/admin/approvals/approval/?status=all",
-               "/admin/auth/user/", "/admin/auth/user/{user}/change/", "/admin/auth/user/add/", "/admin/auth/group/add/",
-               "/admin/django_q/schedule/add/", "/admin/django_q/ormq/", "/admin/password_change/")
+ADMIN_PAGES = (
+    "/admin/",
+    "/admin/runs/run/",
+    "/admin/runs/run/{run}/change/",
+    "/admin/runs/agent/",
+    "/admin/runs/agentversion/",
+    "/admin/runs/tenant/",
+    "/admin/approvals/approval/",
+    "/admin/approvals/approval/?status=all",
+    "/admin/auth/user/",
+    "/admin/auth/user/{user}/change/",
+    "/admin/auth/user/add/",
+    "/admin/auth/group/add/",
+    "/admin/django_q/schedule/add/",
+    "/admin/django_q/ormq/",
+    "/admin/password_change/",
+)
 
 
 def test_the_admin_and_the_api_docs_work_under_the_policy(server, load_agent, submit, tenant, monkeypatch):  # noqa: F811
@@ -264,7 +321,10 @@ def test_the_admin_and_the_api_docs_work_under_the_policy(server, load_agent, su
                 assert view.evaluate("typeof window.django") == "object", url
             assert view.evaluate("window.__violations || []") == [], url
             # The admin's CSS applied (a link from this server, not blocked): the header has its dark background.
-            assert view.evaluate("getComputedStyle(document.getElementById('header')).backgroundColor") != "rgba(0, 0, 0, 0)", url
+            assert (
+                view.evaluate("getComputedStyle(document.getElementById('header')).backgroundColor")
+                != "rgba(0, 0, 0, 0)"
+            ), url
             view.close()
 
         docs = b.new_page()

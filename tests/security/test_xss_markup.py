@@ -8,6 +8,7 @@
   inline style on our pages; the pages' JavaScript builds no markup from strings; Python marks nothing safe.
 (tests/security/test_xss_browser.py shows the same in a real browser, with the worker and the WebSocket.)
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,12 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.django_db
 
 PAYLOAD = "</script><script>window.__pwned=1</script><img src=x onerror=window.__pwned=2>{{ 7*7 }}&amp;"
-APPROVE_POSTS = {"default": "allow", "rules": [{"tool": "http_post", "decision": "require_approval",
-                                                "when": {"arg": "json.amount", "op": "gt", "value": 100}}]}
+APPROVE_POSTS = {
+    "default": "allow",
+    "rules": [
+        {"tool": "http_post", "decision": "require_approval", "when": {"arg": "json.amount", "op": "gt", "value": 100}}
+    ],
+}
 
 
 def script_src(response) -> str:
@@ -35,21 +40,36 @@ def operator_client(client, tenant):
     from runs.services import tenant_create
 
     _, user = tenant_create(name=tenant.name, username="oncall", password="pw", operator=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["resolve_approval", "view_run", "view_approval"]))
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["resolve_approval", "view_run", "view_approval"])
+    )
     client.force_login(user)
     return client
 
 
 @pytest.fixture
 def hostile_runs(load_agent, submit, settings):
-    from runs.executor import run_drive
+    from runs.runtime.executor import run_drive
 
     settings.AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = ["127.0.0.1"]
     load_agent(name="answer-bot", turns=[{"text": PAYLOAD}])
-    load_agent(name="release-bot", tools=("echo", "http_post"), policy=APPROVE_POSTS, turns=[
-        {"text": PAYLOAD, "tool_calls": [{"name": "echo", "arguments": {"text": PAYLOAD}}]},
-        {"tool_calls": [{"name": "http_post", "arguments": {"url": "http://127.0.0.1:9/hook", "json": {"amount": 1000000, "note": PAYLOAD}}}]},
-        {"text": "sent"}])
+    load_agent(
+        name="release-bot",
+        tools=("echo", "http_post"),
+        policy=APPROVE_POSTS,
+        turns=[
+            {"text": PAYLOAD, "tool_calls": [{"name": "echo", "arguments": {"text": PAYLOAD}}]},
+            {
+                "tool_calls": [
+                    {
+                        "name": "http_post",
+                        "arguments": {"url": "http://127.0.0.1:9/hook", "json": {"amount": 1000000, "note": PAYLOAD}},
+                    }
+                ]
+            },
+            {"text": "sent"},
+        ],
+    )
     answered, waiting = submit(agent="answer-bot", text=PAYLOAD), submit(agent="release-bot", text=PAYLOAD)
     run_drive(run_id=answered.id)
     run_drive(run_id=waiting.id)
@@ -61,8 +81,19 @@ def hostile_runs(load_agent, submit, settings):
 
 def test_every_html_page_has_a_policy_without_inline_script(operator_client, hostile_runs, admin_client):
     answered, waiting = hostile_runs
-    pages = [(operator_client, url) for url in ("/runs/", f"/runs/{answered.id}/", f"/runs/{waiting.id}/", "/api/docs/", "/api/docs/redoc/",
-                                                "/admin/", "/admin/approvals/approval/", f"/admin/runs/run/{waiting.id}/change/")]
+    pages = [
+        (operator_client, url)
+        for url in (
+            "/runs/",
+            f"/runs/{answered.id}/",
+            f"/runs/{waiting.id}/",
+            "/api/docs/",
+            "/api/docs/redoc/",
+            "/admin/",
+            "/admin/approvals/approval/",
+            f"/admin/runs/run/{waiting.id}/change/",
+        )
+    ]
     pages += [(admin_client, url) for url in ("/admin/auth/user/", "/admin/django_q/schedule/add/")]
     for client, url in pages:
         response = client.get(url)
@@ -102,9 +133,12 @@ def test_hostile_text_reaches_the_run_pages_only_escaped(operator_client, hostil
         html = operator_client.get(f"/runs/{run.id}/").content.decode()
         assert "<script>window.__pwned" not in html and "<img" not in html
         scripts = re.findall(r"<script\b[^>]*>", html)
-        assert scripts == ['<script id="run-data" type="application/json">', '<script id="pending-data" type="application/json">',
-                           '<script id="can-resolve" type="application/json">',
-                           '<script src="/static/runs/detail.js" defer>'], scripts
+        assert scripts == [
+            '<script id="run-data" type="application/json">',
+            '<script id="pending-data" type="application/json">',
+            '<script id="can-resolve" type="application/json">',
+            '<script src="/static/runs/detail.js" defer>',
+        ], scripts
         assert "\\u003C/script\\u003E\\u003Cscript\\u003Ewindow.__pwned=1" in html  # json_script's escaping
     html = operator_client.get(f"/runs/{waiting.id}/").content.decode()
     pending = re.search(r'<script id="pending-data" type="application/json">(.*?)</script>', html, re.S).group(1)
@@ -116,8 +150,12 @@ def test_hostile_text_reaches_the_run_pages_only_escaped(operator_client, hostil
 
 TEMPLATES = sorted((ROOT / "templates").rglob("*.html"))
 PAGE_JS = sorted((ROOT / "runs" / "static").rglob("*.js"))
-PY_SOURCES = [p for app in ("agentrt_site", "runs", "approvals", "checkpoints", "maintenance", "demo")
-              for p in (ROOT / app).rglob("*.py") if "migrations" not in p.parts]
+PY_SOURCES = [
+    p
+    for app in ("agentrt_site", "runs", "approvals", "checkpoints", "maintenance", "demo")
+    for p in (ROOT / app).rglob("*.py")
+    if "migrations" not in p.parts
+]
 
 
 def test_the_sources_are_audited():
@@ -138,8 +176,17 @@ def test_templates_write_data_only_as_escaped_text(path):
 @pytest.mark.parametrize("path", PAGE_JS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_scripts_build_no_markup_from_strings(path):
     text = path.read_text()
-    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function", "setAttribute('on",
-                 "createContextualFragment", "DOMParser"):
+    for sink in (
+        "innerHTML",
+        "outerHTML",
+        "insertAdjacentHTML",
+        "document.write",
+        "eval(",
+        "new Function",
+        "setAttribute('on",
+        "createContextualFragment",
+        "DOMParser",
+    ):
         assert sink not in text, f"{path.name} uses {sink}"
 
 
@@ -150,5 +197,6 @@ def test_python_marks_nothing_safe():
             assert sink not in text, f"{path.relative_to(ROOT)} uses {sink}"
         # format_html escapes its arguments; its format string must be a literal (never built from data).
         for call in re.findall(r"format_html\(\s*([^,)]*)", text):
-            assert re.fullmatch(r"[rbuf]?(\"[^\"]*\"|'[^']*')", call.strip()) and not call.strip().startswith("f"), \
+            assert re.fullmatch(r"[rbuf]?(\"[^\"]*\"|'[^']*')", call.strip()) and not call.strip().startswith("f"), (
                 f"{path.relative_to(ROOT)}: format_html({call}"
+            )

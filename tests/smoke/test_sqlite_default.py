@@ -1,5 +1,6 @@
 """The named smoke test of the embedded default: SQLite (WAL), ORM broker,
 a real qcluster, no DATABASE_URL. The rest of the suite runs on PostgreSQL."""
+
 from __future__ import annotations
 
 import json
@@ -19,28 +20,47 @@ def _env(tmp_path):
 
 
 def manage(env, *args, timeout=120):
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_embedded_sqlite_default_runs_an_agent_end_to_end(tmp_path):
     env = _env(tmp_path)
     assert manage(env, "migrate", "-v0").returncode == 0
-    assert manage(env, "create_tenant", "demo", "--user", "operator", "--password", "smoke-Operator-pass-7").returncode == 0
+    assert (
+        manage(env, "create_tenant", "demo", "--user", "operator", "--password", "smoke-Operator-pass-7").returncode
+        == 0
+    )
     agent = tmp_path / "agent.json"
-    agent.write_text(json.dumps({
-        "name": "smoke",
-        "model": {"provider": "scripted", "turns": [
-            {"tool_calls": [{"name": "echo", "arguments": {"text": "one"}}]},
-            {"tool_calls": [{"name": "echo", "arguments": {"text": "two"}}]},
-            {"text": "smoke ok"}]},
-        "tools": ["echo"],
-    }))
+    agent.write_text(
+        json.dumps(
+            {
+                "name": "smoke",
+                "model": {
+                    "provider": "scripted",
+                    "turns": [
+                        {"tool_calls": [{"name": "echo", "arguments": {"text": "one"}}]},
+                        {"tool_calls": [{"name": "echo", "arguments": {"text": "two"}}]},
+                        {"text": "smoke ok"},
+                    ],
+                },
+                "tools": ["echo"],
+            }
+        )
+    )
     loaded = manage(env, "load_agent", str(agent))
     assert loaded.returncode == 0, loaded.stderr
     version = loaded.stdout.strip().splitlines()[-1]
     assert len(version) == 64
-    worker = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "qcluster"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         done = manage(env, "submit_run", "--agent", "smoke", "--input", "go", "--wait", "--timeout", "60")
     finally:

@@ -3,13 +3,15 @@
 `build_context` wires them into a `RunContext` by hand, the way the executor's
 composition root wires the real adapters.
 """
+
 from __future__ import annotations
 
 import copy
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from jsonschema import Draft202012Validator
 
@@ -22,7 +24,7 @@ from runs.domain.values import ModelRequest, ModelTurn, RunLimits, RunUsage, Too
 from runs.domain.writes import UnitOfWork
 from runs.providers.scripted import ScriptedProvider
 
-START = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+START = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
 RUN_ID = uuid.UUID(int=0xA11CE)
 TENANT_ID = uuid.UUID(int=0x7E7A7)
 SESSION_ID = uuid.UUID(int=0x5E55)
@@ -78,7 +80,9 @@ class FakeStore:
     and record nothing; `fence_on_watermark=N` does the same for watermarks.
     """
 
-    def __init__(self, *, fence_on_commit: int | None = None, fence_on_watermark: int | None = None, log: list | None = None):
+    def __init__(
+        self, *, fence_on_commit: int | None = None, fence_on_watermark: int | None = None, log: list | None = None
+    ):
         self.commits: list[UnitOfWork] = []
         self.watermarks: list[Watermark] = []
         self.log: list[tuple[str, Any]] = log if log is not None else []
@@ -110,9 +114,17 @@ class FakeStore:
             for i in work.invocation_inserts:
                 if i.step_number == step_number:
                     rows[i.id] = {
-                        "id": i.id, "call_id": i.call_id, "call_index": i.call_index, "tool_name": i.tool_name,
-                        "arguments": i.arguments, "status": i.status, "result": i.result, "effect_sent_at": None,
-                        "attempt": 0, "read_only": i.read_only, "idempotency_key": i.idempotency_key,
+                        "id": i.id,
+                        "call_id": i.call_id,
+                        "call_index": i.call_index,
+                        "tool_name": i.tool_name,
+                        "arguments": i.arguments,
+                        "status": i.status,
+                        "result": i.result,
+                        "effect_sent_at": None,
+                        "attempt": 0,
+                        "read_only": i.read_only,
+                        "idempotency_key": i.idempotency_key,
                     }
             for u in work.invocation_updates:
                 if u.id in rows:
@@ -152,7 +164,7 @@ class FakeRegistry:
         self.calls: list[tuple[str, Any, Any]] = []
         self.log: list[tuple[str, Any]] = log if log is not None else []
 
-    def add(self, spec: ToolSpec, fn: Callable[[Any, Any], Any]) -> "FakeRegistry":
+    def add(self, spec: ToolSpec, fn: Callable[[Any, Any], Any]) -> FakeRegistry:
         Draft202012Validator.check_schema(spec.parameters)
         self._tools[spec.name] = (spec, fn, Draft202012Validator(spec.parameters))
         return self
@@ -225,14 +237,24 @@ class RecordingProvider:
 ECHO = ToolSpec(
     name="echo",
     description="Return the given text unchanged.",
-    parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"], "additionalProperties": False},
+    parameters={
+        "type": "object",
+        "properties": {"text": {"type": "string"}},
+        "required": ["text"],
+        "additionalProperties": False,
+    },
     read_only=True,
 )
 
 POST = ToolSpec(
     name="post",
     description="A call with a side effect.",
-    parameters={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False},
+    parameters={
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    },
     read_only=False,
     side_effect="external_write",
 )
@@ -255,6 +277,7 @@ def default_registry(log: list | None = None) -> FakeRegistry:
 
 
 # -- the context ------------------------------------------------------------
+
 
 @dataclass
 class Harness:
@@ -288,7 +311,7 @@ def build_context(
     policy=None,
     store: FakeStore | None = None,
     lease: FakeLease | None = None,
-    fault: Callable[[str, "Harness"], None] | None = None,
+    fault: Callable[[str, Harness], None] | None = None,
     provider=None,
     deadline_at: datetime | None = None,
     slice_seconds: float = 120.0,
@@ -321,7 +344,14 @@ def build_context(
     )
     harness = Harness(
         ctx=None,  # type: ignore[arg-type]  # set below: the fault hook needs the harness
-        clock=clock, ids=ids, store=store, tools=tools, provider=recording, lease=lease, token=token, seed_row=seed_row,
+        clock=clock,
+        ids=ids,
+        store=store,
+        tools=tools,
+        provider=recording,
+        lease=lease,
+        token=token,
+        seed_row=seed_row,
     )
 
     def hook(point: str) -> None:

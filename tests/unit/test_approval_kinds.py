@@ -1,5 +1,6 @@
 """The re-run grant kinds are one set: the domain's (runs.domain.pipeline),
 which approvals.models re-exports next to the kind names."""
+
 from approvals.models import INTERRUPTED_SIDE_EFFECT, RECONCILE, RERUN_KINDS, UNCERTAIN_SIDE_EFFECT
 from runs.domain import pipeline
 

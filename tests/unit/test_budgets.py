@@ -1,7 +1,8 @@
 """The budget `Ledger`: four scopes, recording and checking usage."""
+
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -9,7 +10,7 @@ from runs.domain.budgets import Ledger
 from runs.domain.errors import BudgetExceeded
 from runs.domain.values import BudgetScope, FailureReason, ModelUsage, RunLimits, RunUsage
 
-NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2025, 1, 1, tzinfo=UTC)
 ALL_SCOPES = list(BudgetScope)
 
 
@@ -70,7 +71,9 @@ def test_record_model_usage_adds_the_attempt_and_counts_the_call():
     ledger = Ledger(RunLimits(), None)
     usage = RunUsage(input_tokens=10, output_tokens=2, model_calls=1, cost_usd=0.1)
 
-    new = ledger.record_model_usage(usage, ModelUsage(input_tokens=5, output_tokens=3, reasoning_tokens=1, cost_usd=0.2))
+    new = ledger.record_model_usage(
+        usage, ModelUsage(input_tokens=5, output_tokens=3, reasoning_tokens=1, cost_usd=0.2)
+    )
 
     assert (new.input_tokens, new.output_tokens, new.reasoning_tokens, new.model_calls) == (15, 5, 1, 2)
     assert new.cost_usd == pytest.approx(0.3)

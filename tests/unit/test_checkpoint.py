@@ -1,11 +1,12 @@
 """`CheckpointState`: seed 002's full/delta rule and the materialised chain."""
+
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from runs.domain.checkpoint import FULL_EVERY, CheckpointState, is_full
 
-AT = datetime(2025, 1, 1, tzinfo=timezone.utc)
+AT = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 def write_chain(n: int) -> tuple[CheckpointState, list]:
@@ -89,7 +90,9 @@ def test_a_materialised_state_keeps_writing_deltas_on_the_same_base():
 
     assert (row.version, row.full, row.base_version) == (5, False, 1)
     assert row.state["items"] == [{"role": "assistant", "content": "more"}]
-    again = CheckpointState.materialise([(r.version, r.full, r.state) for r in rows] + [(row.version, row.full, row.state)])
+    again = CheckpointState.materialise(
+        [(r.version, r.full, r.state) for r in rows] + [(row.version, row.full, row.state)]
+    )
     assert again.conversation == state.conversation + [{"role": "assistant", "content": "more"}]
 
 

@@ -1,13 +1,13 @@
 """Context pressure, compaction, byte-identical builds and the synthesis
 reserve (seed 002), on the domain core with fakes."""
+
 from __future__ import annotations
 
 from runs.domain.context import build_request
 from runs.domain.context_engine import SYNTHESIS_INSTRUCTION, compact
 from runs.domain.loop import run_loop
 from runs.domain.values import OutcomeKind, RunLimits
-
-from .fakes import build_context, echo_call
+from tests.unit.fakes import build_context, echo_call
 
 
 def long_turns(n, size=400):
@@ -55,8 +55,10 @@ def test_compaction_is_capped_at_two_per_step_then_context_overflow():
 def test_compact_never_splits_a_call_from_its_result():
     conv = [{"role": "user", "content": "go"}]
     for i in range(5):
-        conv += [{"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "name": "echo", "arguments": "{}"}]},
-                 {"role": "tool", "tool_call_id": f"c{i}", "name": "echo", "content": "r", "is_error": False}]
+        conv += [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "name": "echo", "arguments": "{}"}]},
+            {"role": "tool", "tool_call_id": f"c{i}", "name": "echo", "content": "r", "is_error": False},
+        ]
     out = compact(conv)
     assert out[0] == conv[0] and out[1]["summary"]
     kept_calls = [c["id"] for m in out for c in (m.get("tool_calls") or [])]
@@ -66,8 +68,16 @@ def test_compact_never_splits_a_call_from_its_result():
 
 def test_with_24_calls_and_a_reserve_of_2_call_22_gets_the_instruction_and_no_tools():
     turns = [{"tool_calls": [echo_call(str(i))]} for i in range(21)] + [{"text": "final answer"}]
-    h = build_context(turns, limits=RunLimits(max_steps=40, max_model_calls=24, max_tool_calls=64, synthesis_reserve_model_calls=2,
-                                              synthesis_reserve_tool_calls=0))
+    h = build_context(
+        turns,
+        limits=RunLimits(
+            max_steps=40,
+            max_model_calls=24,
+            max_tool_calls=64,
+            synthesis_reserve_model_calls=2,
+            synthesis_reserve_tool_calls=0,
+        ),
+    )
     outcome = run_loop(h.ctx)
     assert outcome.kind is OutcomeKind.COMPLETED and outcome.final_message == "final answer"
     reqs = h.provider.requests
@@ -82,8 +92,16 @@ def test_with_24_calls_and_a_reserve_of_2_call_22_gets_the_instruction_and_no_to
 
 def test_a_tool_call_inside_the_reserve_fails_closed():
     turns = [{"tool_calls": [echo_call(str(i))]} for i in range(30)]
-    h = build_context(turns, limits=RunLimits(max_steps=40, max_model_calls=24, synthesis_reserve_model_calls=2, synthesis_reserve_tool_calls=0))
+    h = build_context(
+        turns,
+        limits=RunLimits(
+            max_steps=40, max_model_calls=24, synthesis_reserve_model_calls=2, synthesis_reserve_tool_calls=0
+        ),
+    )
     outcome = run_loop(h.ctx)
     assert outcome.kind is OutcomeKind.FAILED
-    assert outcome.failure.error_class == "SynthesisReserveViolation" and outcome.failure.details["dimension"] == "model_calls"
+    assert (
+        outcome.failure.error_class == "SynthesisReserveViolation"
+        and outcome.failure.details["dimension"] == "model_calls"
+    )
     assert h.tools.count("echo") == 21

@@ -1,5 +1,6 @@
 """`AGENTRT_LOG_FORMAT=json`: one object per line, the run's fields on every
 record written inside its block (whatever logger), none outside it."""
+
 import io
 import json
 import logging
@@ -33,7 +34,12 @@ def test_records_inside_a_run_block_carry_its_fields_and_exceptions_stay_on_one_
     assert len(lines) == 4
     before, claimed, failed, after = (json.loads(line) for line in lines)
     assert "run" not in before and "run" not in after
-    assert claimed["run"] == "r-1" and claimed["tenant"] == "t-1" and claimed["epoch"] == 3 and claimed["worker"] == "host:12:abcd"
+    assert (
+        claimed["run"] == "r-1"
+        and claimed["tenant"] == "t-1"
+        and claimed["epoch"] == 3
+        and claimed["worker"] == "host:12:abcd"
+    )
     assert claimed["message"] == "claimed r-1" and claimed["level"] == "INFO" and claimed["logger"] == "test.jsonlogs"
     assert "step" not in claimed and failed["step"] == 2
     assert failed["exc_type"] == "ValueError" and "second line" in failed["exc"]

@@ -1,5 +1,6 @@
 """`run_loop` with fakes: step order, commits per step, model failures,
 limits, slices and fencing. No database."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -18,8 +19,7 @@ from runs.domain.values import (
     RunLimits,
     StopReason,
 )
-
-from .fakes import ECHO, START, FakeRegistry, FakeStore, build_context, echo_call, echo_fn
+from tests.unit.fakes import ECHO, START, FakeRegistry, FakeStore, build_context, echo_call, echo_fn
 
 THREE_STEPS = [
     {"tool_calls": [echo_call("one")]},
@@ -112,7 +112,13 @@ def test_the_model_sees_the_tool_results_of_the_previous_step():
     assert second[0] == {"role": "user", "content": "hello"}
     assert second[1]["role"] == "assistant"
     assert second[1]["tool_calls"] == [{"id": "call_1_0", "name": "echo", "arguments": '{"text": "one"}'}]
-    assert second[2] == {"role": "tool", "tool_call_id": "call_1_0", "name": "echo", "content": "one", "is_error": False}
+    assert second[2] == {
+        "role": "tool",
+        "tool_call_id": "call_1_0",
+        "name": "echo",
+        "content": "one",
+        "is_error": False,
+    }
     assert [r.step_number for r in h.provider.requests] == [1, 2, 3]
     assert h.provider.requests[0].tools[0]["name"] == "echo"
 
@@ -129,7 +135,7 @@ def test_checkpoint_chain_written_by_the_loop_materialises_to_the_conversation()
     assert rebuilt is not None
     # Everything but the final answer, which only finalize's checkpoint holds.
     assert rebuilt.conversation == h.ctx.state.conversation[: h.ctx.state.saved_len]
-    assert h.ctx.state.conversation[h.ctx.state.saved_len:] == [
+    assert h.ctx.state.conversation[h.ctx.state.saved_len :] == [
         {"role": "assistant", "content": "done", "tool_calls": []}
     ]
     assert rebuilt.step == 2
@@ -149,6 +155,7 @@ def test_run_started_names_the_epoch_and_a_resumed_run_says_resumed():
 
 
 # -- limits ---------------------------------------------------------------------
+
 
 def test_max_steps_reached_fails_max_steps_exceeded():
     h = build_context([{"tool_calls": [echo_call("again")]}], limits=RunLimits(max_steps=2))
@@ -189,7 +196,9 @@ def test_output_token_budget_exceeded_by_a_response_fails_the_run():
 
 
 def test_deadline_passed_during_a_step_fails_deadline_exceeded():
-    h = build_context([{"tool_calls": [echo_call("slow")]}, {"text": "late"}], deadline_at=START + timedelta(seconds=10))
+    h = build_context(
+        [{"tool_calls": [echo_call("slow")]}, {"text": "late"}], deadline_at=START + timedelta(seconds=10)
+    )
 
     def slow_echo(arguments, context):
         h.clock.advance(60)
@@ -240,6 +249,7 @@ def test_draining_worker_yields_at_the_step_boundary():
 
 
 # -- model failures -----------------------------------------------------------
+
 
 def test_empty_turns_are_retried_three_times_then_fail_empty_model_turn():
     h = build_context([{"empty": True}])
@@ -327,6 +337,7 @@ def test_max_tokens_with_no_text_is_not_an_empty_turn():
 
 
 # -- cancellation and fencing around the model call -------------------------------
+
 
 class _CancellingProvider:
     """Answers with text, but the token is set while the call is in flight."""

@@ -1,4 +1,5 @@
 """The tool pipeline (DESIGN §7) through `run_loop`, with fakes. No database."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,7 @@ import pytest
 from runs.domain.errors import ToolFailure, WorkerFenced
 from runs.domain.loop import run_loop
 from runs.domain.values import CancelReason, OutcomeKind, RunLimits, ToolSpec
-
-from .fakes import (
+from tests.unit.fakes import (
     ECHO,
     POST,
     RUN_ID,
@@ -31,6 +31,7 @@ def error_code(entry: dict) -> str:
 
 
 # -- side effects and their watermark -------------------------------------------
+
 
 def test_side_effect_call_adds_exactly_one_watermark_committed_before_the_call():
     seen = {}
@@ -102,6 +103,7 @@ def test_tool_context_carries_run_step_key_and_token():
 
 
 # -- malformed calls become failed results ----------------------------------------
+
 
 @pytest.mark.parametrize(
     "call, code",
@@ -182,6 +184,7 @@ def test_identical_call_is_refused_after_three_executions():
 
 # -- the tool-call budget ---------------------------------------------------------
 
+
 def test_tool_call_budget_fits_the_batch():
     h = build_context(
         [{"tool_calls": [echo_call("a"), echo_call("b"), echo_call("c")]}, {"text": "ok"}],
@@ -220,9 +223,12 @@ def test_tool_call_budget_already_spent_refuses_the_whole_batch():
 
 # -- policy -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("decision, code", [("deny", "denied_by_policy"), ("require_approval", "approval_required")])
 def test_policy_deny_and_require_approval_give_failed_results(decision, code):
-    h = build_context([{"tool_calls": [post_call(1), echo_call("ok")]}, {"text": "ok"}], policy=FixedPolicy({"post": decision}))
+    h = build_context(
+        [{"tool_calls": [post_call(1), echo_call("ok")]}, {"text": "ok"}], policy=FixedPolicy({"post": decision})
+    )
 
     outcome = run_loop(h.ctx)
 
@@ -249,6 +255,7 @@ def test_a_policy_that_raises_fails_closed():
 
 
 # -- cancellation -------------------------------------------------------------------
+
 
 def test_cancel_before_the_watermark_stops_cleanly_without_calling_the_tool():
     def cancel_at_watermark(point, h):
@@ -327,6 +334,7 @@ def test_fenced_token_while_the_effect_runs_ends_fenced_with_the_late_outcome():
 
 # -- self-fencing -------------------------------------------------------------------
 
+
 def test_lease_monitor_refusing_the_effect_raises_worker_fenced_and_skips_the_call():
     h = build_context([{"tool_calls": [post_call(1)]}, {"text": "never"}], lease=FakeLease(False))
 
@@ -374,9 +382,13 @@ def test_fence_after_a_finished_side_effect_keeps_its_outcome_as_late(how):
     has finished writes that call's outcome into its `run.fenced` event."""
     if how == "self-fence":
         # The lease is asked before and after each watermark: the second call's first check fails.
-        h = build_context([{"tool_calls": [post_call(1), post_call(2)]}, {"text": "x"}], lease=FakeLease([True, True, False]))
+        h = build_context(
+            [{"tool_calls": [post_call(1), post_call(2)]}, {"text": "x"}], lease=FakeLease([True, True, False])
+        )
     else:
-        h = build_context([{"tool_calls": [post_call(1), post_call(2)]}, {"text": "x"}], store=FakeStore(fence_on_watermark=2))
+        h = build_context(
+            [{"tool_calls": [post_call(1), post_call(2)]}, {"text": "x"}], store=FakeStore(fence_on_watermark=2)
+        )
 
     with pytest.raises(WorkerFenced) as info:
         run_loop(h.ctx)

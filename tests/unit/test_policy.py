@@ -1,5 +1,6 @@
 """`approvals.policy.evaluate`: rules on the tool name with an optional `when`
 on an argument; first match wins; fails closed. No database."""
+
 from __future__ import annotations
 
 import pytest
@@ -53,7 +54,10 @@ def test_first_matching_rule_wins():
 
 
 def test_rules_for_other_tools_are_skipped_and_star_matches_any_tool():
-    policy = {"rules": [{"tool": "other", "decision": "allow"}, {"tool": "*", "decision": "require_approval"}], "default": "deny"}
+    policy = {
+        "rules": [{"tool": "other", "decision": "allow"}, {"tool": "*", "decision": "require_approval"}],
+        "default": "deny",
+    }
 
     assert evaluate(policy, "pay", {}) == "require_approval"
     assert evaluate(policy, "other", {}) == "allow"
@@ -92,7 +96,10 @@ def test_a_non_number_in_a_numeric_comparison_fails_closed(value):
 
 
 def test_an_unknown_op_fails_closed():
-    assert evaluate({"rules": [rule("approx", 10, "allow")], "default": "allow"}, "pay", {"amount": 10}) == "require_approval"
+    assert (
+        evaluate({"rules": [rule("approx", 10, "allow")], "default": "allow"}, "pay", {"amount": 10})
+        == "require_approval"
+    )
 
 
 def test_a_rule_without_decision_fails_closed():

@@ -1,5 +1,6 @@
 """Database timeouts sit below the heartbeat interval, so a dead connection or
 a lock wait cannot hang a heartbeat past the lease (RELIABILITY §4)."""
+
 import re
 import runpy
 from pathlib import Path

@@ -3,14 +3,15 @@ may start a side effect only while its last successful heartbeat is younger
 than lease - interval (the self-fence), and a heartbeat that finds the lease
 gone cancels the run as fenced. The clock is a fake; the heartbeat is a
 function the test controls (no database)."""
+
 from __future__ import annotations
 
 import threading
 from uuid import uuid4
 
 from runs.domain.values import CancelReason
-from runs.queue import Heartbeat
-from runs.supervisor import Supervisor
+from runs.runtime.queue import Heartbeat
+from runs.runtime.supervisor import Supervisor
 from tests.conftest import wait_for
 from tests.unit.fakes import FakeClock
 
@@ -33,7 +34,9 @@ def test_no_side_effect_may_start_once_the_last_heartbeat_is_older_than_lease_mi
         hung.wait(10)
         return Heartbeat(alive=True)
 
-    sup = Supervisor(run_id=uuid4(), owner="w", epoch=1, token=Token(), clock=clock, lease_seconds=0.3, heartbeat=heartbeat).start()
+    sup = Supervisor(
+        run_id=uuid4(), owner="w", epoch=1, token=Token(), clock=clock, lease_seconds=0.3, heartbeat=heartbeat
+    ).start()
     try:
         assert sup.may_start_effect()
         wait_for(lambda: calls, timeout=5, message="the first heartbeat")
@@ -49,8 +52,15 @@ def test_no_side_effect_may_start_once_the_last_heartbeat_is_older_than_lease_mi
 def test_a_heartbeat_that_finds_the_lease_gone_cancels_as_fenced_and_forbids_effects():
     clock = FakeClock()
     token = Token()
-    sup = Supervisor(run_id=uuid4(), owner="w", epoch=1, token=token, clock=clock, lease_seconds=0.3,
-                     heartbeat=lambda **kw: Heartbeat(alive=False)).start()
+    sup = Supervisor(
+        run_id=uuid4(),
+        owner="w",
+        epoch=1,
+        token=token,
+        clock=clock,
+        lease_seconds=0.3,
+        heartbeat=lambda **kw: Heartbeat(alive=False),
+    ).start()
     try:
         wait_for(lambda: token.reasons, timeout=5, message="the fenced cancel")
         assert token.reasons == [CancelReason.FENCED]

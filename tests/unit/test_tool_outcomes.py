@@ -1,6 +1,7 @@
 """Pipeline step 11 (DESIGN §7, issue 11): every executed call is classified
 succeeded, failed or uncertain; an uncertain side effect is not answered to
 the model; a read-only uncertain call is a failed observation. No database."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,7 @@ import pytest
 from runs.domain.errors import OutcomeUnknown, ToolFailure
 from runs.domain.loop import run_loop
 from runs.domain.values import CancelReason, OutcomeKind
-
-from .fakes import ECHO, POST, START, build_context, echo_call, post_call
+from tests.unit.fakes import ECHO, POST, START, build_context, echo_call, post_call
 
 
 def tool_entries(h) -> list[dict]:
@@ -42,9 +42,14 @@ def test_a_value_is_succeeded_and_a_tool_failure_is_failed():
     assert [e["is_error"] for e in tool_entries(h)] == [False, True]
 
 
-@pytest.mark.parametrize("raised", [OutcomeUnknown("connection_lost", "sent, no answer"),
-                                    ToolFailure("timeout", "no answer", uncertain=True),
-                                    KeyError("a bug after the effect, maybe")])
+@pytest.mark.parametrize(
+    "raised",
+    [
+        OutcomeUnknown("connection_lost", "sent, no answer"),
+        ToolFailure("timeout", "no answer", uncertain=True),
+        KeyError("a bug after the effect, maybe"),
+    ],
+)
 def test_an_uncertain_side_effect_is_recorded_and_handed_over_without_a_result(raised):
     h = build_context([{"tool_calls": [post_call(1), post_call(2)]}, {"text": "never"}])
 
@@ -112,7 +117,10 @@ def test_cancelled_while_an_effect_runs_and_uncertain_keeps_the_unknown_record_a
     outcome = run_loop(h.ctx)
 
     assert outcome.kind is OutcomeKind.CANCELLED
-    assert [(u.status, u.outcome) for u in outcome.pending.invocation_updates] == [("uncertain", "uncertain"), ("cancelled", None)]
+    assert [(u.status, u.outcome) for u in outcome.pending.invocation_updates] == [
+        ("uncertain", "uncertain"),
+        ("cancelled", None),
+    ]
     assert h.tools.count("post") == 1
 
 
@@ -121,9 +129,18 @@ def test_the_tool_context_carries_deadline_cancellation_and_the_design_names():
     h = build_context([{"tool_calls": [post_call(1)]}, {"text": "ok"}], deadline_at=START + timedelta(seconds=90))
 
     def post(arguments, context):
-        seen.update(step=context.step, step_number=context.step_number, key=context.idempotency_key, attempt=context.attempt,
-                    deadline=context.deadline, left=context.seconds_left(), budget=context.time_budget(),
-                    cancelled=bool(context.cancelled), principal=context.principal, run_id=context.run_id)
+        seen.update(
+            step=context.step,
+            step_number=context.step_number,
+            key=context.idempotency_key,
+            attempt=context.attempt,
+            deadline=context.deadline,
+            left=context.seconds_left(),
+            budget=context.time_budget(),
+            cancelled=bool(context.cancelled),
+            principal=context.principal,
+            run_id=context.run_id,
+        )
         return {}
 
     h.tools.add(POST.model_copy(update={"timeout_seconds": 300.0}), post)
@@ -139,7 +156,11 @@ def test_the_cancel_signal_is_the_runs_cancellation_not_a_lost_lease():
     from runs.domain.cancellation import Token
     from runs.domain.pipeline import CancelSignal
 
-    for reason, expected in ((CancelReason.REQUESTED, True), (CancelReason.DEADLINE, True), (CancelReason.FENCED, False)):
+    for reason, expected in (
+        (CancelReason.REQUESTED, True),
+        (CancelReason.DEADLINE, True),
+        (CancelReason.FENCED, False),
+    ):
         token = Token()
         signal = CancelSignal(token)
         assert not signal and signal.wait(0) is False

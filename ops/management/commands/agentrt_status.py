@@ -1,4 +1,5 @@
 """`manage.py agentrt_status [--json]`: the fleet at a glance."""
+
 import json
 
 from django.core.management.base import BaseCommand
@@ -34,7 +35,11 @@ class Command(BaseCommand):
         ]
         pending = sum(a["pending"] for a in s["approvals"].values())
         if pending:
-            kinds = ", ".join(f"{k} {a['pending']} (oldest {_age(a['oldest_age_seconds'])})" for k, a in sorted(s["approvals"].items()) if a["pending"])
+            kinds = ", ".join(
+                f"{k} {a['pending']} (oldest {_age(a['oldest_age_seconds'])})"
+                for k, a in sorted(s["approvals"].items())
+                if a["pending"]
+            )
             lines.append(f"approvals        {pending} pending: {kinds}")
         else:
             lines.append("approvals        0 pending")

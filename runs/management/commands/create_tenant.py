@@ -11,8 +11,11 @@ class Command(BaseCommand):
         parser.add_argument("name")
         parser.add_argument("--user", required=True)
         parser.add_argument("--password", default=None)
-        parser.add_argument("--operator", action="store_true",
-                            help="staff with the operator permissions: resolve approvals, cancel and resume runs, view runs")
+        parser.add_argument(
+            "--operator",
+            action="store_true",
+            help="staff with the operator permissions: resolve approvals, cancel and resume runs, view runs",
+        )
 
     def handle(self, *args, **opts):
         if opts["password"]:
@@ -25,7 +28,9 @@ class Command(BaseCommand):
             except ValidationError as exc:
                 raise CommandError("--password: " + " ".join(exc.messages)) from None
         try:
-            tenant, user = tenant_create(name=opts["name"], username=opts["user"], password=opts["password"], operator=opts["operator"])
+            tenant, user = tenant_create(
+                name=opts["name"], username=opts["user"], password=opts["password"], operator=opts["operator"]
+            )
         except RunError as exc:
             raise CommandError(exc.message) from None
         role = "operator" if opts["operator"] else "member"

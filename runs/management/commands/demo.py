@@ -8,6 +8,7 @@ session, so a signal reaches it only through this command, once; and each is
 told by the kernel to stop if this command dies without a chance to (SIGKILL).
 A child that dies on its own stops the rest, and the command exits 1 for
 whatever supervises it."""
+
 import ctypes
 import os
 import signal
@@ -90,7 +91,9 @@ class Command(BaseCommand):
         # refuse it), on purpose and nowhere else — create_tenant validates.
         tenant, operator = tenant_create(name="demo", username="operator", password="operator", operator=True)
         # The demo operator also publishes agents over REST and edits the tenant's policy floor.
-        operator.user_permissions.add(*Permission.objects.filter(codename__in=["publish_agent", "change_tenant", "view_tenant"]))
+        operator.user_permissions.add(
+            *Permission.objects.filter(codename__in=["publish_agent", "change_tenant", "view_tenant"])
+        )
         for path in sorted(DEMO.glob("*.json")):
             import json
 
@@ -113,7 +116,21 @@ class Command(BaseCommand):
         manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
         reason = None
         try:
-            procs.append(_start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentrt_site.asgi:application"], env))
+            procs.append(
+                _start(
+                    [
+                        sys.executable,
+                        "-m",
+                        "daphne",
+                        "-b",
+                        "127.0.0.1",
+                        "-p",
+                        str(port),
+                        "agentrt_site.asgi:application",
+                    ],
+                    env,
+                )
+            )
             procs.append(_start(manage + ["qcluster"], env))
             procs.append(_start(manage + ["run_maintenance"], env))
             self._submit_and_print(tenant, port)

@@ -2,6 +2,7 @@
 provide, now creating a django-rest-knox token (stored as a digest, expiring
 after AGENTRT_TOKEN_TTL_DAYS). The plaintext is printed once and never kept.
 Revoke a token by deleting it in the admin (Knox › Auth tokens) or with --reset."""
+
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 

@@ -23,6 +23,8 @@ class Command(BaseCommand):
             version = agent_load(tenant=tenant_get(name=opts["tenant"]), definition=definition)
         except RunError as exc:
             detail = "; ".join(f"{k}: {', '.join(v)}" for k, v in exc.fields.items())
-            raise CommandError(f"{exc.message}" + (f" ({detail})" if detail and detail not in exc.message else "")) from None
+            raise CommandError(
+                f"{exc.message}" + (f" ({detail})" if detail and detail not in exc.message else "")
+            ) from None
         self.stdout.write(f"agent {version.agent.name}")
         self.stdout.write(version.version)

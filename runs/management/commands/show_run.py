@@ -3,8 +3,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.errors import RunError
-from runs.selectors import run_events, run_to_dict
 from runs.services import run_get
+from runs.services.selectors import run_events, run_to_dict
 
 
 class Command(BaseCommand):

@@ -21,7 +21,12 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         try:
-            run, _ = run_submit(tenant=tenant_get(name=opts["tenant"]), agent=opts["agent"], input=opts["input"], session=opts["session"])
+            run, _ = run_submit(
+                tenant=tenant_get(name=opts["tenant"]),
+                agent=opts["agent"],
+                input=opts["input"],
+                session=opts["session"],
+            )
         except RunError as exc:
             raise CommandError(exc.message) from None
         self.stdout.write(str(run.id))

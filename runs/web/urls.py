@@ -1,11 +1,15 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import views
+from runs.web import views
 
 urlpatterns = [
     # Members are not staff, so the live pages have their own login (the admin's admits staff only).
-    path("accounts/login/", auth_views.LoginView.as_view(template_name="runs/login.html", redirect_authenticated_user=True), name="login"),
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(template_name="runs/login.html", redirect_authenticated_user=True),
+        name="login",
+    ),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="/accounts/login/"), name="logout"),
     path("runs/", views.runs_list, name="runs-list"),
     path("runs/<uuid:run_id>/", views.run_detail, name="run-detail"),

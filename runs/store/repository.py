@@ -7,19 +7,21 @@ Every transaction starts with the fenced UPDATE of the run row
 also locks the row to commit; zero rows means fenced: roll back and raise
 `WorkerFenced`.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
 
-from .domain.errors import WorkerFenced
-from .domain.writes import EventWrite, UnitOfWork
-from .store_pg import can_batch, unit_statement, watermark_statement
+from runs.domain.errors import WorkerFenced
+from runs.domain.writes import EventWrite, UnitOfWork
+from runs.store.pg import can_batch, unit_statement, watermark_statement
 
 
 def is_pg() -> bool:
@@ -49,7 +51,9 @@ def jp() -> str:
     return "%s::jsonb" if is_pg() else "%s"
 
 
-def fence_assignments(work: UnitOfWork | None, at: datetime, extra_set: str = "", extra_params: list | None = None) -> tuple[str, list]:
+def fence_assignments(
+    work: UnitOfWork | None, at: datetime, extra_set: str = "", extra_params: list | None = None
+) -> tuple[str, list]:
     """The SET list of the fenced UPDATE of the run row and its parameters:
     `updated_at`, the usage and step count the unit carries, and finalize's
     transition fragment. Both write paths (statement by statement, and the
@@ -95,13 +99,15 @@ def statement_cursor():
 
 def _notify(run_id, tenant_id) -> None:
     """Wake live sockets after commit (a hint only: consumers read the table);
-    sent by runs.wake's thread, never on the step's path."""
-    from .wake import waker
+    sent by runs.runtime.wake's thread, never on the step's path."""
+    from runs.runtime.wake import waker
 
     waker.wake(run_id, tenant_id)
 
 
-def append_events(cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, events: Iterable[EventWrite]) -> list[int]:
+def append_events(
+    cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, events: Iterable[EventWrite]
+) -> list[int]:
     """Append events with sequences from the session counter, inside the
     caller's transaction: the counter row lock is held to commit, so commit
     order equals sequence order. Return the sequences."""
@@ -113,8 +119,7 @@ def append_events(cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | N
     n = len(events)
     if is_pg():
         rows = [
-            {"o": i, "t": e.type, "p": e.payload, "a": e.occurred_at.isoformat()}
-            for i, e in enumerate(events, start=1)
+            {"o": i, "t": e.type, "p": e.payload, "a": e.occurred_at.isoformat()} for i, e in enumerate(events, start=1)
         ]
         cursor.execute(
             """
@@ -139,7 +144,16 @@ def append_events(cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | N
         "INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch, occurred_at)"
         " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
         [
-            (sql_uuid(tenant_id), sql_uuid(session_id), first + i, sql_uuid(run_id), e.type, sql_json(e.payload), epoch, sql_dt(e.occurred_at))
+            (
+                sql_uuid(tenant_id),
+                sql_uuid(session_id),
+                first + i,
+                sql_uuid(run_id),
+                e.type,
+                sql_json(e.payload),
+                epoch,
+                sql_dt(e.occurred_at),
+            )
             for i, e in enumerate(events)
         ],
     )
@@ -149,7 +163,9 @@ def append_events(cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | N
 class DjangoRunStore:
     """`RunStore` for one execution of one run under one lease."""
 
-    def __init__(self, *, run_id: UUID, tenant_id: UUID, session_id: UUID, owner: str, epoch: int, code_version: str = ""):
+    def __init__(
+        self, *, run_id: UUID, tenant_id: UUID, session_id: UUID, owner: str, epoch: int, code_version: str = ""
+    ):
         self.run_id = run_id
         self.tenant_id = tenant_id
         self.session_id = session_id
@@ -159,7 +175,9 @@ class DjangoRunStore:
         self.commits = 0
 
     # -- the fence ---------------------------------------------------------
-    def _fence(self, cursor, work: UnitOfWork | None, at: datetime, extra_set: str = "", extra_params: list | None = None) -> None:
+    def _fence(
+        self, cursor, work: UnitOfWork | None, at: datetime, extra_set: str = "", extra_params: list | None = None
+    ) -> None:
         sets, params = fence_assignments(work, at, extra_set, extra_params)
         cursor.execute(
             f"UPDATE runs SET {sets} WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'",
@@ -168,7 +186,9 @@ class DjangoRunStore:
         if cursor.rowcount != 1:
             raise _Fenced()
 
-    def commit(self, work: UnitOfWork, *, transition_sql: str = "", transition_params: list | None = None, after=None) -> list[int]:
+    def commit(
+        self, work: UnitOfWork, *, transition_sql: str = "", transition_params: list | None = None, after=None
+    ) -> list[int]:
         """Commit `work` in one fenced transaction. `transition_sql` is a SET
         fragment only `finalize` passes (the terminal writer). `after(cursor)`
         runs last inside the transaction (the drive_run enqueue joins it)."""
@@ -181,7 +201,12 @@ class DjangoRunStore:
                     self._fence(cursor, work, at or _latest(work), transition_sql, transition_params)
                     self._apply(cursor, work)
                     seqs = append_events(
-                        cursor, tenant_id=self.tenant_id, session_id=self.session_id, run_id=self.run_id, epoch=self.epoch, events=work.events
+                        cursor,
+                        tenant_id=self.tenant_id,
+                        session_id=self.session_id,
+                        run_id=self.run_id,
+                        epoch=self.epoch,
+                        events=work.events,
                     )
                     if after is not None:
                         after(cursor)
@@ -190,9 +215,16 @@ class DjangoRunStore:
         self.commits += 1
         return seqs
 
-    def _commit_one_statement(self, work: UnitOfWork, at: datetime, transition_sql: str, transition_params, after) -> list[int]:
+    def _commit_one_statement(
+        self, work: UnitOfWork, at: datetime, transition_sql: str, transition_params, after
+    ) -> list[int]:
         sql, params = unit_statement(
-            work, run_id=self.run_id, tenant_id=self.tenant_id, session_id=self.session_id, owner=self.owner, epoch=self.epoch,
+            work,
+            run_id=self.run_id,
+            tenant_id=self.tenant_id,
+            session_id=self.session_id,
+            owner=self.owner,
+            epoch=self.epoch,
             code_version=self.code_version,
             checkpoint_id=_checkpoint_id(self.run_id, work.checkpoint.version) if work.checkpoint is not None else None,
             fence=fence_assignments(work, at, transition_sql, transition_params),
@@ -222,19 +254,41 @@ class DjangoRunStore:
 
     def invocations_for_step(self, step_number: int) -> list[dict[str, Any]]:
         """Read the invocation rows of one step (to re-enter an open batch)."""
-        from .models import ToolInvocation
+        from runs.models import ToolInvocation
 
         return list(
             ToolInvocation.objects.filter(run_id=self.run_id, step_number=step_number)
             .order_by("call_index")
-            .values("id", "call_id", "call_index", "tool_name", "arguments", "status", "result", "effect_sent_at", "attempt", "read_only",
-                    "idempotency_key", "suspended_kind", "attempts")
+            .values(
+                "id",
+                "call_id",
+                "call_index",
+                "tool_name",
+                "arguments",
+                "status",
+                "result",
+                "effect_sent_at",
+                "attempt",
+                "read_only",
+                "idempotency_key",
+                "suspended_kind",
+                "attempts",
+            )
         )
 
     def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
         if is_pg() and connection.get_autocommit():
-            sql, params = watermark_statement(run_id=self.run_id, session_id=self.session_id, tenant_id=self.tenant_id, owner=self.owner,
-                                              epoch=self.epoch, invocation_id=invocation_id, attempt=attempt, at=at, event_payload=event_payload)
+            sql, params = watermark_statement(
+                run_id=self.run_id,
+                session_id=self.session_id,
+                tenant_id=self.tenant_id,
+                owner=self.owner,
+                epoch=self.epoch,
+                invocation_id=invocation_id,
+                attempt=attempt,
+                at=at,
+                event_payload=event_payload,
+            )
             with statement_cursor() as cursor:  # alone, in its own one-statement transaction
                 cursor.execute(sql, params)
                 fenced_rows, updated = cursor.fetchone()
@@ -275,14 +329,33 @@ class DjangoRunStore:
                 cursor.execute(
                     f"UPDATE model_calls SET status = %s, usage = {jp()}, stop_reason = %s, stream_had_output = %s, error = {jp()},"
                     " prefix_sha256 = %s, finished_at = %s WHERE id = %s AND run_id = %s",
-                    [f.status, sql_json(f.usage), f.stop_reason, f.stream_had_output, sql_json(f.error), f.prefix_sha256, sql_dt(f.finished_at), sql_uuid(f.id), run],
+                    [
+                        f.status,
+                        sql_json(f.usage),
+                        f.stop_reason,
+                        f.stream_had_output,
+                        sql_json(f.error),
+                        f.prefix_sha256,
+                        sql_dt(f.finished_at),
+                        sql_uuid(f.id),
+                        run,
+                    ],
                 )
         if work.model_call_inserts:
             rows = []
             params: list[Any] = []
             for m in work.model_call_inserts:
                 rows.append(f"(%s, %s, %s, %s, %s, 'started', {jp()}, false, %s, %s)")
-                params += [sql_uuid(m.id), tenant, run, m.step_number, m.attempt_number, "{}", epoch, sql_dt(m.started_at)]
+                params += [
+                    sql_uuid(m.id),
+                    tenant,
+                    run,
+                    m.step_number,
+                    m.attempt_number,
+                    "{}",
+                    epoch,
+                    sql_dt(m.started_at),
+                ]
             cursor.execute(
                 "INSERT INTO model_calls (id, tenant_id, run_id, step_number, attempt_number, status, usage, stream_had_output, lease_epoch, started_at)"
                 f" VALUES {', '.join(rows)}",
@@ -292,11 +365,30 @@ class DjangoRunStore:
             rows = []
             params = []
             for i in work.invocation_inserts:
-                rows.append(f"(%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s, %s, %s, 0, {jp()}, {jp()}, %s, %s, %s, %s, %s)")
+                rows.append(
+                    f"(%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s, %s, %s, 0, {jp()}, {jp()}, %s, %s, %s, %s, %s)"
+                )
                 params += [
-                    sql_uuid(i.id), tenant, run, i.step_number, i.call_index, i.call_id, i.tool_name, sql_json(i.arguments),
-                    i.raw_arguments, i.idempotency_key, i.status, i.read_only, i.side_effect, sql_json(i.result), sql_json(i.error),
-                    i.suspended_kind, epoch, sql_dt(i.created_at), sql_dt(i.created_at), i.outcome,
+                    sql_uuid(i.id),
+                    tenant,
+                    run,
+                    i.step_number,
+                    i.call_index,
+                    i.call_id,
+                    i.tool_name,
+                    sql_json(i.arguments),
+                    i.raw_arguments,
+                    i.idempotency_key,
+                    i.status,
+                    i.read_only,
+                    i.side_effect,
+                    sql_json(i.result),
+                    sql_json(i.error),
+                    i.suspended_kind,
+                    epoch,
+                    sql_dt(i.created_at),
+                    sql_dt(i.created_at),
+                    i.outcome,
                 ]
             cursor.execute(
                 "INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id, tool_name, arguments,"
@@ -336,18 +428,42 @@ class DjangoRunStore:
             cursor.execute(
                 "INSERT INTO approvals (id, tenant_id, run_id, invocation_id, kind, request_hash, capability, presentation, status,"
                 f" reason, expires_at, created_at) VALUES (%s, %s, %s, %s, %s, %s, {jp()}, {jp()}, 'pending', '', %s, %s)",
-                [sql_uuid(a.id), tenant, run, sql_uuid(a.invocation_id), a.kind, a.request_hash, sql_json(a.capability),
-                 sql_json(a.presentation), sql_dt(a.expires_at), sql_dt(a.created_at)],
+                [
+                    sql_uuid(a.id),
+                    tenant,
+                    run,
+                    sql_uuid(a.invocation_id),
+                    a.kind,
+                    a.request_hash,
+                    sql_json(a.capability),
+                    sql_json(a.presentation),
+                    sql_dt(a.expires_at),
+                    sql_dt(a.created_at),
+                ],
             )
         for approval_id in work.approval_invalidations:
-            cursor.execute("UPDATE approvals SET status = 'invalidated' WHERE id = %s AND run_id = %s AND status = 'approved'",
-                           [sql_uuid(approval_id), run])
+            cursor.execute(
+                "UPDATE approvals SET status = 'invalidated' WHERE id = %s AND run_id = %s AND status = 'approved'",
+                [sql_uuid(approval_id), run],
+            )
         if work.checkpoint is not None:
             c = work.checkpoint
             cursor.execute(
-                "INSERT INTO checkpoints (id, tenant_id, run_id, version, \"full\", base_version, \"trigger\", state, code_version, lease_epoch, created_at)"
+                'INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state, code_version, lease_epoch, created_at)'
                 f" VALUES (%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s)",
-                [sql_uuid(_checkpoint_id(self.run_id, c.version)), tenant, run, c.version, c.full, c.base_version, c.trigger, sql_json(c.state), self.code_version, epoch, sql_dt(c.created_at)],
+                [
+                    sql_uuid(_checkpoint_id(self.run_id, c.version)),
+                    tenant,
+                    run,
+                    c.version,
+                    c.full,
+                    c.base_version,
+                    c.trigger,
+                    sql_json(c.state),
+                    self.code_version,
+                    epoch,
+                    sql_dt(c.created_at),
+                ],
             )
 
 
@@ -361,15 +477,19 @@ def _checkpoint_id(run_id: UUID, version: int) -> UUID:
 def _latest(work: UnitOfWork) -> datetime:
     for group in (work.model_call_inserts, work.model_call_finishes):
         for item in group:
-            return getattr(item, "started_at", None) or getattr(item, "finished_at")
+            return getattr(item, "started_at", None) or item.finished_at
     if work.checkpoint is not None:
         return work.checkpoint.created_at
     raise ValueError("a unit of work with no timestamp")
 
 
-def append_event_unfenced(*, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, event: EventWrite) -> int:
+def append_event_unfenced(
+    *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, event: EventWrite
+) -> int:
     """Append one event outside any fence: `run.fenced` is guarded by the
     session sequence, not by the lease (seed 002)."""
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
-            return append_events(cursor, tenant_id=tenant_id, session_id=session_id, run_id=run_id, epoch=epoch, events=[event])[0]
+            return append_events(
+                cursor, tenant_id=tenant_id, session_id=session_id, run_id=run_id, epoch=epoch, events=[event]
+            )[0]

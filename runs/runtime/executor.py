@@ -5,6 +5,7 @@ releases its lease (DESIGN §4, seed 002's five outcomes plus *yield*). Its
 transition is the fenced UPDATE itself, so a worker that lost its lease
 changes nothing and records one `run.fenced` event instead.
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,30 +16,28 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection
 
-from checkpoints.repository import checkpoint_current
 from approvals.gate import ApprovalGate
 from approvals.policy import PolicyEngine
-
+from checkpoints.repository import checkpoint_current
 from ops.instrument import instrument
 from ops.logs import log_context
 from ops.tracing import run_span
-
-from .clock import CLOCK, IDS
-from .domain.budgets import Ledger
-from .domain.cancellation import Token
-from .domain.context import AgentSpec, RunContext, RunSnapshot
-from .domain.errors import BudgetExceeded, WorkerFenced
-from .domain.loop import run_loop
-from .domain.scrub import scrub_stream
-from .domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunLimits, RunOutcome, RunUsage
-from .domain.writes import EventWrite, ModelCallFinish, UnitOfWork
-from .faults import hook_for
-from .models import AgentVersion, ModelCall, Run
-from .providers import provider_for
-from .queue import Claim, run_claim
-from .store import DjangoRunStore, append_event_unfenced, jp, sql_json
-from .supervisor import Supervisor
-from .tools import REGISTRY
+from runs.clock import CLOCK, IDS
+from runs.domain.budgets import Ledger
+from runs.domain.cancellation import Token
+from runs.domain.context import AgentSpec, RunContext, RunSnapshot
+from runs.domain.errors import BudgetExceeded, WorkerFenced
+from runs.domain.loop import run_loop
+from runs.domain.scrub import scrub_stream
+from runs.domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunLimits, RunOutcome, RunUsage
+from runs.domain.writes import EventWrite, ModelCallFinish, UnitOfWork
+from runs.models import AgentVersion, ModelCall, Run
+from runs.providers import provider_for
+from runs.runtime.faults import hook_for
+from runs.runtime.queue import Claim, run_claim
+from runs.runtime.supervisor import Supervisor
+from runs.store.repository import DjangoRunStore, append_event_unfenced, jp, sql_json
+from runs.tools import REGISTRY
 
 log = logging.getLogger("agentrt.executor")
 
@@ -66,8 +65,8 @@ def run_drive(*, run_id: UUID) -> RunOutcome | None:
 def _resume_if_abandoned(run_id: UUID) -> None:
     """A doorbell for a RUNNING run whose lease expired: a takeover is always
     a Resume, never a silent claim."""
-    from .queue import db_now
-    from .resume import RunLeased, RunNotRunning, run_resume
+    from runs.runtime.queue import db_now
+    from runs.runtime.resume import RunLeased, RunNotRunning, run_resume
 
     row = Run.objects.filter(id=run_id).values("status", "lease_expires_at", "lease_epoch").first()
     if not row or row["status"] != "RUNNING" or (row["lease_expires_at"] and row["lease_expires_at"] >= db_now()):
@@ -87,7 +86,7 @@ def tenant_floor(tenant_id, step_of=None):
     seen: dict = {}
 
     def read() -> dict:
-        from .models import Tenant
+        from runs.models import Tenant
 
         key = step_of() if step_of is not None else None
         if step_of is not None and seen and seen["step"] == key:
@@ -112,7 +111,10 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
     limits = RunLimits(**run.limits)
     state = checkpoint_current(run)
     last_attempt = (
-        ModelCall.objects.filter(run_id=run.id, step_number=state.step + 1).order_by("-attempt_number").values_list("attempt_number", flat=True).first()
+        ModelCall.objects.filter(run_id=run.id, step_number=state.step + 1)
+        .order_by("-attempt_number")
+        .values_list("attempt_number", flat=True)
+        .first()
     )
     snapshot = RunSnapshot(
         id=run.id,
@@ -205,15 +207,18 @@ class DeltaBatcher:
         stable = scrub_stream("".join(self.raw))
         if not stable.startswith(self.shown) or len(stable) == len(self.shown):
             return  # nothing new that is safe to show (the final turn carries the whole text)
-        text, self.shown = stable[len(self.shown):], stable
+        text, self.shown = stable[len(self.shown) :], stable
         self.index += 1
         work = UnitOfWork()
-        work.event("model.response.delta", {"step": self.key[0], "attempt": self.key[1], "index": self.index, "text": text},
-                   self.ctx.clock.now())
+        work.event(
+            "model.response.delta",
+            {"step": self.key[0], "attempt": self.key[1], "index": self.index, "text": text},
+            self.ctx.clock.now(),
+        )
         try:
             self.ctx.store.commit(work)
         except WorkerFenced:
-            from .domain.values import CancelReason
+            from runs.domain.values import CancelReason
 
             self.ctx.token.cancel(CancelReason.FENCED)
 
@@ -222,12 +227,19 @@ def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
     """Run the loop under the claimed lease, then `finalize` whatever it computed."""
     token = Token()
     supervisor = Supervisor(
-        run_id=claim.run_id, owner=claim.owner, epoch=claim.epoch, token=token, clock=clock,
+        run_id=claim.run_id,
+        owner=claim.owner,
+        epoch=claim.epoch,
+        token=token,
+        clock=clock,
         lease_seconds=float(settings.AGENTRT_LEASE_SECONDS),
     )
     ctx = None
     watch = None
-    with log_context(run=str(claim.run_id), tenant=str(claim.tenant_id), epoch=claim.epoch, worker=claim.owner), run_span(claim):
+    with (
+        log_context(run=str(claim.run_id), tenant=str(claim.tenant_id), epoch=claim.epoch, worker=claim.owner),
+        run_span(claim),
+    ):
         try:
             ctx = build_context(claim, token=token, lease=supervisor, clock=clock, ids=ids)
             watch = instrument(ctx)
@@ -253,8 +265,14 @@ def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
 
 
 def _failed(ctx: RunContext, reason: FailureReason, error_class: str, message: str) -> RunOutcome:
-    failure = RunFailure(reason=reason, error_class=error_class, message=message, step_number=ctx.current_step,
-                         attempt_number=ctx.current_attempt, occurred_at=ctx.clock.now())
+    failure = RunFailure(
+        reason=reason,
+        error_class=error_class,
+        message=message,
+        step_number=ctx.current_step,
+        attempt_number=ctx.current_attempt,
+        occurred_at=ctx.clock.now(),
+    )
     return RunOutcome(kind=OutcomeKind.FAILED, failure=failure, pending=ctx.pending)
 
 
@@ -294,8 +312,16 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
     now = clock.now()
     if ctx.prepared_call is not None and ctx.prepared_id is not None:
         work.model_call_finishes.append(
-            ModelCallFinish(id=ctx.prepared_id, status="abandoned", usage={}, stop_reason=None, stream_had_output=False,
-                            error=None, prefix_sha256=None, finished_at=now)
+            ModelCallFinish(
+                id=ctx.prepared_id,
+                status="abandoned",
+                usage={},
+                stop_reason=None,
+                stream_had_output=False,
+                error=None,
+                prefix_sha256=None,
+                finished_at=now,
+            )
         )
     work.usage = ctx.run.usage.model_dump(mode="json")
     if outcome.kind is OutcomeKind.YIELDED:
@@ -314,14 +340,26 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
     except WorkerFenced:
         late = outcome.late
         if late is None and work.invocation_updates:
-            late = {"calls": [{"invocation": str(u.id), "status": u.status, "result": u.result} for u in work.invocation_updates if u.result is not None]} or None
+            late = {
+                "calls": [
+                    {"invocation": str(u.id), "status": u.status, "result": u.result}
+                    for u in work.invocation_updates
+                    if u.result is not None
+                ]
+            } or None
         _record_fenced(claim, late, clock)
         return RunOutcome(kind=OutcomeKind.FENCED, late=late)
     return outcome
 
 
-_DECIDED = {"continue": OutcomeKind.YIELDED, "waiting": OutcomeKind.SUSPENDED, "completed": OutcomeKind.COMPLETED,
-            "failed": OutcomeKind.FAILED, "cancelled": OutcomeKind.CANCELLED, "fenced": OutcomeKind.FENCED}
+_DECIDED = {
+    "continue": OutcomeKind.YIELDED,
+    "waiting": OutcomeKind.SUSPENDED,
+    "completed": OutcomeKind.COMPLETED,
+    "failed": OutcomeKind.FAILED,
+    "cancelled": OutcomeKind.CANCELLED,
+    "fenced": OutcomeKind.FENCED,
+}
 
 
 def _settle_unknown(ctx: RunContext, claim: Claim, outcome: RunOutcome, work: UnitOfWork, clock) -> RunOutcome:
@@ -330,7 +368,7 @@ def _settle_unknown(ctx: RunContext, claim: Claim, outcome: RunOutcome, work: Un
     lease, then let Resume's decision — the reconciler, or a pause on an
     `uncertain_side_effect` approval — end this execution through
     `finalize_detached`, exactly as for an interrupted call (seed 000)."""
-    from .resume import settle_unknown
+    from runs.runtime.resume import settle_unknown
 
     try:
         ctx.store.commit(work)
@@ -352,11 +390,18 @@ def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_
     elif outcome.kind is OutcomeKind.SUSPENDED:
         kind = outcome.suspension.kind.value
         status = "WAITING_FOR_USER" if kind == "user" else "WAITING_FOR_APPROVAL"
-        payload = {"lease_epoch": claim.epoch, "kind": kind, "approvals": [str(a) for a in outcome.suspension.approval_ids],
-                   "invocations": [str(i) for i in outcome.suspension.invocation_ids], **outcome.suspension.details}
+        payload = {
+            "lease_epoch": claim.epoch,
+            "kind": kind,
+            "approvals": [str(a) for a in outcome.suspension.approval_ids],
+            "invocations": [str(i) for i in outcome.suspension.invocation_ids],
+            **outcome.suspension.details,
+        }
         if outcome.suspension.question:
             payload["question"] = outcome.suspension.question
-        work.events.append(EventWrite("run.waiting_for_user" if kind == "user" else "run.waiting_for_approval", payload, now))
+        work.events.append(
+            EventWrite("run.waiting_for_user" if kind == "user" else "run.waiting_for_approval", payload, now)
+        )
         transition = f"status = '{status}', lease_owner = NULL, lease_expires_at = NULL"
     elif outcome.kind in _TERMINAL:
         status, event_type = _TERMINAL[outcome.kind]
@@ -380,15 +425,23 @@ def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_
     return transition, params, after
 
 
-def finalize_detached(claim: Claim, outcome: RunOutcome, work: UnitOfWork, *, clock=CLOCK, yield_reason: str = "resume") -> RunOutcome:
+def finalize_detached(
+    claim: Claim, outcome: RunOutcome, work: UnitOfWork, *, clock=CLOCK, yield_reason: str = "resume"
+) -> RunOutcome:
     """`finalize` for an execution that ran no loop (Resume deciding): the
     same writer, the same fence, the same one transaction."""
     hook_for(claim.run_id)("finalize.before_transition")
     if outcome.kind is OutcomeKind.FENCED:
         _record_fenced(claim, outcome.late, clock)
         return outcome
-    store = DjangoRunStore(run_id=claim.run_id, tenant_id=claim.tenant_id, session_id=claim.session_id, owner=claim.owner,
-                           epoch=claim.epoch, code_version=settings.AGENTRT_CODE_VERSION)
+    store = DjangoRunStore(
+        run_id=claim.run_id,
+        tenant_id=claim.tenant_id,
+        session_id=claim.session_id,
+        owner=claim.owner,
+        epoch=claim.epoch,
+        code_version=settings.AGENTRT_CODE_VERSION,
+    )
     transition, params, after = _transition(claim, outcome, work, clock.now(), yield_reason)
     try:
         store.commit(work, transition_sql=transition, transition_params=params, after=after)
@@ -403,10 +456,16 @@ def _checkpoint(ctx: RunContext, work: UnitOfWork, trigger: str) -> None:
     left pending in the same unit (same version, so the chain has no hole)."""
     if work.checkpoint is not None:
         ctx.state.version -= 1
-        work.events = [e for e in work.events if not (e.type == "run.checkpointed" and e.payload.get("version") == work.checkpoint.version)]
+        work.events = [
+            e
+            for e in work.events
+            if not (e.type == "run.checkpointed" and e.payload.get("version") == work.checkpoint.version)
+        ]
     row = ctx.state.next_checkpoint(trigger, ctx.clock.now(), force_full=True)
     work.checkpoint = row
-    work.events.append(EventWrite("run.checkpointed", {"version": row.version, "trigger": trigger, "full": True}, row.created_at))
+    work.events.append(
+        EventWrite("run.checkpointed", {"version": row.version, "trigger": trigger, "full": True}, row.created_at)
+    )
 
 
 def _finalize_bare(claim: Claim, outcome: RunOutcome, clock) -> RunOutcome:
@@ -420,8 +479,13 @@ def _record_fenced(claim: Claim, late: dict | None, clock) -> None:
         payload.update(late)
     try:
         connection.close_if_unusable_or_obsolete()
-        append_event_unfenced(tenant_id=claim.tenant_id, session_id=claim.session_id, run_id=claim.run_id, epoch=claim.epoch,
-                              event=EventWrite("run.fenced", payload, clock.now()))
+        append_event_unfenced(
+            tenant_id=claim.tenant_id,
+            session_id=claim.session_id,
+            run_id=claim.run_id,
+            epoch=claim.epoch,
+            event=EventWrite("run.fenced", payload, clock.now()),
+        )
     except Exception:
         log.exception("run %s: could not record run.fenced", claim.run_id)
 

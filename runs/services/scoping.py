@@ -11,6 +11,7 @@ tenant on a user's behalf.
 Anonymous or inactive users, and users without a tenant (other than a
 superuser's reads), get an empty queryset.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,7 +19,7 @@ from uuid import UUID
 
 from django.db.models import QuerySet
 
-from .models import AgentVersion, Membership, Run, Tenant
+from runs.models import AgentVersion, Membership, Run, Tenant
 
 
 def _authenticated(user) -> bool:
@@ -92,7 +93,7 @@ def run_actionable(user, run_id: Any) -> Run:
 
 
 def _one(queryset: QuerySet, run_id: Any) -> Run:
-    from .errors import RunNotFound
+    from runs.errors import RunNotFound
 
     rid = as_uuid(run_id)
     run = queryset.filter(id=rid).first() if rid else None

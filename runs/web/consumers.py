@@ -7,6 +7,7 @@ default without Redis, still delivers every event exactly once: the layer
 only wakes the loop early; a short poll is the fallback.
 `ws/runs/` streams the status changes of the caller's tenant.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,19 +19,29 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db import close_old_connections
 
-from . import scoping
-from .clock import CLOCK
-from .models import Event, Membership, Run
-from .selectors import event_to_dict
-from .ws_auth import credential_of, credential_still_valid
-from .ws_limits import RENEW_EVERY_SECONDS, ws_admit, ws_release, ws_renew
+from runs.clock import CLOCK
+from runs.models import Event, Membership, Run
+from runs.services import scoping
+from runs.services.selectors import event_to_dict
+from runs.web.ws_auth import credential_of, credential_still_valid
+from runs.web.ws_limits import RENEW_EVERY_SECONDS, ws_admit, ws_release, ws_renew
 
 POLL_SECONDS = 0.5
 BATCH = 200
 MAX_FRAME_CHARS = 4096  # clients send at most a ping
 STATUS_EVENTS = (
-    "run.created", "run.claimed", "run.started", "run.resumed", "run.requeued", "run.completed", "run.failed",
-    "run.cancelled", "run.waiting_for_approval", "run.waiting_for_user", "lease.taken_over", "approval.resolved",
+    "run.created",
+    "run.claimed",
+    "run.started",
+    "run.resumed",
+    "run.requeued",
+    "run.completed",
+    "run.failed",
+    "run.cancelled",
+    "run.waiting_for_approval",
+    "run.waiting_for_user",
+    "lease.taken_over",
+    "approval.resolved",
 )
 
 
@@ -75,7 +86,7 @@ def _frame_problem(text_data, bytes_data) -> str | None:
         return "only text frames are accepted"
     if len(text_data) > MAX_FRAME_CHARS:
         return f"frames are at most {MAX_FRAME_CHARS} characters"
-    from .api.parsers import MAX_DEPTH, check_document
+    from runs.api.parsers import MAX_DEPTH, check_document
 
     try:
         content = json.loads(text_data)
@@ -161,7 +172,7 @@ class _Streaming(AsyncJsonWebsocketConsumer):
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         except asyncio.CancelledError:
             raise
@@ -244,7 +255,8 @@ class RunsConsumer(_Streaming):
         close_old_connections()
         rows = list(
             Event.objects.filter(tenant_id=self.tenant_id, id__gt=self.cursor, type__in=STATUS_EVENTS)
-            .select_related("run", "run__agent").order_by("id")[:BATCH]
+            .select_related("run", "run__agent")
+            .order_by("id")[:BATCH]
         )
         out = []
         for e in rows:

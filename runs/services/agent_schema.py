@@ -1,13 +1,13 @@
 """The agent definition of DESIGN §16, validated strictly (unknown keys refused)."""
+
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from approvals.policy import DECISIONS, OPS
-
-from .domain.values import RunLimits
+from runs.domain.values import RunLimits
 
 
 class Strict(BaseModel):
@@ -22,7 +22,17 @@ class ScriptedModel(Strict):
     @field_validator("turns")
     @classmethod
     def _turns(cls, turns):
-        allowed = {"text", "tool_calls", "delay_ms", "usage", "empty", "error", "attempts", "stop_reason", "stream_had_output"}
+        allowed = {
+            "text",
+            "tool_calls",
+            "delay_ms",
+            "usage",
+            "empty",
+            "error",
+            "attempts",
+            "stop_reason",
+            "stream_had_output",
+        }
         for i, turn in enumerate(turns):
             if not isinstance(turn, dict):
                 raise ValueError(f"turn {i} must be an object")
@@ -46,8 +56,10 @@ class ScriptedModel(Strict):
 # secret it carries. Endpoints are operator configuration
 # (AGENTRT_MODEL_ENDPOINTS); a definition carrying one of these is refused.
 FORBIDDEN_MODEL_KEYS = ("base_url", "api_key_env")
-FORBIDDEN_MESSAGE = ("not allowed in an agent definition: model endpoints are operator configuration "
-                     "(AGENTRT_MODEL_ENDPOINTS); name one with model.endpoint")
+FORBIDDEN_MESSAGE = (
+    "not allowed in an agent definition: model endpoints are operator configuration "
+    "(AGENTRT_MODEL_ENDPOINTS); name one with model.endpoint"
+)
 
 
 def forbidden_model_keys(definition: Any) -> dict[str, list[str]]:
@@ -81,7 +93,7 @@ class OpenAIModel(Strict):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, name, info):
-        from .providers.endpoints import configured
+        from runs.providers.endpoints import configured
 
         endpoint = configured().get(name)
         if endpoint is None:
@@ -94,7 +106,7 @@ class OpenAIModel(Strict):
     @field_validator("model")
     @classmethod
     def _model(cls, model, info):
-        from .providers.endpoints import endpoint_for
+        from runs.providers.endpoints import endpoint_for
 
         name = info.data.get("endpoint")
         endpoint = endpoint_for(name) if name else None
@@ -119,7 +131,9 @@ class When(Strict):
     def _value(self):
         if self.op == "in" and not isinstance(self.value, list):
             raise ValueError("'in' needs a list value")
-        if self.op in ("gt", "gte", "lt", "lte") and (isinstance(self.value, bool) or not isinstance(self.value, (int, float))):
+        if self.op in ("gt", "gte", "lt", "lte") and (
+            isinstance(self.value, bool) or not isinstance(self.value, (int, float))
+        ):
             raise ValueError(f"'{self.op}' needs a number value")
         return self
 
@@ -181,14 +195,14 @@ class Limits(Strict):
 class AgentDefinition(Strict):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     instructions: str = Field("", max_length=100_000)
-    model: Union[ScriptedModel, OpenAIModel] = Field(discriminator="provider")
+    model: ScriptedModel | OpenAIModel = Field(discriminator="provider")
     tools: list[str] = Field(default_factory=list, max_length=100)
     policy: Policy = Field(default_factory=Policy)
     limits: Limits = Field(default_factory=Limits)
 
     @model_validator(mode="after")
     def _priced(self):
-        from .providers.prices import check_model_priced
+        from runs.providers.prices import check_model_priced
 
         check_model_priced(self.model)  # a model with no price is never counted as free
         return self
@@ -196,7 +210,7 @@ class AgentDefinition(Strict):
     @field_validator("tools")
     @classmethod
     def _tools(cls, tools):
-        from .tools import REGISTRY
+        from runs.tools import REGISTRY
 
         unknown = [t for t in tools if REGISTRY.spec(t) is None]
         if unknown:
@@ -213,8 +227,11 @@ def resolve_limits(defaults: dict[str, Any], agent: dict[str, Any], requested: d
     for key, value in (requested or {}).items():
         current = merged.get(key)
         if current is not None and value is not None and value > current:
-            from .errors import InvalidInput
+            from runs.errors import InvalidInput
 
-            raise InvalidInput(f"limits.{key} may only tighten the agent's limit ({current})", fields={f"limits.{key}": [f"must be at most {current}"]})
+            raise InvalidInput(
+                f"limits.{key} may only tighten the agent's limit ({current})",
+                fields={f"limits.{key}": [f"must be at most {current}"]},
+            )
         merged[key] = value
     return RunLimits(**merged)

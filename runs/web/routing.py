@@ -1,6 +1,6 @@
 from django.urls import path
 
-from .consumers import RunEventsConsumer, RunsConsumer
+from runs.web.consumers import RunEventsConsumer, RunsConsumer
 
 websocket_urlpatterns = [
     path("ws/runs/<uuid:run_id>/", RunEventsConsumer.as_asgi()),

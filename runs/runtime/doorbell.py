@@ -12,6 +12,7 @@ whose `retry` lock lapsed, or one enqueued while the listener reconnected.
 On SQLite, or with AGENTRT_Q_DOORBELL=0, it is the stock broker polling
 every `AGENTRT_Q_POLL` seconds.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,7 +22,7 @@ from django.db import connections
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 
-from .clock import CLOCK
+from runs.clock import CLOCK
 
 log = logging.getLogger("agentrt.doorbell")
 
@@ -77,7 +78,7 @@ class DoorbellORM(ORM):
 
     def _take(self):
         """The stock dequeue without its sleep: claim up to BULK due tasks."""
-        due = self.get_connection().filter(key=self.list_key, lock__lt=CLOCK.now())[0:Conf.BULK]
+        due = self.get_connection().filter(key=self.list_key, lock__lt=CLOCK.now())[0 : Conf.BULK]
         taken = []
         for task in due:
             if self.get_connection().filter(id=task.id, lock=task.lock).update(lock=self.timeout(task)):

@@ -2,6 +2,7 @@
 what the loop is doing. Every lease/3 it renews the lease and, in the same
 query, learns of a cancel request or a passed deadline; it sets the run's
 cancellation token (`fenced`, `deadline`, `requested`)."""
+
 from __future__ import annotations
 
 import logging
@@ -9,8 +10,8 @@ import threading
 
 from django.db import connection
 
-from .domain.values import CancelReason
-from .queue import run_heartbeat
+from runs.domain.values import CancelReason
+from runs.runtime.queue import run_heartbeat
 
 log = logging.getLogger("agentrt.supervisor")
 
@@ -33,7 +34,7 @@ class Supervisor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{run_id}", daemon=True)
 
-    def start(self) -> "Supervisor":
+    def start(self) -> Supervisor:
         self._thread.start()
         return self
 

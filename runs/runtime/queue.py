@@ -1,8 +1,9 @@
 """The run queue: claim a QUEUED run under a new lease epoch, and heartbeat.
 
 Lease expiry is database time (`now() + lease` in SQL on PostgreSQL). The
-lease is released only by `finalize` (runs/executor.py).
+lease is released only by `finalize` (runs/runtime/executor.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,9 +13,9 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 
-from .clock import CLOCK
-from .domain.writes import EventWrite
-from .store import append_events, is_pg, sql_dt, sql_uuid
+from runs.clock import CLOCK
+from runs.domain.writes import EventWrite
+from runs.store.repository import append_events, is_pg, sql_dt, sql_uuid
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,10 @@ def _claim_sql(where: str, from_: str = "") -> tuple[str, bool]:
         sets = CLAIM_SET.format(expires="now() + make_interval(secs => %s)", now="now()")
     else:
         sets = CLAIM_SET.format(expires="%s", now="%s")
-    return f"UPDATE runs SET {sets} {from_} WHERE {where} RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id", is_pg()
+    return (
+        f"UPDATE runs SET {sets} {from_} WHERE {where} RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id",
+        is_pg(),
+    )
 
 
 def _claim_params(owner: str) -> list:
@@ -99,7 +103,9 @@ def run_claim_next(*, owner: str) -> Claim | None:
 
 
 def _claimed(cursor, row, owner: str) -> Claim:
-    claim = Claim(run_id=_as_uuid(row[0]), epoch=row[1], tenant_id=_as_uuid(row[2]), session_id=_as_uuid(row[3]), owner=owner)
+    claim = Claim(
+        run_id=_as_uuid(row[0]), epoch=row[1], tenant_id=_as_uuid(row[2]), session_id=_as_uuid(row[3]), owner=owner
+    )
     append_events(
         cursor,
         tenant_id=claim.tenant_id,

@@ -6,6 +6,7 @@ expiry that the socket renews while open, so a process that dies without
 closing its sockets frees their slots after WS_LEASE_SECONDS. Without Redis
 (the embedded default: one web process) the count is this process's own.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +14,7 @@ import os
 
 from django.conf import settings
 
-from .clock import CLOCK
+from runs.clock import CLOCK
 
 WS_LEASE_SECONDS = 60.0
 RENEW_EVERY_SECONDS = 15.0
@@ -60,8 +61,9 @@ async def ws_admit(user_id, socket: str) -> bool:
     cap = settings.AGENTRT_WS_MAX_PER_USER
     now = CLOCK.now().timestamp()
     if _redis_url():
-        ok = await _client().eval(_ADMIT, 1, _key(user_id), now, cap, socket, now + WS_LEASE_SECONDS,
-                                  int(WS_LEASE_SECONDS) + 1)
+        ok = await _client().eval(
+            _ADMIT, 1, _key(user_id), now, cap, socket, now + WS_LEASE_SECONDS, int(WS_LEASE_SECONDS) + 1
+        )
         return bool(ok)
     mine = _local.setdefault(str(user_id), {})
     if socket not in mine and len(mine) >= cap:

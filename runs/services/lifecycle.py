@@ -1,15 +1,16 @@
 """The lifecycle service: transitions of runs that hold no lease (DESIGN §4):
 cancel of a QUEUED or waiting run, and the cancel request of a RUNNING one."""
+
 from __future__ import annotations
 
 from django.db import connection, transaction
 
-from .clock import CLOCK
-from .domain.pipeline import UNKNOWN_OUTCOME
-from .domain.writes import EventWrite
-from .errors import RunTerminal
-from .models import Run
-from .store import append_events, jp, sql_dt, sql_json, sql_uuid
+from runs.clock import CLOCK
+from runs.domain.pipeline import UNKNOWN_OUTCOME
+from runs.domain.writes import EventWrite
+from runs.errors import RunTerminal
+from runs.models import Run
+from runs.store.repository import append_events, jp, sql_dt, sql_json, sql_uuid
 
 WAITING = ("WAITING_FOR_APPROVAL", "WAITING_FOR_USER")
 
@@ -37,8 +38,14 @@ def run_cancel(*, run: Run, by: str = "") -> str:
                     " WHERE run_id = %s AND effect_sent_at IS NOT NULL AND result IS NULL AND status IN ('authorized', 'executing')",
                     [sql_json(UNKNOWN_OUTCOME), sql_dt(now), sql_uuid(run.id)],
                 )
-                append_events(cursor, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=run.lease_epoch,
-                              events=[EventWrite("run.cancelled", {"by": by, "direct": True}, now)])
+                append_events(
+                    cursor,
+                    tenant_id=run.tenant_id,
+                    session_id=run.session_id,
+                    run_id=run.id,
+                    epoch=run.lease_epoch,
+                    events=[EventWrite("run.cancelled", {"by": by, "direct": True}, now)],
+                )
                 return "CANCELLED"
             cursor.execute(
                 "UPDATE runs SET cancel_requested_at = COALESCE(cancel_requested_at, %s), updated_at = %s WHERE id = %s AND status = 'RUNNING'",

@@ -5,6 +5,7 @@
 creates the marker `<point>.<run>` in AGENTRT_FAULTPOINT_DIR and does nothing
 if the marker exists, so a restarted worker does not fire again.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """Live pages: adapters that read through selectors and decide through the
 services (the approval service with `via="live"`, the lifecycle service)."""
+
 from __future__ import annotations
 
 from csp.decorators import csp_update
@@ -13,13 +14,11 @@ from django.views.decorators.http import require_POST
 from approvals.errors import ApprovalError
 from approvals.models import Approval
 from approvals.services import approval_confirm, approval_decide, can_resolve
-
-from .errors import RunError, RunNotFound
-from .lifecycle import run_cancel
-from .models import Run
-from .scoping import as_uuid, run_actionable, run_visible, runs_actionable_by, runs_visible_to
-from .selectors import run_to_dict
-
+from runs.errors import RunError, RunNotFound
+from runs.models import Run
+from runs.services.lifecycle import run_cancel
+from runs.services.scoping import as_uuid, run_actionable, run_visible, runs_actionable_by, runs_visible_to
+from runs.services.selectors import run_to_dict
 
 # The live pages' own scripts build nodes and set text only, so the browser may refuse every string-to-markup
 # sink there (Trusted Types): an innerHTML with data, added later by mistake, throws instead of rendering.
@@ -38,7 +37,9 @@ def _run_or_404(user, run_id, *, acting: bool = False) -> Run:
 @login_required
 def runs_list(request):
     runs = list(runs_visible_to(request.user).order_by("-created_at")[:100])
-    waiting = {a["run_id"]: a["kind"] for a in Approval.objects.filter(run__in=runs, status="pending").values("run_id", "kind")}
+    waiting = {
+        a["run_id"]: a["kind"] for a in Approval.objects.filter(run__in=runs, status="pending").values("run_id", "kind")
+    }
     rows = [{**run_to_dict(r), "waiting": waiting.get(r.id, "")} for r in runs]
     return render(request, "runs/list.html", {"runs": rows})
 
@@ -47,30 +48,57 @@ def runs_list(request):
 @login_required
 def run_detail(request, run_id):
     run = _run_or_404(request.user, run_id)
-    pending = list(Approval.objects.filter(run=run, status="pending").values("id", "kind", "request_hash", "presentation", "expires_at"))
+    pending = list(
+        Approval.objects.filter(run=run, status="pending").values(
+            "id", "kind", "request_hash", "presentation", "expires_at"
+        )
+    )
     # Plain data: the template hands it to the page's script only through `json_script`, never raw inside a <script>.
-    return render(request, "runs/detail.html", {
-        "run": run_to_dict(run),
-        "pending": [{**p, "id": str(p["id"]), "expires_at": p["expires_at"].isoformat() if p["expires_at"] else None} for p in pending],
-        "can_resolve": can_resolve(request.user) and runs_actionable_by(request.user).filter(id=run.id).exists(),
-    })
+    return render(
+        request,
+        "runs/detail.html",
+        {
+            "run": run_to_dict(run),
+            "pending": [
+                {**p, "id": str(p["id"]), "expires_at": p["expires_at"].isoformat() if p["expires_at"] else None}
+                for p in pending
+            ],
+            "can_resolve": can_resolve(request.user) and runs_actionable_by(request.user).filter(id=run.id).exists(),
+        },
+    )
 
 
 @login_required
 @require_POST
 def run_decide(request, run_id):
     run = _run_or_404(request.user, run_id, acting=True)
-    approval = Approval.objects.filter(run=run, id=request.POST.get("approval", "")).first() if as_uuid(request.POST.get("approval")) else None
+    approval = (
+        Approval.objects.filter(run=run, id=request.POST.get("approval", "")).first()
+        if as_uuid(request.POST.get("approval"))
+        else None
+    )
     if approval is None:
         raise Http404("no such approval")
     decision = request.POST.get("decision")
     try:
         if decision in ("took_effect", "not_taken"):  # an unknown outcome the operator knows: nothing is sent again
-            approval_confirm(user=request.user, approval_id=approval.id, request_hash=request.POST.get("request_hash", ""),
-                             took_effect=decision == "took_effect", reason=request.POST.get("reason", ""), via="live")
+            approval_confirm(
+                user=request.user,
+                approval_id=approval.id,
+                request_hash=request.POST.get("request_hash", ""),
+                took_effect=decision == "took_effect",
+                reason=request.POST.get("reason", ""),
+                via="live",
+            )
         else:
-            approval_decide(user=request.user, approval_id=approval.id, approve=decision == "approve",
-                            request_hash=request.POST.get("request_hash", ""), reason=request.POST.get("reason", ""), via="live")
+            approval_decide(
+                user=request.user,
+                approval_id=approval.id,
+                approve=decision == "approve",
+                request_hash=request.POST.get("request_hash", ""),
+                reason=request.POST.get("reason", ""),
+                via="live",
+            )
         messages.success(request, "Decision recorded.")
     except (ApprovalError, RunError) as exc:
         messages.error(request, exc.message)

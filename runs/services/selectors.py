@@ -1,13 +1,21 @@
 """Reads in the REST shapes of DESIGN §16."""
+
 from __future__ import annotations
 
 from typing import Any
 
-from .models import Event, Run
+from runs.models import Event, Run
 
 USAGE_KEYS = (
-    "input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
-    "reasoning_tokens", "cost_usd", "model_calls", "tool_calls", "steps",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "reasoning_tokens",
+    "cost_usd",
+    "model_calls",
+    "tool_calls",
+    "steps",
 )
 FAILURE_KEYS = ("reason", "error_class", "message", "step_number", "attempt_number", "occurred_at")
 

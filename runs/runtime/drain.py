@@ -8,6 +8,7 @@ sent to the whole process group) asks its executing run to yield at the next
 step boundary: `finalize` puts it back to QUEUED, releases the lease and
 rings the doorbell, so another node takes it over at once.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,7 @@ log = logging.getLogger("agentrt.drain")
 
 
 def _on_signal(signum, frame):
-    from .executor import request_drain
+    from runs.runtime.executor import request_drain
 
     request_drain()
 
@@ -52,7 +53,7 @@ def patch_sentinel() -> None:
 def connect() -> None:
     from django_q.signals import post_spawn
 
-    from . import qheal
+    from runs.runtime import qheal
 
     post_spawn.connect(install_worker_handlers, dispatch_uid="agentrt.drain")
     qheal.patch()  # first: the drain's stop wraps the supervised one

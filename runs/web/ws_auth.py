@@ -6,6 +6,7 @@ AuthMiddlewareStack; tokens never go in the query string (they leak to logs).
 The consumers re-check the credential a socket was opened with on every poll
 (`credential_still_valid`): a logout, a revoked or expired token, a
 deactivated user closes the socket within one poll period."""
+
 from __future__ import annotations
 
 from channels.db import database_sync_to_async
@@ -62,7 +63,7 @@ def credential_still_valid(kind: str, key: str | None, user) -> bool:
     from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
     from django.utils.crypto import constant_time_compare
 
-    from .clock import CLOCK
+    from runs.clock import CLOCK
 
     if user is None or not user.is_active or not key:
         return False

@@ -9,6 +9,7 @@ consumers read the events table past their cursor and poll as a fallback,
 so a lost wake-up delays a page by at most its poll interval and loses
 nothing.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,7 +36,7 @@ class Waker:
         self.sent = 0  # wake-ups handed to the layer (for tests and diagnostics)
 
     def wake(self, run_id, tenant_id) -> None:
-        from .consumers import run_group, tenant_group
+        from runs.web.consumers import run_group, tenant_group
 
         with self._lock:
             if run_id is not None:
@@ -49,7 +50,7 @@ class Waker:
     def _serve(self) -> None:
         from channels.layers import get_channel_layer
 
-        from .clock import CLOCK
+        from runs.clock import CLOCK
 
         loop = asyncio.new_event_loop()
         while True:

@@ -1,16 +1,17 @@
 """The input service: deliver the user's answer to a run WAITING_FOR_USER
 and requeue it, in one transaction (DESIGN §4, §8)."""
+
 from __future__ import annotations
 
 from django.db import connection, transaction
 
-from .clock import CLOCK
-from .domain.scrub import scrub_text
-from .domain.writes import EventWrite
-from .errors import RunError
-from .models import Run, ToolInvocation
-from .services import check_text
-from .store import append_events, jp, sql_dt, sql_json, sql_uuid
+from runs.clock import CLOCK
+from runs.domain.scrub import scrub_text
+from runs.domain.writes import EventWrite
+from runs.errors import RunError
+from runs.models import Run, ToolInvocation
+from runs.services.validation import check_text
+from runs.store.repository import append_events, jp, sql_dt, sql_json, sql_uuid
 
 
 class RunNotWaitingForUser(RunError):
@@ -25,7 +26,11 @@ def run_input(*, run: Run, text: str, by: str = "") -> Run:
     check_text(text, "text", max_length=100_000)
     text = scrub_text(text)  # the answer is persisted (invocation result, event, checkpoints): secrets never
     now = CLOCK.now()
-    question = ToolInvocation.objects.filter(run_id=run.id, status="awaiting_approval", suspended_kind="user").order_by("-step_number").first()
+    question = (
+        ToolInvocation.objects.filter(run_id=run.id, status="awaiting_approval", suspended_kind="user")
+        .order_by("-step_number")
+        .first()
+    )
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
             cursor.execute(
@@ -41,11 +46,22 @@ def run_input(*, run: Run, text: str, by: str = "") -> Run:
                     " WHERE id = %s AND status = 'awaiting_approval'",
                     [sql_json(answer), sql_dt(now), sql_uuid(question.id)],
                 )
-            append_events(cursor, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=run.lease_epoch, events=[
-                EventWrite("run.input_received", {"text": text[:4000], "by": by, "invocation": str(question.id) if question else None}, now),
-                EventWrite("run.requeued", {"reason": "input"}, now),
-            ])
-            from .executor import enqueue_drive
+            append_events(
+                cursor,
+                tenant_id=run.tenant_id,
+                session_id=run.session_id,
+                run_id=run.id,
+                epoch=run.lease_epoch,
+                events=[
+                    EventWrite(
+                        "run.input_received",
+                        {"text": text[:4000], "by": by, "invocation": str(question.id) if question else None},
+                        now,
+                    ),
+                    EventWrite("run.requeued", {"reason": "input"}, now),
+                ],
+            )
+            from runs.runtime.executor import enqueue_drive
 
             enqueue_drive(run.id)
     return Run.objects.get(id=run.id)

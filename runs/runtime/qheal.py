@@ -12,7 +12,7 @@ monitor idle in `result_queue.get()`, a pusher killed while its feeder thread
 writes, and a worker killed while it holds its own timer lock (the sentinel's
 guard then blocks on it for good).
 
-The cure, applied here the way runs/drain.py patches django-q2
+The cure, applied here the way runs/runtime/drain.py patches django-q2
 (contrib/django-q2-heal-queues.patch is the same idea offered upstream):
 
 - The guard treats any death of a worker (other than recycling or a timeout)
@@ -35,6 +35,7 @@ The cure, applied here the way runs/drain.py patches django-q2
   for a few seconds without taking its poison pill (its queue is wedged), a
   monitor that does not finish are killed instead of waited on forever.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -52,7 +53,7 @@ from django_q import cluster as q_cluster
 from django_q.conf import Conf
 from django_q.queues import Queue
 
-from .clock import CLOCK, IDS
+from runs.clock import CLOCK, IDS
 
 log = logging.getLogger("agentrt.qheal")
 
@@ -158,6 +159,7 @@ def _save_stat(sentinel) -> None:
 
 # --- children -----------------------------------------------------------------
 
+
 def _role(target) -> str:
     if target is q_cluster.worker:
         return "qc-worker"
@@ -180,7 +182,7 @@ def _watch_parent(parent: int, timer) -> None:
         if timer is None:
             os._exit(0)
         if not draining:
-            from .executor import request_drain
+            from runs.runtime.executor import request_drain
 
             request_drain()
             draining = True
@@ -210,6 +212,7 @@ def spawn_process(self, target, *args):
 
 
 # --- the sentinel ---------------------------------------------------------------
+
 
 def _check_pool(self, cycle: float, original_reincarnate) -> list[str]:
     """One pass over the workers; returns the abnormal deaths seen."""
@@ -276,8 +279,12 @@ def _retire_old(self) -> None:
 
 def rebuild(self, reasons: list[str]) -> None:
     """Replace the shared queues and respawn pusher, monitor and workers."""
-    log.critical("cluster %s: %s; reincarnated pusher, monitor and %d workers on new task and result queues",
-                 q_cluster.humanize(self.cluster_id.hex), "; ".join(reasons), self.pool_size)
+    log.critical(
+        "cluster %s: %s; reincarnated pusher, monitor and %d workers on new task and result queues",
+        q_cluster.humanize(self.cluster_id.hex),
+        "; ".join(reasons),
+        self.pool_size,
+    )
     for proc in (self.pusher, self.monitor):
         if proc is not None and proc.is_alive():
             _kill(proc)
@@ -398,6 +405,7 @@ def stop(self):
 
 # --- the qcluster main process ----------------------------------------------------
 
+
 def cluster_start(self):
     _BEAT["value"] = RawValue("d", 0.0)
     _CLUSTER["cluster"] = self
@@ -422,8 +430,11 @@ def supervise(c) -> None:
     asked = c.stop_event is None or c.stop_event.is_set()
     if asked and c.sentinel.exitcode == 0:
         return
-    log.critical("the sentinel exited (exit code %s) without being asked to stop; exiting 1 for the supervisor "
-                 "to restart this node", c.sentinel.exitcode)
+    log.critical(
+        "the sentinel exited (exit code %s) without being asked to stop; exiting 1 for the supervisor "
+        "to restart this node",
+        c.sentinel.exitcode,
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)
@@ -444,8 +455,11 @@ def patch() -> None:
         return
     from django_q.management.commands import qcluster
 
-    _ORIGINAL.update(reincarnate=q_cluster.Sentinel.reincarnate,
-                     cluster_start=q_cluster.Cluster.start, handle=qcluster.Command.handle)
+    _ORIGINAL.update(
+        reincarnate=q_cluster.Sentinel.reincarnate,
+        cluster_start=q_cluster.Cluster.start,
+        handle=qcluster.Command.handle,
+    )
 
     original_init = q_cluster.Sentinel.__init__
 

@@ -6,6 +6,7 @@ completes or fails. Resume ends through `finalize` like any execution.
 The reclaim sweep, a `drive_run` that finds an expired lease and
 `POST /api/runs/{id}/resume/` all use `run_resume`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,18 +23,17 @@ from pydantic import BaseModel, ConfigDict
 
 from approvals.hashing import INTERRUPTED_NOTICE, UNCERTAIN_NOTICE, request_hash, tool_spec_dict
 from approvals.models import INTERRUPTED_SIDE_EFFECT, RECONCILE, UNCERTAIN_SIDE_EFFECT
-
-from .clock import CLOCK, IDS
-from .domain.pipeline import UNKNOWN_OUTCOME
-from .domain.values import FailureReason, OutcomeKind, RunFailure, RunOutcome, Suspension, SuspensionKind
-from .domain.writes import ApprovalInsert, EventWrite, InvocationUpdate, UnitOfWork
-from .errors import RunError, RunNotFound
-from .executor import finalize_detached, worker_identity
-from .faults import fire
-from .models import ModelCall, Run, ToolInvocation
-from .queue import Claim
-from .store import append_events, is_pg, jp, sql_dt, sql_json, sql_uuid
-from .tools import REGISTRY
+from runs.clock import CLOCK, IDS
+from runs.domain.pipeline import UNKNOWN_OUTCOME
+from runs.domain.values import FailureReason, OutcomeKind, RunFailure, RunOutcome, Suspension, SuspensionKind
+from runs.domain.writes import ApprovalInsert, EventWrite, InvocationUpdate, UnitOfWork
+from runs.errors import RunError, RunNotFound
+from runs.models import ModelCall, Run, ToolInvocation
+from runs.runtime.executor import finalize_detached, worker_identity
+from runs.runtime.faults import fire
+from runs.runtime.queue import Claim
+from runs.store.repository import append_events, is_pg, jp, sql_dt, sql_json, sql_uuid
+from runs.tools import REGISTRY
 
 log = logging.getLogger("agentrt.resume")
 
@@ -97,7 +97,12 @@ def run_resume(*, run_id: UUID | str, via: str = "api", seen_epoch: int | None =
         raise RunNotFound("no such run")
     if row["status"] != "RUNNING":
         raise RunNotRunning(f"the run is {row['status']}; only a RUNNING run can be resumed")
-    takeover = take_over(run_id=rid, owner=owner or worker_identity(), seen_epoch=row["lease_epoch"] if seen_epoch is None else seen_epoch, via=via)
+    takeover = take_over(
+        run_id=rid,
+        owner=owner or worker_identity(),
+        seen_epoch=row["lease_epoch"] if seen_epoch is None else seen_epoch,
+        via=via,
+    )
     if takeover is None:
         raise RunLeased("another worker holds a live lease on this run")
     fire("resume.after_takeover", rid)
@@ -129,7 +134,9 @@ def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeove
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
             # The owner only changes with the epoch, which the UPDATE guards.
-            cursor.execute("SELECT lease_owner FROM runs WHERE id = %s AND lease_epoch = %s", [sql_uuid(run_id), seen_epoch])
+            cursor.execute(
+                "SELECT lease_owner FROM runs WHERE id = %s AND lease_epoch = %s", [sql_uuid(run_id), seen_epoch]
+            )
             prev_row = cursor.fetchone()
             cursor.execute(sql, params)
             got = cursor.fetchone()
@@ -137,9 +144,23 @@ def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeove
                 return None
             epoch, tenant_id, session_id, _, expirations = got
             prev = prev_row[0] if prev_row else None
-            claim = Claim(run_id=run_id, tenant_id=_uuid(tenant_id), session_id=_uuid(session_id), owner=owner, epoch=epoch)
-            events = [EventWrite("lease.taken_over", {"previous_owner": prev, "previous_epoch": seen_epoch, "lease_owner": owner,
-                                                      "lease_epoch": epoch, "via": via, "lease_expirations": expirations}, now)]
+            claim = Claim(
+                run_id=run_id, tenant_id=_uuid(tenant_id), session_id=_uuid(session_id), owner=owner, epoch=epoch
+            )
+            events = [
+                EventWrite(
+                    "lease.taken_over",
+                    {
+                        "previous_owner": prev,
+                        "previous_epoch": seen_epoch,
+                        "lease_owner": owner,
+                        "lease_epoch": epoch,
+                        "via": via,
+                        "lease_expirations": expirations,
+                    },
+                    now,
+                )
+            ]
             interrupted: list[dict[str, Any]] = []
             cursor.execute(
                 "UPDATE model_calls SET status = 'interrupted', finished_at = %s WHERE run_id = %s AND status = 'started'"
@@ -147,25 +168,67 @@ def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeove
                 [sql_dt(now), sql_uuid(run_id)],
             )
             for step, attempt in cursor.fetchall():
-                events.append(EventWrite("step.interrupted", {"step": step, "attempt": attempt, "phase": "deciding"}, now))
+                events.append(
+                    EventWrite("step.interrupted", {"step": step, "attempt": attempt, "phase": "deciding"}, now)
+                )
             cursor.execute(
                 f"UPDATE tool_invocations SET status = 'interrupted', result = {jp()}, error = {jp()}, updated_at = %s, lease_epoch = %s"
                 " WHERE run_id = %s AND status = 'authorized' AND read_only = %s RETURNING id, step_number, call_id, tool_name",
-                [sql_json(INTERRUPTED_OBSERVATION), sql_json(INTERRUPTED_OBSERVATION), sql_dt(now), epoch, sql_uuid(run_id), True],
+                [
+                    sql_json(INTERRUPTED_OBSERVATION),
+                    sql_json(INTERRUPTED_OBSERVATION),
+                    sql_dt(now),
+                    epoch,
+                    sql_uuid(run_id),
+                    True,
+                ],
             )
             for inv, step, call_id, tool in cursor.fetchall():
-                events.append(EventWrite("step.interrupted", {"step": step, "phase": "executing", "invocation": str(_uuid(inv)),
-                                                              "call_id": call_id, "tool": tool, "read_only": True, "outcome": "interrupted"}, now))
+                events.append(
+                    EventWrite(
+                        "step.interrupted",
+                        {
+                            "step": step,
+                            "phase": "executing",
+                            "invocation": str(_uuid(inv)),
+                            "call_id": call_id,
+                            "tool": tool,
+                            "read_only": True,
+                            "outcome": "interrupted",
+                        },
+                        now,
+                    )
+                )
             cursor.execute(
                 f"UPDATE tool_invocations SET status = 'interrupted', error = {jp()}, updated_at = %s, lease_epoch = %s"
                 " WHERE run_id = %s AND status = 'executing' RETURNING id, step_number, call_id, tool_name",
                 [sql_json(UNKNOWN_OUTCOME), sql_dt(now), epoch, sql_uuid(run_id)],
             )
             for inv, step, call_id, tool in cursor.fetchall():
-                events.append(EventWrite("step.interrupted", {"step": step, "phase": "executing", "invocation": str(_uuid(inv)),
-                                                              "call_id": call_id, "tool": tool, "read_only": False, "outcome": "unknown"}, now))
+                events.append(
+                    EventWrite(
+                        "step.interrupted",
+                        {
+                            "step": step,
+                            "phase": "executing",
+                            "invocation": str(_uuid(inv)),
+                            "call_id": call_id,
+                            "tool": tool,
+                            "read_only": False,
+                            "outcome": "unknown",
+                        },
+                        now,
+                    )
+                )
                 interrupted.append({"invocation": _uuid(inv), "step": step})
-            append_events(cursor, tenant_id=claim.tenant_id, session_id=claim.session_id, run_id=run_id, epoch=epoch, events=events)
+            append_events(
+                cursor,
+                tenant_id=claim.tenant_id,
+                session_id=claim.session_id,
+                run_id=run_id,
+                epoch=epoch,
+                events=events,
+            )
     return Takeover(claim=claim, previous_owner=prev, previous_epoch=seen_epoch, interrupted=interrupted)
 
 
@@ -183,7 +246,9 @@ UNKNOWN_STATUSES = ("interrupted", "uncertain")
 
 
 def _unknown_outcomes(run_id):
-    return ToolInvocation.objects.filter(run_id=run_id, status__in=UNKNOWN_STATUSES, read_only=False, result__isnull=True)
+    return ToolInvocation.objects.filter(
+        run_id=run_id, status__in=UNKNOWN_STATUSES, read_only=False, result__isnull=True
+    )
 
 
 def settle_unknown(claim: Claim) -> str:
@@ -198,14 +263,23 @@ def decide(takeover: Takeover) -> str:
     claim = takeover.claim
     run = Run.objects.select_related("agent").get(id=claim.run_id)
     if run.lease_expirations > MAX_LEASE_EXPIRATIONS:
-        outcome = RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
-            FailureReason.MAX_ATTEMPTS_EXCEEDED, "MaxAttemptsExceeded",
-            f"the run lost its worker {run.lease_expirations} times; it will not be retried again"))
+        outcome = RunOutcome(
+            kind=OutcomeKind.FAILED,
+            failure=_failure(
+                FailureReason.MAX_ATTEMPTS_EXCEEDED,
+                "MaxAttemptsExceeded",
+                f"the run lost its worker {run.lease_expirations} times; it will not be retried again",
+            ),
+        )
         return _end(claim, outcome, UnitOfWork())
     damaged = _damaged(run)
     if damaged:
-        outcome = RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(FailureReason.INTERNAL_ERROR, "DamagedRecord",
-                                                                        "a record of this run could not be read", damaged=damaged))
+        outcome = RunOutcome(
+            kind=OutcomeKind.FAILED,
+            failure=_failure(
+                FailureReason.INTERNAL_ERROR, "DamagedRecord", "a record of this run could not be read", damaged=damaged
+            ),
+        )
         return _end(claim, outcome, UnitOfWork())
     unknown = list(_unknown_outcomes(run.id).order_by("step_number", "call_index"))
     if run.cancel_requested_at is not None:
@@ -287,27 +361,69 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
             # The reconciler's keys are kept, but what runs is always shown
             # (issue 11 item 6): ours win for the tool, arguments and class.
             shown = {k: presentation[k] for k in ("tool", "arguments", "side_effect")}
-            presentation = {**dict(pause.get("presentation") or {}), **shown} if pause.get("presentation") else presentation
+            presentation = (
+                {**dict(pause.get("presentation") or {}), **shown} if pause.get("presentation") else presentation
+            )
             capability = dict(pause.get("capability") or {}) or capability
         approval_id = IDS.new_id()
-        digest = request_hash(tenant_id=run.tenant_id, run_id=run.id, step_number=inv.step_number, invocation_id=inv.id,
-                              tool=tool_spec_dict(spec) if spec else None, arguments=inv.arguments, agent_version=run.agent_version,
-                              kind=inv_kind, presentation=presentation)
-        work.approval_inserts.append(ApprovalInsert(id=approval_id, invocation_id=inv.id, kind=inv_kind, request_hash=digest,
-                                                    capability=capability, presentation=presentation, expires_at=_expiry(run), created_at=now))
-        work.invocation_updates.append(InvocationUpdate(id=inv.id, status=inv.status, suspended_kind=inv_kind, updated_at=now))
-        work.events.append(EventWrite("approval.requested", {"approval": str(approval_id), "invocation": str(inv.id), "kind": inv_kind,
-                                                             "tool": inv.tool_name, "request_hash": digest, "step": inv.step_number,
-                                                             "presentation": presentation}, now))
+        digest = request_hash(
+            tenant_id=run.tenant_id,
+            run_id=run.id,
+            step_number=inv.step_number,
+            invocation_id=inv.id,
+            tool=tool_spec_dict(spec) if spec else None,
+            arguments=inv.arguments,
+            agent_version=run.agent_version,
+            kind=inv_kind,
+            presentation=presentation,
+        )
+        work.approval_inserts.append(
+            ApprovalInsert(
+                id=approval_id,
+                invocation_id=inv.id,
+                kind=inv_kind,
+                request_hash=digest,
+                capability=capability,
+                presentation=presentation,
+                expires_at=_expiry(run),
+                created_at=now,
+            )
+        )
+        work.invocation_updates.append(
+            InvocationUpdate(id=inv.id, status=inv.status, suspended_kind=inv_kind, updated_at=now)
+        )
+        work.events.append(
+            EventWrite(
+                "approval.requested",
+                {
+                    "approval": str(approval_id),
+                    "invocation": str(inv.id),
+                    "kind": inv_kind,
+                    "tool": inv.tool_name,
+                    "request_hash": digest,
+                    "step": inv.step_number,
+                    "presentation": presentation,
+                },
+                now,
+            )
+        )
         approval_ids.append(approval_id)
         inv_ids.append(inv.id)
     state = checkpoint_current(run)
-    state.pending_tool_calls = [{"invocation": str(i.id), "call_id": i.call_id, "name": i.tool_name} for i in invocations]
+    state.pending_tool_calls = [
+        {"invocation": str(i.id), "call_id": i.call_id, "name": i.tool_name} for i in invocations
+    ]
     row = state.next_checkpoint("suspension", now, force_full=True)
     work.checkpoint = row
-    work.events.append(EventWrite("run.checkpointed", {"version": row.version, "trigger": "suspension", "full": True}, now))
-    outcome = RunOutcome(kind=OutcomeKind.SUSPENDED, suspension=Suspension(
-        kind=SuspensionKind.APPROVAL, invocation_ids=inv_ids, approval_ids=approval_ids, details={"reason": kind}))
+    work.events.append(
+        EventWrite("run.checkpointed", {"version": row.version, "trigger": "suspension", "full": True}, now)
+    )
+    outcome = RunOutcome(
+        kind=OutcomeKind.SUSPENDED,
+        suspension=Suspension(
+            kind=SuspensionKind.APPROVAL, invocation_ids=inv_ids, approval_ids=approval_ids, details={"reason": kind}
+        ),
+    )
     return _end(claim, outcome, work)
 
 
@@ -335,26 +451,73 @@ def _cannot_wait(claim: Claim, unknown: list[ToolInvocation]) -> str | None:
         work = UnitOfWork()
         if invalid:
             failed = {"error": "invalid_decision", "message": "the arguments no longer pass the tool's schema"}
-            work.invocation_updates.append(InvocationUpdate(id=inv.id, status="failed", result=failed, error=failed, updated_at=now))
-            work.events.append(EventWrite("tool.call.failed", {"invocation": str(inv.id), "call_id": inv.call_id, "tool": inv.tool_name,
-                                                               "result": failed, "executed": False}, now))
-        return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
-            FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", message, invocation=str(inv.id))), work)
+            work.invocation_updates.append(
+                InvocationUpdate(id=inv.id, status="failed", result=failed, error=failed, updated_at=now)
+            )
+            work.events.append(
+                EventWrite(
+                    "tool.call.failed",
+                    {
+                        "invocation": str(inv.id),
+                        "call_id": inv.call_id,
+                        "tool": inv.tool_name,
+                        "result": failed,
+                        "executed": False,
+                    },
+                    now,
+                )
+            )
+        return _end(
+            claim,
+            RunOutcome(
+                kind=OutcomeKind.FAILED,
+                failure=_failure(
+                    FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", message, invocation=str(inv.id)
+                ),
+            ),
+            work,
+        )
     return None
 
 
 def _view(run: Run) -> RunView:
     from approvals.models import Approval
-    from runs.selectors import run_to_dict
+    from runs.services.selectors import run_to_dict
 
     return RunView(
         run=run_to_dict(run),
-        steps=[dict(r) for r in ModelCall.objects.filter(run_id=run.id).order_by("step_number", "attempt_number").values(
-            "step_number", "attempt_number", "status", "usage", "stop_reason")],
-        invocations=[{**r, "id": str(r["id"])} for r in ToolInvocation.objects.filter(run_id=run.id).order_by("step_number", "call_index").values(
-            "id", "step_number", "call_id", "tool_name", "arguments", "status", "result", "error", "read_only", "side_effect",
-            "idempotency_key", "attempt", "effect_sent_at", "outcome", "attempts")],
-        approvals=[{**r, "id": str(r["id"])} for r in Approval.objects.filter(run_id=run.id).values("id", "kind", "status", "request_hash")],
+        steps=[
+            dict(r)
+            for r in ModelCall.objects.filter(run_id=run.id)
+            .order_by("step_number", "attempt_number")
+            .values("step_number", "attempt_number", "status", "usage", "stop_reason")
+        ],
+        invocations=[
+            {**r, "id": str(r["id"])}
+            for r in ToolInvocation.objects.filter(run_id=run.id)
+            .order_by("step_number", "call_index")
+            .values(
+                "id",
+                "step_number",
+                "call_id",
+                "tool_name",
+                "arguments",
+                "status",
+                "result",
+                "error",
+                "read_only",
+                "side_effect",
+                "idempotency_key",
+                "attempt",
+                "effect_sent_at",
+                "outcome",
+                "attempts",
+            )
+        ],
+        approvals=[
+            {**r, "id": str(r["id"])}
+            for r in Approval.objects.filter(run_id=run.id).values("id", "kind", "status", "request_hash")
+        ],
     )
 
 
@@ -365,7 +528,7 @@ class _Fenced(Exception):
 def _call_reconciler(view: RunView, claim: Claim) -> Any:
     """Call the reconciler in a thread, outside any transaction, with
     AGENTRT_RECONCILE_TIMEOUT; keep the takeover's lease alive meanwhile."""
-    from .queue import run_heartbeat
+    from runs.runtime.queue import run_heartbeat
 
     box: dict[str, Any] = {}
 
@@ -422,15 +585,25 @@ def _usable_json(value: Any) -> bool:
 def _reconcile(claim: Claim, run: Run, unknown: list[ToolInvocation]) -> str:
     """Ask the configured reconciler (outside any transaction, with a timeout)
     and validate its answer as seed 000 says."""
+
     def internal(message: str, **details) -> str:
-        return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(FailureReason.INTERNAL_ERROR, "ReconcileError", message, **details)), UnitOfWork())
+        return _end(
+            claim,
+            RunOutcome(
+                kind=OutcomeKind.FAILED,
+                failure=_failure(FailureReason.INTERNAL_ERROR, "ReconcileError", message, **details),
+            ),
+            UnitOfWork(),
+        )
 
     answer = _call_reconciler(_view(run), claim)
     if isinstance(answer, BaseException):
         if isinstance(answer, _Fenced):
             return _end(claim, RunOutcome(kind=OutcomeKind.FENCED), UnitOfWork())
-        return internal("the reconciler failed" if not isinstance(answer, TimeoutError) else "the reconciler timed out",
-                        exception_class=type(answer).__name__)
+        return internal(
+            "the reconciler failed" if not isinstance(answer, TimeoutError) else "the reconciler timed out",
+            exception_class=type(answer).__name__,
+        )
     data = _as_dict(answer)
     if data is None:
         return internal("the reconciler returned something that is not a Reconciliation")
@@ -439,26 +612,57 @@ def _reconcile(claim: Claim, run: Run, unknown: list[ToolInvocation]) -> str:
         now = CLOCK.now()
         work = UnitOfWork()
         for inv in unknown:  # the agent sees the interrupted (or uncertain) observation
-            observation = INTERRUPTED_OBSERVATION if inv.status != "uncertain" else {**UNCERTAIN_OBSERVATION, "cause": inv.error}
-            work.invocation_updates.append(InvocationUpdate(id=inv.id, status=inv.status, result=observation, updated_at=now))
+            observation = (
+                INTERRUPTED_OBSERVATION if inv.status != "uncertain" else {**UNCERTAIN_OBSERVATION, "cause": inv.error}
+            )
+            work.invocation_updates.append(
+                InvocationUpdate(id=inv.id, status=inv.status, result=observation, updated_at=now)
+            )
         return _end(claim, RunOutcome(kind=OutcomeKind.YIELDED), work)
     if outcome == "completed":
         if "result" not in data or data["result"] is None or not _usable_json(data["result"]):
             return internal("the reconciler's completed result is not usable JSON")
-        return _end(claim, RunOutcome(kind=OutcomeKind.COMPLETED, result=data["result"], final_message=None), UnitOfWork())
+        return _end(
+            claim, RunOutcome(kind=OutcomeKind.COMPLETED, result=data["result"], final_message=None), UnitOfWork()
+        )
     if outcome == "conflict":
         detail = str(data.get("detail") or "")[:2000]
-        return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
-            FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", detail or "external state contradicts the record")), UnitOfWork())
+        return _end(
+            claim,
+            RunOutcome(
+                kind=OutcomeKind.FAILED,
+                failure=_failure(
+                    FailureReason.RECONCILE_CONFLICT,
+                    "ReconcileConflict",
+                    detail or "external state contradicts the record",
+                ),
+            ),
+            UnitOfWork(),
+        )
     if outcome == "waiting":
         pause = _as_dict(data.get("pause"))
-        if (pause is None or pause.get("outcome") != "require_approval"
-                or not _usable_json(pause.get("capability")) or not _usable_json(pause.get("presentation"))
-                or not isinstance(pause.get("capability") or {}, dict) or not isinstance(pause.get("presentation") or {}, dict)):
+        if (
+            pause is None
+            or pause.get("outcome") != "require_approval"
+            or not _usable_json(pause.get("capability"))
+            or not _usable_json(pause.get("presentation"))
+            or not isinstance(pause.get("capability") or {}, dict)
+            or not isinstance(pause.get("presentation") or {}, dict)
+        ):
             return internal("the reconciler's pause is not a usable require_approval decision")
         if not unknown:
-            return _end(claim, RunOutcome(kind=OutcomeKind.FAILED, failure=_failure(
-                FailureReason.RECONCILE_CONFLICT, "ReconcileConflict", "nothing was executing: there is nothing to pause")), UnitOfWork())
+            return _end(
+                claim,
+                RunOutcome(
+                    kind=OutcomeKind.FAILED,
+                    failure=_failure(
+                        FailureReason.RECONCILE_CONFLICT,
+                        "ReconcileConflict",
+                        "nothing was executing: there is nothing to pause",
+                    ),
+                ),
+                UnitOfWork(),
+            )
         conflict = _cannot_wait(claim, unknown)
         if conflict is not None:
             return conflict

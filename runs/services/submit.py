@@ -1,0 +1,208 @@
+"""Run submission: validate, apply the Idempotency-Key, seed the checkpoint and ring `drive_run` in one transaction."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from pydantic import ValidationError
+
+from checkpoints.models import Checkpoint
+from checkpoints.repository import session_history
+from ops.tracing import submit_context
+from runs.clock import CLOCK, IDS
+from runs.domain.checkpoint import CheckpointState
+from runs.domain.context import canonical_json
+from runs.domain.scrub import scrub_text
+from runs.domain.writes import EventWrite
+from runs.errors import ActiveRunExists, AgentNotFound, IdempotencyConflict, InvalidInput, QuotaExceeded, RunNotFound
+from runs.models import TERMINAL, Agent, AgentVersion, Run, Session, Tenant
+from runs.runtime.executor import enqueue_drive
+from runs.services.agent_schema import Limits, resolve_limits
+from runs.services.inputs import run_input
+from runs.services.validation import check_text, pydantic_fields
+from runs.store.repository import append_events
+
+
+def _request_hash(agent: str, text: str, session: Any, limits: Any) -> str:
+    return hashlib.sha256(
+        canonical_json(
+            {"agent": agent, "input": text, "session": str(session) if session else None, "limits": limits}
+        ).encode()
+    ).hexdigest()
+
+
+def run_submit(
+    *,
+    tenant: Tenant,
+    agent: str,
+    input: str,
+    session: UUID | str | None = None,
+    limits: dict | None = None,
+    idempotency_key: str | None = None,
+    by: str = "",
+) -> tuple[Run, bool]:
+    """Create a run and ring `drive_run` in the same transaction.
+
+    Return (run, created); a replay of the same Idempotency-Key and body
+    returns the original run with created=False."""
+    if not isinstance(agent, str) or not agent:
+        raise InvalidInput("agent must be an agent name", fields={"agent": ["must be an agent name"]})
+    check_text(input, "input")
+    if limits is not None and not isinstance(limits, dict):
+        raise InvalidInput("limits must be an object", fields={"limits": ["must be an object"]})
+    try:
+        requested = Limits.model_validate(limits or {}, strict=True).given()
+    except ValidationError as exc:
+        fields = pydantic_fields(exc, "limits.")
+        raise InvalidInput(f"invalid limits: {next(iter(fields))}", fields=fields) from None
+    if idempotency_key is not None:
+        check_text(idempotency_key, "Idempotency-Key", max_length=200)
+    request_hash = _request_hash(agent, input, session, requested)
+    input = scrub_text(input)  # secrets never reach the run, its events or its checkpoints
+    if idempotency_key:
+        existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            if existing.request_hash != request_hash:
+                raise IdempotencyConflict("this Idempotency-Key was used with a different request")
+            return existing, False
+    agent_row = Agent.objects.filter(tenant=tenant, name=agent).first()
+    if agent_row is None:
+        raise AgentNotFound(f"no agent named {agent!r}", fields={"agent": ["unknown agent"]})
+    version = AgentVersion.objects.get(agent=agent_row, version=agent_row.latest_version)
+    run_limits = resolve_limits(settings.AGENTRT_DEFAULT_LIMITS, version.definition.get("limits") or {}, requested)
+    now = CLOCK.now()
+    try:
+        with transaction.atomic(durable=True):
+            if session is not None:
+                try:
+                    session_id = UUID(str(session))
+                except ValueError:
+                    raise InvalidInput("session must be a session id", fields={"session": ["not a valid id"]}) from None
+                session_row = Session.objects.filter(id=session_id, tenant=tenant).first()
+                if session_row is None:
+                    raise InvalidInput("unknown session", fields={"session": ["unknown session"]})
+                if session_row.agent_id != agent_row.id:
+                    raise InvalidInput(
+                        "the session belongs to another agent", fields={"session": ["belongs to another agent"]}
+                    )
+            else:
+                session_row = None
+            if session_row is None or not Run.objects.filter(session=session_row).exclude(status__in=TERMINAL).exists():
+                _check_quota(tenant)  # (text for a busy session is routed below, not counted)
+            if session_row is None:
+                session_row = Session.objects.create(id=IDS.new_id(), tenant=tenant, agent=agent_row, created_at=now)
+            run = Run.objects.create(
+                id=IDS.new_id(),
+                tenant=tenant,
+                session=session_row,
+                agent=agent_row,
+                agent_version=version.version,
+                input=input,
+                limits=run_limits.model_dump(mode="json"),
+                deadline_at=now + timedelta(seconds=run_limits.deadline_seconds)
+                if run_limits.deadline_seconds
+                else None,
+                usage={},
+                idempotency_key=idempotency_key or None,
+                request_hash=request_hash,
+                created_at=now,
+                updated_at=now,
+            )
+            _seed_checkpoint(run, now)
+            with connection.cursor() as cursor:
+                append_events(
+                    cursor,
+                    tenant_id=tenant.id,
+                    session_id=session_row.id,
+                    run_id=run.id,
+                    epoch=0,
+                    events=[
+                        EventWrite(
+                            "run.created",
+                            {
+                                "agent": agent,
+                                "agent_version": version.version,
+                                "input": input[:2000],
+                                **submit_context(run.id),
+                            },
+                            now,
+                        )
+                    ],
+                )
+            enqueue_drive(run.id)
+    except IntegrityError as exc:
+        text = str(exc)
+        if "one_active_run_per_session" in text or "runs.session_id" in text:
+            active = Run.objects.filter(session_id=session, status="WAITING_FOR_USER").first() if session else None
+            if active is not None:
+                # Text sent to a session whose run waits for the user is its input.
+                routed = run_input(run=active, text=input, by=by)
+                routed.routed = True
+                return routed, False
+            raise ActiveRunExists(
+                "the session already has an active run", fields={"session": ["has an active run"]}
+            ) from None
+        if "run_idempotency_key_unique" in text or "idempotency_key" in text:
+            existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+            if existing is not None and existing.request_hash == request_hash:
+                return existing, False
+            raise IdempotencyConflict("this Idempotency-Key was used with a different request") from None
+        raise
+    return run, True
+
+
+def _check_quota(tenant: Tenant) -> None:
+    """Refuse a run beyond the tenant's active-run quota. Call inside the submit's
+    transaction: the tenant row lock serializes concurrent submits of one tenant,
+    so two cannot both pass at the limit. FOR NO KEY UPDATE: it does not block
+    the FOR KEY SHARE that inserts referencing the tenant take."""
+    limit = (
+        Tenant.objects.select_for_update(no_key=True)
+        .filter(id=tenant.id)
+        .values_list("max_active_runs", flat=True)
+        .first()
+    )
+    if limit is None:
+        limit = settings.AGENTRT_MAX_ACTIVE_RUNS or None  # the setting's 0 means no limit
+    if limit is None:
+        return
+    active = Run.objects.filter(tenant_id=tenant.id).exclude(status__in=TERMINAL).count()
+    if active >= limit:
+        raise QuotaExceeded(f"the tenant has {active} active runs and its quota is {limit}; wait for some to finish")
+
+
+def _seed_checkpoint(run: Run, now) -> None:
+    """Version 1 of the run: the session's history and the new input."""
+    state = CheckpointState(conversation=session_history(run) + [{"role": "user", "content": run.input}])
+    row = state.next_checkpoint("seed", now)
+    Checkpoint.objects.create(
+        id=IDS.new_id(),
+        tenant_id=run.tenant_id,
+        run=run,
+        version=row.version,
+        full=True,
+        base_version=None,
+        trigger="seed",
+        state=row.state,
+        code_version=settings.AGENTRT_CODE_VERSION,
+        created_at=now,
+    )
+
+
+def run_get(*, tenant: Tenant | None, run_id: Any) -> Run:
+    try:
+        rid = UUID(str(run_id))
+    except ValueError:
+        raise RunNotFound("no such run") from None
+    qs = Run.objects.select_related("agent")
+    if tenant is not None:
+        qs = qs.filter(tenant=tenant)
+    run = qs.filter(id=rid).first()
+    if run is None:
+        raise RunNotFound("no such run")
+    return run
