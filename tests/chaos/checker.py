@@ -47,6 +47,7 @@ is that accounting, checked).
 
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
 import sys
@@ -184,6 +185,7 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
         (((f.get("t", f.get("t_freeze")) or 0.0), f) for f in faults if f.get("kind") in DEATH_KINDS),
         key=lambda x: x[0],
     )
+    timed_t = [t for t, _ in timed]
 
     def causes(run_id: str) -> tuple[list, list]:
         claims = {}
@@ -205,9 +207,10 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
             node = nodes.get(pid)
             app = f"soak-node-{node}" if node is not None else ("soak-maintenance" if pid in maintenance else None)
             why = None
-            for tf, f in timed:
-                if tc is None or tf < tc - 0.5 or tf > t["at"]:
-                    continue
+            start = bisect.bisect_left(timed_t, tc - 0.5) if tc is not None else len(timed)
+            for tf, f in timed[start:]:
+                if tf > t["at"]:
+                    break
                 if f["kind"] == "pg_restart":
                     why = "the PostgreSQL restart"
                 elif f["kind"] == "terminate" and app is not None and f.get("application_name") == app:
@@ -1201,7 +1204,6 @@ def _recovery(faults: list[dict], events_by_run: dict, meta: dict, lease: float)
     generation), a killed web node's next answered submit, the database
     restart's downtime, and how long queued runs waited for a claim (created
     or requeued -> claimed; the issue's bound is lease + 10 s)."""
-    import bisect
 
     nodes = {int(k): v for k, v in (meta.get("worker_nodes") or {}).items()}
     claims: list[tuple[float, int | None]] = []
@@ -1219,8 +1221,11 @@ def _recovery(faults: list[dict], events_by_run: dict, meta: dict, lease: float)
                 if queued_at is not None:
                     waits.append(e["occurred_at"] - queued_at)
                 queued_at = None
-    claims.sort()
+    claims.sort(key=lambda c: c[0])
     times = [c[0] for c in claims]
+    by_node: dict[int | None, list[float]] = defaultdict(list)
+    for tc, n in claims:
+        by_node[n].append(tc)
     anywhere: dict[str, list[float]] = defaultdict(list)
     same_node: dict[str, list[float]] = defaultdict(list)
     for f in faults:
@@ -1233,9 +1238,10 @@ def _recovery(faults: list[dict], events_by_run: dict, meta: dict, lease: float)
             anywhere[role].append(times[i] - t0)
         node = f.get("node")
         if node is not None and role not in ("web_node",):
-            nxt = next((t for t, n in claims[i:] if n == node), None)
-            if nxt is not None:
-                same_node[role].append(nxt - t0)
+            node_times = by_node.get(node, [])
+            j = bisect.bisect_right(node_times, t0)
+            if j < len(node_times):
+                same_node[role].append(node_times[j] - t0)
     web_answer: list[float] = []
     answers = sorted(
         (a["t"] + a["s"], a["node"])
