@@ -169,13 +169,6 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
     deployment's processes connect as application_name soak-node-K), or the
     PostgreSQL restart."""
     nodes = {int(k): v for k, v in (meta.get("worker_nodes") or {}).items()}
-    maintenance = {
-        p
-        for e in meta.get("supervisor") or []
-        if e.get("role") == "maintenance"
-        for p in (e.get("pid"), e.get("restarted_pid"))
-    }
-    maintenance |= {f.get("pid") for f in faults if f.get("role") == "run_maintenance"}
     held = defaultdict(set)
     for f in faults:
         if f.get("kind") in ("kill", "stop"):
@@ -196,6 +189,10 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
                 claims[(e["payload"] or {}).get("lease_epoch", e["lease_epoch"])] = (
                     e["occurred_at"],
                     int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None,
+                    # who held it: a worker claimed it; a takeover's resumer is run_maintenance's sweep
+                    "worker"
+                    if e["type"] == "run.claimed"
+                    else ("maintenance" if e["payload"].get("via") == "sweep" else None),
                 )
         caused, uncaused = [], []
         for t in takeovers.get(run_id, []):
@@ -203,9 +200,10 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
             if epoch in held[run_id]:
                 caused.append({"epoch": epoch, "by": "a kill/stop of its worker"})
                 continue
-            tc, pid = claims.get(epoch, (None, None))
-            node = nodes.get(pid)
-            app = f"soak-node-{node}" if node is not None else ("soak-maintenance" if pid in maintenance else None)
+            tc, pid, holder = claims.get(epoch, (None, None, None))
+            # pids are reused over a long soak: who held the epoch says which map to read
+            node = nodes.get(pid) if holder == "worker" else None
+            app = f"soak-node-{node}" if node is not None else ("soak-maintenance" if holder == "maintenance" else None)
             why = None
             start = bisect.bisect_left(timed_t, tc - 0.5) if tc is not None else len(timed)
             for tf, f in timed[start:]:
@@ -215,8 +213,20 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
                     why = "the PostgreSQL restart"
                 elif f["kind"] == "terminate" and app is not None and f.get("application_name") == app:
                     why = f"pg_terminate_backend of a {app} backend"
-                elif f["kind"] == "kill" and (
-                    f.get("pid") == pid or (node is not None and f.get("node") == node and f.get("role") in NODE_ROLES)
+                elif (
+                    f["kind"] == "kill"
+                    and holder == "maintenance"
+                    and f.get("role") == "run_maintenance"
+                    and f.get("pid") == pid
+                ):
+                    why = "SIGKILL of run_maintenance, the resumer holding it"
+                elif (
+                    f["kind"] == "kill"
+                    and holder == "worker"
+                    and (
+                        f.get("pid") == pid
+                        or (node is not None and f.get("node") == node and f.get("role") in NODE_ROLES)
+                    )
                 ):
                     why = f"SIGKILL of {'its worker' if f.get('pid') == pid else 'its node ' + str(node) + chr(39) + 's ' + f.get('role')}"
                 if why:
