@@ -108,7 +108,11 @@ INSTALLED_APPS = [
     "checkpoints",
     "maintenance",
     "ops",
+    "webhooks",
 ]
+# A project's own apps (their `agent_tools` / `agent_providers` modules are
+# found at startup), e.g. AGENTRT_EXTRA_APPS=examples.payments. Operator configuration.
+INSTALLED_APPS += env_list("AGENTRT_EXTRA_APPS", "")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -274,7 +278,15 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": [],
     "DEFAULT_THROTTLE_RATES": {
         scope: os.environ.get(f"AGENTRT_THROTTLE_{scope.upper()}", "600/min")
-        for scope in ("runs_create", "runs_cancel", "runs_resume", "runs_input", "approvals_decide", "agents_create")
+        for scope in (
+            "runs_create",
+            "runs_cancel",
+            "runs_resume",
+            "runs_input",
+            "approvals_decide",
+            "agents_create",
+            "webhooks",
+        )
     },
     "STRICT_JSON": True,
 }
@@ -311,6 +323,12 @@ SPECTACULAR_SETTINGS = {
 AGENTRT_SLICE_SECONDS = env_float("AGENTRT_SLICE_SECONDS", 120)
 AGENTRT_MAX_CALL_SECONDS = env_float("AGENTRT_MAX_CALL_SECONDS", 300)
 AGENTRT_RECONCILER = os.environ.get("AGENTRT_RECONCILER", "")
+# A project's tools and providers (issue 13): comma-separated dotted module
+# paths imported by every process at startup (runs.extensions), in addition
+# to each installed app's `agent_tools` / `agent_providers` module. Operator
+# configuration only: never taken from a tenant.
+AGENTRT_TOOL_MODULES = os.environ.get("AGENTRT_TOOL_MODULES", "")
+AGENTRT_PROVIDER_MODULES = os.environ.get("AGENTRT_PROVIDER_MODULES", "")
 AGENTRT_RECONCILE_TIMEOUT = env_float("AGENTRT_RECONCILE_TIMEOUT", 30)
 AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = env_list("AGENTRT_HTTP_TOOL_ALLOWED_HOSTS", "")
 AGENTRT_APPROVAL_TTL_SECONDS = env_float("AGENTRT_APPROVAL_TTL_SECONDS", 86400)
@@ -339,7 +357,7 @@ def _model_endpoints():
     from runs.providers.endpoints import EndpointConfigError, parse_endpoints
 
     try:
-        return parse_endpoints(os.environ.get("AGENTRT_MODEL_ENDPOINTS"))
+        return parse_endpoints(os.environ.get("AGENTRT_MODEL_ENDPOINTS"), check_provider=False)
     except EndpointConfigError as exc:
         raise ImproperlyConfigured(str(exc)) from None
 
@@ -358,6 +376,34 @@ AGENTRT_DEFAULT_LIMITS = {
     "synthesis_reserve_tool_calls": 4,
     "synthesis_reserve_cost_usd": 0,
 }
+
+# --- Post-run hooks and webhooks (issue 17; README "Hooks and webhooks") -----
+# Modules that register post-run hooks (runs.hooks.register), besides each installed app's `agent_hooks`.
+AGENTRT_HOOK_MODULES = env_list("AGENTRT_HOOK_MODULES", "")
+# Hosts (`host` or `host:port`) a webhook subscription's URL may name; checked when saved and before every attempt.
+AGENTRT_WEBHOOK_ALLOWED_HOSTS = env_list("AGENTRT_WEBHOOK_ALLOWED_HOSTS", "")
+AGENTRT_WEBHOOK_TIMEOUT_SECONDS = env_float("AGENTRT_WEBHOOK_TIMEOUT_SECONDS", 10)
+# Subscriptions per tenant: each event writes one delivery per matching subscription in the event's own transaction.
+AGENTRT_WEBHOOK_MAX_PER_TENANT = env_int("AGENTRT_WEBHOOK_MAX_PER_TENANT", 20)
+# Fernet keys for the signing secrets at rest (the first encrypts);
+# unset: a key derived from SECRET_KEY (webhooks/secrets.py).
+AGENTRT_WEBHOOK_SECRET_KEYS = env_list("AGENTRT_WEBHOOK_SECRET_KEYS", "")
+# Where links in webhook payloads point (e.g. https://agentrt.example.com); unset: paths only.
+AGENTRT_PUBLIC_URL = os.environ.get("AGENTRT_PUBLIC_URL", "").rstrip("/")
+# Retries: BACKOFF × 2^(attempt-1) apart (at most 6 h), for at most MAX_AGE, then the delivery is failed.
+AGENTRT_DELIVERY_BACKOFF_SECONDS = env_float("AGENTRT_DELIVERY_BACKOFF_SECONDS", 10)
+AGENTRT_DELIVERY_MAX_AGE_SECONDS = env_float("AGENTRT_DELIVERY_MAX_AGE_SECONDS", 86400)
+# A worker's hold on a delivery; a worker killed mid-delivery leaves it due again after this.
+AGENTRT_DELIVERY_CLAIM_SECONDS = env_float("AGENTRT_DELIVERY_CLAIM_SECONDS", 60)
+# How often run_maintenance rings deliveries that are due again (retries, lapsed claims, lost doorbells).
+AGENTRT_DELIVERY_SWEEP_SECONDS = env_float("AGENTRT_DELIVERY_SWEEP_SECONDS", 1)
+if AGENTRT_DELIVERY_CLAIM_SECONDS <= AGENTRT_WEBHOOK_TIMEOUT_SECONDS:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        "AGENTRT_DELIVERY_CLAIM_SECONDS must be longer than AGENTRT_WEBHOOK_TIMEOUT_SECONDS "
+        "(else a second worker could send a delivery that is still in flight)"
+    )
 
 # --- django-q2: a doorbell, never the source of truth (DESIGN §5) -----------
 Q_WORKERS = env_int("AGENTRT_WORKERS", 2)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
+from django.db.models import Q
 
 from approvals.errors import (
     ApprovalDecided,
@@ -27,7 +28,7 @@ from runs.clock import CLOCK
 from runs.domain.values import FailureReason, RunFailure
 from runs.domain.writes import EventWrite
 from runs.models import Run, ToolInvocation
-from runs.store.repository import append_events, jp, sql_dt, sql_json, sql_uuid
+from runs.store.repository import record_events
 
 SURFACES = ("admin", "api", "live")
 
@@ -74,67 +75,60 @@ def approval_decide(
     now = CLOCK.now()
     status = "approved" if approve else "rejected"
     with transaction.atomic(durable=True):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE approvals SET status = %s, decided_by_id = %s, decided_at = %s, decided_via = %s, reason = %s"
-                " WHERE id = %s AND status = 'pending' AND request_hash = %s AND (expires_at IS NULL OR expires_at > %s)"
-                " AND run_id IN (SELECT id FROM runs WHERE status = 'WAITING_FOR_APPROVAL')",
-                [status, user.pk, sql_dt(now), via, reason, sql_uuid(approval.id), request_hash, sql_dt(now)],
+        decided = _decidable(approval, request_hash, now).update(
+            status=status, decided_by_id=user.pk, decided_at=now, decided_via=via, reason=reason
+        )
+        if decided != 1:
+            _explain_refusal(approval, request_hash, now)
+        run = Run.objects.get(id=approval.run_id)
+        events = [
+            EventWrite(
+                "approval.resolved",
+                {
+                    "approval": str(approval.id),
+                    "invocation": str(approval.invocation_id) if approval.invocation_id else None,
+                    "kind": approval.kind,
+                    "decision": status,
+                    "decided_by": user.get_username(),
+                    "decided_via": via,
+                    "reason": reason,
+                    "decided_at": now.isoformat(),
+                },
+                now,
             )
-            if cursor.rowcount != 1:
-                _explain_refusal(approval, request_hash, now)
-            run = Run.objects.get(id=approval.run_id)
-            events = [
-                EventWrite(
-                    "approval.resolved",
-                    {
-                        "approval": str(approval.id),
-                        "invocation": str(approval.invocation_id) if approval.invocation_id else None,
-                        "kind": approval.kind,
-                        "decision": status,
-                        "decided_by": user.get_username(),
-                        "decided_via": via,
-                        "reason": reason,
-                        "decided_at": now.isoformat(),
-                    },
-                    now,
+        ]
+        if approve:
+            if approval.invocation_id and approval.kind in RERUN_KINDS:
+                # The grant: the same invocation runs again once, same key, attempt + 1.
+                ToolInvocation.objects.filter(id=approval.invocation_id).update(
+                    status="authorized", suspended_kind=None, updated_at=now
                 )
-            ]
-            if approve:
-                if approval.invocation_id and approval.kind in RERUN_KINDS:
-                    # The grant: the same invocation runs again once, same key, attempt + 1.
-                    cursor.execute(
-                        "UPDATE tool_invocations SET status = 'authorized', suspended_kind = NULL, updated_at = %s WHERE id = %s",
-                        [sql_dt(now), sql_uuid(approval.invocation_id)],
-                    )
-                _requeue_if_last(cursor, run, now, events)
-            elif approval.kind in RERUN_KINDS:
-                failure = RunFailure(
-                    reason=FailureReason.OPERATOR_REJECTED,
-                    error_class="OperatorRejected",
-                    message="an operator refused to run the interrupted call again",
-                    occurred_at=now,
-                    details={"approval": str(approval.id)},
-                ).as_json()
-                from runs.services.lifecycle import fail_waiting
+            _requeue_if_last(run, now, events)
+        elif approval.kind in RERUN_KINDS:
+            failure = RunFailure(
+                reason=FailureReason.OPERATOR_REJECTED,
+                error_class="OperatorRejected",
+                message="an operator refused to run the interrupted call again",
+                occurred_at=now,
+                details={"approval": str(approval.id)},
+            ).as_json()
+            from runs.services.lifecycle import fail_waiting
 
-                if fail_waiting(cursor, run_id=run.id, failure=failure, now=now):
-                    events.append(EventWrite("run.failed", {"failure": failure}, now))
-            else:
-                denied = {"error": "rejected_by_operator", "message": "an operator rejected this call; it was not run"}
-                cursor.execute(
-                    f"UPDATE tool_invocations SET status = 'failed', result = {jp()}, error = {jp()}, suspended_kind = NULL, updated_at = %s WHERE id = %s",
-                    [sql_json(denied), sql_json(denied), sql_dt(now), sql_uuid(approval.invocation_id)],
-                )
-                _requeue_if_last(cursor, run, now, events)
-            append_events(
-                cursor,
-                tenant_id=run.tenant_id,
-                session_id=run.session_id,
-                run_id=run.id,
-                epoch=run.lease_epoch,
-                events=events,
+            if fail_waiting(run_id=run.id, failure=failure, now=now):
+                events.append(EventWrite("run.failed", {"failure": failure}, now))
+        else:
+            denied = {"error": "rejected_by_operator", "message": "an operator rejected this call; it was not run"}
+            ToolInvocation.objects.filter(id=approval.invocation_id).update(
+                status="failed", result=denied, error=denied, suspended_kind=None, updated_at=now
             )
+            _requeue_if_last(run, now, events)
+        record_events(
+            tenant_id=run.tenant_id,
+            session_id=run.session_id,
+            run_id=run.id,
+            epoch=run.lease_epoch,
+            events=events,
+        )
     approval.refresh_from_db()
     return approval
 
@@ -162,106 +156,106 @@ def approval_confirm(
     now = CLOCK.now()
     by = user.get_username()
     with transaction.atomic(durable=True):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE approvals SET status = 'confirmed', decided_by_id = %s, decided_at = %s, decided_via = %s, reason = %s"
-                " WHERE id = %s AND status = 'pending' AND request_hash = %s AND (expires_at IS NULL OR expires_at > %s)"
-                " AND run_id IN (SELECT id FROM runs WHERE status = 'WAITING_FOR_APPROVAL')",
-                [user.pk, sql_dt(now), via, reason, sql_uuid(approval.id), request_hash, sql_dt(now)],
-            )
-            if cursor.rowcount != 1:
-                _explain_refusal(approval, request_hash, now)
-            run = Run.objects.get(id=approval.run_id)
-            inv = ToolInvocation.objects.get(id=approval.invocation_id)
-            result = {
-                "outcome": "confirmed",
+        decided = _decidable(approval, request_hash, now).update(
+            status="confirmed", decided_by_id=user.pk, decided_at=now, decided_via=via, reason=reason
+        )
+        if decided != 1:
+            _explain_refusal(approval, request_hash, now)
+        run = Run.objects.get(id=approval.run_id)
+        inv = ToolInvocation.objects.get(id=approval.invocation_id)
+        result = {
+            "outcome": "confirmed",
+            "took_effect": took_effect,
+            "confirmed_by": by,
+            "reason": reason,
+            "message": (
+                "an operator confirmed that this call took effect; it was not sent again"
+                if took_effect
+                else "an operator confirmed that this call did not take effect; it was not sent again"
+            ),
+        }
+        history = [dict(a) for a in (inv.attempts or []) if isinstance(a, dict)]
+        if not any(a.get("attempt") == inv.attempt for a in history):
+            history.append({"attempt": inv.attempt, "outcome": "uncertain", "error": inv.error})
+        history.append(
+            {
+                "decision": "confirmed",
                 "took_effect": took_effect,
                 "confirmed_by": by,
-                "reason": reason,
-                "message": (
-                    "an operator confirmed that this call took effect; it was not sent again"
-                    if took_effect
-                    else "an operator confirmed that this call did not take effect; it was not sent again"
-                ),
+                "at": now.isoformat(),
+                "approval": str(approval.id),
             }
-            history = [dict(a) for a in (inv.attempts or []) if isinstance(a, dict)]
-            if not any(a.get("attempt") == inv.attempt for a in history):
-                history.append({"attempt": inv.attempt, "outcome": "uncertain", "error": inv.error})
-            history.append(
+        )
+        changes = {
+            "status": "completed" if took_effect else "failed",
+            "outcome": "succeeded" if took_effect else "failed",
+            "result": result,
+            "attempts": history,
+            "suspended_kind": None,
+            "updated_at": now,
+        }
+        if took_effect:
+            changes["error"] = None
+        ToolInvocation.objects.filter(id=inv.id).update(**changes)
+        events = [
+            EventWrite(
+                "approval.resolved",
                 {
+                    "approval": str(approval.id),
+                    "invocation": str(inv.id),
+                    "kind": approval.kind,
                     "decision": "confirmed",
                     "took_effect": took_effect,
-                    "confirmed_by": by,
-                    "at": now.isoformat(),
-                    "approval": str(approval.id),
-                }
-            )
-            cursor.execute(
-                f"UPDATE tool_invocations SET status = %s, outcome = %s, result = {jp()}, attempts = {jp()}, suspended_kind = NULL,"
-                + (" error = NULL," if took_effect else "")
-                + " updated_at = %s WHERE id = %s",
-                [
-                    "completed" if took_effect else "failed",
-                    "succeeded" if took_effect else "failed",
-                    sql_json(result),
-                    sql_json(history),
-                    sql_dt(now),
-                    sql_uuid(inv.id),
-                ],
-            )
-            events = [
-                EventWrite(
-                    "approval.resolved",
-                    {
-                        "approval": str(approval.id),
-                        "invocation": str(inv.id),
-                        "kind": approval.kind,
-                        "decision": "confirmed",
-                        "took_effect": took_effect,
-                        "decided_by": by,
-                        "decided_via": via,
-                        "reason": reason,
-                        "decided_at": now.isoformat(),
-                    },
-                    now,
-                ),
-                EventWrite(
-                    "tool.call.completed" if took_effect else "tool.call.failed",
-                    {
-                        "invocation": str(inv.id),
-                        "call_id": inv.call_id,
-                        "tool": inv.tool_name,
-                        "result": result,
-                        "executed": False,
-                        "attempt": inv.attempt,
-                        "outcome": "succeeded" if took_effect else "failed",
-                        "confirmed": True,
-                    },
-                    now,
-                ),
-            ]
-            _requeue_if_last(cursor, run, now, events)
-            append_events(
-                cursor,
-                tenant_id=run.tenant_id,
-                session_id=run.session_id,
-                run_id=run.id,
-                epoch=run.lease_epoch,
-                events=events,
-            )
+                    "decided_by": by,
+                    "decided_via": via,
+                    "reason": reason,
+                    "decided_at": now.isoformat(),
+                },
+                now,
+            ),
+            EventWrite(
+                "tool.call.completed" if took_effect else "tool.call.failed",
+                {
+                    "invocation": str(inv.id),
+                    "call_id": inv.call_id,
+                    "tool": inv.tool_name,
+                    "result": result,
+                    "executed": False,
+                    "attempt": inv.attempt,
+                    "outcome": "succeeded" if took_effect else "failed",
+                    "confirmed": True,
+                },
+                now,
+            ),
+        ]
+        _requeue_if_last(run, now, events)
+        record_events(
+            tenant_id=run.tenant_id,
+            session_id=run.session_id,
+            run_id=run.id,
+            epoch=run.lease_epoch,
+            events=events,
+        )
     approval.refresh_from_db()
     return approval
 
 
-def _requeue_if_last(cursor, run: Run, now, events: list) -> None:
-    cursor.execute("SELECT COUNT(*) FROM approvals WHERE run_id = %s AND status = 'pending'", [sql_uuid(run.id)])
-    if cursor.fetchone()[0]:
-        return
-    cursor.execute(
-        "UPDATE runs SET status = 'QUEUED', updated_at = %s WHERE id = %s AND status = 'WAITING_FOR_APPROVAL'",
-        [sql_dt(now), sql_uuid(run.id)],
+def _decidable(approval: Approval, request_hash: str, now):
+    """The guard of a decision: the approval still pending, with the hash that
+    was shown, not expired, on a run WAITING_FOR_APPROVAL."""
+    return Approval.objects.filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=now),
+        id=approval.id,
+        status="pending",
+        request_hash=request_hash,
+        run_id__in=Run.objects.filter(status="WAITING_FOR_APPROVAL").values("id"),
     )
-    if cursor.rowcount == 1:
+
+
+def _requeue_if_last(run: Run, now, events: list) -> None:
+    if Approval.objects.filter(run_id=run.id, status="pending").exists():
+        return
+    if Run.objects.filter(id=run.id, status="WAITING_FOR_APPROVAL").update(status="QUEUED", updated_at=now) == 1:
         events.append(EventWrite("run.requeued", {"reason": "approval"}, now))
         from runs.runtime.executor import enqueue_drive
 

@@ -1,18 +1,11 @@
-"""Sweep locks: `pg_try_advisory_xact_lock` on PostgreSQL, so the lock ends
-with the transaction and a sweep that misses it skips. On SQLite a write
-transaction (IMMEDIATE) already excludes every other writer."""
+"""Sweep locks: a transaction-scoped advisory lock per sweep (the statement is
+in runs/store/locks.py), so a sweep that misses it skips."""
 
 from __future__ import annotations
 
-import zlib
-
-from django.db import connection
+from runs.store.locks import try_transaction_lock
 
 
 def try_sweep_lock(name: str) -> bool:
     """Call inside `transaction.atomic()`; True when this node may sweep."""
-    if connection.vendor != "postgresql":
-        return True  # BEGIN IMMEDIATE (settings) already holds SQLite's write lock
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [zlib.crc32(f"agentrt.{name}".encode())])
-        return bool(cursor.fetchone()[0])
+    return try_transaction_lock(name)

@@ -7,6 +7,7 @@ import logging
 from django.conf import settings
 from django.db import close_old_connections
 
+from maintenance.sweeps.deliveries import sweep_deliveries
 from maintenance.sweeps.expiry import sweep_expiry
 from maintenance.sweeps.prune import sweep_prune
 from maintenance.sweeps.reclaim import sweep_reclaim
@@ -21,6 +22,7 @@ def cadences() -> list[tuple[str, float, callable]]:
         ("reclaim", lease / 6, sweep_reclaim),
         ("expiry", min(5.0, lease / 3), sweep_expiry),
         ("prune", 300.0, sweep_prune),
+        ("deliveries", float(settings.AGENTRT_DELIVERY_SWEEP_SECONDS), sweep_deliveries),
     ]
 
 

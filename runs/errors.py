@@ -76,3 +76,24 @@ class PublishForbidden(RunError):
 
     code = "permission_denied"
     status = 403
+
+
+class RunLeased(RunError):
+    """Another owner holds a live lease on the run."""
+
+    code = "run_leased"
+    status = 409
+
+
+class RunNotRunning(RunError):
+    """Resume applies only to a RUNNING run (not queued, waiting or ended)."""
+
+    code = "run_not_running"
+    status = 409
+
+
+class RunNotWaitingForUser(RunError):
+    """Input goes only to a run that waits for the user."""
+
+    code = "run_not_waiting_for_input"
+    status = 409

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from approvals.models import Approval
 from maintenance.locks import try_sweep_lock
@@ -22,7 +22,7 @@ from runs.domain.writes import EventWrite
 from runs.models import Run
 from runs.runtime.queue import db_now
 from runs.services.lifecycle import fail_waiting
-from runs.store.repository import append_events, sql_dt, sql_uuid
+from runs.store.repository import record_events
 
 BATCH = 200
 
@@ -37,40 +37,34 @@ def _fail(run: Run, reason: FailureReason, message: str, *, approval=None) -> bo
         details={"approval": str(approval.id)} if approval else {},
     ).as_json()
     with transaction.atomic(durable=True):
-        with connection.cursor() as cursor:
-            events = []
-            if approval is not None:
-                cursor.execute(
-                    "UPDATE approvals SET status = 'expired', decided_at = %s WHERE id = %s AND status = 'pending'",
-                    [sql_dt(now), sql_uuid(approval.id)],
-                )
-                if cursor.rowcount != 1:
-                    return False
-                events.append(
-                    EventWrite(
-                        "approval.resolved",
-                        {
-                            "approval": str(approval.id),
-                            "decision": "expired",
-                            "decided_via": "maintenance",
-                            "decided_at": now.isoformat(),
-                        },
-                        now,
-                    )
-                )
-            if not fail_waiting(cursor, run_id=run.id, failure=failure, now=now):
-                if approval is not None:
-                    transaction.set_rollback(True)
+        events = []
+        if approval is not None:
+            if Approval.objects.filter(id=approval.id, status="pending").update(status="expired", decided_at=now) != 1:
                 return False
-            events.append(EventWrite("run.failed", {"failure": failure}, now))
-            append_events(
-                cursor,
-                tenant_id=run.tenant_id,
-                session_id=run.session_id,
-                run_id=run.id,
-                epoch=run.lease_epoch,
-                events=events,
+            events.append(
+                EventWrite(
+                    "approval.resolved",
+                    {
+                        "approval": str(approval.id),
+                        "decision": "expired",
+                        "decided_via": "maintenance",
+                        "decided_at": now.isoformat(),
+                    },
+                    now,
+                )
             )
+        if not fail_waiting(run_id=run.id, failure=failure, now=now):
+            if approval is not None:
+                transaction.set_rollback(True)
+            return False
+        events.append(EventWrite("run.failed", {"failure": failure}, now))
+        record_events(
+            tenant_id=run.tenant_id,
+            session_id=run.session_id,
+            run_id=run.id,
+            epoch=run.lease_epoch,
+            events=events,
+        )
     return True
 
 

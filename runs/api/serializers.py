@@ -15,6 +15,7 @@ from rest_framework import serializers
 
 from approvals.models import Approval
 from runs.domain.values import RunStatus
+from runs.providers import PROVIDERS
 from runs.services.agent_schema import AgentDefinition, Limits, forbidden_model_keys
 from runs.services.selectors import event_to_dict, run_to_dict
 
@@ -54,7 +55,7 @@ SERVER_OWNED = frozenset(
 
 def pydantic_fields(exc: PydanticValidationError, prefix: str = "") -> dict[str, list[str]]:
     """A pydantic error as `{"dotted.path": [messages]}` (union tags left out)."""
-    tags = {"ScriptedModel", "OpenAIModel", "scripted", "openai"}
+    tags = PROVIDERS.union_tags()
     fields: dict[str, list[str]] = {}
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in tags))

@@ -4,6 +4,7 @@ from django.urls import path, re_path
 
 from runs.api import views
 from runs.api.errors import api_not_found
+from webhooks import api as webhooks
 
 app_name = "api"
 
@@ -20,6 +21,10 @@ urlpatterns = [
     path("approvals/<str:id>/approve/", views.ApprovalApprove.as_view(), name="approval-approve"),
     path("approvals/<str:id>/reject/", views.ApprovalReject.as_view(), name="approval-reject"),
     path("approvals/<str:id>/confirm/", views.ApprovalConfirm.as_view(), name="approval-confirm"),
+    path("webhooks/", webhooks.WebhookListCreate.as_view(), name="webhook-list"),
+    path("webhooks/<str:id>/", webhooks.WebhookDetail.as_view(), name="webhook-detail"),
+    path("webhooks/<str:id>/test/", webhooks.WebhookTest.as_view(), name="webhook-test"),
+    path("webhooks/<str:id>/deliveries/", webhooks.WebhookDeliveries.as_view(), name="webhook-deliveries"),
     path("schema/", views.SchemaView.as_view(), name="schema"),
     path("docs/", views.SwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("docs/redoc/", views.RedocView.as_view(url_name="api:schema"), name="redoc"),

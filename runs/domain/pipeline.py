@@ -194,7 +194,7 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
             decision = "require_approval"
         if decision == "allow":
             entry.authorized = True
-            entry.asks_user = bool(entry.spec.control and entry.spec.name == "ask_user")
+            entry.asks_user = entry.spec.control == "ask_user"
         elif decision == "deny":
             fail(entry, "denied_by_policy", "policy denied this call")
         elif ctx.approvals is None:

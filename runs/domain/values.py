@@ -227,7 +227,7 @@ class ToolSpec(Frozen):
     read_only: bool
     side_effect: str = "none"
     timeout_seconds: float = 30.0
-    control: bool = False
+    control: str | None = None  # the suspension a control tool causes ("ask_user"); None for an ordinary tool
 
 
 class RunOutcome(BaseModel):

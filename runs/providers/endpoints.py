@@ -9,8 +9,12 @@ Bearer token. The operator declares endpoints in `AGENTRT_MODEL_ENDPOINTS`:
                "api_key_env": "OLLAMA_API_KEY", "models": ["llama3.1:8b"]}}
 
 `models` is optional; when given, an agent may name only those models. The
-built-in endpoint `openai` (https://api.openai.com/v1, `OPENAI_API_KEY`)
-exists unless the setting defines one with that name.
+built-in endpoints `openai` (https://api.openai.com/v1, `OPENAI_API_KEY`) and
+`anthropic` (https://api.anthropic.com/v1, `ANTHROPIC_API_KEY`) exist unless
+the setting defines one with that name. `provider` names a provider that
+takes endpoints: a built-in one, or one a project registered
+(`runs.providers.registry`); settings.py checks the shape before the apps are
+loaded, and `runs.extensions` checks the provider names once they are.
 
 Nothing here imports Django at module level: settings.py validates the
 environment with `parse_endpoints` at startup, so a bad configuration stops
@@ -26,13 +30,18 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-# Providers whose adapters take an endpoint. A provider module registering
-# another such adapter adds its name here.
-ENDPOINT_PROVIDERS = {"openai"}
+# The built-in providers whose adapters take an endpoint; a project's are
+# added by their registry entries (`endpoint=True`).
+ENDPOINT_PROVIDERS = frozenset({"openai", "anthropic"})
 
 DEFAULT_ENDPOINT = "openai"
 BUILTIN_ENDPOINTS: dict[str, dict[str, Any]] = {
     "openai": {"provider": "openai", "base_url": "https://api.openai.com/v1", "api_key_env": "OPENAI_API_KEY"},
+    "anthropic": {
+        "provider": "anthropic",
+        "base_url": "https://api.anthropic.com/v1",
+        "api_key_env": "ANTHROPIC_API_KEY",
+    },
 }
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
@@ -64,7 +73,17 @@ class Endpoint:
         return parts._replace(netloc=netloc).geturl()
 
 
-def _endpoint(name: Any, entry: Any) -> Endpoint:
+def known_providers() -> frozenset[str]:
+    """The built-in endpoint providers and any a project registered."""
+    import sys
+
+    registry = sys.modules.get("runs.providers.registry")  # never imported from here: settings time stays light
+    if registry is None:
+        return ENDPOINT_PROVIDERS
+    return ENDPOINT_PROVIDERS | registry.PROVIDERS.endpoint_providers()
+
+
+def _endpoint(name: Any, entry: Any, providers: frozenset[str] | None = None) -> Endpoint:
     where = f"{SETTING}[{name!r}]"
     if not isinstance(name, str) or not NAME.match(name):
         raise EndpointConfigError(f"{where}: an endpoint name is letters, digits, '_', '.', '-' (at most 100)")
@@ -78,8 +97,10 @@ def _endpoint(name: Any, entry: Any) -> Endpoint:
             raise EndpointConfigError(f"{where}.{key}: required")
         if not isinstance(entry[key], str) or not entry[key]:
             raise EndpointConfigError(f"{where}.{key}: must be a non-empty string")
-    if entry["provider"] not in ENDPOINT_PROVIDERS:
-        raise EndpointConfigError(f"{where}.provider: must be one of {', '.join(sorted(ENDPOINT_PROVIDERS))}")
+    if providers is not None and entry["provider"] not in providers:
+        raise EndpointConfigError(f"{where}.provider: must be one of {', '.join(sorted(providers))}")
+    if not NAME.match(entry["provider"]):
+        raise EndpointConfigError(f"{where}.provider: a provider name is letters, digits, '_', '.', '-'")
     parts = urlsplit(entry["base_url"])
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise EndpointConfigError(f"{where}.base_url: must be an http(s) URL with a host")
@@ -99,9 +120,12 @@ def _endpoint(name: Any, entry: Any) -> Endpoint:
     )
 
 
-def parse_endpoints(raw: str | Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+def parse_endpoints(raw: str | Mapping[str, Any] | None, *, check_provider: bool = True) -> dict[str, dict[str, Any]]:
     """Validate the setting (JSON text or an already-decoded object) and
-    return it as plain data; raise EndpointConfigError naming the bad key."""
+    return it as plain data; raise EndpointConfigError naming the bad key.
+    With `check_provider=False` (settings time, before a project's providers
+    are registered) a provider name is only checked for shape."""
+    providers = known_providers() if check_provider else None
     if raw is None or raw == "":
         return {}
     if isinstance(raw, str):
@@ -113,7 +137,7 @@ def parse_endpoints(raw: str | Mapping[str, Any] | None) -> dict[str, dict[str, 
         raise EndpointConfigError(f"{SETTING}: must be a JSON object of endpoint name -> endpoint")
     out: dict[str, dict[str, Any]] = {}
     for name, entry in raw.items():
-        ep = _endpoint(name, entry)
+        ep = _endpoint(name, entry, providers)
         out[name] = {"provider": ep.provider, "base_url": ep.base_url, "api_key_env": ep.api_key_env}
         if ep.models is not None:
             out[name]["models"] = list(ep.models)
@@ -131,8 +155,9 @@ def configured() -> dict[str, Endpoint]:
     except ImportError:  # pragma: no cover - Django is always installed here
         pass
     merged: dict[str, Any] = dict(BUILTIN_ENDPOINTS)
-    merged.update(parse_endpoints(table) if table else {})
-    return {name: _endpoint(name, entry) for name, entry in merged.items()}
+    merged.update(parse_endpoints(table, check_provider=False) if table else {})
+    providers = known_providers()
+    return {name: _endpoint(name, entry, providers) for name, entry in merged.items()}
 
 
 def endpoint_for(name: str) -> Endpoint | None:

@@ -11,8 +11,9 @@ use), else `DEFAULT_PRICES` below. An entry is
 A model with no price is an error when the agent is loaded
 (`check_model_priced`) and a permanent model error at call time: it is never
 counted as free. A local model that really costs nothing is priced with
-explicit zeros. A dated snapshot (`gpt-4o-2024-08-06`) takes the price of
-its undated name when it has none of its own.
+explicit zeros. A dated snapshot (`gpt-4o-2024-08-06`,
+`claude-sonnet-4-20250514`) takes the price of its undated name when it has
+none of its own.
 
 Token accounting follows OpenAI's usage report: `input_tokens` is
 `prompt_tokens` and *includes* the cache reads (and cache writes, where a
@@ -31,6 +32,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+
+def _anthropic(input_per_mtok: float, output_per_mtok: float) -> dict[str, float]:
+    return {
+        "input_per_mtok": input_per_mtok,
+        "output_per_mtok": output_per_mtok,
+        "cache_read_per_mtok": round(input_per_mtok * 0.1, 6),
+        "cache_creation_per_mtok": round(input_per_mtok * 1.25, 6),
+    }
+
+
 # OpenAI list prices (USD per 1M tokens, 2025). Verify against the provider's
 # price page and override with AGENTRT_MODEL_PRICES; local models are not here
 # on purpose (price them explicitly, even at zero).
@@ -42,11 +53,21 @@ DEFAULT_PRICES: dict[str, dict[str, float]] = {
     "gpt-4.1-nano": {"input_per_mtok": 0.10, "output_per_mtok": 0.40, "cache_read_per_mtok": 0.025},
     "o3-mini": {"input_per_mtok": 1.10, "output_per_mtok": 4.40, "cache_read_per_mtok": 0.55},
     "o4-mini": {"input_per_mtok": 1.10, "output_per_mtok": 4.40, "cache_read_per_mtok": 0.275},
+    # Anthropic list prices (USD per 1M tokens, 2025): cache reads at 0.1x the
+    # input rate, 5-minute cache writes at 1.25x. Snapshots such as
+    # claude-sonnet-4-20250514 take the price of their undated name.
+    "claude-opus-4-1": _anthropic(15.00, 75.00),
+    "claude-opus-4": _anthropic(15.00, 75.00),
+    "claude-sonnet-4-5": _anthropic(3.00, 15.00),
+    "claude-sonnet-4": _anthropic(3.00, 15.00),
+    "claude-3-7-sonnet": _anthropic(3.00, 15.00),
+    "claude-haiku-4-5": _anthropic(1.00, 5.00),
+    "claude-3-5-haiku": _anthropic(0.80, 4.00),
 }
 
 _KEYS = ("input_per_mtok", "output_per_mtok", "cache_read_per_mtok", "cache_creation_per_mtok")
 _REQUIRED = ("input_per_mtok", "output_per_mtok")
-_SNAPSHOT = re.compile(r"^(?P<base>.+)-\d{4}-\d{2}-\d{2}$")
+_SNAPSHOT = re.compile(r"^(?P<base>.+)-(\d{4}-\d{2}-\d{2}|\d{8})$")  # gpt-4o-2024-08-06, claude-...-20250514
 
 
 @dataclass(frozen=True)
@@ -126,21 +147,34 @@ def price_for(model: str, table: Mapping[str, Any] | None = None) -> Price | Non
     return None
 
 
-def check_model_priced(model_config: Any) -> Price | None:
-    """The agent-validation hook: raise ValueError when an `openai` model has
-    no (valid) price. Other providers are not priced here (None)."""
+def require_price(model_config: Any) -> Price:
+    """The price check of a provider that is paid per token: the block's
+    `model` must have a (valid) price, else ValueError."""
     if hasattr(model_config, "model_dump"):
         model_config = model_config.model_dump()
-    if not isinstance(model_config, Mapping) or model_config.get("provider") != "openai":
-        return None
-    model = model_config.get("model")
+    provider = model_config.get("provider") if isinstance(model_config, Mapping) else None
+    model = model_config.get("model") if isinstance(model_config, Mapping) else None
     if not isinstance(model, str) or not model:
-        raise ValueError("the openai model block needs a model name")
+        raise ValueError(f"the {provider} model block needs a model name")
     price = price_for(model)
     if price is None:
         raise ValueError(
             f"model {model!r} has no price: add it to AGENTRT_MODEL_PRICES "
             "(USD per million tokens: input_per_mtok, output_per_mtok, optional cache_read_per_mtok, "
-            "cache_creation_per_mtok; explicit zeros for a free local model) — an unpriced model is never counted as free"
+            "cache_creation_per_mtok; explicit zeros for a free local model) — "
+            "an unpriced model is never counted as free"
         )
     return price
+
+
+def check_model_priced(model_config: Any) -> Price | None:
+    """The agent-validation hook: the block's provider's price check (from
+    its registry entry; `require_price` for a per-token provider). A
+    provider without one is not priced here (None)."""
+    from runs.providers.registry import PROVIDERS
+
+    raw = model_config.model_dump() if hasattr(model_config, "model_dump") else model_config
+    entry = PROVIDERS.get(raw.get("provider") if isinstance(raw, Mapping) else None)
+    if entry is None or entry.price_check is None:
+        return None
+    return entry.price_check(model_config)

@@ -12,9 +12,52 @@ repeats). Steps past the script replay its last turn. Tool call ids are
 from __future__ import annotations
 
 import json
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
 
 from runs.domain.errors import ModelError
 from runs.domain.values import ModelRequest, ModelTurn, ModelUsage, StopReason, ToolCallRequest
+from runs.providers.config import Strict
+from runs.providers.registry import register_provider
+
+
+class ScriptedModel(Strict):
+    provider: Literal["scripted"]
+    context_window: int | None = Field(None, ge=256, le=10_000_000)
+    turns: list[dict[str, Any]] = Field(default_factory=list, max_length=10000)
+
+    @field_validator("turns")
+    @classmethod
+    def _turns(cls, turns):
+        allowed = {
+            "text",
+            "tool_calls",
+            "delay_ms",
+            "usage",
+            "empty",
+            "error",
+            "attempts",
+            "stop_reason",
+            "stream_had_output",
+        }
+        for i, turn in enumerate(turns):
+            if not isinstance(turn, dict):
+                raise ValueError(f"turn {i} must be an object")
+            unknown = set(turn) - allowed
+            if unknown:
+                raise ValueError(f"turn {i} has unknown keys: {sorted(unknown)}")
+            if "error" in turn and turn["error"] not in ("transient", "permanent"):
+                raise ValueError(f"turn {i}: error must be 'transient' or 'permanent'")
+            if "delay_ms" in turn and (not isinstance(turn["delay_ms"], (int, float)) or turn["delay_ms"] < 0):
+                raise ValueError(f"turn {i}: delay_ms must be a non-negative number")
+            for call in turn.get("tool_calls") or []:
+                if not isinstance(call, dict) or "name" not in call:
+                    raise ValueError(f"turn {i}: every tool call needs a name")
+            for sub in turn.get("attempts") or []:
+                if not isinstance(sub, dict):
+                    raise ValueError(f"turn {i}: attempts must be objects")
+        return turns
 
 
 class ScriptedProvider:
@@ -60,3 +103,8 @@ class ScriptedProvider:
             )
         stop = StopReason.TOOL_CALLS if calls else StopReason(turn.get("stop_reason", "end_turn"))
         return ModelTurn(text=turn.get("text"), tool_calls=calls, stop_reason=stop, usage=usage)
+
+
+@register_provider("scripted", config=ScriptedModel)
+def build(block: dict, on_delta=None) -> ScriptedProvider:
+    return ScriptedProvider(block)

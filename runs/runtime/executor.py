@@ -32,11 +32,12 @@ from runs.domain.scrub import scrub_stream
 from runs.domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunLimits, RunOutcome, RunUsage
 from runs.domain.writes import EventWrite, ModelCallFinish, UnitOfWork
 from runs.models import AgentVersion, ModelCall, Run
-from runs.providers import provider_for
+from runs.providers import provider_for, provider_streams
 from runs.runtime.faults import hook_for
 from runs.runtime.queue import Claim, run_claim
 from runs.runtime.supervisor import Supervisor
-from runs.store.repository import DjangoRunStore, append_event_unfenced, jp, sql_json
+from runs.store.fence import Transition
+from runs.store.repository import DjangoRunStore, append_event_unfenced
 from runs.tools import REGISTRY
 
 log = logging.getLogger("agentrt.executor")
@@ -165,7 +166,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         approvals=ApprovalGate(run=run, clock=clock, ids=ids),
     )
     ctx.policy.floor = tenant_floor(run.tenant_id, step_of=lambda: ctx.state.step)
-    if definition["model"].get("provider") != "scripted":
+    if provider_streams(definition["model"]):
         ctx.provider = provider_for(definition["model"], on_delta=DeltaBatcher(ctx))
     return ctx
 
@@ -334,9 +335,9 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
     elif outcome.kind is OutcomeKind.UNKNOWN:
         return _settle_unknown(ctx, claim, outcome, work, clock)
     reason = "drain" if ctx.draining() else "slice_end"
-    transition, params, after = _transition(claim, outcome, work, now, reason)
+    transition, after = _transition(claim, outcome, work, now, reason)
     try:
-        ctx.store.commit(work, transition_sql=transition, transition_params=params, after=after)
+        ctx.store.commit(work, transition=transition, after=after)
     except WorkerFenced:
         late = outcome.late
         if late is None and work.invocation_updates:
@@ -379,13 +380,13 @@ def _settle_unknown(ctx: RunContext, claim: Claim, outcome: RunOutcome, work: Un
 
 
 def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_reason: str):
-    """The SET fragment of finalize's fenced UPDATE, its parameters, the
-    outcome's event, and what must join the transaction."""
+    """The run row's change of finalize's fenced UPDATE (a `Transition`), with
+    the outcome's event appended to `work`, and what must join the
+    transaction."""
     after = None
-    params: list = []
     if outcome.kind is OutcomeKind.YIELDED:
         work.events.append(EventWrite("run.requeued", {"reason": yield_reason, "lease_epoch": claim.epoch}, now))
-        transition = "status = 'QUEUED', lease_owner = NULL, lease_expires_at = NULL"
+        transition = Transition(status="QUEUED", release_lease=True)
         after = lambda cursor: enqueue_drive(claim.run_id)  # noqa: E731 - joins this transaction
     elif outcome.kind is OutcomeKind.SUSPENDED:
         kind = outcome.suspension.kind.value
@@ -402,27 +403,27 @@ def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_
         work.events.append(
             EventWrite("run.waiting_for_user" if kind == "user" else "run.waiting_for_approval", payload, now)
         )
-        transition = f"status = '{status}', lease_owner = NULL, lease_expires_at = NULL"
+        transition = Transition(status=status, release_lease=True)
     elif outcome.kind in _TERMINAL:
         status, event_type = _TERMINAL[outcome.kind]
         payload = {"lease_epoch": claim.epoch}
-        transition = f"status = '{status}', lease_owner = NULL, lease_expires_at = NULL"
         if outcome.kind is OutcomeKind.COMPLETED:
             payload["final_message"] = outcome.final_message
-            transition += ", final_message = %s"
-            params.append(outcome.final_message)
         if outcome.failure is not None:
             payload["failure"] = outcome.failure.as_json()
-            transition += f", failure = {jp()}"
-            params.append(sql_json(outcome.failure.as_json()))
         if outcome.result is not None:
             payload["result"] = outcome.result
-            transition += f", result = {jp()}"
-            params.append(sql_json(outcome.result))
+        transition = Transition(
+            status=status,
+            release_lease=True,
+            final_message=outcome.final_message if outcome.kind is OutcomeKind.COMPLETED else None,
+            failure=payload.get("failure"),
+            result=outcome.result,
+        )
         work.events.append(EventWrite(event_type, payload, now))
     else:
         raise ValueError(f"finalize cannot perform outcome {outcome.kind}")
-    return transition, params, after
+    return transition, after
 
 
 def finalize_detached(
@@ -442,9 +443,9 @@ def finalize_detached(
         epoch=claim.epoch,
         code_version=settings.AGENTRT_CODE_VERSION,
     )
-    transition, params, after = _transition(claim, outcome, work, clock.now(), yield_reason)
+    transition, after = _transition(claim, outcome, work, clock.now(), yield_reason)
     try:
-        store.commit(work, transition_sql=transition, transition_params=params, after=after)
+        store.commit(work, transition=transition, after=after)
     except WorkerFenced:
         _record_fenced(claim, None, clock)
         return RunOutcome(kind=OutcomeKind.FENCED)

@@ -17,7 +17,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 from django.utils.module_loading import import_string
 from pydantic import BaseModel, ConfigDict
 
@@ -27,13 +27,15 @@ from runs.clock import CLOCK, IDS
 from runs.domain.pipeline import UNKNOWN_OUTCOME
 from runs.domain.values import FailureReason, OutcomeKind, RunFailure, RunOutcome, Suspension, SuspensionKind
 from runs.domain.writes import ApprovalInsert, EventWrite, InvocationUpdate, UnitOfWork
-from runs.errors import RunError, RunNotFound
+from runs.errors import RunLeased, RunNotFound, RunNotRunning
 from runs.models import ModelCall, Run, ToolInvocation
 from runs.runtime.executor import finalize_detached, worker_identity
 from runs.runtime.faults import fire
 from runs.runtime.queue import Claim
-from runs.store.repository import append_events, is_pg, jp, sql_dt, sql_json, sql_uuid
+from runs.store import lease
 from runs.tools import REGISTRY
+from runs.tools.reconcile import by_tool as reconcile_by_tool
+from runs.tools.reconcile import covers as tool_reconcilers_cover
 
 log = logging.getLogger("agentrt.resume")
 
@@ -49,20 +51,6 @@ UNCERTAIN_OBSERVATION = {
     "outcome": "uncertain",
     "message": "the request was sent and no answer came; whether it took effect is unknown.",
 }
-
-
-class RunLeased(RunError):
-    """Another owner holds a live lease on the run."""
-
-    code = "run_leased"
-    status = 409
-
-
-class RunNotRunning(RunError):
-    """Resume applies only to a RUNNING run (not queued, waiting or ended)."""
-
-    code = "run_not_running"
-    status = 409
 
 
 class RunView(BaseModel):
@@ -113,127 +101,69 @@ def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeove
     """One transaction: a new epoch (guarded by the epoch read, the expired
     lease and the status), `lease.taken_over`, and every in-flight step
     marked interrupted with its `step.interrupted` event."""
-    lease = float(settings.AGENTRT_LEASE_SECONDS)
     now = CLOCK.now()
-    if is_pg():
-        sql = (
-            "UPDATE runs SET lease_owner = %s, lease_epoch = lease_epoch + 1, lease_expires_at = now() + make_interval(secs => %s),"
-            " attempts = attempts + 1, lease_expirations = lease_expirations + 1, updated_at = now()"
-            " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s AND (lease_expires_at IS NULL OR lease_expires_at < now())"
-            " RETURNING lease_epoch, tenant_id, session_id, NULL, lease_expirations"
-        )
-        params = [owner, lease, run_id, seen_epoch]
-    else:
-        sql = (
-            "UPDATE runs SET lease_owner = %s, lease_epoch = lease_epoch + 1, lease_expires_at = %s,"
-            " attempts = attempts + 1, lease_expirations = lease_expirations + 1, updated_at = %s"
-            " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)"
-            " RETURNING lease_epoch, tenant_id, session_id, NULL, lease_expirations"
-        )
-        params = [owner, sql_dt(now + timedelta(seconds=lease)), sql_dt(now), run_id.hex, seen_epoch, sql_dt(now)]
-    with transaction.atomic(durable=True):
-        with connection.cursor() as cursor:
-            # The owner only changes with the epoch, which the UPDATE guards.
-            cursor.execute(
-                "SELECT lease_owner FROM runs WHERE id = %s AND lease_epoch = %s", [sql_uuid(run_id), seen_epoch]
+
+    def events(taken: lease.TakenOver) -> list[EventWrite]:
+        out = [
+            EventWrite(
+                "lease.taken_over",
+                {
+                    "previous_owner": taken.previous_owner,
+                    "previous_epoch": seen_epoch,
+                    "lease_owner": owner,
+                    "lease_epoch": taken.leased.epoch,
+                    "via": via,
+                    "lease_expirations": taken.lease_expirations,
+                },
+                now,
             )
-            prev_row = cursor.fetchone()
-            cursor.execute(sql, params)
-            got = cursor.fetchone()
-            if got is None:
-                return None
-            epoch, tenant_id, session_id, _, expirations = got
-            prev = prev_row[0] if prev_row else None
-            claim = Claim(
-                run_id=run_id, tenant_id=_uuid(tenant_id), session_id=_uuid(session_id), owner=owner, epoch=epoch
-            )
-            events = [
-                EventWrite(
-                    "lease.taken_over",
-                    {
-                        "previous_owner": prev,
-                        "previous_epoch": seen_epoch,
-                        "lease_owner": owner,
-                        "lease_epoch": epoch,
-                        "via": via,
-                        "lease_expirations": expirations,
-                    },
-                    now,
-                )
-            ]
-            interrupted: list[dict[str, Any]] = []
-            cursor.execute(
-                "UPDATE model_calls SET status = 'interrupted', finished_at = %s WHERE run_id = %s AND status = 'started'"
-                " RETURNING step_number, attempt_number",
-                [sql_dt(now), sql_uuid(run_id)],
-            )
-            for step, attempt in cursor.fetchall():
-                events.append(
-                    EventWrite("step.interrupted", {"step": step, "attempt": attempt, "phase": "deciding"}, now)
-                )
-            cursor.execute(
-                f"UPDATE tool_invocations SET status = 'interrupted', result = {jp()}, error = {jp()}, updated_at = %s, lease_epoch = %s"
-                " WHERE run_id = %s AND status = 'authorized' AND read_only = %s RETURNING id, step_number, call_id, tool_name",
-                [
-                    sql_json(INTERRUPTED_OBSERVATION),
-                    sql_json(INTERRUPTED_OBSERVATION),
-                    sql_dt(now),
-                    epoch,
-                    sql_uuid(run_id),
-                    True,
-                ],
-            )
-            for inv, step, call_id, tool in cursor.fetchall():
-                events.append(
+        ]
+        for step, attempt in taken.model_calls:
+            out.append(EventWrite("step.interrupted", {"step": step, "attempt": attempt, "phase": "deciding"}, now))
+        for calls, read_only, outcome in ((taken.reads, True, "interrupted"), (taken.effects, False, "unknown")):
+            for call in calls:
+                out.append(
                     EventWrite(
                         "step.interrupted",
                         {
-                            "step": step,
+                            "step": call.step,
                             "phase": "executing",
-                            "invocation": str(_uuid(inv)),
-                            "call_id": call_id,
-                            "tool": tool,
-                            "read_only": True,
-                            "outcome": "interrupted",
+                            "invocation": str(call.invocation),
+                            "call_id": call.call_id,
+                            "tool": call.tool,
+                            "read_only": read_only,
+                            "outcome": outcome,
                         },
                         now,
                     )
                 )
-            cursor.execute(
-                f"UPDATE tool_invocations SET status = 'interrupted', error = {jp()}, updated_at = %s, lease_epoch = %s"
-                " WHERE run_id = %s AND status = 'executing' RETURNING id, step_number, call_id, tool_name",
-                [sql_json(UNKNOWN_OUTCOME), sql_dt(now), epoch, sql_uuid(run_id)],
-            )
-            for inv, step, call_id, tool in cursor.fetchall():
-                events.append(
-                    EventWrite(
-                        "step.interrupted",
-                        {
-                            "step": step,
-                            "phase": "executing",
-                            "invocation": str(_uuid(inv)),
-                            "call_id": call_id,
-                            "tool": tool,
-                            "read_only": False,
-                            "outcome": "unknown",
-                        },
-                        now,
-                    )
-                )
-                interrupted.append({"invocation": _uuid(inv), "step": step})
-            append_events(
-                cursor,
-                tenant_id=claim.tenant_id,
-                session_id=claim.session_id,
-                run_id=run_id,
-                epoch=epoch,
-                events=events,
-            )
-    return Takeover(claim=claim, previous_owner=prev, previous_epoch=seen_epoch, interrupted=interrupted)
+        return out
 
-
-def _uuid(value) -> UUID:
-    return value if isinstance(value, UUID) else UUID(str(value))
+    taken = lease.take_over(
+        run_id=run_id,
+        owner=owner,
+        seen_epoch=seen_epoch,
+        lease_seconds=float(settings.AGENTRT_LEASE_SECONDS),
+        now=now,
+        read_observation=INTERRUPTED_OBSERVATION,
+        unknown_outcome=UNKNOWN_OUTCOME,
+        events=events,
+    )
+    if taken is None:
+        return None
+    claim = Claim(
+        run_id=run_id,
+        tenant_id=taken.leased.tenant_id,
+        session_id=taken.leased.session_id,
+        owner=owner,
+        epoch=taken.leased.epoch,
+    )
+    return Takeover(
+        claim=claim,
+        previous_owner=taken.previous_owner,
+        previous_epoch=seen_epoch,
+        interrupted=[{"invocation": call.invocation, "step": call.step} for call in taken.effects],
+    )
 
 
 def _failure(reason: FailureReason, error_class: str, message: str, **details) -> RunFailure:
@@ -290,7 +220,7 @@ def decide(takeover: Takeover) -> str:
         # The operator asked to cancel: end it; an unknown effect stays
         # `interrupted` with its outcome labelled unknown.
         return _end(claim, RunOutcome(kind=OutcomeKind.CANCELLED), UnitOfWork())
-    if settings.AGENTRT_RECONCILER:
+    if settings.AGENTRT_RECONCILER or tool_reconcilers_cover([inv.tool_name for inv in unknown]):
         return _reconcile(claim, run, unknown)
     if unknown:
         conflict = _cannot_wait(claim, unknown)
@@ -538,7 +468,7 @@ def _call_reconciler(view: RunView, claim: Claim) -> Any:
 
     def target():
         try:
-            fn = import_string(settings.AGENTRT_RECONCILER)
+            fn = import_string(settings.AGENTRT_RECONCILER) if settings.AGENTRT_RECONCILER else reconcile_by_tool
             box["value"] = fn(view)
         except BaseException as exc:  # recorded, never raised into the worker
             box["error"] = exc

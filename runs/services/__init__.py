@@ -7,6 +7,7 @@ commands and a team's own code call); its modules:
 - tenants: tenant_create, tenant_configure, policy_floor_check, tenant_get, tenant_of
 - agents: agent_load
 - submit: run_submit, run_get
+- waiting: wait_for_run (until a run ends or waits for a person)
 - inputs: run_input (text for a run waiting for the user)
 - lifecycle: run_cancel, fail_waiting
 - scoping: which tenant a user acts in, which runs and approvals they see
@@ -18,6 +19,7 @@ from runs.domain.values import RunStatus
 from runs.services.agents import agent_load
 from runs.services.submit import run_get, run_submit
 from runs.services.tenants import policy_floor_check, tenant_configure, tenant_create, tenant_get, tenant_of
+from runs.services.waiting import RunWaitTimeout, wait_for_run
 
 __all__ = [
     "tenant_create",
@@ -28,5 +30,7 @@ __all__ = [
     "agent_load",
     "run_submit",
     "run_get",
+    "wait_for_run",
+    "RunWaitTimeout",
     "RunStatus",
 ]

@@ -2,55 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from approvals.policy import DECISIONS, OPS
 from runs.domain.values import RunLimits
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class ScriptedModel(Strict):
-    provider: Literal["scripted"]
-    context_window: int | None = Field(None, ge=256, le=10_000_000)
-    turns: list[dict[str, Any]] = Field(default_factory=list, max_length=10000)
-
-    @field_validator("turns")
-    @classmethod
-    def _turns(cls, turns):
-        allowed = {
-            "text",
-            "tool_calls",
-            "delay_ms",
-            "usage",
-            "empty",
-            "error",
-            "attempts",
-            "stop_reason",
-            "stream_had_output",
-        }
-        for i, turn in enumerate(turns):
-            if not isinstance(turn, dict):
-                raise ValueError(f"turn {i} must be an object")
-            unknown = set(turn) - allowed
-            if unknown:
-                raise ValueError(f"turn {i} has unknown keys: {sorted(unknown)}")
-            if "error" in turn and turn["error"] not in ("transient", "permanent"):
-                raise ValueError(f"turn {i}: error must be 'transient' or 'permanent'")
-            if "delay_ms" in turn and (not isinstance(turn["delay_ms"], (int, float)) or turn["delay_ms"] < 0):
-                raise ValueError(f"turn {i}: delay_ms must be a non-negative number")
-            for call in turn.get("tool_calls") or []:
-                if not isinstance(call, dict) or "name" not in call:
-                    raise ValueError(f"turn {i}: every tool call needs a name")
-            for sub in turn.get("attempts") or []:
-                if not isinstance(sub, dict):
-                    raise ValueError(f"turn {i}: attempts must be objects")
-        return turns
-
+from runs.providers import PROVIDERS
+from runs.providers.anthropic import AnthropicModel  # noqa: F401  (public: the built-in blocks)
+from runs.providers.config import EndpointModel, Strict  # noqa: F401
+from runs.providers.openai import OpenAIModel  # noqa: F401
+from runs.providers.scripted import ScriptedModel  # noqa: F401
 
 # Keys by which a definition could choose where a request goes or which
 # secret it carries. Endpoints are operator configuration
@@ -82,37 +45,6 @@ def forbidden_model_keys(definition: Any) -> dict[str, list[str]]:
     if isinstance(definition, dict):
         walk(definition.get("model"), "model", 0)
     return found
-
-
-class OpenAIModel(Strict):
-    provider: Literal["openai"]
-    endpoint: str = Field("openai", min_length=1, max_length=100)
-    model: str = Field(min_length=1, max_length=200)
-    context_window: int | None = Field(128_000, ge=256, le=10_000_000)
-
-    @field_validator("endpoint")
-    @classmethod
-    def _endpoint(cls, name, info):
-        from runs.providers.endpoints import configured
-
-        endpoint = configured().get(name)
-        if endpoint is None:
-            raise ValueError(f"no model endpoint named {name!r} is configured (endpoints are set by the operator)")
-        provider = info.data.get("provider")
-        if provider is not None and endpoint.provider != provider:
-            raise ValueError(f"endpoint {name!r} serves provider {endpoint.provider!r}, not {provider!r}")
-        return name
-
-    @field_validator("model")
-    @classmethod
-    def _model(cls, model, info):
-        from runs.providers.endpoints import endpoint_for
-
-        name = info.data.get("endpoint")
-        endpoint = endpoint_for(name) if name else None
-        if endpoint is not None and not endpoint.allows(model):
-            raise ValueError(f"endpoint {name!r} serves only: {', '.join(endpoint.models)}")
-        return model
 
 
 class When(Strict):
@@ -195,7 +127,8 @@ class Limits(Strict):
 class AgentDefinition(Strict):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     instructions: str = Field("", max_length=100_000)
-    model: ScriptedModel | OpenAIModel = Field(discriminator="provider")
+    # One member per registered provider (runs.providers.registry): rebuilt when one registers.
+    model: ScriptedModel | OpenAIModel | AnthropicModel = Field(discriminator="provider")
     tools: list[str] = Field(default_factory=list, max_length=100)
     policy: Policy = Field(default_factory=Policy)
     limits: Limits = Field(default_factory=Limits)
@@ -218,6 +151,27 @@ class AgentDefinition(Strict):
         if len(set(tools)) != len(tools):
             raise ValueError("tools are listed more than once")
         return tools
+
+
+def model_block() -> Any:
+    """The type of the `model` block: the tagged union of every registered provider's config."""
+    configs = PROVIDERS.configs()
+    if len(configs) == 1:
+        return configs[0]
+    return Annotated[Union[tuple(configs)], Field(discriminator="provider")]  # noqa: UP007
+
+
+def _rebuild_model_block() -> None:
+    fields = AgentDefinition.__pydantic_fields__
+    current = set(getattr(fields["model"].annotation, "__args__", ()) or ())
+    if current == set(PROVIDERS.configs()):
+        return
+    fields["model"] = FieldInfo.from_annotation(model_block())
+    AgentDefinition.model_rebuild(force=True)
+
+
+_rebuild_model_block()
+PROVIDERS.on_change(_rebuild_model_block)
 
 
 def resolve_limits(defaults: dict[str, Any], agent: dict[str, Any], requested: dict[str, Any] | None) -> RunLimits:

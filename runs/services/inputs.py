@@ -3,22 +3,15 @@ and requeue it, in one transaction (DESIGN §4, §8)."""
 
 from __future__ import annotations
 
-from django.db import connection, transaction
+from django.db import transaction
 
 from runs.clock import CLOCK
 from runs.domain.scrub import scrub_text
 from runs.domain.writes import EventWrite
-from runs.errors import RunError
+from runs.errors import RunNotWaitingForUser
 from runs.models import Run, ToolInvocation
 from runs.services.validation import check_text
-from runs.store.repository import append_events, jp, sql_dt, sql_json, sql_uuid
-
-
-class RunNotWaitingForUser(RunError):
-    """Input goes only to a run that waits for the user."""
-
-    code = "run_not_waiting_for_input"
-    status = 409
+from runs.store.repository import record_events
 
 
 def run_input(*, run: Run, text: str, by: str = "") -> Run:
@@ -32,36 +25,30 @@ def run_input(*, run: Run, text: str, by: str = "") -> Run:
         .first()
     )
     with transaction.atomic(durable=True):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE runs SET status = 'QUEUED', updated_at = %s WHERE id = %s AND status = 'WAITING_FOR_USER' AND lease_owner IS NULL",
-                [sql_dt(now), sql_uuid(run.id)],
+        requeued = Run.objects.filter(id=run.id, status="WAITING_FOR_USER", lease_owner__isnull=True).update(
+            status="QUEUED", updated_at=now
+        )
+        if requeued != 1:
+            raise RunNotWaitingForUser("the run is not waiting for input")
+        if question is not None:
+            ToolInvocation.objects.filter(id=question.id, status="awaiting_approval").update(
+                status="completed", result={"answer": text}, suspended_kind=None, updated_at=now
             )
-            if cursor.rowcount != 1:
-                raise RunNotWaitingForUser("the run is not waiting for input")
-            if question is not None:
-                answer = {"answer": text}
-                cursor.execute(
-                    f"UPDATE tool_invocations SET status = 'completed', result = {jp()}, suspended_kind = NULL, updated_at = %s"
-                    " WHERE id = %s AND status = 'awaiting_approval'",
-                    [sql_json(answer), sql_dt(now), sql_uuid(question.id)],
-                )
-            append_events(
-                cursor,
-                tenant_id=run.tenant_id,
-                session_id=run.session_id,
-                run_id=run.id,
-                epoch=run.lease_epoch,
-                events=[
-                    EventWrite(
-                        "run.input_received",
-                        {"text": text[:4000], "by": by, "invocation": str(question.id) if question else None},
-                        now,
-                    ),
-                    EventWrite("run.requeued", {"reason": "input"}, now),
-                ],
-            )
-            from runs.runtime.executor import enqueue_drive
+        record_events(
+            tenant_id=run.tenant_id,
+            session_id=run.session_id,
+            run_id=run.id,
+            epoch=run.lease_epoch,
+            events=[
+                EventWrite(
+                    "run.input_received",
+                    {"text": text[:4000], "by": by, "invocation": str(question.id) if question else None},
+                    now,
+                ),
+                EventWrite("run.requeued", {"reason": "input"}, now),
+            ],
+        )
+        from runs.runtime.executor import enqueue_drive
 
-            enqueue_drive(run.id)
+        enqueue_drive(run.id)
     return Run.objects.get(id=run.id)

@@ -1,16 +1,24 @@
 """The lifecycle service: transitions of runs that hold no lease (DESIGN §4):
-cancel of a QUEUED or waiting run, and the cancel request of a RUNNING one."""
+cancel of a QUEUED or waiting run, and the cancel request of a RUNNING one.
+
+Each is a guarded ORM update (the guard is the run's status and the absence
+of a lease) plus its events, in one transaction."""
 
 from __future__ import annotations
 
-from django.db import connection, transaction
+from typing import Any
 
+from django.db import transaction
+from django.db.models import DateTimeField, F, Value
+from django.db.models.functions import Coalesce
+
+from approvals.models import Approval
 from runs.clock import CLOCK
 from runs.domain.pipeline import UNKNOWN_OUTCOME
 from runs.domain.writes import EventWrite
 from runs.errors import RunTerminal
-from runs.models import Run
-from runs.store.repository import append_events, jp, sql_dt, sql_json, sql_uuid
+from runs.models import Run, ToolInvocation
+from runs.store.repository import record_events
 
 WAITING = ("WAITING_FOR_APPROVAL", "WAITING_FOR_USER")
 
@@ -20,55 +28,38 @@ def run_cancel(*, run: Run, by: str = "") -> str:
     one gets `cancel_requested_at` and its worker stops at the next
     observation point. Return the status the run is in afterwards."""
     now = CLOCK.now()
+    requested = Coalesce(F("cancel_requested_at"), Value(now, output_field=DateTimeField()))
     with transaction.atomic(durable=True):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE runs SET status = 'CANCELLED', cancel_requested_at = COALESCE(cancel_requested_at, %s), updated_at = %s"
-                " WHERE id = %s AND status IN ('QUEUED', 'WAITING_FOR_APPROVAL', 'WAITING_FOR_USER') AND lease_owner IS NULL",
-                [sql_dt(now), sql_dt(now), sql_uuid(run.id)],
+        cancelled = Run.objects.filter(id=run.id, status__in=("QUEUED", *WAITING), lease_owner__isnull=True).update(
+            status="CANCELLED", cancel_requested_at=requested, updated_at=now
+        )
+        if cancelled == 1:
+            Approval.objects.filter(run_id=run.id, status="pending").update(status="cancelled", decided_at=now)
+            # A granted re-run that never ran keeps its first attempt's record: outcome unknown (I6).
+            ToolInvocation.objects.filter(
+                run_id=run.id, effect_sent_at__isnull=False, result__isnull=True, status__in=("authorized", "executing")
+            ).update(status="interrupted", error=UNKNOWN_OUTCOME, updated_at=now)
+            record_events(
+                tenant_id=run.tenant_id,
+                session_id=run.session_id,
+                run_id=run.id,
+                epoch=run.lease_epoch,
+                events=[EventWrite("run.cancelled", {"by": by, "direct": True}, now)],
             )
-            if cursor.rowcount == 1:
-                cursor.execute(
-                    "UPDATE approvals SET status = 'cancelled', decided_at = %s WHERE run_id = %s AND status = 'pending'",
-                    [sql_dt(now), sql_uuid(run.id)],
-                )
-                # A granted re-run that never ran keeps its first attempt's record: outcome unknown (I6).
-                cursor.execute(
-                    f"UPDATE tool_invocations SET status = 'interrupted', error = {jp()}, updated_at = %s"
-                    " WHERE run_id = %s AND effect_sent_at IS NOT NULL AND result IS NULL AND status IN ('authorized', 'executing')",
-                    [sql_json(UNKNOWN_OUTCOME), sql_dt(now), sql_uuid(run.id)],
-                )
-                append_events(
-                    cursor,
-                    tenant_id=run.tenant_id,
-                    session_id=run.session_id,
-                    run_id=run.id,
-                    epoch=run.lease_epoch,
-                    events=[EventWrite("run.cancelled", {"by": by, "direct": True}, now)],
-                )
-                return "CANCELLED"
-            cursor.execute(
-                "UPDATE runs SET cancel_requested_at = COALESCE(cancel_requested_at, %s), updated_at = %s WHERE id = %s AND status = 'RUNNING'",
-                [sql_dt(now), sql_dt(now), sql_uuid(run.id)],
-            )
-            if cursor.rowcount == 1:
-                return "RUNNING"
+            return "CANCELLED"
+        if Run.objects.filter(id=run.id, status="RUNNING").update(cancel_requested_at=requested, updated_at=now) == 1:
+            return "RUNNING"
     raise RunTerminal("the run has already ended")
 
 
-def fail_waiting(cursor, *, run_id, failure: dict, now) -> bool:
+def fail_waiting(*, run_id: Any, failure: dict[str, Any], now: Any) -> bool:
     """WAITING_* -> FAILED inside the caller's transaction (a rejected
     interrupted side effect, an expired approval, a passed deadline); its
     pending approvals become cancelled. True when the transition landed."""
-    cursor.execute(
-        f"UPDATE runs SET status = 'FAILED', failure = {jp()}, updated_at = %s"
-        " WHERE id = %s AND status IN ('WAITING_FOR_APPROVAL', 'WAITING_FOR_USER') AND lease_owner IS NULL",
-        [sql_json(failure), sql_dt(now), sql_uuid(run_id)],
+    failed = Run.objects.filter(id=run_id, status__in=WAITING, lease_owner__isnull=True).update(
+        status="FAILED", failure=failure, updated_at=now
     )
-    if cursor.rowcount != 1:
+    if failed != 1:
         return False
-    cursor.execute(
-        "UPDATE approvals SET status = 'cancelled', decided_at = %s WHERE run_id = %s AND status = 'pending'",
-        [sql_dt(now), sql_uuid(run_id)],
-    )
+    Approval.objects.filter(run_id=run_id, status="pending").update(status="cancelled", decided_at=now)
     return True

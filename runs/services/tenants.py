@@ -29,6 +29,9 @@ OPERATOR_PERMISSIONS = (
     ("runs", "view_modelcall"),
     ("runs", "view_session"),
     ("checkpoints", "view_checkpoint"),
+    ("webhooks", "manage_webhooks"),
+    ("webhooks", "view_webhooksubscription"),
+    ("webhooks", "view_delivery"),
 )
 
 

@@ -7,16 +7,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from runs.errors import InvalidInput
+from runs.providers import PROVIDERS
 
 
 def pydantic_fields(exc: ValidationError, prefix: str = "") -> dict[str, list[str]]:
     fields: dict[str, list[str]] = {}
     for err in exc.errors():
-        loc = ".".join(
-            str(p)
-            for p in err["loc"]
-            if not (isinstance(p, str) and p in ("ScriptedModel", "OpenAIModel", "scripted", "openai"))
-        )
+        loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in PROVIDERS.union_tags()))
         fields.setdefault(prefix + (loc or "(root)"), []).append(err["msg"])
     return fields
 

@@ -1,8 +1,8 @@
 """One round trip per fenced transaction on PostgreSQL.
 
 A step's unit of work becomes a single statement of data-modifying CTEs:
-the fenced UPDATE of the run row is the first CTE (`f`), and every other
-write reads from `f`, so when the fence matches no row nothing else is
+the fenced UPDATE of the run row is the first CTE (`fenced_run`), and every
+other write reads from it, so when the fence matches no row nothing else is
 written either. PostgreSQL runs a single statement as its own transaction,
 with every row lock (the run row, the session counter) held to its commit,
 so commit order still equals event-sequence order. DESIGN §6 measured the
@@ -38,6 +38,27 @@ def can_batch(work: UnitOfWork) -> bool:
     return not any(f.id in started for f in work.model_call_finishes)
 
 
+# The statement `unit_statement` builds, one CTE per kind of row the unit
+# carries (absent kinds are left out), each reading the fenced run row so that
+# a fence that matches nothing writes nothing:
+#
+#   WITH fenced_run            UPDATE runs ... WHERE <fence> RETURNING id        (always)
+#        finished_model_calls  UPDATE model_calls FROM fenced_run, <json rows>   (model_call_finishes)
+#        started_model_calls   INSERT INTO model_calls SELECT ... FROM fenced_run (model_call_inserts)
+#        new_invocations       INSERT INTO tool_invocations ...                  (invocation_inserts)
+#        changed_invocations   UPDATE tool_invocations FROM fenced_run, ...      (invocation_updates)
+#        new_approvals         INSERT INTO approvals ...                         (approval_inserts)
+#        new_checkpoint        INSERT INTO checkpoints ... FROM fenced_run       (checkpoint)
+#        session_counter       UPDATE sessions SET event_seq += n, if fenced_run (events)
+#        appended_events       INSERT INTO events ... FROM session_counter       (events)
+#   SELECT <rows fenced_run matched>, <the events' sequences, ascending>
+#
+# Rows travel as one JSON array per CTE, unpacked by jsonb_to_recordset into a
+# record named `given` whose fields are the target columns' names.
+
+Cte = tuple[str, list[Any]]
+
+
 def unit_statement(
     work: UnitOfWork,
     *,
@@ -48,206 +69,239 @@ def unit_statement(
     epoch: int,
     code_version: str,
     checkpoint_id: UUID | None,
-    fence: tuple[str, list],
-) -> tuple[str, list]:
+    fence: tuple[str, list[Any]],
+) -> tuple[str, list[Any]]:
     """The statement and its parameters; it returns (fence rows, sequences).
-    `fence` is the run row's SET list and its parameters
-    (store.fence_assignments, shared with the statement-by-statement path)."""
-    ctes: list[str] = []
-    params: list[Any] = []
-    sets, fence_params = fence
-    ctes.append(
-        f"f AS (UPDATE runs SET {sets} WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
-        " AND status = 'RUNNING' RETURNING id)"
-    )
-    params += fence_params + [run_id, owner, epoch]
-
+    `fence` is the fenced UPDATE of the run row and its parameters
+    (`runs.store.fence.fence_statement`, shared with the statement-by-statement
+    path). `owner` is part of `fence`; it is named here for the caller's sake."""
+    fence_sql, fence_params = fence
+    ctes: list[Cte] = [("fenced_run AS (" + fence_sql + " RETURNING id)", list(fence_params))]
     if work.model_call_finishes:
+        ctes.append(_finished_model_calls(work))
+    if work.model_call_inserts:
+        ctes.append(_started_model_calls(work, tenant_id=tenant_id, epoch=epoch))
+    if work.invocation_inserts:
+        ctes.append(_new_invocations(work, tenant_id=tenant_id, epoch=epoch))
+    if work.invocation_updates:
+        ctes.append(_changed_invocations(work, epoch=epoch))
+    if work.approval_inserts:
+        ctes.append(_new_approvals(work, tenant_id=tenant_id))
+    if work.checkpoint is not None:
         ctes.append(
-            "mcf AS (UPDATE model_calls m SET status = x.status, usage = x.usage, stop_reason = x.stop_reason,"
-            " stream_had_output = x.sho, error = x.error, prefix_sha256 = x.prefix, finished_at = x.fin"
-            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, status text, usage jsonb, stop_reason text, sho boolean,"
-            " error jsonb, prefix text, fin timestamptz) WHERE m.id = x.id AND m.run_id = f.id RETURNING 1)"
-        )
-        params.append(
-            _j(
-                [
-                    {
-                        "id": str(m.id),
-                        "status": m.status,
-                        "usage": m.usage,
-                        "stop_reason": m.stop_reason,
-                        "sho": m.stream_had_output,
-                        "error": m.error,
-                        "prefix": m.prefix_sha256,
-                        "fin": _ts(m.finished_at),
-                    }
-                    for m in work.model_call_finishes
-                ]
+            _new_checkpoint(
+                work, checkpoint_id=checkpoint_id, tenant_id=tenant_id, epoch=epoch, code_version=code_version
             )
         )
-    if work.model_call_inserts:
-        ctes.append(
-            "mci AS (INSERT INTO model_calls (id, tenant_id, run_id, step_number, attempt_number, status, usage,"
-            " stream_had_output, lease_epoch, started_at)"
-            " SELECT x.id, %s, f.id, x.step, x.attempt, 'started', '{}'::jsonb, false, %s, x.started"
-            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, step int, attempt int, started timestamptz) RETURNING 1)"
+    if work.events:
+        ctes += _appended_events(work, run_id=run_id, tenant_id=tenant_id, session_id=session_id, epoch=epoch)
+        tail = (
+            "SELECT (SELECT count(*) FROM fenced_run),"
+            " (SELECT array_agg(sequence ORDER BY sequence) FROM appended_events)"
         )
-        params += [
-            tenant_id,
-            epoch,
-            _j(
-                [
-                    {"id": str(m.id), "step": m.step_number, "attempt": m.attempt_number, "started": _ts(m.started_at)}
-                    for m in work.model_call_inserts
-                ]
-            ),
-        ]
-    if work.invocation_inserts:
-        ctes.append(
-            "ii AS (INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id, tool_name, arguments,"
-            " raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error, suspended_kind, lease_epoch,"
-            " created_at, updated_at, outcome)"
-            " SELECT x.id, %s, f.id, x.step, x.idx, x.call_id, x.tool, x.args, x.raw, x.key, x.status, x.ro, x.se, 0, x.result,"
-            " x.error, x.sk, %s, x.at, x.at, x.outcome"
-            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, step int, idx int, call_id text, tool text, args jsonb, raw text,"
-            " key text, status text, ro boolean, se text, result jsonb, error jsonb, sk text, at timestamptz, outcome text) RETURNING 1)"
-        )
-        params += [
-            tenant_id,
-            epoch,
-            _j(
-                [
-                    {
-                        "id": str(i.id),
-                        "step": i.step_number,
-                        "idx": i.call_index,
-                        "call_id": i.call_id,
-                        "tool": i.tool_name,
-                        "args": i.arguments,
-                        "raw": i.raw_arguments,
-                        "key": i.idempotency_key,
-                        "status": i.status,
-                        "ro": i.read_only,
-                        "se": i.side_effect,
-                        "result": i.result,
-                        "error": i.error,
-                        "sk": i.suspended_kind,
-                        "at": _ts(i.created_at),
-                        "outcome": i.outcome,
-                    }
-                    for i in work.invocation_inserts
-                ]
-            ),
-        ]
-    if work.invocation_updates:
-        ctes.append(
-            "iu AS (UPDATE tool_invocations t SET status = x.status, updated_at = x.at, lease_epoch = %s,"
-            " result = CASE WHEN x.has_result THEN x.result ELSE t.result END,"
-            " error = CASE WHEN x.has_error THEN x.error ELSE t.error END,"
-            " attempt = COALESCE(x.attempt, t.attempt),"
-            " suspended_kind = CASE WHEN x.has_sk THEN x.sk ELSE t.suspended_kind END,"
-            " outcome = COALESCE(x.outcome, t.outcome),"
-            " attempts = CASE WHEN x.has_attempts THEN x.attempts ELSE t.attempts END"
-            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, status text, at timestamptz, has_result boolean, result jsonb,"
-            " has_error boolean, error jsonb, attempt int, has_sk boolean, sk text, outcome text, has_attempts boolean, attempts jsonb)"
-            " WHERE t.id = x.id AND t.run_id = f.id RETURNING 1)"
-        )
-        params += [
-            epoch,
-            _j(
-                [
-                    {
-                        "id": str(u.id),
-                        "status": u.status,
-                        "at": _ts(u.updated_at),
-                        "has_result": u.result is not None,
-                        "result": u.result,
-                        "has_error": u.error is not None or u.clear_error,
-                        "error": u.error,
-                        "attempt": u.attempt,
-                        "has_sk": u.suspended_kind is not None,
-                        "sk": u.suspended_kind,
-                        "outcome": u.outcome,
-                        "has_attempts": u.attempts is not None,
-                        "attempts": u.attempts,
-                    }
-                    for u in work.invocation_updates
-                ]
-            ),
-        ]
-    if work.approval_inserts:
-        ctes.append(
-            "ai AS (INSERT INTO approvals (id, tenant_id, run_id, invocation_id, kind, request_hash, capability, presentation,"
-            " status, reason, expires_at, created_at)"
-            " SELECT x.id, %s, f.id, x.inv, x.kind, x.hash, x.cap, x.pres, 'pending', '', x.exp, x.at"
-            " FROM f, jsonb_to_recordset(%s::jsonb) AS x(id uuid, inv uuid, kind text, hash text, cap jsonb, pres jsonb,"
-            " exp timestamptz, at timestamptz) RETURNING 1)"
-        )
-        params += [
-            tenant_id,
-            _j(
-                [
-                    {
-                        "id": str(a.id),
-                        "inv": str(a.invocation_id) if a.invocation_id else None,
-                        "kind": a.kind,
-                        "hash": a.request_hash,
-                        "cap": a.capability,
-                        "pres": a.presentation,
-                        "exp": _ts(a.expires_at),
-                        "at": _ts(a.created_at),
-                    }
-                    for a in work.approval_inserts
-                ]
-            ),
-        ]
-    if work.checkpoint is not None:
-        c = work.checkpoint
-        ctes.append(
-            'cp AS (INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state, code_version,'
-            " lease_epoch, created_at) SELECT %s, %s, f.id, %s, %s, %s, %s, %s::jsonb, %s, %s, %s FROM f RETURNING 1)"
-        )
-        params += [
-            checkpoint_id,
-            tenant_id,
-            c.version,
-            c.full,
-            c.base_version,
-            c.trigger,
-            _j(c.state),
-            code_version,
-            epoch,
-            c.created_at,
-        ]
-    n = len(work.events)
-    if n:
-        ctes.append(
-            "s AS (UPDATE sessions SET event_seq = event_seq + %s WHERE id = %s AND EXISTS (SELECT 1 FROM f) RETURNING event_seq)"
-        )
-        params += [n, session_id]
-        ctes.append(
-            "ev AS (INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch, occurred_at)"
-            " SELECT %s, %s, s.event_seq - %s + x.o, %s, x.t, x.p, %s, x.a"
-            " FROM s, jsonb_to_recordset(%s::jsonb) AS x(o int, t text, p jsonb, a timestamptz) RETURNING sequence)"
-        )
-        params += [
-            tenant_id,
-            session_id,
-            n,
-            run_id,
-            epoch,
-            _j(
-                [
-                    {"o": i, "t": e.type, "p": e.payload, "a": _ts(e.occurred_at)}
-                    for i, e in enumerate(work.events, start=1)
-                ]
-            ),
-        ]
-        tail = "SELECT (SELECT count(*) FROM f), (SELECT array_agg(sequence ORDER BY sequence) FROM ev)"
     else:
-        tail = "SELECT (SELECT count(*) FROM f), NULL::bigint[]"
-    return "WITH " + ",\n".join(ctes) + "\n" + tail, params
+        tail = "SELECT (SELECT count(*) FROM fenced_run), NULL::bigint[]"
+    params: list[Any] = []
+    for _, cte_params in ctes:
+        params += cte_params
+    return "WITH " + ",\n".join(sql for sql, _ in ctes) + "\n" + tail, params
+
+
+def _finished_model_calls(work: UnitOfWork) -> Cte:
+    sql = (
+        "finished_model_calls AS (UPDATE model_calls AS model_call SET status = given.status, usage = given.usage,"
+        " stop_reason = given.stop_reason, stream_had_output = given.stream_had_output, error = given.error,"
+        " prefix_sha256 = given.prefix_sha256, finished_at = given.finished_at"
+        " FROM fenced_run, jsonb_to_recordset(%s::jsonb) AS given(id uuid, status text, usage jsonb, stop_reason text,"
+        " stream_had_output boolean, error jsonb, prefix_sha256 text, finished_at timestamptz)"
+        " WHERE model_call.id = given.id AND model_call.run_id = fenced_run.id RETURNING 1)"
+    )
+    rows = [
+        {
+            "id": str(m.id),
+            "status": m.status,
+            "usage": m.usage,
+            "stop_reason": m.stop_reason,
+            "stream_had_output": m.stream_had_output,
+            "error": m.error,
+            "prefix_sha256": m.prefix_sha256,
+            "finished_at": _ts(m.finished_at),
+        }
+        for m in work.model_call_finishes
+    ]
+    return sql, [_j(rows)]
+
+
+def _started_model_calls(work: UnitOfWork, *, tenant_id: UUID, epoch: int) -> Cte:
+    sql = (
+        "started_model_calls AS (INSERT INTO model_calls (id, tenant_id, run_id, step_number, attempt_number, status,"
+        " usage, stream_had_output, lease_epoch, started_at)"
+        " SELECT given.id, %s, fenced_run.id, given.step_number, given.attempt_number, 'started', '{}'::jsonb, false,"
+        " %s, given.started_at"
+        " FROM fenced_run, jsonb_to_recordset(%s::jsonb)"
+        " AS given(id uuid, step_number int, attempt_number int, started_at timestamptz) RETURNING 1)"
+    )
+    rows = [
+        {
+            "id": str(m.id),
+            "step_number": m.step_number,
+            "attempt_number": m.attempt_number,
+            "started_at": _ts(m.started_at),
+        }
+        for m in work.model_call_inserts
+    ]
+    return sql, [tenant_id, epoch, _j(rows)]
+
+
+def _new_invocations(work: UnitOfWork, *, tenant_id: UUID, epoch: int) -> Cte:
+    sql = (
+        "new_invocations AS (INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id,"
+        " tool_name, arguments, raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error,"
+        " suspended_kind, lease_epoch, created_at, updated_at, outcome)"
+        " SELECT given.id, %s, fenced_run.id, given.step_number, given.call_index, given.call_id, given.tool_name,"
+        " given.arguments, given.raw_arguments, given.idempotency_key, given.status, given.read_only,"
+        " given.side_effect, 0, given.result, given.error, given.suspended_kind, %s, given.created_at,"
+        " given.created_at, given.outcome"
+        " FROM fenced_run, jsonb_to_recordset(%s::jsonb) AS given(id uuid, step_number int, call_index int,"
+        " call_id text, tool_name text, arguments jsonb, raw_arguments text, idempotency_key text, status text,"
+        " read_only boolean, side_effect text, result jsonb, error jsonb, suspended_kind text,"
+        " created_at timestamptz, outcome text) RETURNING 1)"
+    )
+    rows = [
+        {
+            "id": str(i.id),
+            "step_number": i.step_number,
+            "call_index": i.call_index,
+            "call_id": i.call_id,
+            "tool_name": i.tool_name,
+            "arguments": i.arguments,
+            "raw_arguments": i.raw_arguments,
+            "idempotency_key": i.idempotency_key,
+            "status": i.status,
+            "read_only": i.read_only,
+            "side_effect": i.side_effect,
+            "result": i.result,
+            "error": i.error,
+            "suspended_kind": i.suspended_kind,
+            "created_at": _ts(i.created_at),
+            "outcome": i.outcome,
+        }
+        for i in work.invocation_inserts
+    ]
+    return sql, [tenant_id, epoch, _j(rows)]
+
+
+def _changed_invocations(work: UnitOfWork, *, epoch: int) -> Cte:
+    """Each update carries only the columns it changes: a `has_<column>` flag
+    says whether a NULL means "leave it" or "set NULL" (result, error,
+    suspended kind, attempts); attempt and outcome are never set to NULL."""
+    sql = (
+        "changed_invocations AS (UPDATE tool_invocations AS invocation"
+        " SET status = given.status, updated_at = given.updated_at, lease_epoch = %s,"
+        " result = CASE WHEN given.has_result THEN given.result ELSE invocation.result END,"
+        " error = CASE WHEN given.has_error THEN given.error ELSE invocation.error END,"
+        " attempt = COALESCE(given.attempt, invocation.attempt),"
+        " suspended_kind = CASE WHEN given.has_suspended_kind THEN given.suspended_kind"
+        " ELSE invocation.suspended_kind END,"
+        " outcome = COALESCE(given.outcome, invocation.outcome),"
+        " attempts = CASE WHEN given.has_attempts THEN given.attempts ELSE invocation.attempts END"
+        " FROM fenced_run, jsonb_to_recordset(%s::jsonb) AS given(id uuid, status text, updated_at timestamptz,"
+        " has_result boolean, result jsonb, has_error boolean, error jsonb, attempt int, has_suspended_kind boolean,"
+        " suspended_kind text, outcome text, has_attempts boolean, attempts jsonb)"
+        " WHERE invocation.id = given.id AND invocation.run_id = fenced_run.id RETURNING 1)"
+    )
+    rows = [
+        {
+            "id": str(u.id),
+            "status": u.status,
+            "updated_at": _ts(u.updated_at),
+            "has_result": u.result is not None,
+            "result": u.result,
+            "has_error": u.error is not None or u.clear_error,
+            "error": u.error,
+            "attempt": u.attempt,
+            "has_suspended_kind": u.suspended_kind is not None,
+            "suspended_kind": u.suspended_kind,
+            "outcome": u.outcome,
+            "has_attempts": u.attempts is not None,
+            "attempts": u.attempts,
+        }
+        for u in work.invocation_updates
+    ]
+    return sql, [epoch, _j(rows)]
+
+
+def _new_approvals(work: UnitOfWork, *, tenant_id: UUID) -> Cte:
+    sql = (
+        "new_approvals AS (INSERT INTO approvals (id, tenant_id, run_id, invocation_id, kind, request_hash, capability,"
+        " presentation, status, reason, expires_at, created_at)"
+        " SELECT given.id, %s, fenced_run.id, given.invocation_id, given.kind, given.request_hash, given.capability,"
+        " given.presentation, 'pending', '', given.expires_at, given.created_at"
+        " FROM fenced_run, jsonb_to_recordset(%s::jsonb) AS given(id uuid, invocation_id uuid, kind text,"
+        " request_hash text, capability jsonb, presentation jsonb, expires_at timestamptz, created_at timestamptz)"
+        " RETURNING 1)"
+    )
+    rows = [
+        {
+            "id": str(a.id),
+            "invocation_id": str(a.invocation_id) if a.invocation_id else None,
+            "kind": a.kind,
+            "request_hash": a.request_hash,
+            "capability": a.capability,
+            "presentation": a.presentation,
+            "expires_at": _ts(a.expires_at),
+            "created_at": _ts(a.created_at),
+        }
+        for a in work.approval_inserts
+    ]
+    return sql, [tenant_id, _j(rows)]
+
+
+def _new_checkpoint(
+    work: UnitOfWork, *, checkpoint_id: UUID | None, tenant_id: UUID, epoch: int, code_version: str
+) -> Cte:
+    checkpoint = work.checkpoint
+    assert checkpoint is not None
+    sql = (
+        'new_checkpoint AS (INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger",'
+        " state, code_version, lease_epoch, created_at)"
+        " SELECT %s, %s, fenced_run.id, %s, %s, %s, %s, %s::jsonb, %s, %s, %s FROM fenced_run RETURNING 1)"
+    )
+    return sql, [
+        checkpoint_id,
+        tenant_id,
+        checkpoint.version,
+        checkpoint.full,
+        checkpoint.base_version,
+        checkpoint.trigger,
+        _j(checkpoint.state),
+        code_version,
+        epoch,
+        checkpoint.created_at,
+    ]
+
+
+def _appended_events(work: UnitOfWork, *, run_id: UUID, tenant_id: UUID, session_id: UUID, epoch: int) -> list[Cte]:
+    """The session counter moves by the number of events (only when the fence
+    matched), and the events take the sequences it hands out, in order."""
+    count = len(work.events)
+    counter = (
+        "session_counter AS (UPDATE sessions SET event_seq = event_seq + %s"
+        " WHERE id = %s AND EXISTS (SELECT 1 FROM fenced_run) RETURNING event_seq)"
+    )
+    events = (
+        "appended_events AS (INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch,"
+        " occurred_at)"
+        " SELECT %s, %s, session_counter.event_seq - %s + given.ordinal, %s, given.type, given.payload, %s,"
+        " given.occurred_at"
+        " FROM session_counter, jsonb_to_recordset(%s::jsonb)"
+        " AS given(ordinal int, type text, payload jsonb, occurred_at timestamptz) RETURNING sequence)"
+    )
+    rows = [
+        {"ordinal": i, "type": e.type, "payload": e.payload, "occurred_at": _ts(e.occurred_at)}
+        for i, e in enumerate(work.events, start=1)
+    ]
+    return [(counter, [count, session_id]), (events, [tenant_id, session_id, count, run_id, epoch, _j(rows)])]
 
 
 def watermark_statement(
@@ -260,18 +314,22 @@ def watermark_statement(
     invocation_id: UUID,
     attempt: int,
     at: datetime,
-    event_payload: dict,
-) -> tuple[str, list]:
+    event_payload: dict[str, Any],
+) -> tuple[str, list[Any]]:
     """The watermark, alone: the fence, `effect_sent_at`, `tool.call.started`."""
     sql = (
-        "WITH f AS (UPDATE runs SET updated_at = %s WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
+        "WITH fenced_run AS (UPDATE runs SET updated_at = %s WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
         " AND status = 'RUNNING' RETURNING id),"
-        " u AS (UPDATE tool_invocations t SET effect_sent_at = %s, status = 'executing', attempt = %s, updated_at = %s, lease_epoch = %s"
-        " FROM f WHERE t.id = %s AND t.run_id = f.id RETURNING 1),"
-        " s AS (UPDATE sessions SET event_seq = event_seq + 1 WHERE id = %s AND EXISTS (SELECT 1 FROM u) RETURNING event_seq),"
-        " ev AS (INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch, occurred_at)"
-        " SELECT %s, %s, s.event_seq, %s, 'tool.call.started', %s::jsonb, %s, %s FROM s RETURNING sequence)"
-        " SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM u)"
+        " watermarked AS (UPDATE tool_invocations AS invocation SET effect_sent_at = %s, status = 'executing',"
+        " attempt = %s, updated_at = %s, lease_epoch = %s"
+        " FROM fenced_run WHERE invocation.id = %s AND invocation.run_id = fenced_run.id RETURNING 1),"
+        " session_counter AS (UPDATE sessions SET event_seq = event_seq + 1"
+        " WHERE id = %s AND EXISTS (SELECT 1 FROM watermarked) RETURNING event_seq),"
+        " appended_events AS (INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch,"
+        " occurred_at)"
+        " SELECT %s, %s, session_counter.event_seq, %s, 'tool.call.started', %s::jsonb, %s, %s"
+        " FROM session_counter RETURNING sequence)"
+        " SELECT (SELECT count(*) FROM fenced_run), (SELECT count(*) FROM watermarked)"
     )
     return sql, [
         at,

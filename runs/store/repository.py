@@ -11,7 +11,7 @@ also locks the row to commit; zero rows means fenced: roll back and raise
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -21,14 +21,18 @@ from django.db import connection, transaction
 
 from runs.domain.errors import WorkerFenced
 from runs.domain.writes import EventWrite, UnitOfWork
+from runs.store.fence import Transition, fence_statement
 from runs.store.pg import can_batch, unit_statement, watermark_statement
+
+# A database cursor (Django's CursorWrapper; the project has no Django stubs).
+Cursor = Any
 
 
 def is_pg() -> bool:
-    return connection.vendor == "postgresql"
+    return bool(connection.vendor == "postgresql")
 
 
-def sql_uuid(value: UUID | None):
+def sql_uuid(value: UUID | None) -> UUID | str | None:
     if value is None:
         return None
     return value if is_pg() else value.hex
@@ -40,7 +44,7 @@ def sql_json(value: Any) -> str | None:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
-def sql_dt(value: datetime | None):
+def sql_dt(value: datetime | None) -> Any:
     if value is None:
         return None
     return connection.ops.adapt_datetimefield_value(value)
@@ -51,32 +55,23 @@ def jp() -> str:
     return "%s::jsonb" if is_pg() else "%s"
 
 
-def fence_assignments(
-    work: UnitOfWork | None, at: datetime, extra_set: str = "", extra_params: list | None = None
-) -> tuple[str, list]:
-    """The SET list of the fenced UPDATE of the run row and its parameters:
-    `updated_at`, the usage and step count the unit carries, and finalize's
-    transition fragment. Both write paths (statement by statement, and the
-    one-statement CTE on PostgreSQL) use it."""
-    sets = ["updated_at = %s"]
-    params: list[Any] = [sql_dt(at)]
-    if work is not None and work.usage is not None:
-        sets.append(f"usage = {jp()}")
-        params.append(sql_json(work.usage))
-    if work is not None and work.step_count is not None:
-        sets.append("step_count = %s")
-        params.append(work.step_count)
-    if extra_set:
-        sets.append(extra_set)
-        params.extend(extra_params or [])
-    return ", ".join(sets), params
+# What runs last inside a commit's transaction (finalize's enqueue of drive_run).
+After = Callable[[Cursor], None]
 
 
 class _Fenced(Exception):
     pass
 
 
-def statement_cursor():
+def _announces(work: UnitOfWork) -> bool:
+    """The unit carries an event that hooks or webhooks announce: it commits in
+    a transaction that also writes their deliveries (webhooks.outbox)."""
+    from webhooks import outbox
+
+    return outbox.wants(work.events)
+
+
+def statement_cursor() -> Cursor:
     """A cursor for the runtime's own single-statement transactions.
 
     Django's cursor binds parameters on the client, so PostgreSQL plans every
@@ -97,7 +92,7 @@ def statement_cursor():
     return connection.cursor()
 
 
-def _notify(run_id, tenant_id) -> None:
+def _notify(run_id: UUID | None, tenant_id: UUID) -> None:
     """Wake live sockets after commit (a hint only: consumers read the table);
     sent by runs.runtime.wake's thread, never on the step's path."""
     from runs.runtime.wake import waker
@@ -106,7 +101,7 @@ def _notify(run_id, tenant_id) -> None:
 
 
 def append_events(
-    cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, events: Iterable[EventWrite]
+    cursor: Cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, events: Iterable[EventWrite]
 ) -> list[int]:
     """Append events with sequences from the session counter, inside the
     caller's transaction: the counter row lock is held to commit, so commit
@@ -133,7 +128,9 @@ def append_events(
             """,
             [n, session_id, tenant_id, session_id, n, run_id, epoch, sql_json(rows)],
         )
-        return sorted(r[0] for r in cursor.fetchall())
+        seqs = sorted(r[0] for r in cursor.fetchall())
+        _deliveries(cursor, tenant_id, run_id, events, seqs)
+        return seqs
     cursor.execute(
         "UPDATE sessions SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq",
         [n, sql_uuid(session_id)],
@@ -157,7 +154,17 @@ def append_events(
             for i, e in enumerate(events)
         ],
     )
-    return list(range(first, last + 1))
+    seqs = list(range(first, last + 1))
+    _deliveries(cursor, tenant_id, run_id, events, seqs)
+    return seqs
+
+
+def _deliveries(cursor, tenant_id, run_id, events, seqs) -> None:
+    """Hooks and webhooks for these events, written in their transaction (webhooks.outbox)."""
+    from webhooks import outbox
+
+    if outbox.wants(events):
+        outbox.enqueue(cursor, tenant_id=tenant_id, run_id=run_id, events=events, sequences=seqs)
 
 
 class DjangoRunStore:
@@ -165,7 +172,7 @@ class DjangoRunStore:
 
     def __init__(
         self, *, run_id: UUID, tenant_id: UUID, session_id: UUID, owner: str, epoch: int, code_version: str = ""
-    ):
+    ) -> None:
         self.run_id = run_id
         self.tenant_id = tenant_id
         self.session_id = session_id
@@ -176,29 +183,29 @@ class DjangoRunStore:
 
     # -- the fence ---------------------------------------------------------
     def _fence(
-        self, cursor, work: UnitOfWork | None, at: datetime, extra_set: str = "", extra_params: list | None = None
+        self, cursor: Cursor, work: UnitOfWork | None, at: datetime, transition: Transition | None = None
     ) -> None:
-        sets, params = fence_assignments(work, at, extra_set, extra_params)
-        cursor.execute(
-            f"UPDATE runs SET {sets} WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'",
-            params + [sql_uuid(self.run_id), self.owner, self.epoch],
+        sql, params = fence_statement(
+            work, at, transition, run_id=sql_uuid(self.run_id), owner=self.owner, epoch=self.epoch
         )
+        cursor.execute(sql, params)
         if cursor.rowcount != 1:
             raise _Fenced()
 
     def commit(
-        self, work: UnitOfWork, *, transition_sql: str = "", transition_params: list | None = None, after=None
+        self, work: UnitOfWork, *, transition: Transition | None = None, after: After | None = None
     ) -> list[int]:
-        """Commit `work` in one fenced transaction. `transition_sql` is a SET
-        fragment only `finalize` passes (the terminal writer). `after(cursor)`
-        runs last inside the transaction (the drive_run enqueue joins it)."""
+        """Commit `work` in one fenced transaction. `transition` is the run
+        row's change only `finalize` passes (the terminal writer).
+        `after(cursor)` runs last inside the transaction (the drive_run
+        enqueue joins it)."""
         at = work.events[0].occurred_at if work.events else None
         if is_pg() and can_batch(work):
-            return self._commit_one_statement(work, at or _latest(work), transition_sql, transition_params, after)
+            return self._commit_one_statement(work, at or _latest(work), transition, after)
         try:
             with transaction.atomic(durable=True):
                 with connection.cursor() as cursor:
-                    self._fence(cursor, work, at or _latest(work), transition_sql, transition_params)
+                    self._fence(cursor, work, at or _latest(work), transition)
                     self._apply(cursor, work)
                     seqs = append_events(
                         cursor,
@@ -216,7 +223,7 @@ class DjangoRunStore:
         return seqs
 
     def _commit_one_statement(
-        self, work: UnitOfWork, at: datetime, transition_sql: str, transition_params, after
+        self, work: UnitOfWork, at: datetime, transition: Transition | None, after: After | None
     ) -> list[int]:
         sql, params = unit_statement(
             work,
@@ -227,9 +234,9 @@ class DjangoRunStore:
             epoch=self.epoch,
             code_version=self.code_version,
             checkpoint_id=_checkpoint_id(self.run_id, work.checkpoint.version) if work.checkpoint is not None else None,
-            fence=fence_assignments(work, at, transition_sql, transition_params),
+            fence=fence_statement(work, at, transition, run_id=self.run_id, owner=self.owner, epoch=self.epoch),
         )
-        if after is None and connection.get_autocommit():
+        if after is None and connection.get_autocommit() and not _announces(work):
             with statement_cursor() as cursor:  # the statement is its own transaction
                 cursor.execute(sql, params)
                 fenced_rows, seqs = cursor.fetchone()
@@ -243,6 +250,7 @@ class DjangoRunStore:
                         fenced_rows, seqs = cursor.fetchone()
                         if fenced_rows != 1:
                             raise _Fenced()
+                        _deliveries(cursor, self.tenant_id, self.run_id, work.events, list(seqs or []))
                         if after is not None:
                             after(cursor)
             except _Fenced:
@@ -303,7 +311,8 @@ class DjangoRunStore:
                 with connection.cursor() as cursor:
                     self._fence(cursor, None, at)
                     cursor.execute(
-                        "UPDATE tool_invocations SET effect_sent_at = %s, status = 'executing', attempt = %s, updated_at = %s, lease_epoch = %s"
+                        "UPDATE tool_invocations SET effect_sent_at = %s, status = 'executing', attempt = %s,"
+                        " updated_at = %s, lease_epoch = %s"
                         " WHERE id = %s AND run_id = %s",
                         [sql_dt(at), attempt, sql_dt(at), self.epoch, sql_uuid(invocation_id), sql_uuid(self.run_id)],
                     )
@@ -322,12 +331,13 @@ class DjangoRunStore:
         self.commits += 1
 
     # -- the writes of a unit ---------------------------------------------
-    def _apply(self, cursor, work: UnitOfWork) -> None:
+    def _apply(self, cursor: Cursor, work: UnitOfWork) -> None:
         run, tenant, epoch = sql_uuid(self.run_id), sql_uuid(self.tenant_id), self.epoch
         if work.model_call_finishes:
             for f in work.model_call_finishes:
                 cursor.execute(
-                    f"UPDATE model_calls SET status = %s, usage = {jp()}, stop_reason = %s, stream_had_output = %s, error = {jp()},"
+                    f"UPDATE model_calls SET status = %s, usage = {jp()}, stop_reason = %s, stream_had_output ="
+                    f" %s, error = {jp()},"
                     " prefix_sha256 = %s, finished_at = %s WHERE id = %s AND run_id = %s",
                     [
                         f.status,
@@ -357,7 +367,8 @@ class DjangoRunStore:
                     sql_dt(m.started_at),
                 ]
             cursor.execute(
-                "INSERT INTO model_calls (id, tenant_id, run_id, step_number, attempt_number, status, usage, stream_had_output, lease_epoch, started_at)"
+                "INSERT INTO model_calls (id, tenant_id, run_id, step_number, attempt_number, status, usage,"
+                " stream_had_output, lease_epoch, started_at)"
                 f" VALUES {', '.join(rows)}",
                 params,
             )
@@ -391,8 +402,10 @@ class DjangoRunStore:
                     i.outcome,
                 ]
             cursor.execute(
-                "INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id, tool_name, arguments,"
-                " raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error, suspended_kind, lease_epoch,"
+                "INSERT INTO tool_invocations (id, tenant_id, run_id, step_number, call_index, call_id,"
+                " tool_name, arguments,"
+                " raw_arguments, idempotency_key, status, read_only, side_effect, attempt, result, error,"
+                " suspended_kind, lease_epoch,"
                 " created_at, updated_at, outcome)"
                 f" VALUES {', '.join(rows)}",
                 params,
@@ -426,8 +439,10 @@ class DjangoRunStore:
             )
         for a in work.approval_inserts:
             cursor.execute(
-                "INSERT INTO approvals (id, tenant_id, run_id, invocation_id, kind, request_hash, capability, presentation, status,"
-                f" reason, expires_at, created_at) VALUES (%s, %s, %s, %s, %s, %s, {jp()}, {jp()}, 'pending', '', %s, %s)",
+                "INSERT INTO approvals (id, tenant_id, run_id, invocation_id, kind, request_hash, capability,"
+                " presentation, status,"
+                f" reason, expires_at, created_at) VALUES (%s, %s, %s, %s, %s, %s, {jp()}, {jp()}, 'pending', '',"
+                " %s, %s)",
                 [
                     sql_uuid(a.id),
                     tenant,
@@ -449,7 +464,8 @@ class DjangoRunStore:
         if work.checkpoint is not None:
             c = work.checkpoint
             cursor.execute(
-                'INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state, code_version, lease_epoch, created_at)'
+                'INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state,'
+                " code_version, lease_epoch, created_at)"
                 f" VALUES (%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s)",
                 [
                     sql_uuid(_checkpoint_id(self.run_id, c.version)),
@@ -475,12 +491,25 @@ def _checkpoint_id(run_id: UUID, version: int) -> UUID:
 
 
 def _latest(work: UnitOfWork) -> datetime:
-    for group in (work.model_call_inserts, work.model_call_finishes):
-        for item in group:
-            return getattr(item, "started_at", None) or item.finished_at
+    for started in work.model_call_inserts:
+        return started.started_at
+    for finished in work.model_call_finishes:
+        return finished.finished_at
     if work.checkpoint is not None:
         return work.checkpoint.created_at
     raise ValueError("a unit of work with no timestamp")
+
+
+def record_events(
+    *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, events: Iterable[EventWrite]
+) -> list[int]:
+    """`append_events` on the connection's own cursor, for the ORM writes of
+    the cold paths (cancel, input, decisions, expiry): call it inside their
+    `transaction.atomic()` so the events commit with the rows."""
+    with connection.cursor() as cursor:
+        return append_events(
+            cursor, tenant_id=tenant_id, session_id=session_id, run_id=run_id, epoch=epoch, events=events
+        )
 
 
 def append_event_unfenced(

@@ -246,7 +246,7 @@ def http_post(arguments, context):
         "additionalProperties": False,
     },
     read_only=True,
-    control=True,
+    control="ask_user",
 )
 def ask_user(arguments, context):
     raise ToolFailure("control_tool", "ask_user is handled by the runtime, not executed")

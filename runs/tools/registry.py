@@ -1,29 +1,155 @@
-"""Tools are registered in code: name, JSON Schema for arguments, schema
-version, read_only, side-effect class, timeout."""
+"""Tools are registered in code: name, arguments (a pydantic model or raw JSON
+Schema), schema version, read_only, side-effect class, timeout, and — for a
+control tool — the suspension it causes (DESIGN §16; issue 13).
+
+A *typed* tool is a function whose first parameter is annotated with a
+pydantic model:
+
+    class Charge(BaseModel):
+        customer: str
+        amount_cents: int = Field(gt=0)
+
+    @register(name="charge_card", read_only=False, side_effect="external_write")
+    def charge_card(args: Charge, ctx: ToolExecutionContext) -> Receipt: ...
+
+The JSON Schema the model is shown is derived from the model; the arguments
+are validated by it in strict JSON mode (`"10"` is not `10`: a policy `when`
+and the function see the same values), and the function receives the model
+instance. A raw tool (`parameters=` JSON Schema) receives the arguments dict.
+Either may be `async def`. A return value is made JSON (pydantic models,
+dataclasses, datetimes, UUIDs included) before the pipeline bounds it.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import json
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections
 from jsonschema import Draft202012Validator
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from runs.domain.errors import OutcomeUnknown
+from runs.domain.errors import OutcomeUnknown, ToolFailure
 from runs.domain.values import ToolSpec
+
+# The suspensions a control tool may declare (`"delegate"` joins when child runs exist).
+CONTROLS = frozenset({"ask_user"})
+
+
+class DuplicateTool(ValueError):
+    """Two different functions were registered under one tool name."""
+
+
+@dataclass(frozen=True)
+class _Typed:
+    """How a registered function is called."""
+
+    model: type[BaseModel] | None  # the arguments model of a typed tool, else None (a dict is passed)
+    takes_context: bool
+    is_async: bool
+    origin: str  # "module.qualname", for a duplicate's message
+    reconciler: Callable | None = None
+
+
+def _origin(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _inspect(fn: Callable) -> _Typed:
+    target = inspect.unwrap(fn)
+    params = list(inspect.signature(target).parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    model = None
+    if positional:
+        first = _annotation(target, positional[0])
+        if isinstance(first, type) and issubclass(first, BaseModel):
+            model = first
+    takes_context = len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+    return _Typed(
+        model=model,
+        takes_context=takes_context,
+        is_async=inspect.iscoroutinefunction(target),
+        origin=_origin(target),
+    )
+
+
+def _annotation(fn: Callable, param: inspect.Parameter) -> Any:
+    """The first parameter's annotation, resolved (a string under `from
+    __future__ import annotations`: in the function's globals and closure)."""
+    annotation = param.annotation
+    if not isinstance(annotation, str):
+        return None if annotation is inspect.Parameter.empty else annotation
+    try:
+        names = dict(getattr(fn, "__globals__", {}))
+        names.update(inspect.getclosurevars(fn).nonlocals)
+        return eval(annotation, names)  # noqa: S307  (an annotation the project's own code wrote)
+    except Exception:
+        return None
+
+
+def _field_errors(exc: ValidationError) -> list[str]:
+    errors = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "(arguments)"
+        errors.append(f"{where}: {str(err['msg'])[:200]}")
+    return errors[:10]
+
+
+def to_json(value: Any) -> Any:
+    """A tool's return value as JSON data (pydantic models, dataclasses, dates, UUIDs...)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    try:
+        return to_jsonable_python(value)
+    except (PydanticSerializationError, TypeError, ValueError):
+        raise ToolFailure(
+            "unserialisable_result", f"the tool returned a {type(value).__name__}, which is not JSON"
+        ) from None
 
 
 class ToolRegistry:
     def __init__(self):
+        # name -> (spec, fn, JSON Schema validator): the shape tests and callers rely on.
         self._tools: dict[str, tuple[ToolSpec, Callable, Draft202012Validator]] = {}
+        self._typed: dict[str, _Typed] = {}
+        self._lock = threading.RLock()
 
-    def register(self, spec: ToolSpec, fn: Callable[[dict[str, Any], Any], Any]) -> None:
+    def register(
+        self,
+        spec: ToolSpec,
+        fn: Callable,
+        *,
+        model: type[BaseModel] | None = None,
+        reconciler: Callable | None = None,
+        replace: bool = True,
+    ) -> None:
+        """Register `fn` as `spec.name`. With `replace=False` (the decorator), a
+        name already held by a *different* function is `DuplicateTool`; the
+        same function registered again (a module imported twice) is not."""
         Draft202012Validator.check_schema(spec.parameters)
-        self._tools[spec.name] = (spec, fn, Draft202012Validator(spec.parameters))
+        if spec.control is not None and spec.control not in CONTROLS:
+            raise ValueError(f"tool {spec.name!r}: control must be one of {sorted(CONTROLS)}, not {spec.control!r}")
+        found = _inspect(fn)  # `model` is explicit: a typed function given a raw schema receives a dict
+        typed = _Typed(model, found.takes_context, found.is_async, found.origin, reconciler)
+        with self._lock:
+            held = self._typed.get(spec.name)
+            if not replace and spec.name in self._tools and held is not None and held.origin != typed.origin:
+                raise DuplicateTool(
+                    f"two tools are named {spec.name!r}: {held.origin} and {typed.origin} (tool names are unique)"
+                )
+            self._tools[spec.name] = (spec, fn, Draft202012Validator(spec.parameters))
+            self._typed[spec.name] = typed
 
     def unregister(self, name: str) -> None:
-        self._tools.pop(name, None)
+        with self._lock:
+            self._tools.pop(name, None)
+            self._typed.pop(name, None)
 
     def names(self) -> list[str]:
         return sorted(self._tools)
@@ -32,32 +158,78 @@ class ToolRegistry:
         entry = self._tools.get(name)
         return entry[0] if entry else None
 
+    def model(self, name: str) -> type[BaseModel] | None:
+        typed = self._typed.get(name)
+        return typed.model if typed else None
+
+    def reconciler(self, name: str) -> Callable | None:
+        typed = self._typed.get(name)
+        return typed.reconciler if typed else None
+
+    def snapshot(self) -> tuple[dict, dict]:
+        with self._lock:
+            return dict(self._tools), dict(self._typed)
+
+    def restore(self, snapshot: tuple[dict, dict]) -> None:
+        with self._lock:
+            self._tools, self._typed = dict(snapshot[0]), dict(snapshot[1])
+
     def validate(self, name: str, arguments: Any) -> list[str]:
         entry = self._tools.get(name)
         if entry is None:
             return [f"unknown tool {name!r}"]
+        model = self.model(name)
+        if model is not None:
+            try:
+                self._instance(model, arguments)
+            except ValidationError as exc:
+                return _field_errors(exc)
+            return []
         errors = []
         for err in sorted(entry[2].iter_errors(arguments), key=lambda e: list(e.absolute_path)):
             where = ".".join(str(p) for p in err.absolute_path) or "(arguments)"
             errors.append(f"{where}: {err.message[:200]}")
         return errors[:10]
 
+    @staticmethod
+    def _instance(model: type[BaseModel], arguments: Any) -> BaseModel:
+        # Strict JSON mode: the arguments arrived as JSON, and a string is not
+        # a number (a policy `when` reads the same values the function gets).
+        return model.model_validate_json(json.dumps(arguments, ensure_ascii=False), strict=True)
+
+    def _call(self, name: str, arguments: Any, context: Any) -> Any:
+        fn = self._tools[name][1]
+        typed = self._typed.get(name)
+        if typed is None or typed.origin != _origin(inspect.unwrap(fn)):  # replaced in place (tests)
+            found = _inspect(fn)
+            typed = _Typed(typed.model if typed else None, found.takes_context, found.is_async, found.origin)
+        if typed.model is not None:
+            try:
+                arguments = self._instance(typed.model, arguments)
+            except ValidationError as exc:  # validated before; a spec changed underneath
+                raise ToolFailure("schema_invalid", "; ".join(_field_errors(exc))[:1000]) from None
+        call = (arguments, context) if typed.takes_context else (arguments,)
+        value = fn(*call)
+        if inspect.isawaitable(value):
+            value = asyncio.run(_awaited(value, context))
+        return to_json(value) if typed.model is not None or not _plain(value) else value
+
     def execute(self, name: str, arguments: Any, context: Any) -> Any:
         """Run the tool, enforcing its `timeout_seconds`: the tool runs in its
         own thread and the runtime stops waiting when the timeout elapses.
         The call is then `uncertain` (`OutcomeUnknown("timeout")`): it may
         still take effect, and Python cannot stop the thread, which finishes
-        (or not) on its own with nobody reading its result."""
-        fn = self._tools[name][1]
+        (or not) on its own with nobody reading its result. An async tool's
+        task is cancelled when the run is cancelled."""
         timeout = getattr(context, "timeout_seconds", None)
         if not timeout or timeout <= 0:
-            return fn(arguments, context)
+            return self._call(name, arguments, context)
         box: dict[str, Any] = {}
         done = threading.Event()
 
         def target():
             try:
-                box["value"] = fn(arguments, context)
+                box["value"] = self._call(name, arguments, context)
             except BaseException as exc:  # handed to the caller below
                 box["error"] = exc
             finally:
@@ -75,28 +247,77 @@ class ToolRegistry:
         return box.get("value")
 
 
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool, dict, list))
+
+
+async def _awaited(awaitable: Any, context: Any) -> Any:
+    """Await a coroutine tool; cancel its task when the run is cancelled."""
+    task = asyncio.ensure_future(awaitable)
+    signal = getattr(context, "cancelled", None)
+    while not task.done():
+        done, _ = await asyncio.wait({task}, timeout=0.05)
+        if not done and signal is not None and signal.is_set():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                raise OutcomeUnknown(
+                    "cancelled", "the run was cancelled while the tool ran; whether it took effect is unknown"
+                ) from None
+    return task.result()
+
+
+def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    schema.setdefault("type", "object")
+    return schema
+
+
 REGISTRY = ToolRegistry()
 
 
 def register(
     *,
     name: str,
-    parameters: dict[str, Any],
     read_only: bool,
+    parameters: dict[str, Any] | None = None,
     side_effect: str = "none",
     description: str = "",
     timeout_seconds: float = 30.0,
     schema_version: str = "1",
-    control: bool = False,
+    control: str | None = None,
+    reconciler: Callable | None = None,
 ):
-    """Decorator: register a function `fn(arguments, context)` as a tool."""
+    """Decorator: register `fn(arguments, context)` as a tool.
+
+    With `parameters` (raw JSON Schema) `fn` receives the arguments dict.
+    Without it, `fn`'s first parameter must be annotated with a pydantic
+    model: the schema is derived from it and `fn` receives an instance.
+    `control` names the suspension a control tool causes (`"ask_user"`);
+    `reconciler(view, invocation)` answers for an interrupted call of this
+    tool (see `runs.tools.reconcile`). Registering a second function under a
+    name already taken is `DuplicateTool`."""
+    if control is True:  # the boolean form of before: the one control tool there was
+        control = "ask_user" if name == "ask_user" else None
+    if control is False:
+        control = None
 
     def wrap(fn):
+        model = _inspect(fn).model
+        if parameters is None and model is None:
+            raise TypeError(
+                f"tool {name!r}: give parameters= (JSON Schema) or annotate the first parameter of "
+                f"{_origin(fn)} with a pydantic model"
+            )
+        schema = parameters if parameters is not None else _schema_of(model)
+        doc = inspect.getdoc(fn) or (model.__doc__ if model is not None and parameters is None else None) or ""
+        summary = (doc.strip().splitlines() or [""])[0]
         REGISTRY.register(
             ToolSpec(
                 name=name,
-                description=description or ((fn.__doc__ or "").strip().splitlines() or [""])[0],
-                parameters=parameters,
+                description=description or summary,
+                parameters=schema,
                 schema_version=schema_version,
                 read_only=read_only,
                 side_effect=side_effect,
@@ -104,6 +325,9 @@ def register(
                 control=control,
             ),
             fn,
+            model=model if parameters is None else None,
+            reconciler=reconciler,
+            replace=False,
         )
         return fn
 

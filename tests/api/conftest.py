@@ -80,13 +80,47 @@ def make_world(tenant) -> SimpleNamespace:
         "WAITING_FOR_USER",
     )
     approval = Approval.objects.get(run=waiting)
-    return SimpleNamespace(tenant=tenant, queued=queued, done=done, waiting=waiting, asking=asking, approval=approval)
+    subscription, delivery = webhook_world(tenant, done)
+    return SimpleNamespace(
+        tenant=tenant,
+        queued=queued,
+        done=done,
+        waiting=waiting,
+        asking=asking,
+        approval=approval,
+        subscription=subscription,
+        delivery=delivery,
+    )
+
+
+WEBHOOK_URL = "http://127.0.0.1:9/hook"  # AGENTRT_WEBHOOK_ALLOWED_HOSTS below; nothing listens (no cluster runs here)
+
+
+def webhook_world(tenant, run):
+    """A subscription of `tenant` and one delivery to it (rows written here: the services need a user)."""
+    from webhooks.models import Delivery, WebhookSubscription
+    from webhooks.secrets import encrypt, new_secret
+
+    sub = WebhookSubscription.objects.create(
+        tenant=tenant, url=WEBHOOK_URL, event_types=["run.completed"], secret_encrypted=encrypt(new_secret())
+    )
+    delivery = Delivery.objects.create(
+        tenant=tenant,
+        run=run,
+        kind="webhook",
+        subscription=sub,
+        event_type="run.completed",
+        payload={"id": "x", "type": "run.completed", "data": {"run": {"id": str(run.id)}}},
+    )
+    return sub, delivery
 
 
 def grant_resolve(user):
     from django.contrib.auth.models import Permission
 
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["resolve_approval", "publish_agent"]))
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["resolve_approval", "publish_agent", "manage_webhooks"])
+    )
     return type(user).objects.get(pk=user.pk)
 
 
@@ -94,6 +128,11 @@ def grant_resolve(user):
 def _fast_password_hashing(settings):
     # The users here log in with tokens; PBKDF2's cost would dominate the suite's time.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _webhook_hosts(settings):
+    settings.AGENTRT_WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1:9"]
 
 
 @pytest.fixture(autouse=True)

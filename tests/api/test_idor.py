@@ -14,6 +14,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from approvals.models import Approval
 from runs.models import AgentVersion, Event, Run
+from webhooks.models import Delivery, WebhookSubscription
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,6 +53,10 @@ TARGETS = {
     "approval-approve": ("approval", lambda w: {"request_hash": w.approval.request_hash}),
     "approval-reject": ("approval", lambda w: {"request_hash": w.approval.request_hash}),
     "approval-confirm": ("approval", lambda w: {"request_hash": w.approval.request_hash, "took_effect": True}),
+    "webhook-list": (None, lambda w: {"url": "http://127.0.0.1:9/hook", "event_types": ["run.completed"]}),
+    "webhook-detail": ("subscription", lambda w: {"active": False}),
+    "webhook-test": ("subscription", lambda w: {}),
+    "webhook-deliveries": ("subscription", None),
     "schema": (None, None),
     "docs": (None, None),
     "redoc": (None, None),
@@ -62,7 +67,9 @@ ROUTES = api_routes()
 
 def test_every_api_route_is_in_the_matrix():
     assert {name for name, _, _ in ROUTES} == set(TARGETS)
-    assert len(ROUTES) == 17  # 13 operations of DESIGN §16 + confirm (§17) + schema, docs, redoc
+    # 13 operations of DESIGN §16 + confirm (§17) + schema, docs, redoc
+    # + webhooks (list, create, get, change, delete, test, deliveries)
+    assert len(ROUTES) == 24
 
 
 def snapshot(tenant):
@@ -71,6 +78,12 @@ def snapshot(tenant):
         sorted(Approval.objects.filter(tenant=tenant).values_list("id", "status", "decided_by_id")),
         Event.objects.filter(tenant=tenant).count(),
         sorted(AgentVersion.objects.filter(tenant=tenant).values_list("id", flat=True)),
+        sorted(
+            WebhookSubscription.objects.filter(tenant=tenant).values_list(
+                "id", "url", "active", "event_types", "secret_encrypted"
+            )
+        ),
+        sorted(Delivery.objects.filter(tenant=tenant).values_list("id", "status", "attempts")),
     )
 
 
@@ -80,6 +93,8 @@ def owned_ids(world) -> list[str]:
     ids += [str(a.id) for a in Approval.objects.filter(tenant=world.tenant)]
     ids += [str(v.id) for v in AgentVersion.objects.filter(tenant=world.tenant)]
     ids += [a.request_hash for a in Approval.objects.filter(tenant=world.tenant)]
+    ids += [str(i) for i in WebhookSubscription.objects.filter(tenant=world.tenant).values_list("id", flat=True)]
+    ids += [str(i) for i in Delivery.objects.filter(tenant=world.tenant).values_list("id", flat=True)]
     return ids
 
 
@@ -120,7 +135,7 @@ def test_idor_matrix(world, other_world, alice, operator, bob, as_user, anon, na
     else:  # a create lands in the caller's own tenant
         assert response.status_code == 201, response.content
         created = response.json()["id"]
-        model = AgentVersion if name == "agent-list" else Run
+        model = {"agent-list": AgentVersion, "webhook-list": WebhookSubscription}.get(name, Run)
         assert model.objects.get(id=created).tenant_id == other_world.tenant.id
     assert snapshot(world.tenant) == before, f"{method} {path} by another tenant changed acme's objects"
 

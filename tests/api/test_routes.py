@@ -488,6 +488,10 @@ def test_schema_and_docs_are_served_to_authenticated_users(world, alice, as_user
         "/api/approvals/{id}/approve/",
         "/api/approvals/{id}/reject/",
         "/api/approvals/{id}/confirm/",
+        "/api/webhooks/",
+        "/api/webhooks/{id}/",
+        "/api/webhooks/{id}/test/",
+        "/api/webhooks/{id}/deliveries/",
     } == paths
     create = doc["paths"]["/api/runs/"]["post"]
     assert {"200", "201", "202", "400", "409", "413", "415"} <= set(create["responses"])

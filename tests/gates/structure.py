@@ -9,6 +9,7 @@ the runtime code, and over a planted fixture that each gate must catch.
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 import sys
 from collections.abc import Iterable, Iterator
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNTIME_PACKAGES = ("runs", "approvals", "checkpoints", "maintenance")
+RUNTIME_PACKAGES = ("runs", "approvals", "checkpoints", "maintenance", "webhooks")
 EXCLUDED_DIRS = {"migrations", "__pycache__"}
 
 
@@ -289,6 +290,8 @@ def _io_call(call: ast.Call, aliases: dict[str, str]) -> str | None:
     qualified = _qualified(func, aliases) or ""
     if qualified == "time.sleep" or qualified.startswith(("urllib.request.", "requests.", "httpx.")):
         return qualified
+    if qualified in ("webhooks.delivery.deliver", "webhooks.outbound.post", "webhooks.tasks.deliver"):
+        return f"{qualified} (a hook or webhook delivery)"
     if isinstance(func, ast.Name) and (func.id == "urlopen" or qualified.endswith(".urlopen")):
         return func.id
     if not isinstance(func, ast.Attribute):
@@ -298,6 +301,8 @@ def _io_call(call: ast.Call, aliases: dict[str, str]) -> str | None:
     attr = func.attr
     if attr == "complete":
         return f"{last}.complete (a model call)"
+    if attr == "post" and last == "outbound":
+        return "outbound.post (a webhook send)"
     if attr == "execute" and last in ("tools", "REGISTRY", "registry"):
         return f"{last}.execute (a tool call)"
     if attr == "urlopen":
@@ -330,31 +335,93 @@ def atomic_blocks(paths: Iterable[Path], root: Path = ROOT) -> list[tuple[str, i
     return out
 
 
+def _helpers(tree: ast.Module) -> dict[str, ast.AST]:
+    """The module's own functions a call can name: `name` for a module-level
+    function, `Class.name` for a method (called as `self.name(...)` or
+    `cls.name(...)` inside that class)."""
+    found: dict[str, ast.AST] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found[f"{node.name}.{item.name}"] = item
+    return found
+
+
+def _helper_called(call: ast.Call, helpers: dict[str, ast.AST], cls: str | None) -> tuple[str, ast.AST] | None:
+    func = call.func
+    if isinstance(func, ast.Name) and func.id in helpers:
+        return func.id, helpers[func.id]
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
+        key = f"{cls}.{func.attr}" if cls else None
+        if key in helpers:
+            return f"{func.value.id}.{func.attr}", helpers[key]
+    return None
+
+
+def _io_calls_in(function: ast.AST, aliases: dict[str, str]) -> list[tuple[int, str]]:
+    """The I/O calls in a function's own body (nested functions and lambdas
+    included: they may run when called)."""
+    out = []
+    for stmt in getattr(function, "body", []):
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call):
+                what = _io_call(node, aliases)
+                if what:
+                    out.append((node.lineno, what))
+    return out
+
+
+def _enclosing_classes(tree: ast.Module) -> dict[int, str]:
+    """Node id → the name of the class whose method holds it."""
+    owner: dict[int, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            for inner in ast.walk(node):
+                owner[id(inner)] = node.name
+    return owner
+
+
 def transaction_io_violations(paths: Iterable[Path], root: Path = ROOT) -> list[Violation]:
     """Inside `with transaction.atomic(...)` (or an `@transaction.atomic`
     function): no model `.complete(`, no `tools.execute(`, no `urlopen` /
-    `_OPENER.open`, no `sleep`, no `.wait(`."""
+    `_OPENER.open`, no `sleep`, no `.wait(`, no hook or webhook delivery
+    (`webhooks.delivery.deliver`, `outbound.post`) — neither directly nor in a
+    function of the same module called there (one level: `helper(...)`,
+    `self.helper(...)`), reported at the call inside the transaction."""
     found = []
     for path in paths:
         relpath = rel(path, root)
         tree = _parse(path)
         aliases = _aliases(tree, relpath)
+        helpers = _helpers(tree)
+        classes = _enclosing_classes(tree)
         seen: set[int] = set()
         for start, body in _atomic_bodies(tree, aliases):
             for stmt in body:
                 for node in ast.walk(stmt):
-                    if isinstance(node, ast.Call) and id(node) not in seen:
-                        what = _io_call(node, aliases)
-                        if what:
-                            seen.add(id(node))
-                            found.append(
-                                Violation(
-                                    "transaction-io",
-                                    relpath,
-                                    node.lineno,
-                                    f"{what} inside the transaction opened at line {start}",
-                                )
+                    if not isinstance(node, ast.Call) or id(node) in seen:
+                        continue
+                    what = _io_call(node, aliases)
+                    if what is None:
+                        called = _helper_called(node, helpers, classes.get(id(node)))
+                        if called is not None:
+                            inner = _io_calls_in(called[1], aliases)
+                            if inner:
+                                line, io = inner[0]
+                                what = f"{called[0]}() (which calls {io} at line {line})"
+                    if what:
+                        seen.add(id(node))
+                        found.append(
+                            Violation(
+                                "transaction-io",
+                                relpath,
+                                node.lineno,
+                                f"{what} inside the transaction opened at line {start}",
                             )
+                        )
     return found
 
 
@@ -362,17 +429,29 @@ def transaction_io_violations(paths: Iterable[Path], root: Path = ROOT) -> list[
 
 LEASE_COLUMNS = ("lease_owner", "lease_epoch", "lease_expires_at")
 GUARDED_COLUMNS = ("status", *LEASE_COLUMNS)
+# Who may write a run's status and lease columns, keyed `path::function`
+# (`Class.method` for a method, `<module>` for module level): a write from any
+# other function — even another function of a listed module — is a violation.
 WRITERS: dict[str, frozenset[str]] = {
-    "runs/runtime/executor.py": frozenset({"status", "lease_owner", "lease_expires_at"}),  # finalize
-    "runs/runtime/queue.py": frozenset(
-        {"status", "lease_owner", "lease_epoch", "lease_expires_at"}
-    ),  # claim, heartbeat
-    "runs/runtime/resume.py": frozenset({"lease_owner", "lease_epoch", "lease_expires_at"}),  # take_over
-    "runs/services/lifecycle.py": frozenset({"status"}),  # cancel of queued / waiting runs
-    "approvals/services.py": frozenset({"status"}),  # WAITING_* → QUEUED
-    "runs/services/inputs.py": frozenset({"status"}),  # WAITING_FOR_USER → QUEUED (the input service)
+    # finalize decides the transition (a typed `Transition`) ...
+    "runs/runtime/executor.py::_transition": frozenset({"status", "lease_owner", "lease_expires_at"}),
+    # ... and the store's one statement for it carries it out.
+    "runs/store/fence.py::transition_fence": frozenset({"status", "lease_owner", "lease_expires_at"}),
+    # claim, heartbeat, take-over: the lease's own statements.
+    "runs/store/lease.py::_claim_queued_sql": frozenset({"status", *LEASE_COLUMNS}),
+    "runs/store/lease.py::_claim_next_sql": frozenset({"status", *LEASE_COLUMNS}),
+    "runs/store/lease.py::renew": frozenset({"lease_expires_at"}),
+    "runs/store/lease.py::_take_over_sql": frozenset(LEASE_COLUMNS),
+    # Runs that hold no lease: cancel of a queued / waiting run, a waiting run failed,
+    # WAITING_FOR_APPROVAL → QUEUED after the last decision, WAITING_FOR_USER → QUEUED on input.
+    "runs/services/lifecycle.py::run_cancel": frozenset({"status"}),
+    "runs/services/lifecycle.py::fail_waiting": frozenset({"status"}),
+    "approvals/services.py::_requeue_if_last": frozenset({"status"}),
+    "runs/services/inputs.py::run_input": frozenset({"status"}),
 }
 RUN_MODEL_NAMES = frozenset({"Run", "runs"})
+# The typed transition finalize passes to the store (runs/store/fence.py).
+TRANSITION_TYPES = frozenset({"Transition"})
 # Receivers whose `.status` is another table's column, not the run's.
 OTHER_ENTITIES = (
     "approval",
@@ -389,6 +468,7 @@ OTHER_ENTITIES = (
     "response",
     "resp",
 )
+UNANALYSABLE = "?"
 
 _UPDATE = re.compile(
     r"\bUPDATE\s+(?:ONLY\s+)?(\"?[\w.]+\"?(?:\.\"?\w+\"?)?)\s+(?:AS\s+\w+\s+|\w+\s+)?SET\b", re.IGNORECASE
@@ -396,14 +476,20 @@ _UPDATE = re.compile(
 _SET = re.compile(r"\bSET\b", re.IGNORECASE)
 _END = re.compile(r"\b(WHERE|RETURNING|FROM)\b|;", re.IGNORECASE)
 _ASSIGN = re.compile(r"(?:\"?(\w+)\"?\.)?\"?\b(" + "|".join(GUARDED_COLUMNS) + r")\b\"?\s*=(?!=)", re.IGNORECASE)
+HOLE = "{}"
 
 
 @dataclass(frozen=True)
 class Write:
     path: str
     line: int
-    column: str
-    how: str  # sql | orm | attribute
+    column: str  # a guarded column, or UNANALYSABLE
+    how: str  # sql | orm | attribute | typed | unanalysable: why
+    function: str = "<module>"  # the enclosing def, dotted through classes and defs
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}::{self.function}"
 
 
 def _blank(text: str) -> str:
@@ -447,51 +533,90 @@ def _set_assignments(clause: str) -> list[str]:
     return columns
 
 
+def _has_target_hole(clause: str) -> bool:
+    """Whether a formatted hole stands where a SET list names a column: an
+    item of the top-level list with a hole left of its `=`, or with no `=`
+    at all (`SET {sets}`). A hole right of `=` is a value: the column is
+    still known."""
+    for item in clause.split(","):
+        target, eq, _ = item.partition("=")
+        if HOLE in target or (not eq and HOLE in item):
+            return True
+    return False
+
+
 def _clause_end(text: str, start: int) -> int:
     end = _END.search(text, start)
     return end.start() if end else len(text)
 
 
-def sql_writes(text: str) -> tuple[list[str], list[str], bool]:
-    """Analyse one SQL string (f-string holes rendered as `{}`).
+def sql_writes(text: str) -> tuple[list[str], list[str], bool, bool]:
+    """Analyse one SQL string (formatted holes rendered as `{}`).
 
     Return (columns it writes on `runs`, the tables its UPDATE statements
-    name, whether it is a bare fragment). Only the SET part counts: the
-    `status = 'RUNNING'` of a fenced UPDATE's WHERE is a guard. UPDATEs of
-    other tables (approvals, tool_invocations, model_calls) write nothing
-    here. A string with no `UPDATE <table>` (a SET list built apart, like
-    finalize's `transition_sql`) is a fragment: it counts as a write of what
-    it assigns at its top level, before any WHERE."""
+    name, whether it is a bare fragment, whether a `runs` SET list has a
+    hole where a column is named — unanalysable). Only the SET part counts:
+    the `status = 'RUNNING'` of a fenced UPDATE's WHERE is a guard. UPDATEs
+    of other tables (approvals, tool_invocations, model_calls) write nothing
+    here. A string with no `UPDATE <table>` (a SET list built apart) is a
+    fragment: it counts as a write of what it assigns at its top level,
+    before any WHERE."""
     blanked = _blank(text)
     updates = list(_UPDATE.finditer(blanked))
     if updates:
-        columns, tables = [], []
+        columns, tables, unanalysable = [], [], False
         for match in updates:
             table = match.group(1).replace('"', "").split(".")[-1].lower()
             tables.append(table)
             if table == "runs":
-                columns += _set_assignments(blanked[match.end() : _clause_end(blanked, match.end())])
-        return columns, tables, False
+                clause = blanked[match.end() : _clause_end(blanked, match.end())]
+                columns += _set_assignments(clause)
+                unanalysable = unanalysable or _has_target_hole(clause)
+        return columns, tables, False, unanalysable
     set_keyword = _SET.search(blanked)
     begin = set_keyword.end() if set_keyword else 0
-    return _set_assignments(blanked[begin : _clause_end(blanked, begin)]), [], True
+    return _set_assignments(blanked[begin : _clause_end(blanked, begin)]), [], True, False
+
+
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*\d*(?:\.\d+)?[sdifr]")
+_FORMAT_FIELD = re.compile(r"\{[^{}]*\}")
 
 
 class _StringCollector(ast.NodeVisitor):
-    """Every string expression of a module (constants, f-strings with holes as
-    `{}`, `+` concatenations), skipping docstrings, with the function that
-    holds it."""
+    """Every string expression of a module (constants; f-strings, `%`
+    formatting and `.format` with their holes as `{}`; `+` concatenations,
+    a non-string operand being a hole), skipping docstrings, with the
+    function node that holds it and that function's dotted name."""
 
     def __init__(self):
-        self.strings: list[tuple[str, int, ast.AST | None]] = []
+        self.strings: list[tuple[str, int, ast.AST | None, str]] = []
         self.scope: list[ast.AST | None] = [None]
+        self.names: list[str] = []
+
+    def _name(self) -> str:
+        return ".".join(self.names) or "<module>"
+
+    def _add(self, text: str, line: int) -> None:
+        self.strings.append((text, line, self.scope[-1], self._name()))
 
     def _function(self, node):
+        self.scope.append(node)
+        self.names.append(node.name)
+        self.generic_visit(node)
+        self.names.pop()
+        self.scope.pop()
+
+    visit_FunctionDef = visit_AsyncFunctionDef = _function
+
+    def visit_Lambda(self, node):
         self.scope.append(node)
         self.generic_visit(node)
         self.scope.pop()
 
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+    def visit_ClassDef(self, node):
+        self.names.append(node.name)
+        self.generic_visit(node)
+        self.names.pop()
 
     def visit_Expr(self, node):
         if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
@@ -511,20 +636,38 @@ class _StringCollector(ast.NodeVisitor):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             return node.value
         if isinstance(node, ast.JoinedStr):
-            return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
-        return "{}"
+            return "".join(v.value if isinstance(v, ast.Constant) else HOLE for v in node.values)
+        return HOLE
 
     def visit_BinOp(self, node):
+        if isinstance(node.op, ast.Mod) and self._is_str(node.left):  # "... %s ..." % values
+            self._add(_PERCENT_SPEC.sub(HOLE, self._render(node.left)).replace("%%", "%"), node.lineno)
+            if isinstance(node.left, ast.JoinedStr):
+                self._holes(node.left)
+            self.visit(node.right)
+            return
         leaves = self._leaves(node) if isinstance(node.op, ast.Add) else []
         if not any(self._is_str(leaf) for leaf in leaves):
             self.generic_visit(node)
             return
-        self.strings.append(("".join(self._render(leaf) for leaf in leaves), node.lineno, self.scope[-1]))
+        self._add("".join(self._render(leaf) for leaf in leaves), node.lineno)
         for leaf in leaves:
             if isinstance(leaf, ast.JoinedStr):
                 self._holes(leaf)
             elif not self._is_str(leaf):
                 self.visit(leaf)
+
+    def visit_Call(self, node):
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "format" and self._is_str(func.value):
+            template = self._render(func.value).replace("{{", "\0").replace("}}", "\1")
+            self._add(_FORMAT_FIELD.sub(HOLE, template).replace("\0", "{").replace("\1", "}"), node.lineno)
+            if isinstance(func.value, ast.JoinedStr):
+                self._holes(func.value)
+            for arg in [*node.args, *node.keywords]:
+                self.visit(arg)
+            return
+        self.generic_visit(node)
 
     def _holes(self, node: ast.JoinedStr):
         for v in node.values:
@@ -532,12 +675,12 @@ class _StringCollector(ast.NodeVisitor):
                 self.visit(v.value)
 
     def visit_JoinedStr(self, node):
-        self.strings.append((self._render(node), node.lineno, self.scope[-1]))
+        self._add(self._render(node), node.lineno)
         self._holes(node)
 
     def visit_Constant(self, node):
         if isinstance(node.value, str):
-            self.strings.append((node.value, node.lineno, self.scope[-1]))
+            self._add(node.value, node.lineno)
 
 
 def _names_a_run(receiver: list[str], classes: list[str]) -> bool:
@@ -562,16 +705,24 @@ class _WriteFinder(ast.NodeVisitor):
         self.aliases = aliases
         self.writes: list[Write] = []
         self.classes: list[str] = []
+        self.names: list[str] = []
         self.run_querysets: list[set[str]] = [set()]
+
+    def _write(self, line: int, column: str, how: str) -> None:
+        self.writes.append(Write(self.relpath, line, column, how, ".".join(self.names) or "<module>"))
 
     def visit_ClassDef(self, node):
         self.classes.append(node.name)
+        self.names.append(node.name)
         self.generic_visit(node)
+        self.names.pop()
         self.classes.pop()
 
     def _function(self, node):
         self.run_querysets.append(set())
+        self.names.append(node.name)
         self.generic_visit(node)
+        self.names.pop()
         self.run_querysets.pop()
 
     visit_FunctionDef = visit_AsyncFunctionDef = _function
@@ -609,7 +760,14 @@ class _WriteFinder(ast.NodeVisitor):
             self._assignment_target(target.value, line)
         elif isinstance(target, ast.Attribute) and target.attr in GUARDED_COLUMNS:
             if target.attr in LEASE_COLUMNS or _names_a_run(_chain_identifiers(target.value), self.classes):
-                self.writes.append(Write(self.relpath, line, target.attr, "attribute"))
+                self._write(line, target.attr, "attribute")
+
+    def _is_transition(self, func: ast.AST) -> bool:
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        if name in TRANSITION_TYPES:
+            return True
+        qualified = _qualified(func, self.aliases) or ""
+        return qualified.rpartition(".")[2] in TRANSITION_TYPES
 
     def visit_Call(self, node):
         func = node.func
@@ -619,23 +777,46 @@ class _WriteFinder(ast.NodeVisitor):
             and self._mentions_run(func.value)
         ):
             for column in self._orm_columns(node):
-                self.writes.append(Write(self.relpath, node.lineno, column, "orm"))
+                if column == UNANALYSABLE:
+                    self._write(node.lineno, column, f"unanalysable: {func.attr}() with columns not named in the code")
+                else:
+                    self._write(node.lineno, column, "orm")
+        if self._is_transition(func):
+            for column in self._transition_columns(node):
+                how = "typed" if column != UNANALYSABLE else "unanalysable: Transition(**…)"
+                self._write(node.lineno, column, how)
         if isinstance(func, ast.Name) and func.id == "setattr" and len(node.args) >= 2:
             obj, attr = node.args[0], node.args[1]
             if isinstance(attr, ast.Constant) and attr.value in GUARDED_COLUMNS:
                 if attr.value in LEASE_COLUMNS or _names_a_run(_chain_identifiers(obj), self.classes):
-                    self.writes.append(Write(self.relpath, node.lineno, attr.value, "attribute"))
+                    self._write(node.lineno, attr.value, "attribute")
         self.generic_visit(node)
+
+    @staticmethod
+    def _transition_columns(call: ast.Call) -> list[str]:
+        """`Transition(status=…, release_lease=…)` writes the status and, unless
+        `release_lease` is the constant False, releases the lease."""
+        keywords = {kw.arg: kw.value for kw in call.keywords}
+        if None in keywords:
+            return [UNANALYSABLE]
+        columns = ["status"] if "status" in keywords or call.args else []
+        release = keywords.get("release_lease", call.args[1] if len(call.args) > 1 else None)
+        if not (isinstance(release, ast.Constant) and release.value is False):
+            columns += ["lease_owner", "lease_expires_at"]
+        return columns
 
     def _orm_columns(self, call: ast.Call) -> list[str]:
         columns = []
         for kw in call.keywords:
             if kw.arg in GUARDED_COLUMNS:
                 columns.append(kw.arg)
-            elif kw.arg is None and isinstance(kw.value, ast.Dict):  # update(**{"status": ...})
-                columns += [
-                    k.value for k in kw.value.keys if isinstance(k, ast.Constant) and k.value in GUARDED_COLUMNS
-                ]
+            elif kw.arg is None:  # update(**{...}): only a literal dict with constant keys is read
+                if isinstance(kw.value, ast.Dict) and all(
+                    isinstance(k, ast.Constant) and isinstance(k.value, str) for k in kw.value.keys
+                ):
+                    columns += [k.value for k in kw.value.keys if k.value in GUARDED_COLUMNS]
+                else:
+                    columns.append(UNANALYSABLE)
             elif kw.arg in ("defaults", "fields"):
                 columns += _constant_keys(kw.value)
         if call.func.attr == "bulk_update" and len(call.args) >= 2:
@@ -644,19 +825,26 @@ class _WriteFinder(ast.NodeVisitor):
 
 
 def _constant_keys(node: ast.AST) -> list[str]:
+    """The guarded columns a literal dict's keys or a literal list names;
+    UNANALYSABLE for anything else (a variable, a comprehension, a key that
+    is not a constant)."""
     if isinstance(node, ast.Dict):
         items = node.keys
     elif isinstance(node, (ast.List, ast.Tuple, ast.Set)):
         items = node.elts
     else:
-        return []
-    return [k.value for k in items if isinstance(k, ast.Constant) and k.value in GUARDED_COLUMNS]
+        return [UNANALYSABLE]
+    if not all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in items):
+        return [UNANALYSABLE]
+    return [k.value for k in items if k.value in GUARDED_COLUMNS]
 
 
 def terminal_writes(paths: Iterable[Path], root: Path = ROOT) -> list[Write]:
     """Every write of a run's status or lease columns found in the files:
     SQL (UPDATE runs SET … and bare SET fragments), ORM updates on `Run`
-    querysets, and attribute assignments."""
+    querysets, attribute assignments and typed `Transition`s — and every
+    write the gate cannot read (column UNANALYSABLE): an `update(**fields)`
+    on runs, a formatted hole where a runs SET list names a column."""
     writes: list[Write] = []
     for path in paths:
         relpath = rel(path, root)
@@ -667,16 +855,20 @@ def terminal_writes(paths: Iterable[Path], root: Path = ROOT) -> list[Write]:
         # only UPDATEs other tables belongs to those tables.
         tables_by_scope: dict[int, set[str]] = {}
         analysed = []
-        for text, line, scope in collector.strings:
-            columns, tables, fragment = sql_writes(text)
+        for text, line, scope, function in collector.strings:
+            columns, tables, fragment, unanalysable = sql_writes(text)
             tables_by_scope.setdefault(id(scope), set()).update(tables)
-            analysed.append((columns, fragment, line, scope))
-        for columns, fragment, line, scope in analysed:
+            analysed.append((columns, fragment, unanalysable, line, scope, function))
+        for columns, fragment, unanalysable, line, scope, function in analysed:
             if fragment and columns:
                 tables = tables_by_scope.get(id(scope), set())
                 if tables and "runs" not in tables:
                     continue
-            writes += [Write(relpath, line, column, "sql") for column in columns]
+            writes += [Write(relpath, line, column, "sql", function) for column in columns]
+            if unanalysable:
+                writes.append(
+                    Write(relpath, line, UNANALYSABLE, "unanalysable: a formatted hole in a runs SET list", function)
+                )
         finder = _WriteFinder(relpath, _aliases(tree, relpath))
         finder.visit(tree)
         writes += finder.writes
@@ -686,17 +878,98 @@ def terminal_writes(paths: Iterable[Path], root: Path = ROOT) -> list[Write]:
 def terminal_writer_violations(
     paths: Iterable[Path], root: Path = ROOT, writers: dict[str, frozenset[str]] = WRITERS
 ) -> list[Violation]:
-    """Status and lease columns of `runs` are written only by the writer
-    table of DESIGN §4."""
+    """Status and lease columns of `runs` are written only by the functions
+    of the writer table (DESIGN §4), and every write of `runs` can be read."""
     found = []
     for write in terminal_writes(paths, root):
-        if write.column not in writers.get(write.path, frozenset()):
+        if write.column == UNANALYSABLE:
             found.append(
                 Violation(
                     "terminal-writer",
                     write.path,
                     write.line,
-                    f"writes runs.{write.column} ({write.how}); only the writer table of DESIGN §4 may",
+                    f"{write.how} in {write.function}: the gate cannot tell which columns of runs it writes",
+                )
+            )
+        elif write.column not in writers.get(write.where, frozenset()):
+            found.append(
+                Violation(
+                    "terminal-writer",
+                    write.path,
+                    write.line,
+                    f"writes runs.{write.column} ({write.how}) in {write.function};"
+                    " only the writer table of DESIGN §4 may",
                 )
             )
     return found
+
+
+# -- gate: errors live in their errors.py ---------------------------------------------
+
+ERROR_HOMES = frozenset({"runs/domain/errors.py", "runs/errors.py"})
+# Exception classes of runs/ defined elsewhere, each with why it stays.
+ERROR_EXCEPTIONS: dict[str, str] = {
+    "runs/api/errors.py::PayloadTooLarge": "REST-layer (DRF APIException) errors have their own errors.py",
+    "runs/api/errors.py::DepthExceeded": "REST-layer (DRF APIException)",
+    "runs/api/errors.py::TooLarge": "REST-layer (DRF APIException)",
+    "runs/api/errors.py::Unavailable": "REST-layer (DRF APIException)",
+    "runs/providers/endpoints.py::EndpointConfigError": "a settings error raised at startup, never to a caller",
+    "runs/runtime/faults.py::FaultInjected": "the fault-injection hook's own signal (tests and chaos only)",
+    "runs/store/repository.py::_Fenced": "private control flow: rolls back the transaction, becomes WorkerFenced",
+    "runs/runtime/resume.py::_Fenced": "private control flow of the resume path, becomes a fenced outcome",
+    "runs/providers/openai.py::_Retry": "private control flow of the provider's retry loop",
+    "runs/management/commands/demo.py::_Stop": "private control flow of the demo supervisor",
+    "runs/api/parsers.py::_Duplicate": "private control flow of the JSON parser (duplicate keys)",
+    "runs/domain/loop.py::_ModelFailure": "private control flow of the loop",
+    # Domain errors still beside the code that raises them (runs/domain is being reshaped in the same issue).
+    "runs/domain/context_engine.py::ContextOverflow": "domain; to move to runs/domain/errors.py",
+    "runs/domain/context_engine.py::SynthesisReserveViolation": "domain; to move to runs/domain/errors.py",
+    "runs/domain/pipeline.py::UnknownOutcome": "domain; to move to runs/domain/errors.py",
+    "runs/domain/pipeline.py::RerunConflict": "domain; to move to runs/domain/errors.py",
+}
+_BUILTIN_EXCEPTIONS = frozenset(
+    name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
+)
+
+
+def _base_names(node: ast.ClassDef) -> list[str]:
+    names = []
+    for base in node.bases:
+        dotted = _dotted(base)
+        if dotted:
+            names.append(dotted.rpartition(".")[2])
+    return names
+
+
+def exception_classes(paths: Iterable[Path], root: Path = ROOT) -> list[tuple[str, int, str]]:
+    """(path, line, class) for every class that derives — directly or through
+    classes of the given files, matched by name — from an exception: a
+    builtin one, or any base named `…Error` / `…Exception` (a library's)."""
+    classes = []
+    for path in paths:
+        relpath = rel(path, root)
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.ClassDef):
+                classes.append((relpath, node.lineno, node.name, _base_names(node)))
+    exceptions = set(_BUILTIN_EXCEPTIONS)
+    changed = True
+    while changed:
+        changed = False
+        for _, _, name, bases in classes:
+            if name not in exceptions and any(b in exceptions or b.endswith(("Error", "Exception")) for b in bases):
+                exceptions.add(name)
+                changed = True
+    return [(relpath, line, name) for relpath, line, name, bases in classes if name in exceptions and bases]
+
+
+def error_home_violations(
+    paths: Iterable[Path], root: Path = ROOT, exempt: dict[str, str] = ERROR_EXCEPTIONS
+) -> list[Violation]:
+    """Exception classes of runs/ are defined in runs/domain/errors.py (the
+    core's) or runs/errors.py (the application's), unless listed with a
+    reason in ERROR_EXCEPTIONS."""
+    return [
+        Violation("error-homes", relpath, line, f"exception {name} is defined outside {sorted(ERROR_HOMES)}")
+        for relpath, line, name in exception_classes(paths, root)
+        if relpath not in ERROR_HOMES and f"{relpath}::{name}" not in exempt
+    ]

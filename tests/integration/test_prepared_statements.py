@@ -35,7 +35,7 @@ def test_a_run_prepares_its_fenced_statements_once_per_shape(load_agent, submit)
     outcome = run_drive(run_id=run.id)
     assert outcome.kind.value == "completed"
     assert Run.objects.get(id=run.id).status == "COMPLETED"
-    fenced = [s for s in prepared_fenced_statements() if s.startswith("WITH f AS") and s not in before]
+    fenced = [s for s in prepared_fenced_statements() if s.startswith("WITH fenced_run AS") and s not in before]
     # Both per-step shapes (model response + decisions; results + checkpoint + next request) ran
     # more than once and are prepared; none is prepared twice.
     assert len(fenced) >= 2

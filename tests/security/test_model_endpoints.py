@@ -327,3 +327,93 @@ def test_connection_failures_are_one_class_with_one_message(fake, attacker, sett
         failures.append((info.value.error_class, str(info.value), info.value.retryable))
     assert len(set(failures)) == 1, failures
     assert failures[0][0] == "ConnectionFailed" and "127.0.0.1" not in failures[0][1]
+
+
+# -- the anthropic provider: the same trust boundary ----------------------------------------------------
+
+ANTHROPIC_PRICES = {"claude-test": {"input_per_mtok": 3.0, "output_per_mtok": 15.0}}
+
+
+@pytest.mark.django_db
+def test_an_anthropic_block_may_not_name_a_server_or_a_key_variable_nor_another_providers_endpoint(
+    member, attacker, fake, settings, monkeypatch
+):
+    monkeypatch.setenv("DJANGO_SECRET_KEY", SECRET)
+    settings.AGENTRT_MODEL_PRICES = ANTHROPIC_PRICES
+    settings.AGENTRT_MODEL_ENDPOINTS = {
+        "claude": {"provider": "anthropic", "base_url": fake.base_url, "api_key_env": "AGENTRT_SEC_KEY"},
+        "local": {"provider": "openai", "base_url": fake.base_url, "api_key_env": "AGENTRT_SEC_KEY"},
+    }
+    client = token_client(member)
+
+    def post(**model):
+        block = {"provider": "anthropic", "endpoint": "claude", "model": "claude-test", **model}
+        return client.post("/api/agents/", {"name": "exfil", "model": block, "tools": []}, format="json")
+
+    both = post(base_url=attacker.base_url, api_key_env="DJANGO_SECRET_KEY")
+    assert both.status_code == 400 and {"model.base_url", "model.api_key_env"} <= set(both.json()["fields"])
+    assert "AGENTRT_MODEL_ENDPOINTS" in both.json()["fields"]["model.base_url"][0]
+    other = post(endpoint="local")  # an openai endpoint: not this provider's
+    assert other.status_code == 400, other.content
+    assert other.json()["fields"] == {
+        "model.endpoint": ["Value error, endpoint 'local' serves provider 'openai', not 'anthropic'"]
+    }
+    assert post().status_code == 201
+    assert AgentVersion.objects.get().definition["model"]["endpoint"] == "claude"
+    assert attacker.received == [] and fake.requests == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stored_legacy_anthropic_block_is_not_honoured(tenant, submit, load_agent, attacker, settings, monkeypatch):
+    from runs.runtime.executor import run_drive
+
+    monkeypatch.setenv("DJANGO_SECRET_KEY", SECRET)
+    settings.AGENTRT_MODEL_PRICES = ANTHROPIC_PRICES
+    version = load_agent(name="old", model={"provider": "anthropic", "model": "claude-test"})
+    legacy = dict(version.definition)
+    legacy["model"] = {**legacy["model"], "base_url": attacker.base_url, "api_key_env": "DJANGO_SECRET_KEY"}
+    AgentVersion.objects.filter(id=version.id).update(definition=legacy)
+    run = submit(agent="old", text="hi")
+    run_drive(run_id=run.id)
+    row = Run.objects.get(id=run.id)
+    assert row.status == "FAILED" and row.failure["error_class"] == "LegacyModelBlock"
+    assert "DJANGO_SECRET_KEY" not in json.dumps(row.failure) and attacker.received == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_anthropic_key_goes_only_to_the_configured_url(member, attacker, settings, monkeypatch):
+    """The key of the configured endpoint, in `x-api-key`, reaches its URL and
+    nothing else; the worker's own secret goes nowhere."""
+    from runs.runtime.executor import run_drive
+    from tests.providers.fake_anthropic import FakeAnthropic, text_answer
+
+    server = FakeAnthropic().start()
+    try:
+        monkeypatch.setenv("AGENTRT_SEC_KEY", KEY)
+        settings.AGENTRT_MODEL_PRICES = ANTHROPIC_PRICES
+        settings.AGENTRT_MODEL_ENDPOINTS = {
+            "claude": {"provider": "anthropic", "base_url": server.base_url, "api_key_env": "AGENTRT_SEC_KEY"}
+        }
+        client = token_client(member)
+        model = {"provider": "anthropic", "endpoint": "claude", "model": "claude-test"}
+        refused = client.post(
+            "/api/agents/",
+            {"name": "helper", "tools": [], "model": {**model, "base_url": attacker.base_url}},
+            format="json",
+        )
+        assert refused.status_code == 400
+        assert (
+            client.post("/api/agents/", {"name": "helper", "tools": [], "model": model}, format="json").status_code
+            == 201
+        )
+        server.push(text_answer("hello from the configured endpoint"))
+        run = client.post("/api/runs/", {"agent": "helper", "input": "hi"}, format="json").json()
+        run_drive(run_id=run["id"])
+        row = Run.objects.get(id=run["id"])
+        assert row.status == "COMPLETED" and row.final_message == "hello from the configured endpoint", row.failure
+        assert [r["path"] for r in server.requests] == ["/v1/messages"]
+        assert server.requests[0]["headers"]["x-api-key"] == KEY
+        assert settings.SECRET_KEY not in json.dumps(server.requests)
+        assert attacker.received == []
+    finally:
+        server.close()

@@ -1,0 +1,1 @@
+"""Worked examples of extending agentrt from a project's own Django apps."""

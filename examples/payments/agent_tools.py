@@ -1,0 +1,136 @@
+"""The payments app's tools: found by agentrt at startup like `admin.py`.
+
+`charge_card` is a typed side-effect tool. It journals the charge *before*
+calling the gateway, under the invocation's idempotency key, and sends that
+key to the gateway, which answers a repeated key with the first charge. When
+the process dies while the call is in flight, `reconcile_charge` reads the
+journal and the gateway and says what happened (seed 000):
+
+* journaled, gateway never saw it → restore the row, `continue` (the agent
+  sees the call interrupted and may ask again);
+* journaled, gateway charged exactly that → `completed`, from the journal;
+* gateway holds the charge for review → `waiting`: a person must look;
+* gateway's charge differs from the journal, or exists unjournaled → `conflict`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import httpx
+from pydantic import BaseModel, Field
+
+from examples.payments import gateway
+from examples.payments.models import ChargeJournal
+from runs.runtime.faults import fire  # fault points for the kill tests; inert unless enabled
+from runs.tools import OutcomeUnknown, Pause, Reconciliation, ToolExecutionContext, ToolFailure, register
+
+
+class Charge(BaseModel):
+    """Charge a customer's card on file."""
+
+    customer: str = Field(pattern=r"^cus_[A-Za-z0-9]{1,60}$", description="the customer id, cus_...")
+    amount_cents: int = Field(gt=0, le=1_000_000, description="the amount in cents")
+    currency: Literal["usd", "eur"] = "usd"
+
+
+class Receipt(BaseModel):
+    charge_id: str
+    status: str
+    amount_cents: int
+    currency: str
+
+
+def reconcile_charge(view, invocation: dict) -> Reconciliation:
+    """Read the journal and the gateway; never charge again from here."""
+    key = invocation["idempotency_key"]
+    entry = ChargeJournal.objects.filter(idempotency_key=key).first()
+    remote = gateway.lookup(key)
+    if entry is None:
+        if remote is None:
+            return Reconciliation(outcome="continue")  # the tool never started
+        return Reconciliation(outcome="conflict", detail=f"the gateway holds charge {remote['id']}, never journaled")
+    if remote is None:
+        entry.state = ChargeJournal.ABANDONED  # nothing happened outside: restore
+        entry.save(update_fields=["state", "updated_at"])
+        return Reconciliation(outcome="continue")
+    if not entry.matches(remote):
+        return Reconciliation(
+            outcome="conflict",
+            detail=f"charge {remote['id']} is for {remote['amount_cents']} {remote['currency']}, "
+            f"the journal says {entry.amount_cents} {entry.currency}",
+        )
+    if remote["status"] == "pending_review":
+        entry.state, entry.charge_id = ChargeJournal.PENDING, remote["id"]
+        entry.save(update_fields=["state", "charge_id", "updated_at"])
+        return Reconciliation(
+            outcome="waiting",
+            pause=Pause(
+                capability={"tool": "charge_card", "idempotency_key": key},
+                presentation={
+                    "message": "the gateway holds this charge for review; approve once it is settled",
+                    "charge_id": remote["id"],
+                    "amount_cents": remote["amount_cents"],
+                    "currency": remote["currency"],
+                },
+            ),
+        )
+    entry.state, entry.charge_id = ChargeJournal.SUCCEEDED, remote["id"]
+    entry.save(update_fields=["state", "charge_id", "updated_at"])
+    receipt = Receipt(
+        charge_id=remote["id"], status=remote["status"], amount_cents=entry.amount_cents, currency=entry.currency
+    )
+    return Reconciliation(outcome="completed", result=receipt.model_dump())
+
+
+@register(
+    name="charge_card",
+    read_only=False,
+    side_effect="external_write",
+    timeout_seconds=20,
+    reconciler=reconcile_charge,
+)
+def charge_card(args: Charge, ctx: ToolExecutionContext) -> Receipt:
+    """Charge a customer's card; the same call (idempotency key) never charges twice."""
+    entry, created = ChargeJournal.objects.get_or_create(
+        idempotency_key=ctx.idempotency_key,
+        defaults={
+            "run_id": ctx.run_id,
+            "customer": args.customer,
+            "amount_cents": args.amount_cents,
+            "currency": args.currency,
+        },
+    )
+    if not created and (entry.customer, entry.amount_cents, entry.currency) != (
+        args.customer,
+        args.amount_cents,
+        args.currency,
+    ):
+        raise ToolFailure("journal_mismatch", "this idempotency key was journaled for another charge")
+    fire("payments.after_journal", ctx.run_id)
+    if ctx.cancelled.is_set():
+        raise ToolFailure("cancelled", "the run was cancelled before the gateway was called")
+    try:
+        charge = gateway.charge(
+            ctx.idempotency_key,
+            customer=args.customer,
+            amount_cents=args.amount_cents,
+            currency=args.currency,
+            timeout=max(1.0, ctx.time_budget()),
+        )
+    except gateway.GatewayError as exc:  # the gateway answered: no charge
+        raise ToolFailure("gateway_refused", str(exc)) from None
+    except httpx.ConnectError:  # the request never left: definitely no charge
+        raise ToolFailure("gateway_unreachable", "could not reach the payment gateway") from None
+    except httpx.HTTPError as exc:  # sent, and no answer: it may have charged
+        raise OutcomeUnknown("gateway_no_answer", f"the gateway did not answer ({type(exc).__name__})") from None
+    fire("payments.after_charge", ctx.run_id)
+    entry.state = ChargeJournal.PENDING if charge["status"] == "pending_review" else ChargeJournal.SUCCEEDED
+    entry.charge_id = charge["id"]
+    entry.save(update_fields=["state", "charge_id", "updated_at"])
+    return Receipt(
+        charge_id=charge["id"],
+        status=charge["status"],
+        amount_cents=charge["amount_cents"],
+        currency=charge["currency"],
+    )

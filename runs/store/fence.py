@@ -1,0 +1,115 @@
+"""The fenced UPDATE of the run row, the first write of every leased
+transaction (DESIGN §4, §6), and finalize's transition as a typed value.
+
+Both write paths of a step — statement by statement and the one-statement
+CTE on PostgreSQL — send one of the two statements below, with the same
+parameters: `STEP_FENCE` for a step's unit (it writes `updated_at` and the
+usage and step count the unit carries), `TRANSITION_FENCE` for finalize's
+unit (the same, plus the run's new status, the lease released and the
+terminal columns). Both are fixed text: no column list is assembled at run
+time, so the writer gate reads exactly what each statement may write, and
+PostgreSQL prepares each shape once per connection.
+
+JSON parameters are plain `%s`: PostgreSQL infers `jsonb` from the column
+(an untyped literal or an `unknown` parameter), SQLite stores the text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
+from uuid import UUID
+
+from django.db import connection
+
+from runs.domain.writes import UnitOfWork
+
+# The guard every leased write carries: the run row, under our lease, RUNNING.
+# A worker that lost its lease matches no row and writes nothing.
+STEP_FENCE = (
+    "UPDATE runs SET updated_at = %s, usage = COALESCE(%s, usage), step_count = COALESCE(%s, step_count)"
+    " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'"
+)
+
+
+def transition_fence() -> str:
+    """finalize's fenced UPDATE: the step fence's columns, then the
+    `Transition`'s. The only statement outside the lease module that writes
+    a run's status or releases its lease (the writer gate lists it)."""
+    return (
+        "UPDATE runs SET updated_at = %s, usage = COALESCE(%s, usage), step_count = COALESCE(%s, step_count),"
+        " status = %s,"
+        " lease_owner = CASE WHEN %s THEN NULL ELSE lease_owner END,"
+        " lease_expires_at = CASE WHEN %s THEN NULL ELSE lease_expires_at END,"
+        " final_message = COALESCE(%s, final_message), failure = COALESCE(%s, failure), result = COALESCE(%s, result)"
+        " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'"
+    )
+
+
+def _json(value: Any) -> str | None:
+    if value is None:
+        return None
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What finalize's fenced UPDATE changes on the run row, as a value.
+
+    Columns set: `status` (always), `lease_owner` and `lease_expires_at`
+    (NULL when `release_lease`), and `final_message`, `failure`, `result`
+    when not None (a RUNNING run has none of them yet). The guard is
+    `GUARD`: the row is ours (owner and epoch) and RUNNING; zero rows
+    matched means fenced, and nothing of the unit is written."""
+
+    status: str
+    release_lease: bool
+    final_message: str | None = None
+    failure: dict[str, Any] | None = None
+    result: Any = None
+
+    GUARD: ClassVar[str] = "id = run AND lease_owner = owner AND lease_epoch = epoch AND status = 'RUNNING'"
+    STATUSES: ClassVar[frozenset[str]] = frozenset(
+        {"QUEUED", "WAITING_FOR_USER", "WAITING_FOR_APPROVAL", "COMPLETED", "FAILED", "CANCELLED"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.status not in self.STATUSES:
+            raise ValueError(f"finalize cannot move a run to {self.status!r}")
+
+    def parameters(self) -> list[Any]:
+        """The values of `transition_fence()`'s transition columns, in order."""
+        return [
+            self.status,
+            self.release_lease,
+            self.release_lease,
+            self.final_message,
+            _json(self.failure),
+            _json(self.result),
+        ]
+
+
+def sql_time(value: datetime) -> Any:
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def fence_statement(
+    work: UnitOfWork | None,
+    at: datetime,
+    transition: Transition | None,
+    *,
+    run_id: UUID | str | None,
+    owner: str,
+    epoch: int,
+) -> tuple[str, list[Any]]:
+    """The fenced UPDATE (without RETURNING) and its parameters, for both
+    write paths. `run_id` is passed as the dialect stores it (the CTE path:
+    a UUID; the statement path: `sql_uuid`)."""
+    usage = work.usage if work is not None else None
+    step_count = work.step_count if work is not None else None
+    params: list[Any] = [sql_time(at), _json(usage), step_count]
+    if transition is None:
+        return STEP_FENCE, [*params, run_id, owner, epoch]
+    return transition_fence(), [*params, *transition.parameters(), run_id, owner, epoch]

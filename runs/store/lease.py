@@ -1,0 +1,275 @@
+"""The lease's statements: claim a QUEUED run, renew the lease (heartbeat),
+take over a RUNNING run whose lease expired, and read the database clock.
+
+Lease expiry is database time on PostgreSQL (`now() + lease`); SQLite, on
+the same machine, uses the host's clock. Each statement is guarded on the
+run's status (and, for a take-over, the epoch that was read and an expired
+lease), so two workers racing for a run cannot both win. The lease is
+released only by finalize's `Transition` (runs/store/fence.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.db import connection, transaction
+
+from runs.clock import CLOCK
+from runs.domain.writes import EventWrite
+from runs.store.repository import append_events, is_pg, sql_dt, sql_json, sql_uuid
+
+
+@dataclass(frozen=True)
+class Leased:
+    """A run row the statement leased: who it belongs to and the new epoch."""
+
+    run_id: UUID
+    tenant_id: UUID
+    session_id: UUID
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Beat:
+    """A heartbeat's answer: None from `renew` when the lease is not ours."""
+
+    cancel_requested: bool
+    deadline_passed: bool
+
+
+def _uuid(value: Any) -> UUID:
+    return value if isinstance(value, UUID) else UUID(str(value))
+
+
+def _claim_queued_sql() -> str:
+    if is_pg():
+        return (
+            "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
+            " lease_expires_at = now() + make_interval(secs => %s), attempts = attempts + 1, updated_at = now()"
+            " WHERE id = %s AND status = 'QUEUED'"
+            " RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id"
+        )
+    return (
+        "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
+        " lease_expires_at = %s, attempts = attempts + 1, updated_at = %s"
+        " WHERE id = %s AND status = 'QUEUED'"
+        " RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id"
+    )
+
+
+def _claim_next_sql() -> str:
+    if is_pg():
+        return (
+            "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
+            " lease_expires_at = now() + make_interval(secs => %s), attempts = attempts + 1, updated_at = now()"
+            " FROM (SELECT id FROM runs WHERE status = 'QUEUED' AND (scheduled_for IS NULL OR scheduled_for <= now())"
+            " ORDER BY priority, created_at FOR UPDATE SKIP LOCKED LIMIT 1) AS next_run"
+            " WHERE runs.id = next_run.id"
+            " RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id"
+        )
+    return (
+        "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
+        " lease_expires_at = %s, attempts = attempts + 1, updated_at = %s"
+        " WHERE id = (SELECT id FROM runs WHERE status = 'QUEUED' ORDER BY priority, created_at LIMIT 1)"
+        " AND status = 'QUEUED'"
+        " RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id"
+    )
+
+
+def _claim_params(owner: str, lease_seconds: float) -> list[Any]:
+    if is_pg():
+        return [owner, lease_seconds]
+    now = CLOCK.now()
+    return [owner, sql_dt(now + timedelta(seconds=lease_seconds)), sql_dt(now)]
+
+
+def claim(*, run_id: UUID | None, owner: str, lease_seconds: float) -> Leased | None:
+    """One guarded UPDATE — the QUEUED run `run_id`, or with None the next
+    runnable one (FOR UPDATE SKIP LOCKED on PostgreSQL) — and `run.claimed`
+    in the same transaction; None when there was no QUEUED run to claim."""
+    if run_id is not None:
+        sql, params = _claim_queued_sql(), [*_claim_params(owner, lease_seconds), sql_uuid(run_id)]
+    else:
+        sql, params = _claim_next_sql(), _claim_params(owner, lease_seconds)
+    with transaction.atomic(durable=True):
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            leased = Leased(run_id=_uuid(row[0]), epoch=row[1], tenant_id=_uuid(row[2]), session_id=_uuid(row[3]))
+            append_events(
+                cursor,
+                tenant_id=leased.tenant_id,
+                session_id=leased.session_id,
+                run_id=leased.run_id,
+                epoch=leased.epoch,
+                events=[EventWrite("run.claimed", {"lease_owner": owner, "lease_epoch": leased.epoch}, CLOCK.now())],
+            )
+    return leased
+
+
+def renew(*, run_id: UUID, owner: str, epoch: int, lease_seconds: float) -> Beat | None:
+    """Extend our lease; None when it is no longer ours. The same statement
+    reports a cancel request and a passed deadline."""
+    if is_pg():
+        sql = (
+            "UPDATE runs SET lease_expires_at = now() + make_interval(secs => %s)"
+            " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'"
+            " RETURNING cancel_requested_at IS NOT NULL, deadline_at IS NOT NULL AND deadline_at <= now()"
+        )
+        params: list[Any] = [lease_seconds, run_id, owner, epoch]
+    else:
+        now = CLOCK.now()
+        sql = (
+            "UPDATE runs SET lease_expires_at = %s"
+            " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'"
+            " RETURNING cancel_requested_at IS NOT NULL, deadline_at IS NOT NULL AND deadline_at <= %s"
+        )
+        params = [sql_dt(now + timedelta(seconds=lease_seconds)), run_id.hex, owner, epoch, sql_dt(now)]
+    with transaction.atomic(durable=True):
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+    if row is None:
+        return None
+    return Beat(cancel_requested=bool(row[0]), deadline_passed=bool(row[1]))
+
+
+def db_now() -> datetime:
+    """The database's clock (PostgreSQL) or the host's (SQLite, same machine)."""
+    if is_pg():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT now()")
+            now: datetime = cursor.fetchone()[0]
+            return now
+    return CLOCK.now()
+
+
+# -- take-over -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InterruptedCall:
+    invocation: UUID
+    step: int
+    call_id: str
+    tool: str
+
+
+@dataclass(frozen=True)
+class TakenOver:
+    """What one take-over transaction changed: the new lease, the owner it
+    replaced, and the in-flight rows it marked interrupted."""
+
+    leased: Leased
+    previous_owner: str | None
+    lease_expirations: int
+    model_calls: list[tuple[int, int]] = field(default_factory=list)  # (step, attempt)
+    reads: list[InterruptedCall] = field(default_factory=list)  # read-only calls: interrupted, may run again
+    effects: list[InterruptedCall] = field(default_factory=list)  # side effects: outcome unknown
+
+
+def _take_over_sql() -> str:
+    if is_pg():
+        return (
+            "UPDATE runs SET lease_owner = %s, lease_epoch = lease_epoch + 1,"
+            " lease_expires_at = now() + make_interval(secs => %s),"
+            " attempts = attempts + 1, lease_expirations = lease_expirations + 1, updated_at = now()"
+            " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s"
+            " AND (lease_expires_at IS NULL OR lease_expires_at < now())"
+            " RETURNING lease_epoch, tenant_id, session_id, lease_expirations"
+        )
+    return (
+        "UPDATE runs SET lease_owner = %s, lease_epoch = lease_epoch + 1, lease_expires_at = %s,"
+        " attempts = attempts + 1, lease_expirations = lease_expirations + 1, updated_at = %s"
+        " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s AND (lease_expires_at IS NULL OR"
+        " lease_expires_at < %s)"
+        " RETURNING lease_epoch, tenant_id, session_id, lease_expirations"
+    )
+
+
+def _take_over_params(*, run_id: UUID, owner: str, seen_epoch: int, lease_seconds: float, now: datetime) -> list[Any]:
+    if is_pg():
+        return [owner, lease_seconds, run_id, seen_epoch]
+    return [owner, sql_dt(now + timedelta(seconds=lease_seconds)), sql_dt(now), run_id.hex, seen_epoch, sql_dt(now)]
+
+
+def take_over(
+    *,
+    run_id: UUID,
+    owner: str,
+    seen_epoch: int,
+    lease_seconds: float,
+    now: datetime,
+    read_observation: dict[str, Any],
+    unknown_outcome: dict[str, Any],
+    events: Callable[[TakenOver], list[EventWrite]],
+) -> TakenOver | None:
+    """One transaction: a new epoch (guarded by the epoch read, the expired
+    lease and the status); every in-flight model call and read-only call
+    marked interrupted (a read-only call gets `read_observation` as its
+    result), every executing side effect interrupted with `unknown_outcome`;
+    then `events(taken)` appended. None when the guard matched no row."""
+    with transaction.atomic(durable=True):
+        with connection.cursor() as cursor:
+            # The owner only changes with the epoch, which the UPDATE guards.
+            cursor.execute(
+                "SELECT lease_owner FROM runs WHERE id = %s AND lease_epoch = %s", [sql_uuid(run_id), seen_epoch]
+            )
+            previous = cursor.fetchone()
+            cursor.execute(
+                _take_over_sql(),
+                _take_over_params(
+                    run_id=run_id, owner=owner, seen_epoch=seen_epoch, lease_seconds=lease_seconds, now=now
+                ),
+            )
+            got = cursor.fetchone()
+            if got is None:
+                return None
+            epoch, tenant_id, session_id, expirations = got
+            leased = Leased(run_id=run_id, tenant_id=_uuid(tenant_id), session_id=_uuid(session_id), epoch=epoch)
+            cursor.execute(
+                "UPDATE model_calls SET status = 'interrupted', finished_at = %s WHERE run_id = %s AND status ="
+                " 'started'"
+                " RETURNING step_number, attempt_number",
+                [sql_dt(now), sql_uuid(run_id)],
+            )
+            model_calls = [(step, attempt) for step, attempt in cursor.fetchall()]
+            cursor.execute(
+                "UPDATE tool_invocations SET status = 'interrupted', result = %s, error = %s, updated_at = %s,"
+                " lease_epoch = %s"
+                " WHERE run_id = %s AND status = 'authorized' AND read_only = %s"
+                " RETURNING id, step_number, call_id, tool_name",
+                [sql_json(read_observation), sql_json(read_observation), sql_dt(now), epoch, sql_uuid(run_id), True],
+            )
+            reads = [InterruptedCall(_uuid(inv), step, call_id, tool) for inv, step, call_id, tool in cursor.fetchall()]
+            cursor.execute(
+                "UPDATE tool_invocations SET status = 'interrupted', error = %s, updated_at = %s, lease_epoch = %s"
+                " WHERE run_id = %s AND status = 'executing' RETURNING id, step_number, call_id, tool_name",
+                [sql_json(unknown_outcome), sql_dt(now), epoch, sql_uuid(run_id)],
+            )
+            effects = [
+                InterruptedCall(_uuid(inv), step, call_id, tool) for inv, step, call_id, tool in cursor.fetchall()
+            ]
+            taken = TakenOver(
+                leased=leased,
+                previous_owner=previous[0] if previous else None,
+                lease_expirations=expirations,
+                model_calls=model_calls,
+                reads=reads,
+                effects=effects,
+            )
+            append_events(
+                cursor,
+                tenant_id=leased.tenant_id,
+                session_id=leased.session_id,
+                run_id=run_id,
+                epoch=epoch,
+                events=events(taken),
+            )
+    return taken

@@ -1,0 +1,1 @@
+"""An app whose `agent_hooks` module fails to import (tests/webhooks/test_registry.py)."""

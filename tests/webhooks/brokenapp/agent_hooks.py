@@ -1,0 +1,3 @@
+from runs import hooks  # noqa: F401
+
+raise ValueError("brokenapp's hooks cannot load")

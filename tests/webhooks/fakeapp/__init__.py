@@ -1,0 +1,1 @@
+"""An app whose `agent_hooks` module is autodiscovered (tests/webhooks/test_registry.py)."""
