@@ -207,7 +207,11 @@ def decide(takeover: Takeover) -> str:
     """Decide what the taken-over run does next and end through finalize."""
     claim = takeover.claim
     run = Run.objects.select_related("agent").get(id=claim.run_id)
-    if run.lease_expirations > MAX_LEASE_EXPIRATIONS:
+    # Past the limit, a side effect whose outcome is unknown still gets its decision first (the operator's
+    # park or the reconciler): failing the run over it would leave nobody asked whether the effect happened.
+    # The limit fails the run at its next lost lease.
+    unknown_first = run.cancel_requested_at is None and _unknown_outcomes(run.id).exists()
+    if run.lease_expirations > MAX_LEASE_EXPIRATIONS and not unknown_first:
         outcome = RunOutcome(
             kind=OutcomeKind.FAILED,
             failure=_failure(

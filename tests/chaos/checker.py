@@ -47,6 +47,7 @@ is that accounting, checked).
 
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
 import sys
@@ -132,12 +133,114 @@ def _takeovers(events_by_run: dict[str, list[dict]]) -> dict[str, list[dict]]:
                     "decision_payload": decision_payload,
                 }
             )
+        # A resumer may die between its takeover and its decision (run_maintenance SIGKILLed mid-resume, its
+        # connection cut): the next takeover, from the dead resumer's epoch, carries on. It finds the calls
+        # already marked interrupted (no new step.interrupted) and makes the decision — so a takeover without a
+        # decision hands its unknown effects on to its successor, and takes its successor's decision.
+        succ = {}
+        for i, t in enumerate(lst):
+            succ[i] = next((j for j in range(i + 1, len(lst)) if lst[j]["previous_epoch"] == t["epoch"]), None)
+        for i, t in enumerate(lst):
+            j = succ[i]
+            if t["decision"] is None and j is not None:
+                lst[j]["unknown"] = list(dict.fromkeys(t["unknown"] + lst[j]["unknown"]))
+                lst[j]["inherited_from_epoch"] = t["epoch"]
+        for i in reversed(range(len(lst))):
+            j = succ[i]
+            if lst[i]["decision"] is None and j is not None:
+                lst[i]["decision"], lst[i]["decision_payload"] = lst[j]["decision"], lst[j]["decision_payload"]
+                lst[i]["decided_by_epoch"] = lst[j].get("decided_by_epoch", lst[j]["epoch"])
         if lst:
             out[run_id] = lst
     return out
 
 
 # -- I1: every run's end against what its plan and the recorded faults allow ---------
+
+
+def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict], meta: dict):
+    """For a run: which of its lease losses (takeovers) an injected fault
+    caused, and which not. A loss of the lease of epoch E (claimed by worker
+    P at tc, taken over at tt) is caused by a kill or stop that froze P
+    holding E, or by a fault that reached P between tc and tt: a SIGKILL of
+    P or of another process of P's node (its main process, sentinel, pusher,
+    monitor or a sibling worker: the node replaces its queues, drains and
+    stops workers), `pg_terminate_backend` of a backend of P's node (the
+    deployment's processes connect as application_name soak-node-K), or the
+    PostgreSQL restart."""
+    nodes = {int(k): v for k, v in (meta.get("worker_nodes") or {}).items()}
+    held = defaultdict(set)
+    for f in faults:
+        if f.get("kind") in ("kill", "stop"):
+            for h in f.get("held") or []:
+                held[h["run"]].add(h["epoch"])
+    timed = sorted(
+        (((f.get("t", f.get("t_freeze")) or 0.0), f) for f in faults if f.get("kind") in DEATH_KINDS),
+        key=lambda x: x[0],
+    )
+    timed_t = [t for t, _ in timed]
+
+    def causes(run_id: str) -> tuple[list, list]:
+        claims = {}
+        for e in events_by_run.get(run_id, []):
+            if e["type"] in ("run.claimed", "lease.taken_over"):  # a takeover's epoch is held by its resumer
+                owner = (e["payload"] or {}).get("lease_owner") or ""
+                parts = owner.split(":")
+                claims[(e["payload"] or {}).get("lease_epoch", e["lease_epoch"])] = (
+                    e["occurred_at"],
+                    int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None,
+                    # who held it: a worker claimed it; a takeover's resumer is run_maintenance's sweep
+                    "worker"
+                    if e["type"] == "run.claimed"
+                    else ("maintenance" if e["payload"].get("via") == "sweep" else None),
+                )
+        caused, uncaused = [], []
+        for t in takeovers.get(run_id, []):
+            epoch = t["previous_epoch"]
+            if epoch in held[run_id]:
+                caused.append({"epoch": epoch, "by": "a kill/stop of its worker"})
+                continue
+            tc, pid, holder = claims.get(epoch, (None, None, None))
+            # pids are reused over a long soak: who held the epoch says which map to read
+            node = nodes.get(pid) if holder == "worker" else None
+            app = f"soak-node-{node}" if node is not None else ("soak-maintenance" if holder == "maintenance" else None)
+            why = None
+            start = bisect.bisect_left(timed_t, tc - 0.5) if tc is not None else len(timed)
+            for tf, f in timed[start:]:
+                if tf > t["at"]:
+                    break
+                if f["kind"] == "pg_restart":
+                    why = "the PostgreSQL restart"
+                elif f["kind"] == "terminate" and app is not None and f.get("application_name") == app:
+                    why = f"pg_terminate_backend of a {app} backend"
+                elif (
+                    f["kind"] == "kill"
+                    and holder == "maintenance"
+                    and f.get("role") == "run_maintenance"
+                    and f.get("pid") == pid
+                ):
+                    why = "SIGKILL of run_maintenance, the resumer holding it"
+                elif (
+                    f["kind"] == "kill"
+                    and holder == "worker"
+                    and (
+                        f.get("pid") == pid
+                        or (node is not None and f.get("node") == node and f.get("role") in NODE_ROLES)
+                    )
+                ):
+                    whose = "its worker" if f.get("pid") == pid else f"its node {node}'s {f.get('role')}"
+                    why = f"SIGKILL of {whose}"
+                if why:
+                    break
+            (caused if why else uncaused).append(
+                {"epoch": epoch, "by": why} if why else {"epoch": epoch, "worker": pid, "node": node}
+            )
+        return caused, uncaused
+
+    return causes
+
+
+NODE_ROLES = ("busy_worker", "idle_worker", "pusher", "monitor", "sentinel", "qcluster_main")
 
 
 def _judge_outcomes(
@@ -148,6 +251,7 @@ def _judge_outcomes(
     meta: dict,
     doorbells: dict,
     v: _Violations,
+    lease_losses=None,
 ) -> dict:
     """I1 judges outcomes, not only termination. A run may end COMPLETED;
     CANCELLED only if the soak recorded an operator cancel of it; FAILED only
@@ -206,15 +310,28 @@ def _judge_outcomes(
                 ok = bool(ids) and (not decisions or any(i in operator_rejects for i in ids))
                 note(end, ok, run_id, "the operator rejected its approval" if ok else "no recorded operator rejection")
             elif reason == "max_attempts_exceeded":
-                ok = held[run_id] > max_exp
-                note(
-                    end,
-                    ok,
-                    run_id,
-                    f"{held[run_id]} injected faults held it (limit {max_exp})"
-                    if ok
-                    else f"only {held[run_id]} injected fault(s) held it, the limit is {max_exp} lease losses",
-                )
+                if lease_losses is not None:
+                    caused, uncaused = lease_losses(run_id)
+                    ok = len(caused) > max_exp
+                    note(
+                        end,
+                        ok,
+                        run_id,
+                        f"{len(caused)} lease losses, each caused by an injected fault (limit {max_exp})"
+                        if ok
+                        else f"{len(caused)} lease loss(es) caused by injected faults, the limit is {max_exp}; not "
+                        f"caused: {uncaused}",
+                    )
+                else:
+                    ok = held[run_id] > max_exp
+                    note(
+                        end,
+                        ok,
+                        run_id,
+                        f"{held[run_id]} injected faults held it (limit {max_exp})"
+                        if ok
+                        else f"only {held[run_id]} injected fault(s) held it, the limit is {max_exp} lease losses",
+                    )
             else:
                 note(end, False, run_id, "no fault or decision of the soak causes this failure")
         elif status == "WAITING_FOR_APPROVAL" and pending.get(run_id):
@@ -589,17 +706,24 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
             else f"dequeued by a pusher, locked until +{lock - t_end:.0f}s"
         )
         doorbells[d.get("run")].append(state)
-    outcomes = _judge_outcomes(runs, approvals, faults, decisions, meta, doorbells, v)
-    for name, counts in sorted((meta.get("process_logs") or {}).items()):
-        # the plan kills and stops processes; it never makes one raise: an unhandled error is a failure it did not cause
-        n = counts.get("unhandled_run_errors", 0)
-        t = counts.get("tracebacks", 0)
-        if n or t:
-            v.add(
-                "I1",
-                f"{name}'s log shows {n} unhandled run error(s) and {t} traceback(s) (no fault of the soak causes an "
-                "exception)",
-            )
+    # reports with process roles (issue 14's soak) attribute each lease loss to the fault that caused it
+    with_roles = any(f.get("role") for f in faults)
+    outcomes = _judge_outcomes(
+        runs,
+        approvals,
+        faults,
+        decisions,
+        meta,
+        doorbells,
+        v,
+        _lease_loss_causes(events_by_run, takeovers, faults, meta) if with_roles else None,
+    )
+    logs_judged = _judge_logs(meta.get("process_logs") or {}, faults, v)
+    for err in meta.get("submit_errors") or []:
+        v.add(
+            "I1",
+            f"the submit of run #{err['index']} was refused: {err['error']} (a run the soak asked for does not exist)",
+        )
 
     # ---- I2 no unapproved duplicate effect (by content, ordered against decisions) ----
     sends_by_key, dup_sends, effects = _check_effects(sink, invs, inv_by_key, approvals, v)
@@ -650,15 +774,20 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         v.add("I5", f"observed {obs['status']} holding a lease ({obs['lease_owner']}) during the soak", obs["run"])
 
     # ---- I6 cancellation never abandons an effect -------------------------
+    # The outcome of a sent call must be recorded: a result, or recorded as unknown — `interrupted` by a takeover,
+    # or `uncertain` by the live worker whose request the cancel cut (its tool.call.failed says so, for that attempt).
+    recorded_unknown = {
+        (e["payload"].get("invocation"), e["payload"].get("attempt"))
+        for e in snapshot["events"]
+        if e["type"] == "tool.call.failed" and e["payload"].get("outcome") == "uncertain"
+    }
     for inv in invs.values():
         r = runs.get(inv["run_id"])
-        if (
-            r
-            and r["status"] == "CANCELLED"
-            and inv["effect_sent_at"] is not None
-            and not inv["has_result"]
-            and inv["status"] != "interrupted"
-        ):
+        if r and r["status"] == "CANCELLED" and inv["effect_sent_at"] is not None and not inv["has_result"]:
+            if inv["status"] == "interrupted" or (
+                inv["status"] == "uncertain" and (inv["id"], inv["attempt"]) in recorded_unknown
+            ):
+                continue
             v.add(
                 "I6",
                 f"cancelled run keeps watermarked invocation {inv['id']} ({inv['status']}) with no result",
@@ -703,6 +832,8 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     # ---- faults per window ---------------------------------------------------
     per_window = {k: Counter() for k in ("kill", "stop")}
     for f in kills + stops:
+        if f.get("role") not in (None, "busy_worker", "idle_worker"):
+            continue  # a window of a worker's run; other processes' deaths are counted by process type (deaths)
         held = f.get("held") or []
         if not held:
             per_window[f["kind"]]["idle"] += 1
@@ -988,11 +1119,250 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
             "kills_without_takeover": no_takeover,
         },
         "takeovers": sum(len(x) for x in takeovers.values()),
+        "deaths": _deaths(faults, meta),
+        "recovery_s": _recovery(faults, events_by_run, meta, LEASE_OF(meta)),
+        "submits": _submits(meta),
+        "logs_judged": logs_judged,
         "approvals": approvals_summary,
         "sends": sends,
         "throughput": throughput,
         "run_latency_s": _dist(run_latency),
     }
+
+
+# -- process deaths (issue 14: the soak kills without carve-outs) ---------------------------
+
+DEATH_KINDS = ("kill", "terminate", "pg_restart")
+PROCESS_TYPES = (
+    "busy_worker",
+    "idle_worker",
+    "pusher",
+    "monitor",
+    "sentinel",
+    "qcluster_main",
+    "run_maintenance",
+    "web_node",
+    "pg_backend",
+    "postgres_restart",
+)
+DB_FAULT_KINDS = ("terminate", "pg_restart")
+# what a lost database connection raises; anything else in a traceback is a failure no fault explains
+DB_LOST = ("OperationalError", "InterfaceError", "AdminShutdown")
+DB_LOST_TEXT = (
+    "terminating connection",
+    "server closed the connection",
+    "connection is lost",
+    "connection failed",
+    "connection refused",
+    "the database system is",
+    "consuming input failed",
+    "connection already closed",
+    "the connection is closed",
+    "sending query failed",
+    "ssl syscall",
+    "eof detected",
+    "could not receive data",
+    "no connection to the server",
+    "connection has been closed",
+    "cannot connect",
+    "server conn crashed",
+    "connection timeout expired",
+    "connection to server",
+)
+TERMINATE_REACH_S = 600.0  # a terminated idle connection is found at its next use (a pooled one may sit idle a while)
+RESTART_REACH_S = 120.0
+
+
+def LEASE_OF(meta: dict) -> float:
+    return float(meta.get("lease_seconds") or 2.0)
+
+
+def _role(f: dict) -> str | None:
+    if f.get("kind") not in DEATH_KINDS:
+        return None
+    if f.get("role"):
+        return f["role"]
+    return "busy_worker" if f.get("held") else "idle_worker"  # reports from before roles: only workers died
+
+
+def _deaths(faults: list[dict], meta: dict) -> dict:
+    """Every process death the soak injected, by process type and by the
+    window it landed in (a worker's: its run's side-effect window, frozen;
+    a node process's: the worst window its node's runs were in; a web node's:
+    whether a submit was in flight to it; a backend's: its state), and what
+    the supervisor restarted (an exit of a supervised process, by role and
+    exit status)."""
+    by_type: dict[str, Counter] = {t: Counter() for t in PROCESS_TYPES}
+    sources = Counter()
+    for f in faults:
+        role = _role(f)
+        if role is None:
+            continue
+        by_type.setdefault(role, Counter())[f.get("window") or "-"] += 1
+        sources[f.get("source") or "random"] += 1
+    total = sum(sum(c.values()) for c in by_type.values())
+    sigkills = sum(1 for f in faults if f.get("kind") == "kill")
+    exits = meta.get("supervisor") or []
+    restarts = Counter(e["role"] for e in exits)
+    rcs: dict[str, Counter] = defaultdict(Counter)
+    for e in exits:
+        rcs[e["role"]][str(e["rc"])] += 1
+    return {
+        "total": total,
+        "sigkill": sigkills,
+        "pg_backends_terminated": sum(1 for f in faults if f.get("kind") == "terminate"),
+        "pg_restarts": sum(1 for f in faults if f.get("kind") == "pg_restart"),
+        "by_type": {t: sum(c.values()) for t, c in by_type.items()},
+        "by_type_window": {t: dict(sorted(c.items())) for t, c in by_type.items()},
+        "by_source": dict(sources),
+        "types_hit": {t: sum(c.values()) > 0 for t, c in by_type.items()},
+        "supervisor_restarts": dict(restarts),
+        "supervisor_exit_status": {k: dict(v) for k, v in rcs.items()},
+    }
+
+
+def _recovery(faults: list[dict], events_by_run: dict, meta: dict, lease: float) -> dict:
+    """Figures, never assertions: how long the deployment took to claim again
+    after each death (kill -> the next `run.claimed` anywhere; for a node's
+    process -> the next claim by a worker of that node, whatever its
+    generation), a killed web node's next answered submit, the database
+    restart's downtime, and how long queued runs waited for a claim (created
+    or requeued -> claimed; the issue's bound is lease + 10 s)."""
+
+    nodes = {int(k): v for k, v in (meta.get("worker_nodes") or {}).items()}
+    claims: list[tuple[float, int | None]] = []
+    waits: list[float] = []
+    for evs in events_by_run.values():
+        queued_at = None
+        for e in evs:
+            if e["type"] in ("run.created", "run.requeued"):
+                queued_at = e["occurred_at"]
+            elif e["type"] == "run.claimed":
+                owner = (e["payload"] or {}).get("lease_owner") or ""
+                parts = owner.split(":")
+                pid = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+                claims.append((e["occurred_at"], nodes.get(pid) if pid is not None else None))
+                if queued_at is not None:
+                    waits.append(e["occurred_at"] - queued_at)
+                queued_at = None
+    claims.sort(key=lambda c: c[0])
+    times = [c[0] for c in claims]
+    by_node: dict[int | None, list[float]] = defaultdict(list)
+    for tc, n in claims:
+        by_node[n].append(tc)
+    anywhere: dict[str, list[float]] = defaultdict(list)
+    same_node: dict[str, list[float]] = defaultdict(list)
+    for f in faults:
+        role = _role(f)
+        if role is None or f.get("t") is None:
+            continue
+        t0 = f.get("t_ready", f["t"]) if role == "postgres_restart" else f["t"]
+        i = bisect.bisect_right(times, t0)
+        if i < len(times):
+            anywhere[role].append(times[i] - t0)
+        node = f.get("node")
+        if node is not None and role not in ("web_node",):
+            node_times = by_node.get(node, [])
+            j = bisect.bisect_right(node_times, t0)
+            if j < len(node_times):
+                same_node[role].append(node_times[j] - t0)
+    web_answer: list[float] = []
+    answers = sorted(
+        (a["t"] + a["s"], a["node"])
+        for w in meta.get("web_submits") or []
+        for a in w["attempts"]
+        if a["status"] in (200, 201)
+    )
+    for f in faults:
+        if _role(f) == "web_node" and f.get("node") is not None:
+            nxt = next((t for t, n in answers if n == f["node"] and t > f["t"]), None)
+            if nxt is not None:
+                web_answer.append(nxt - f["t"])
+    restarts = meta.get("pg_restarts") or []
+    return {
+        "next_claim_anywhere": {k: _dist(v) for k, v in sorted(anywhere.items())},
+        "next_claim_same_node": {k: _dist(v) for k, v in sorted(same_node.items())},
+        "web_node_next_answer": _dist(web_answer),
+        "postgres_restart_downtime": [round(r["t_ready"] - r["t_stop"], 3) for r in restarts],
+        "queue_wait": {**_dist(waits), "over_lease_plus_10": sum(1 for w in waits if w > lease + 10)},
+    }
+
+
+def _submits(meta: dict) -> dict:
+    web = meta.get("web_submits") or []
+    return {
+        "web": len(web),
+        "web_answered_first_try": sum(1 for w in web if len(w["attempts"]) == 1 and w.get("run")),
+        "web_retried": sum(1 for w in web if len(w["attempts"]) > 1),
+        "web_attempts_unanswered": sum(1 for w in web for a in w["attempts"] if a["status"] is None),
+        "web_attempts_5xx": sum(1 for w in web for a in w["attempts"] if (a["status"] or 0) >= 500),
+        "web_replays_answered_200": sum(1 for w in web if w.get("run") and not w.get("created")),
+        "service": len(meta.get("service_submits") or []),
+        "service_retried": sum(1 for s in meta.get("service_submits") or [] if s["attempts"] > 1),
+        "refused": len(meta.get("submit_errors") or []),
+    }
+
+
+def _db_lost(exc: str) -> bool:
+    name, _, text = exc.partition(": ")
+    return name.rsplit(".", 1)[-1] in DB_LOST and any(m in text.lower() for m in DB_LOST_TEXT)
+
+
+def _judge_logs(process_logs: dict, faults: list[dict], v: _Violations) -> dict:
+    """A traceback in a process's log is a failure unless a fault of the soak
+    explains it: every exception of its chain is a lost database connection
+    (OperationalError / InterfaceError / AdminShutdown with a connection-loss
+    message) and a database fault reached that process before it — the
+    PostgreSQL restart (within RESTART_REACH_S of the server being ready
+    again) or `pg_terminate_backend` of a backend with that process's
+    application_name (within TERMINATE_REACH_S). Kills and stops never
+    make a process raise. Logs of reports made before tracebacks were
+    itemised fall back to the counts: any is a violation."""
+    restarts = [
+        (f["t"] - 1.0, f.get("t_ready", f["t"]) + RESTART_REACH_S) for f in faults if f.get("kind") == "pg_restart"
+    ]
+    terminated: dict[str, list[float]] = defaultdict(list)
+    for f in faults:
+        if f.get("kind") == "terminate":
+            terminated[f.get("application_name")].append(f["t"])
+    out = {"tracebacks": 0, "explained_by_db_fault": 0, "unexplained": 0, "by_process": {}}
+    for name, counts in sorted(process_logs.items()):
+        tbs = counts.get("traceback_list")
+        if tbs is None:  # the older summary: counts only
+            n, t = counts.get("unhandled_run_errors", 0), counts.get("tracebacks", 0)
+            if n or t:
+                v.add(
+                    "I1",
+                    f"{name}'s log shows {n} unhandled run error(s) and {t} traceback(s) (no fault of the soak causes "
+                    f"an exception)",
+                )
+            continue
+        app = counts.get("application_name")
+        mine = {"tracebacks": len(tbs), "explained_by_db_fault": 0, "unexplained": 0, "causes": Counter()}
+        for tb in tbs:
+            t = tb.get("t")
+            excs = tb.get("exceptions") or []
+            cause = None
+            if excs and t is not None and all(_db_lost(e) for e in excs):
+                if any(a <= t <= b for a, b in restarts):
+                    cause = "the PostgreSQL restart"
+                elif any(tf - 1.0 <= t <= tf + TERMINATE_REACH_S for tf in terminated.get(app, [])):
+                    cause = f"pg_terminate_backend of a {app} backend"
+            if cause:
+                mine["explained_by_db_fault"] += 1
+                mine["causes"][cause] += 1
+            else:
+                mine["unexplained"] += 1
+                v.add(
+                    "I1",
+                    f"{name}'s log: a traceback no fault of the soak explains: {tb.get('record')!r} "
+                    f"{excs[-1] if excs else '(no exception line)'}",
+                )
+        mine["causes"] = dict(mine["causes"])
+        out["by_process"][name] = mine
+        for k in ("tracebacks", "explained_by_db_fault", "unexplained"):
+            out[k] += mine[k]
+    return out
 
 
 def load_artifacts(folder: Path) -> tuple[dict, list, list, list]:

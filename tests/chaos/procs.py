@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -30,21 +31,42 @@ def recreate_database(url: str) -> None:
 
 
 class Proc:
-    """A child process in its own session (so its whole group can be signalled)."""
+    """A supervised child process in its own session (so its whole group can
+    be signalled). The soak is its supervisor, as systemd's
+    Restart=on-failure would be: `restart()` starts a new generation after it
+    exited; `stop()` ends every generation (an orphaned old one may still be
+    draining)."""
 
-    def __init__(self, name: str, argv: list[str], env: dict, log_path: Path):
+    def __init__(self, name: str, argv: list[str], env: dict, log_path: Path, role: str | None = None):
         self.name = name
+        self.role = role or name
+        self.argv, self.env = argv, env
         self.log_path = log_path
-        self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        self.generations: list[subprocess.Popen] = []
+        self.exits: list[dict] = []
+        self._start()
+
+    def _start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.pid = self.proc.pid
+        self.generations.append(self.proc)
+        self.started_at = time.time()
+        self.ready = False  # the supervisor's readiness probe says when it serves (web nodes)
+        self.ready_at: float | None = None
+
+    def exited(self) -> int | None:
+        return self.proc.poll()
+
+    def restart(self) -> None:
+        self._start()
 
     def group(self, sig) -> None:
         try:
             os.killpg(self.pid, sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -55,12 +77,16 @@ class Proc:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 pass
-        self.group(signal.SIGKILL)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        self.log.close()
+        for p in self.generations:
+            try:
+                os.killpg(p.pid, signal.SIGCONT)
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def proc_table() -> dict[int, tuple[int, str]]:

@@ -1,7 +1,134 @@
 """The chaos soak's markdown report (a pure function of the checker's report
-plus the soak's configuration)."""
+plus the soak's configuration).
+
+    python -m tests.chaos.report ARTIFACT_DIR [--out PATH]   # re-check a soak's artifacts and render its report again
+"""
 
 from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+# The report's headline, which README.md quotes; tests/chaos/test_soak_report.py parses both with HEADLINE_RE.
+HEADLINE = (
+    "**{deaths:,} process deaths** ({sigkill:,} SIGKILLs of the deployment's processes, {backends:,} PostgreSQL "
+    "backends "
+    "terminated, {restarts} PostgreSQL restart) over {runs:,} runs, seed {seed}: **{violations} violations**"
+)
+HEADLINE_RE = re.compile(
+    r"\*\*(?P<deaths>[\d,]+) process deaths\*\* \((?P<sigkill>[\d,]+) SIGKILLs of the deployment's processes, "
+    r"(?P<backends>[\d,]+) "
+    r"PostgreSQL backends terminated, (?P<restarts>\d+) PostgreSQL restarts?\) over (?P<runs>[\d,]+) runs, seed "
+    r"(?P<seed>\d+): "
+    r"\*\*(?P<violations>\d+) violations\*\*"
+)
+TYPE_LABELS = {
+    "busy_worker": "worker holding a lease",
+    "idle_worker": "idle worker",
+    "pusher": "pusher",
+    "monitor": "monitor",
+    "sentinel": "sentinel",
+    "qcluster_main": "qcluster main",
+    "run_maintenance": "run_maintenance",
+    "web_node": "web node (daphne)",
+    "pg_backend": "PostgreSQL backend (pg_terminate_backend)",
+    "postgres_restart": "PostgreSQL restart (immediate)",
+}
+WINDOW_ORDER = (
+    "before_watermark",
+    "watermark_to_result",
+    "after_result",
+    "no_effect",
+    "idle",
+    "submit_in_flight",
+    "no_submit",
+    "active",
+    "idle in transaction",
+    "-",
+)
+
+
+def headline(r: dict) -> str:
+    d = r.get("deaths") or {}
+    return HEADLINE.format(
+        deaths=d.get("total", 0),
+        sigkill=d.get("sigkill", 0),
+        backends=d.get("pg_backends_terminated", 0),
+        restarts=d.get("pg_restarts", 0),
+        runs=r["runs"],
+        seed=r["config"]["seed"],
+        violations=len(r["violations"]),
+    )
+
+
+def parse_headline(text: str) -> dict | None:
+    m = HEADLINE_RE.search(text)
+    return {k: int(v.replace(",", "")) for k, v in m.groupdict().items()} if m else None
+
+
+def deaths_section(r: dict) -> list[str]:
+    d = r.get("deaths")
+    if not d:
+        return []
+    windows = [w for w in WINDOW_ORDER if any(w in c for c in d["by_type_window"].values())]
+    windows += sorted({w for c in d["by_type_window"].values() for w in c} - set(windows))
+    lines = [
+        "## Process deaths by process type and window",
+        "",
+        f"- {headline(r)}",
+        f"- by source: {d['by_source']}; restarted by the soak as their supervisor (systemd Restart=on-failure): "
+        f"{d['supervisor_restarts']} (exit status per role: {d['supervisor_exit_status']})",
+        "- window: for a worker, the window of the run it held when frozen (`idle`: it held none); for a pusher, "
+        "monitor, "
+        "sentinel, qcluster main or the restart, the worst window among the runs its node's (or every node's) workers "
+        "held; "
+        "for a web node, whether a submit was in flight to it; for a backend, its `pg_stat_activity.state`",
+        "",
+        "| process type | " + " | ".join(windows) + " | total |",
+        "|---|" + "---|" * (len(windows) + 1),
+    ]
+    for t, c in d["by_type_window"].items():
+        lines.append(
+            f"| {TYPE_LABELS.get(t, t)} | "
+            + " | ".join(str(c.get(w, 0)) for w in windows)
+            + f" | {d['by_type'].get(t, 0)} |"
+        )
+    lines += [
+        "",
+        f"Every process type died at least once: {all(d['types_hit'].values())} "
+        f"{[t for t, hit in d['types_hit'].items() if not hit] or ''}",
+        "",
+    ]
+    return lines
+
+
+def recovery_section(r: dict) -> list[str]:
+    rec = r.get("recovery_s")
+    if not rec:
+        return []
+    fmt = lambda x: f"n {x['n']}, p50 {x['p50']}, p95 {x['p95']}, max {x['max']}"  # noqa: E731
+    lines = [
+        "## Recovery (figures, not assertions)",
+        "",
+        "| died | → next claim anywhere (s) | → next claim by the same node (s) |",
+        "|---|---|---|",
+    ]
+    types = sorted(set(rec["next_claim_anywhere"]) | set(rec["next_claim_same_node"]))
+    for t in types:
+        a, b = rec["next_claim_anywhere"].get(t), rec["next_claim_same_node"].get(t)
+        lines.append(f"| {TYPE_LABELS.get(t, t)} | {fmt(a) if a else '—'} | {fmt(b) if b else '—'} |")
+    q = rec["queue_wait"]
+    lines += [
+        "",
+        f"- a killed web node → its next answered submit (s): {fmt(rec['web_node_next_answer'])}",
+        f"- PostgreSQL restart: down for {rec['postgres_restart_downtime']} s (stop → accepting connections)",
+        f"- queued runs, created or requeued → claimed (s): {fmt(q)}, mean {q['mean']}; waits over lease + 10 s: "
+        f"{q['over_lease_plus_10']}",
+        "",
+    ]
+    return lines
 
 
 def render_markdown(r: dict) -> str:
@@ -32,12 +159,25 @@ def render_markdown(r: dict) -> str:
             else ""
         )
         + (" — **baseline, no faults**" if c["no_faults"] else ""),
+        *(
+            [
+                f"- stopped early: SIGUSR1 after {c['stopped_early_at_deaths']} process deaths (no more submits, then "
+                f"every submitted run "
+                f"was driven to its end under the same faults); the command's target is {c.get('deaths_target')} deaths"
+            ]
+            if c.get("stopped_early_at_deaths") is not None
+            else []
+        ),
         f"- artifacts: `{c['artifacts']}` (snapshot.json, sink.jsonl, faults.jsonl, decisions.jsonl, process logs; "
         f"re-check with `python -m tests.chaos.checker <dir>`)",
         "",
         f"## Verdict: {verdict}",
         "",
-        "## Faults",
+        f"Violations by invariant: {r.get('violations_by_invariant') or {}}",
+        "",
+        *deaths_section(r),
+        *recovery_section(r),
+        "## Faults at workers, by window",
         "",
         f"- SIGKILL: {f['kills']}, SIGSTOP: {f['stops']} (planned {f['planned']}, random {f['random']}); "
         f"operator cancels: {f['cancels']}; freezes aborted (worker held no lease): {f['aborted_freezes']}",
@@ -49,6 +189,10 @@ def render_markdown(r: dict) -> str:
         f"POSTs, {u.get('sink_faults_that_ended_uncertain', 0)} of them ended uncertain, "
         f"{u.get('sink_faults_overtaken_by_a_process_fault', 0)} were overtaken by a kill/stop while the worker waited "
         f"(parked interrupted_side_effect, I8)",
+        "",
+        "Kills and stops of workers (busy or idle) by the window of the run they held; uncertain outcomes (no process "
+        "died) "
+        "by theirs.",
         "",
         "| window | kills | stops | uncertain | total |",
         "|---|---|---|---|---|",
@@ -72,15 +216,23 @@ def render_markdown(r: dict) -> str:
         "`tool.after_execute` (fault points, action `pause`); the soak applies the run's plan there (SIGKILL / SIGSTOP "
         "/ cancel) "
         "or releases it. `kill@after_result` watches the database for the run's first committed side-effect result and "
-        "kills during the next (700 ms) model call. Random faults: SIGKILL / SIGSTOP of a random worker holding a live "
-        "lease.",
+        "kills "
+        "during the next (700 ms) model call. Random faults: every U(kill_every) s a process type is drawn from the "
+        "kill mix "
+        f"({c.get('kill_mix', 'workers holding a lease only')}) and one of its processes is SIGKILLed (a backend: "
+        "`pg_terminate_backend`); every U(stop_every) s a worker holding a lease is SIGSTOPped; PostgreSQL (the soak's "
+        "own "
+        "cluster) is restarted once, in immediate mode, under load. A supervised process that exits is started again "
+        "by the "
+        "soak; submits over HTTP that get no answer are sent again with the same Idempotency-Key.",
         "- Window of every kill/stop (freeze, classify, act): SIGSTOP the worker, wait for /proc state T + 80 ms, read "
         "the run "
         "whose `lease_owner` names its pid and that run's side-effect invocations (frozen, so exact): `executing` → "
         "watermark_to_result, `authorized` → before_watermark, a result → after_result, none → no_effect; then "
         "SIGKILL, "
-        "or SIGCONT after U(L, 3L). A worker found holding no lease is SIGCONTed and counted as aborted (never killed "
-        "idle: an idle django-q2 worker holds the task queue's read lock).",
+        "or SIGCONT after U(L, 3L). A worker found holding no lease is killed as an idle worker when the draw was an "
+        "idle worker, "
+        "else SIGCONTed and counted as aborted.",
         "- Unknown outcomes without a process death: the sink (seeded per effect content and attempt) closes the "
         "connection "
         "of some effect POSTs after reading the request, and answers some only after the call's timeout; the call ends "
@@ -171,5 +323,65 @@ def render_markdown(r: dict) -> str:
         lines.append("None (I1–I8 hold).")
     for x in r["violations"][:200]:
         lines.append(f"- **{x['invariant']}** run {x.get('run')}: {x['detail']}")
-    lines += ["", "## Process logs", "", f"{r.get('logs')}", ""]
+    lg = r.get("logs_judged")
+    lines += ["", "## Process logs", ""]
+    if lg:
+        lines.append(
+            f"- tracebacks: {lg['tracebacks']}, explained by a database fault of the soak (every exception of the "
+            f"chain a lost "
+            f"connection, after the restart or a terminate of that process's backend): {lg['explained_by_db_fault']}, "
+            f"unexplained (violations): {lg['unexplained']}"
+        )
+        for name, x in lg["by_process"].items():
+            lines.append(f"  - {name}: {x['tracebacks']} ({x['causes']})")
+    sub = r.get("submits")
+    if sub:
+        lines.append(f"- submits: {sub}")
+    lines += ["", f"Counts from the logs: {r.get('logs')}", ""]
     return "\n".join(lines) + "\n"
+
+
+def rerender(folder: Path) -> tuple[dict, str]:
+    """Re-check a soak's artifacts with today's checker and render the report
+    again, with the configuration the soak recorded (report.json)."""
+    from tests.chaos.checker import check, load_artifacts
+
+    old = json.loads((folder / "report.json").read_text())
+    report = check(*load_artifacts(folder))
+    for key in ("config", "planned", "baseline", "logs"):
+        if key in old:
+            report[key] = old[key]
+    args = folder / "args.json"
+    if args.exists():  # what a soak recorded before its report carried the fleet's configuration
+        a = json.loads(args.read_text())
+        for k, ck in (
+            ("kill_mix", "kill_mix"),
+            ("web_nodes", "web_nodes"),
+            ("web_fraction", "web_fraction"),
+            ("deaths", "deaths_target"),
+        ):
+            report["config"].setdefault(ck, a.get(k))
+    report["logs"] = {
+        name: {k: v for k, v in x.items() if k != "traceback_list"} for name, x in (report.get("logs") or {}).items()
+    }
+    return report, render_markdown(report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m tests.chaos.report")
+    p.add_argument("folder")
+    p.add_argument("--out", default=None)
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    report, md = rerender(Path(a.folder))
+    (Path(a.folder) / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    (Path(a.folder) / "report.md").write_text(md)
+    if a.out:
+        Path(a.out).write_text(md)
+    print(md)
+    return 1 if report["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -53,7 +53,7 @@ How a fault's window is determined ("freeze, classify, act")
 A worker is never killed blind. The soak first SIGSTOPs it, waits until
 /proc shows it stopped (state T) and 80 ms more (so a COMMIT already on the
 wire settles), then reads from the database which RUNNING run has a
-`lease_owner` naming that pid (`host:pid:nonce`, runs/runtime/executor.py
+`lease_owner` naming that pid (`host:pid:nonce`, runs/executor.py
 `worker_identity`) and that run's side-effect invocations. While the process
 is stopped nothing it does can change them, so the window is exact:
 an `executing` invocation (watermark committed, no result) →
@@ -91,6 +91,8 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from tests import secret_env  # noqa: F401  (a throw-away DJANGO_SECRET_KEY for this and its processes)
+from tests.chaos.fleet import DEFAULT_MIX, WebSubmitter, node_roles, parse_mix
+from tests.chaos.pgcluster import PrivatePostgres, free_port
 from tests.chaos.plans import PLAN_NAMES, PLANS, POINTS, POST_TIMEOUT, RunSpec, agent_definition
 from tests.chaos.procs import ROOT, Proc, descendants, proc_state, proc_table, recreate_database
 from tests.chaos.report import render_markdown
@@ -98,6 +100,8 @@ from tests.chaos.snapshot import take_snapshot
 
 LEASE = 2.0
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+WINDOW_RANK = ("watermark_to_result", "before_watermark", "after_result", "no_effect")
+ROLE_OF_TYPE = {"qcluster_main": "main", "run_maintenance": "maintenance", "web_node": "web", "pg_backend": "backend"}
 SINK_SCRIPT = """
 import json, random, sys, time
 from pathlib import Path
@@ -186,6 +190,45 @@ def parse_args(argv):
     p.add_argument("--report", default=None, help="also write the markdown report here")
     p.add_argument("--require-windows", action="store_true", help="exit 3 unless kills landed in every window")
     p.add_argument("--baseline", default=None, help="a --no-faults run's report.json: compare throughput with it")
+    p.add_argument(
+        "--web-nodes", type=int, default=2, help="daphne web nodes serving submits (0: every run submitted in-process)"
+    )
+    p.add_argument(
+        "--web-fraction", type=float, default=0.5, help="share of the runs submitted over HTTP to the web nodes"
+    )
+    p.add_argument(
+        "--kill-mix",
+        default=DEFAULT_MIX,
+        help="weights of the process types a random kill picks (busy_worker, idle_worker, pusher, monitor, sentinel, "
+        "main, maintenance, web, backend = pg_terminate_backend)",
+    )
+    p.add_argument(
+        "--pg-restart-at",
+        type=float,
+        default=None,
+        help="restart PostgreSQL (once) when this share of the runs is submitted, or of --deaths is reached "
+        "(default: seeded U(0.3, 0.6)); needs the private cluster",
+    )
+    p.add_argument("--no-pg-restart", action="store_true")
+    p.add_argument(
+        "--deaths",
+        type=int,
+        default=None,
+        help="stop submitting (then drain) once this many process deaths were injected; --runs is then a cap",
+    )
+    p.add_argument(
+        "--min-uptime",
+        type=float,
+        default=20.0,
+        help="a qcluster node (its main process or sentinel) or a web node is killed only once it has served this "
+        "long since it came up (run_maintenance, which has no readiness signal: twice this long after its start): "
+        "deaths faster than start-ups are a crash loop, not a fault",
+    )
+    p.add_argument(
+        "--cover-types",
+        action="store_true",
+        help="random kills first draw among the process types not yet killed, until each died once (a short soak)",
+    )
     return p.parse_args(argv)
 
 
@@ -198,6 +241,53 @@ def default_db_url(arg: str | None) -> str:
     return "postgres://postgres@127.0.0.1:5432/agentrt_chaos"
 
 
+def parse_tracebacks(lines: list[str]) -> list[dict]:
+    """Each traceback of a process log: when (the log record that carries it,
+    as POSIX seconds), which logger line, and every exception of its chain
+    ("module.Type: message", first line of the message)."""
+    import re
+
+    stamp = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+    exc_line = re.compile(
+        r"^([A-Za-z_][\w.]*(?:Error|Exception|Shutdown|Exit|Interrupt|Warning)): "
+        r"?(.*)$|^([A-Za-z_][\w.]*(?:Error|Exception))$"
+    )
+    out, cur, last_record = [], None, None
+    for line in lines:
+        m = stamp.match(line)
+        if m:
+            t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+            last_record = {"t": t, "record": line[:200]}
+            cur = None
+            continue
+        if line.startswith("Traceback"):
+            if cur is None:
+                cur = {
+                    "t": last_record["t"] if last_record else None,
+                    "record": last_record["record"] if last_record else None,
+                    "exceptions": [],
+                }
+                out.append(cur)
+            continue
+        if cur is not None and not line.startswith((" ", "\t")):
+            e = exc_line.match(line)
+            if e:
+                cur["exceptions"].append(f"{e.group(1) or e.group(3)}: {(e.group(2) or '')[:160]}")
+    return out
+
+
+def worst_window(held: list[dict]) -> str:
+    """The most sensitive window among the runs a process held ('idle' for none)."""
+    windows = {h["window"] for h in held}
+    return next((w for w in WINDOW_RANK if w in windows), "idle")
+
+
+def db_errors():
+    from django.db import InterfaceError, OperationalError
+
+    return (OperationalError, InterfaceError)
+
+
 # -- the soak ------------------------------------------------------------------------
 
 
@@ -206,7 +296,9 @@ class Soak:
         self.args = args
         self.seed = args.seed
         self.rng = random.Random(f"{args.seed}:chaos")
-        self.db_url = default_db_url(args.database_url)
+        # a private PostgreSQL cluster unless a database is named: the soak restarts it and terminates its backends
+        self.pg: PrivatePostgres | None = None
+        self.db_url = args.database_url
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.out = Path(args.out) if args.out else ROOT / "artifacts" / "chaos" / f"seed-{args.seed}-{stamp}"
         self.workers = max(1, args.workers)
@@ -229,9 +321,38 @@ class Soak:
         self.faults: list[dict] = []
         self.decisions: list[dict] = []
         self.statuses: dict[str, str] = {}
+        # what the loop looks at every tick, kept small (a long soak has thousands of runs)
+        self.open_runs: set[str] = set()  # submitted, not terminal
+        self.n_submitted = 0
+        self.n_deaths = 0
+        self.next_spec = 0  # specs before it are submitted, pending over HTTP, or refused
+        self.cancel_specs: list[RunSpec] = []
         self.t_first_submit: float | None = None
         self.polls = 0
         self.waiting_with_lease: list[dict] = []
+        self.web: list[Proc] = []
+        self.web_ports: list[int] = []
+        self.submitter: WebSubmitter | None = None
+        self.web_pending: dict[int, object] = {}  # spec index -> Future
+        self.kill_mix = parse_mix(args.kill_mix)
+        self.owed = {r for r, w in self.kill_mix.items() if w > 0} if args.cover_types else set()
+        self.roles: dict[int, dict[str, list[int]]] = {}  # node -> {kernel name: pids}
+        self.node_ready: dict[int, bool] = {}
+        # (node, main pid) -> when that generation was first up: a node is killed (main, sentinel, pusher,
+        # monitor) only once it is up again
+        self.node_up_since: dict[tuple[int, int], float] = {}
+        self.pid_node: dict[int, int] = {}  # every worker pid ever seen -> its node (recovery figures)
+        self.exits: list[dict] = []  # the supervisor's log: each exit of a supervised process and its restart
+        self.db_outages = 0
+        self.pg_restart_done = False
+        self.pg_restart_at = (
+            args.pg_restart_at
+            if args.pg_restart_at is not None
+            else random.Random(f"{args.seed}:pg-restart").uniform(0.3, 0.6)
+        )
+        self.stopped_submitting = False
+        self.stopped_early_at: int | None = None
+        self._workers_at = 0.0
 
     # -- setup ---------------------------------------------------------------------
     def env(self, **extra) -> dict:
@@ -246,6 +367,7 @@ class Soak:
                 "AGENTRT_FAULTPOINT_DIR": str(self.fault_dir),
                 "AGENTRT_LOG_LEVEL": "WARNING",
                 "PYTHONUNBUFFERED": "1",
+                "AGENTRT_THROTTLE_RUNS_CREATE": "100000/min",
             }
         )
         env.pop("AGENTRT_RECONCILER", None)
@@ -253,6 +375,10 @@ class Soak:
         return env
 
     def setup_database(self) -> None:
+        if self.db_url is None:
+            self.pg = PrivatePostgres().start()
+            self.db_url = self.pg.url("agentrt_chaos")
+            log(f"private PostgreSQL cluster on port {self.pg.port} ({self.pg.dir})")
         log(f"database {self.db_url}: drop, create, migrate")
         recreate_database(self.db_url)
         env = dict(os.environ, DATABASE_URL=self.db_url)
@@ -269,6 +395,7 @@ class Soak:
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
         for key in ("AGENTRT_LEASE_SECONDS", "AGENTRT_ENABLE_FAULTPOINTS", "AGENTRT_FAULTPOINTS", "AGENTRT_RECONCILER"):
             os.environ.pop(key, None)  # this process only seeds, observes and decides
+        os.environ["PGAPPNAME"] = "soak-observer"  # never a victim of the backend terminations
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
         import django
@@ -303,11 +430,17 @@ class Soak:
         _, op = tenant_create(name="chaos", username="chaos-operator")
         op.user_permissions.add(Permission.objects.get(codename="resolve_approval"))
         self.operator = type(op).objects.get(pk=op.pk)
+        if self.args.web_nodes > 0:
+            from knox.models import AuthToken
+
+            dev = type(op).objects.get(username="chaos-dev")
+            _, self.token = AuthToken.objects.create(user=dev)
         plans = self.assign_plans()
         for i in range(self.args.runs):
             rng = random.Random(f"{self.seed}:agent:{i}")
             definition, posts = agent_definition(i, rng, self.sink_host, plans[i])
-            agent_load(tenant=self.tenant, definition=definition)
+            if i < 2 * self.max_inflight:
+                agent_load(tenant=self.tenant, definition=definition)  # the rest at submit time
             crng = random.Random(f"{self.seed}:cancel:{i}")
             # random cancels only for runs without a planned fault, so that every plan lands
             cancel_after = (
@@ -316,6 +449,12 @@ class Soak:
                 else None
             )
             spec = RunSpec(i, plans[i], definition["name"], posts, cancel_after)
+            spec.definition = definition
+            spec.via = (
+                "web"
+                if (self.args.web_nodes > 0 and random.Random(f"{self.seed}:via:{i}").random() < self.args.web_fraction)
+                else "service"
+            )
             self.specs.append(spec)
         log(f"{len(self.specs)} agents; plans {dict(Counter(s.plan for s in self.specs))}")
 
@@ -344,20 +483,95 @@ class Soak:
                 Proc(
                     f"qcluster-{k}",
                     [sys.executable, "manage.py", "qcluster"],
-                    self.env(AGENTRT_WORKERS=w),
+                    self.env(AGENTRT_WORKERS=w, PGAPPNAME=f"soak-node-{k}"),
                     self.out / f"qcluster-{k}.log",
+                    role="qcluster",
                 )
             )
         self.maintenance = Proc(
-            "maintenance", [sys.executable, "manage.py", "run_maintenance"], self.env(), self.out / "maintenance.log"
+            "maintenance",
+            [sys.executable, "manage.py", "run_maintenance"],
+            self.env(PGAPPNAME="soak-maintenance"),
+            self.out / "maintenance.log",
+            role="maintenance",
         )
-        deadline = time.time() + 60
+        for k in range(max(0, self.args.web_nodes)):
+            port = free_port()
+            self.web_ports.append(port)
+            self.web.append(
+                Proc(
+                    f"web-{k}",
+                    [
+                        sys.executable,
+                        "-m",
+                        "daphne",
+                        "-b",
+                        "127.0.0.1",
+                        "-p",
+                        str(port),
+                        "-v",
+                        "0",
+                        "agentrt_site.asgi:application",
+                    ],
+                    self.env(PGAPPNAME=f"soak-web-{k}"),
+                    self.out / f"web-{k}.log",
+                    role="web",
+                )
+            )
+        deadline = time.time() + 90
         while time.time() < deadline:
             self.refresh_workers()
-            if len(self.pid_cluster) >= self.workers:
+            if sum(len(r.get("qc-worker", [])) for r in self.roles.values()) >= self.workers and all(
+                self.web_ready(k) for k in range(len(self.web))
+            ):
                 break
             time.sleep(0.2)
-        log(f"{self.n_clusters} qcluster(s), {self.workers} workers, maintenance {self.maintenance.pid}")
+        if self.web:
+            self.submitter = WebSubmitter(self.web_ports, self.token, self.seed)
+        log(
+            f"{self.n_clusters} qcluster(s), {self.workers} workers, maintenance {self.maintenance.pid}, web nodes on "
+            f"{self.web_ports}"
+        )
+
+    def web_ready(self, k: int) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.web_ports[k]}/healthz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def supervised(self) -> list[Proc]:
+        return self.clusters + ([self.maintenance] if self.maintenance else []) + self.web
+
+    def supervise(self) -> None:
+        """The supervisor (systemd's Restart=on-failure): a process of the
+        deployment that exited is started again, and the exit is logged."""
+        now = time.time()
+        for p in self.supervised():
+            rc = p.exited()
+            if rc is None:
+                if p.role == "web" and not p.ready and now - getattr(p, "probed_at", 0.0) > 0.5:
+                    p.probed_at = now
+                    p.ready = self.web_ready(self.web.index(p))
+                    p.ready_at = now if p.ready else None
+                continue
+            cause = next(
+                (
+                    f["id"]
+                    for f in reversed(self.faults)
+                    if f.get("kind") == "kill" and f.get("supervised") == p.name and now - f["t"] < 120
+                ),
+                None,
+            )
+            entry = {"name": p.name, "role": p.role, "pid": p.pid, "rc": rc, "t": now, "fault": cause}
+            p.restart()
+            entry["restarted_pid"] = p.pid
+            p.exits.append(entry)
+            self.exits.append(entry)
+            if rc == 0:
+                log(f"{p.name} exited 0 (not a failure) — restarted anyway: the soak needs it")
 
     # -- processes ----------------------------------------------------------------
     def refresh_workers(self) -> None:
@@ -366,11 +580,35 @@ class Soak:
         for k, c in enumerate(self.clusters):
             for pid in descendants(c.pid, table):
                 pids[pid] = k
+            self.roles[k] = r = node_roles(c.pid)
+            want = int(c.env.get("AGENTRT_WORKERS") or 1)
+            self.node_ready[k] = bool(
+                r.get("qc-sentinel")
+                and r.get("qc-pusher")
+                and r.get("qc-monitor")
+                and len(r.get("qc-worker", [])) >= want
+            )
+            if self.node_ready[k] and self.node_up_since.get((k, c.pid)) is None:
+                self.node_up_since[(k, c.pid)] = time.time()  # this generation came up
+            for pid in self.roles[k].get("qc-worker", []):
+                self.pid_node[pid] = k
         self.pid_cluster = pids
         self._workers_at = time.time()
 
+    def ours(self, pid: int, name: str) -> bool:
+        """`pid` is still a process of this soak's deployment with kernel name
+        `name`: pids are reused (pid_max may be 32768), and the machine runs
+        other people's qclusters — same names, never our sessions."""
+        from tests.procfs import comm, stat
+
+        fields = stat(pid)
+        sessions = {g.pid for p in self.clusters for g in p.generations}
+        return bool(fields) and fields[0] not in ("Z", "X") and int(fields[3]) in sessions and comm(pid) == name
+
     def freeze(self, pid: int) -> float | None:
         """SIGSTOP and wait until the process is stopped; None if it is gone."""
+        if not self.ours(pid, "qc-worker"):
+            return None
         try:
             os.kill(pid, signal.SIGSTOP)
         except ProcessLookupError:
@@ -385,6 +623,9 @@ class Soak:
                 break
             time.sleep(0.005)
         time.sleep(0.08)  # a COMMIT already sent settles on the server
+        if not self.ours(pid, "qc-worker"):  # stopped now, so it cannot change: not ours after all
+            self.cont(pid)
+            return None
         return t
 
     def cont(self, pid: int) -> None:
@@ -439,6 +680,8 @@ class Soak:
     def record(self, fault: dict) -> dict:
         fault["id"] = len(self.faults) + 1
         self.faults.append(fault)
+        if fault.get("kind") in ("kill", "terminate", "pg_restart"):
+            self.n_deaths += 1
         return fault
 
     def inject(
@@ -462,7 +705,23 @@ class Soak:
             t_freeze = self.freeze(pid)
             if t_freeze is None:
                 return None
-        held = self.classify(pid)
+        try:
+            held = self.classify(pid)
+        except db_errors():
+            self.db_lost()
+            self.cont(pid)  # the window cannot be read: nothing is done to it
+            self.record(
+                {
+                    "kind": "aborted",
+                    "wanted": kind,
+                    "pid": pid,
+                    "source": source,
+                    "plan": plan,
+                    "t": time.time(),
+                    "why": "database unreachable while frozen",
+                }
+            )
+            return None
         base = {
             "source": source,
             "plan": plan,
@@ -472,6 +731,8 @@ class Soak:
             "t_freeze": t_freeze,
             "at": iso(t_freeze),
             "held": held,
+            "role": "busy_worker" if held else "idle_worker",
+            "window": worst_window(held),
         }
         if require_lease and not held:
             self.cont(pid)
@@ -482,7 +743,7 @@ class Soak:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            return self.record({**base, "kind": "kill", "t": time.time()})
+            return self.record({**base, "kind": "kill", "t": time.time(), "node": self.pid_node.get(pid)})
         duration = self.rng.uniform(LEASE, 3 * LEASE)
         fault = self.record(
             {**base, "kind": "stop", "t": t_freeze, "duration": round(duration, 3), "t_cont": t_freeze + duration}
@@ -492,28 +753,78 @@ class Soak:
 
     # -- the loop's jobs ----------------------------------------------------------
     def submit_more(self, inflight: int) -> None:
-        from runs.services import run_submit
+        """Submit runs up to --max-inflight: in-process (`run_submit`) or over
+        HTTP to a web node (seeded per run). Both carry an Idempotency-Key, so
+        a submit whose answer was lost (a killed web node, a terminated
+        backend, the database restarting) is sent again without doubling."""
+        from runs.services import agent_load, run_submit
 
-        for spec in self.specs:
-            if inflight >= self.max_inflight:
+        self.collect_web_submits()
+        inflight += len(self.web_pending)
+        while self.next_spec < len(self.specs):
+            spec = self.specs[self.next_spec]
+            if inflight >= self.max_inflight or self.stopped_submitting:
                 return
-            if spec.run_id is not None:
+            if spec.run_id is not None or spec.index in self.web_pending or getattr(spec, "submit_error", None):
+                self.next_spec += 1
                 continue
-            run, _ = run_submit(tenant=self.tenant, agent=spec.agent, input=f"chaos run {spec.index}")
-            spec.run_id = str(run.id)
-            spec.submitted_at = time.time()
+            key = f"chaos-{self.seed}-{spec.index}"
+            if not getattr(spec, "agent_loaded", False):
+                agent_load(tenant=self.tenant, definition=spec.definition)  # idempotent: its version is its hash
+                spec.agent_loaded = True
+            spec.submitted_at = spec.submitted_at or time.time()
             self.t_first_submit = self.t_first_submit or spec.submitted_at
-            self.by_run[spec.run_id] = spec
-            self.statuses[spec.run_id] = "QUEUED"
+            if spec.via == "web":
+                self.web_pending[spec.index] = self.submitter.submit(
+                    spec.index, spec.agent, f"chaos run {spec.index}", key
+                )
+                inflight += 1
+                continue
+            spec.service_attempts = getattr(spec, "service_attempts", 0) + 1
+            run, _ = run_submit(
+                tenant=self.tenant, agent=spec.agent, input=f"chaos run {spec.index}", idempotency_key=key
+            )
+            self.accept(spec, str(run.id))
             inflight += 1
+
+    def accept(self, spec: RunSpec, run_id: str) -> None:
+        spec.run_id = run_id
+        self.by_run[spec.run_id] = spec
+        self.statuses.setdefault(spec.run_id, "QUEUED")
+        self.open_runs.add(run_id)
+        self.n_submitted += 1
+        if spec.cancel_after is not None:
+            self.cancel_specs.append(spec)
+
+    def collect_web_submits(self) -> None:
+        for index, fut in list(self.web_pending.items()):
+            if not fut.done():
+                continue
+            del self.web_pending[index]
+            res = fut.result()
+            spec = self.specs[index]
+            spec.web = res
+            if res.get("run"):
+                self.accept(spec, res["run"])
+            else:
+                spec.submit_error = res.get("error")
+                log(f"web submit of run {index} refused: {res.get('error')}")
 
     def poll_statuses(self) -> None:
         from django.db import connection
 
+        if not self.open_runs:
+            return
         with connection.cursor() as cur:
-            cur.execute("SELECT id, status, lease_owner, lease_expires_at FROM runs")
+            cur.execute(
+                "SELECT id, status, lease_owner, lease_expires_at FROM runs WHERE id = ANY(%s::uuid[])",
+                [list(self.open_runs)],
+            )
             rows = cur.fetchall()
-        self.statuses = {str(i): s for i, s, _, _ in rows}
+        for i, st, _, _ in rows:  # a terminal status is final: those runs are not read again
+            self.statuses[str(i)] = st
+            if st in TERMINAL:
+                self.open_runs.discard(str(i))
         self.polls += 1
         for i, s, owner, expires in rows:  # I5 observed live, not only at the end
             if s.startswith("WAITING") and (owner is not None or expires is not None):
@@ -529,12 +840,7 @@ class Soak:
             except FileNotFoundError:
                 return
         else:
-            names = [
-                f"{p}.{s.run_id}.paused"
-                for s in self.specs
-                if s.run_id and self.statuses.get(s.run_id) not in TERMINAL
-                for p in POINTS
-            ]
+            names = [f"{p}.{run_id}.paused" for run_id in self.open_runs for p in POINTS]
             names = [n for n in names if n not in self.handled_markers and (self.fault_dir / n).exists()]
         for name in names:
             if not name.endswith(".paused") or name in self.handled_markers:
@@ -554,10 +860,14 @@ class Soak:
                 go.touch()
                 continue
             spec.planned_done = True
-            if action == "cancel":
-                self.planned_cancel(spec, go, pid, point)
-                continue
-            fault = self.inject(pid, action, "planned", plan=plan, point=point, require_lease=False)
+            try:
+                if action == "cancel":
+                    self.planned_cancel(spec, go, pid, point)
+                    continue
+                fault = self.inject(pid, action, "planned", plan=plan, point=point, require_lease=False)
+            except db_errors():
+                self.db_lost()
+                fault = None
             go.touch()  # a stopped worker goes on at SIGCONT; a killed one never reads it
             if fault is None:
                 self.record(
@@ -608,12 +918,11 @@ class Soak:
         from django.db import connection
 
         waiting = [
-            s.run_id
-            for s in self.specs
-            if s.plan == "kill@after_result"
-            and s.run_id
-            and not s.planned_done
-            and self.statuses.get(s.run_id) in ("RUNNING", "QUEUED")
+            r
+            for r in self.open_runs
+            if self.by_run[r].plan == "kill@after_result"
+            and not self.by_run[r].planned_done
+            and self.statuses.get(r) in ("RUNNING", "QUEUED")
         ]
         if not waiting:
             return
@@ -661,10 +970,211 @@ class Soak:
         return sorted(pids)
 
     def random_fault(self, kind: str) -> None:
-        pids = self.busy_workers()
-        if not pids:
+        if kind == "stop":
+            pids = self.busy_workers()
+            if pids:
+                self.inject(self.rng.choice(pids), kind, "random")
             return
-        self.inject(self.rng.choice(pids), kind, "random")
+        # draw a process type (first among those not yet killed, with --cover-types); if none of its processes
+        # can die now (no worker holds a lease, the node is still starting, ...), draw again among the others
+        left = {r: w for r, w in self.kill_mix.items() if w > 0}
+        n_deaths = self.n_deaths
+        while left and self.n_deaths == n_deaths:
+            owed = sorted(set(left) & self.owed)
+            if owed:
+                role = self.rng.choice(owed)
+            else:
+                roles = sorted(left)
+                role = self.rng.choices(roles, weights=[left[r] for r in roles])[0]
+            del left[role]
+            n = len(self.faults)
+            self.kill_role(role)
+            for f in self.faults[n:]:
+                if f.get("kind") in ("kill", "terminate"):
+                    self.owed.discard(ROLE_OF_TYPE.get(f.get("role"), f.get("role")))
+
+    def kill_role(self, role: str) -> None:
+        if (
+            role in ("busy_worker", "idle_worker", "pusher", "monitor", "sentinel")
+            and time.time() - self._workers_at > 0.2
+        ):
+            self.refresh_workers()  # a worker's death makes its node replace every worker: pids go stale fast
+        if role == "busy_worker":
+            pids = self.busy_workers()
+            if pids:
+                self.inject(self.rng.choice(pids), "kill", "random")
+                return
+            role = "idle_worker"  # nobody holds a lease right now
+        if role == "idle_worker":
+            busy = set(self.busy_workers())
+            pids = sorted(
+                p
+                for r in self.roles.values()
+                for p in r.get("qc-worker", [])
+                if p not in busy and p not in self.stopped
+            )
+            if pids:
+                # frozen and classified like any worker: one found holding a lease after all counts as busy
+                self.inject(self.rng.choice(pids), "kill", "random", require_lease=False)
+            return
+        if role == "backend":
+            self.terminate_backend()
+            return
+        if role in ("pusher", "monitor", "sentinel", "main"):
+            k = self.rng.randrange(len(self.clusters))
+            node = self.clusters[k]
+            if not self.node_ready.get(k):
+                return  # still starting after its last death: a kill per start-up would be a crash loop, not a fault
+            if (
+                role in ("sentinel", "main")
+                and time.time() - self.node_up_since.get((k, node.pid), time.time()) < self.args.min_uptime
+            ):
+                return
+            if role == "main":
+                pids = [node.pid] if node.exited() is None else []  # not reaped yet: the pid cannot be reused
+            else:
+                pids = [p for p in self.roles.get(k, {}).get(f"qc-{role}", []) if self.ours(p, f"qc-{role}")]
+            if not pids:
+                return  # the node is between generations
+            self.kill_process(
+                self.rng.choice(pids),
+                "qcluster_main" if role == "main" else role,
+                node=k,
+                supervised=node.name,
+                window=self.node_window(k),
+            )
+        elif (
+            role == "maintenance"
+            and self.maintenance.exited() is None
+            and time.time() - self.maintenance.started_at > 2 * self.args.min_uptime
+        ):
+            self.kill_process(self.maintenance.pid, "run_maintenance", supervised=self.maintenance.name, window="-")
+        elif role == "web" and self.web:
+            k = self.rng.randrange(len(self.web))
+            if (
+                self.web[k].exited() is not None
+                or not self.web[k].ready
+                or time.time() - (self.web[k].ready_at or time.time()) < self.args.min_uptime
+            ):
+                return
+            self.kill_process(
+                self.web[k].pid,
+                "web_node",
+                node=k,
+                supervised=self.web[k].name,
+                window="submit_in_flight" if self.submitter and self.submitter.busy(k) else "no_submit",
+            )
+
+    def node_window(self, k: int) -> str:
+        """The worst window among the runs the node's workers hold (read, not frozen:
+        a node-wide death reaches every run of the node at its next step)."""
+        held = []
+        for pid in self.roles.get(k, {}).get("qc-worker", []):
+            if pid not in self.stopped:
+                held += self.classify(pid)
+        return worst_window(held)
+
+    def kill_process(
+        self, pid: int, role: str, *, window: str, node: int | None = None, supervised: str | None = None
+    ) -> dict | None:
+        t = time.time()
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+        return self.record(
+            {
+                "kind": "kill",
+                "role": role,
+                "source": "random",
+                "pid": pid,
+                "node": node,
+                "supervised": supervised,
+                "window": window,
+                "held": [],
+                "t": t,
+                "t_freeze": t,
+                "at": iso(t),
+            }
+        )
+
+    def terminate_backend(self) -> dict | None:
+        """pg_terminate_backend of a random backend of the deployment (its
+        processes connect as application_name soak-*, never the observer)."""
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT pid, application_name, state FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name LIKE 'soak-%%' AND application_name <> 'soak-observer' AND pid <> "
+                "pg_backend_pid()"
+                " ORDER BY pid"
+            )
+            rows = cur.fetchall()
+            if not rows:
+                return None
+            bpid, app, state = self.rng.choice(rows)
+            t = time.time()
+            cur.execute("SELECT pg_terminate_backend(%s)", [bpid])
+            ok = cur.fetchone()[0]
+        if not ok:
+            return None
+        return self.record(
+            {
+                "kind": "terminate",
+                "role": "pg_backend",
+                "source": "random",
+                "backend_pid": bpid,
+                "application_name": app,
+                "window": state or "unknown",
+                "held": [],
+                "t": t,
+                "at": iso(t),
+            }
+        )
+
+    def restart_postgres(self) -> None:
+        """The one PostgreSQL restart of the soak, under load (immediate mode: every backend dies as in a crash)."""
+        from django.db import connection
+
+        window = "-"
+        try:
+            held = []
+            for r in self.roles.values():
+                for pid in r.get("qc-worker", []):
+                    held += self.classify(pid)
+            window = worst_window(held)
+        except db_errors():
+            self.db_lost()
+        t = time.time()
+        entry = self.pg.restart("immediate")
+        connection.close()
+        log(f"PostgreSQL restarted in {entry['t_ready'] - t:.2f} s")
+        self.record(
+            {
+                "kind": "pg_restart",
+                "role": "postgres_restart",
+                "source": "random",
+                "window": window,
+                "held": [],
+                "t": t,
+                "at": iso(t),
+                "t_ready": entry["t_ready"],
+                "mode": entry["mode"],
+            }
+        )
+
+    def db_lost(self) -> None:
+        from django.db import connection
+
+        self.db_outages += 1
+        try:
+            connection.close()
+        except Exception:
+            pass
+
+    def deaths(self) -> int:
+        return self.n_deaths
 
     def release_stopped(self, force: bool = False) -> None:
         now = time.time()
@@ -679,10 +1189,11 @@ class Soak:
         from runs.services.lifecycle import run_cancel
 
         now = time.time()
-        for spec in self.specs:
+        for spec in list(self.cancel_specs):
             if spec.cancel_after is None or spec.run_id is None or now < spec.submitted_at + spec.cancel_after:
                 continue
             spec.cancel_after = None
+            self.cancel_specs.remove(spec)
             if self.statuses.get(spec.run_id) in TERMINAL:
                 continue
             try:
@@ -746,8 +1257,8 @@ class Soak:
         for item in self.pending_decisions.values():
             if item["done"] or now < item["at"]:
                 continue
-            item["done"] = True
             status = Approval.objects.filter(id=item["approval"]).values_list("status", flat=True).first()
+            item["done"] = True  # after the read: a database outage leaves it to the next round
             if status != "pending":  # e.g. another approval of the batch was rejected, or the run was cancelled
                 self.decisions.append(
                     {
@@ -831,79 +1342,144 @@ class Soak:
                     via="api",
                 )
             entry["ok"] = True
+        except db_errors() as exc:
+            # the database went away mid-decision: whether it committed is read back once it is up again
+            self.db_lost()
+            entry["error"] = f"database: {type(exc).__name__}"
+            entry["ok"] = self.committed_anyway(item["approval"], decision) if expect == "ok" else False
+            entry["committed_unacknowledged"] = bool(entry["ok"])
+            if expect == "ok" and not entry["ok"]:
+                item["done"], item["at"] = False, time.time() + 0.5  # not decided: the operator tries again
         except Exception as exc:
             entry["ok"] = False
             entry["error"] = getattr(exc, "code", type(exc).__name__)
         self.decisions.append(entry)
 
+    def committed_anyway(self, approval_id: str, decision: str) -> bool:
+        from approvals.models import Approval
+
+        want = {"approve": "approved", "reject": "rejected", "confirm": "confirmed"}[decision]
+        for _ in range(120):
+            try:
+                return Approval.objects.filter(id=approval_id).values_list("status", flat=True).first() == want
+            except db_errors():
+                self.db_lost()
+                time.sleep(0.25)
+        return False
+
     # -- run -------------------------------------------------------------------------
     def run(self) -> int:
         self.out.mkdir(parents=True, exist_ok=True)
         log(f"artifacts in {self.out}")
-        self.setup_database()
+        (self.out / "args.json").write_text(json.dumps({"argv": sys.argv[1:], **vars(self.args)}, indent=1))
+
+        def stop_submitting(*_):
+            self.stopped_submitting = True
+            self.stopped_early_at = self.n_deaths
+            log(f"SIGUSR1 after {self.n_deaths} deaths: no more submits, draining")
+
+        def terminate(*_):
+            raise SystemExit(143)  # stop everything it started (processes, its PostgreSQL) on the way out
+
+        signal.signal(signal.SIGUSR1, stop_submitting)
+        signal.signal(signal.SIGTERM, terminate)
         try:
-            self.start_sink()
-            self.seed_tenant()
-            self.start_processes()
-            self.t_start = time.time()
-            self.loop()
-        except BaseException:
-            traceback.print_exc()
-            self.release_stopped(force=True)
+            self.setup_database()
+            try:
+                self.start_sink()
+                self.seed_tenant()
+                self.start_processes()
+                self.t_start = time.time()
+                self.loop()
+            except BaseException:
+                traceback.print_exc()
+                self.release_stopped(force=True)
+                self.shutdown()
+                raise
             self.shutdown()
-            raise
-        self.shutdown()
-        return self.finish()
+            return self.finish()
+        finally:
+            if self.pg is not None:
+                self.pg.stop(keep_log=self.out / "postgres.log")
+
+    def guarded(self, fn, *args) -> None:
+        """One job of the loop; the database going away (a terminated backend of
+        ours, the restart) costs the job, not the soak."""
+        try:
+            fn(*args)
+        except db_errors():
+            self.db_lost()
+            time.sleep(0.1)
 
     def loop(self) -> None:
         a = self.args
         next_kill = time.time() + self.rng.uniform(*self.kill_every) if self.kill_every else None
         next_stop = time.time() + self.rng.uniform(*self.stop_every) if self.stop_every else None
-        last_status = last_ops = last_print = last_watch = last_scan = 0.0
+        last_status = last_ops = last_print = last_watch = last_scan = last_sup = 0.0
         cap_at = None
+        g = self.guarded
         while True:
             now = time.time()
+            if now - last_sup > 0.2:
+                self.supervise()
+                last_sup = now
             if now - self._workers_at > 1.0:
                 self.refresh_workers()
             if now - last_status > 0.25:
-                self.poll_statuses()
+                g(self.poll_statuses)
                 last_status = now
-            submitted = [s for s in self.specs if s.run_id]
-            unfinished = sum(1 for s in submitted if self.statuses.get(s.run_id) not in TERMINAL)
-            if len(submitted) < len(self.specs):
-                self.submit_more(unfinished)
-                cap_at = cap_at or (self.t_first_submit + a.duration_cap)
+            unfinished = len(self.open_runs)
+            if a.deaths and not self.stopped_submitting and self.deaths() >= a.deaths:
+                self.stopped_submitting = True
+                log(f"{self.deaths()} deaths injected: no more submits, draining")
+            open_specs = 0 if self.stopped_submitting else len(self.specs) - self.next_spec
+            if open_specs or self.web_pending:
+                g(self.submit_more, unfinished)
+                if self.t_first_submit:
+                    cap_at = cap_at or (self.t_first_submit + a.duration_cap)
             if not a.no_faults:
                 # the unfinished runs' pause files every tick; the whole folder every second
                 # (a zombie may pause at a point of a run that has ended meanwhile)
                 full = now - last_scan > 1.0
-                self.handle_markers(full=full)
+                g(self.handle_markers, full)
                 last_scan = now if full else last_scan
-                self.release_cancels()
+                g(self.release_cancels)
                 if now - last_watch > 0.05:
-                    self.watch_after_result()
+                    g(self.watch_after_result)
                     last_watch = now
 
-                self.random_cancels()
+                g(self.random_cancels)
                 if next_kill and now >= next_kill:
-                    self.random_fault("kill")
+                    g(self.random_fault, "kill")
                     next_kill = now + self.rng.uniform(*self.kill_every)
                 if next_stop and now >= next_stop:
-                    self.random_fault("stop")
+                    g(self.random_fault, "stop")
                     next_stop = now + self.rng.uniform(*self.stop_every)
                 self.release_stopped()
+                if self.pg and not a.no_pg_restart and not self.pg_restart_done:
+                    share = (self.deaths() / a.deaths) if a.deaths else (self.n_submitted / max(1, len(self.specs)))
+                    if (
+                        share >= self.pg_restart_at or self.stopped_submitting
+                    ):  # stopped early: restart now, runs still in flight
+                        self.pg_restart_done = True
+                        g(self.restart_postgres)
             if now - last_ops > 0.2:
-                self.operate()
+                g(self.operate)
                 last_ops = now
             if now - last_print > 10:
                 last_print = now
-                counts = Counter(self.statuses.get(s.run_id, "-") for s in submitted)
-                kinds = Counter(f["kind"] for f in self.faults)
-                log(
-                    f"t={now - self.t_start:5.0f}s submitted {len(submitted)}/{len(self.specs)} {dict(counts)} faults "
-                    f"{dict(kinds)} decisions {sum(1 for d in self.decisions if d.get('ok'))}"
+                counts = Counter(self.statuses.get(r, "-") for r in self.open_runs)
+                kinds = Counter(
+                    f.get("role", f["kind"]) for f in self.faults if f["kind"] in ("kill", "terminate", "pg_restart")
                 )
-            if len(submitted) == len(self.specs) and unfinished == 0 and not self.stopped:
+                log(
+                    f"t={now - self.t_start:5.0f}s submitted {self.n_submitted}/{len(self.specs)} open {dict(counts)} "
+                    f"deaths {self.deaths()} "
+                    f"{dict(kinds)} stops {sum(1 for f in self.faults if f['kind'] == 'stop')} restarts "
+                    f"{len(self.exits)} "
+                    f"db outages {self.db_outages} decisions {sum(1 for d in self.decisions if d.get('ok'))}"
+                )
+            if not open_specs and not self.web_pending and unfinished == 0 and not self.stopped:
                 log("every run is terminal")
                 break
             if cap_at and now > cap_at:
@@ -918,7 +1494,9 @@ class Soak:
             if name.endswith(".paused"):
                 (self.fault_dir / (name[: -len(".paused")] + ".go")).touch()
         time.sleep(1.5)  # let released zombies record run.fenced
-        for p in self.clusters + ([self.maintenance] if self.maintenance else []):
+        if self.submitter is not None:
+            self.submitter.close()
+        for p in self.supervised():
             p.stop()
         if self.sink is not None and self.sink.poll() is None:
             self.sink.terminate()
@@ -951,6 +1529,20 @@ class Soak:
                 "observed_waiting_with_lease": self.waiting_with_lease[:100],
                 "max_lease_expirations": MAX_LEASE_EXPIRATIONS,
                 "reconciler": False,  # env() drops AGENTRT_RECONCILER
+                "supervisor": self.exits,
+                "worker_nodes": {str(k): v for k, v in self.pid_node.items()},
+                "web_submits": self.submitter.log if self.submitter else [],
+                "service_submits": [
+                    {"index": s.index, "attempts": getattr(s, "service_attempts", 0)}
+                    for s in self.specs
+                    if s.via == "service" and s.run_id
+                ],
+                "submit_errors": [
+                    {"index": s.index, "error": s.submit_error} for s in self.specs if getattr(s, "submit_error", None)
+                ],
+                "db_outages_seen_by_the_soak": self.db_outages,
+                "private_postgres": bool(self.pg),
+                "pg_restarts": self.pg.restarts if self.pg else [],
             },
         )
 
@@ -998,6 +1590,7 @@ class Soak:
             "wall_s": round(self.t_end - self.t_start, 1),
             "artifacts": str(self.out),
             "plans": dict(Counter(s.plan for s in self.specs)),
+            **self.fleet_config(),
         }
         report["planned"] = self.planned_summary()
         if self.args.baseline:
@@ -1013,7 +1606,10 @@ class Soak:
                 "ratio": round(t / b, 2) if b and t else None,
                 "run_latency_s": base.get("run_latency_s"),
             }
-        report["logs"] = snap["meta"]["process_logs"]
+        report["logs"] = {
+            name: {k: v for k, v in x.items() if k != "traceback_list"}
+            for name, x in snap["meta"]["process_logs"].items()
+        }
         (self.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         md = render_markdown(report)
         (self.out / "report.md").write_text(md)
@@ -1027,6 +1623,20 @@ class Soak:
             return 3
         return 0
 
+    def fleet_config(self) -> dict:
+        a = self.args
+        return {
+            "kill_mix": a.kill_mix,
+            "web_nodes": a.web_nodes,
+            "web_fraction": a.web_fraction,
+            "deaths_target": a.deaths,
+            "private_postgres": self.pg is not None,
+            "pg_restart": not a.no_pg_restart and self.pg is not None,
+            "pg_restart_at": self.pg_restart_at,
+            "stopped_early_at_deaths": self.stopped_early_at,
+            "min_uptime": a.min_uptime,
+        }
+
     def planned_summary(self) -> dict:
         landed = Counter()
         for f in self.faults:
@@ -1037,13 +1647,15 @@ class Soak:
 
     def log_summary(self) -> dict:
         out = {}
-        for p in self.clusters + ([self.maintenance] if self.maintenance else []):
+        for p in self.supervised():
             try:
                 text = p.log_path.read_text(errors="replace")
             except OSError:
                 continue
             lines = text.splitlines()
             out[p.name] = {
+                "application_name": p.env.get("PGAPPNAME"),
+                "traceback_list": parse_tracebacks(lines),
                 "tracebacks": sum(1 for line in lines if line.startswith("Traceback")),
                 "errors": sum(1 for line in lines if " ERROR " in line or " CRITICAL " in line),
                 "unhandled_run_errors": sum(1 for line in lines if "unhandled error" in line),

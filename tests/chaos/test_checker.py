@@ -755,3 +755,261 @@ def test_the_sink_plays_a_chosen_drop_and_records_it(tmp_path):
         ("drop-me", "close"),
         ("keep-me", None),
     ]  # the request arrived: an effect
+
+
+# -- the soak without carve-outs (issue 14): database faults, node deaths, web submits ------------
+
+
+def _tb(t, *exceptions, record="2026-11-30 10:00:00,000 ERROR agentrt.executor run r1: unhandled error"):
+    return {"t": t, "record": record, "exceptions": list(exceptions)}
+
+
+LOST = "django.db.utils.OperationalError: terminating connection due to administrator command"
+
+
+def test_logs_a_lost_connection_after_a_terminate_of_that_process_backend_is_explained():
+    snapshot, sink, faults, decisions = history()
+    snapshot["meta"]["process_logs"] = {
+        "qcluster-0": {"application_name": "soak-node-0", "traceback_list": [_tb(150.0, LOST)]}
+    }
+    faults = faults + [
+        {
+            "id": 2,
+            "kind": "terminate",
+            "role": "pg_backend",
+            "application_name": "soak-node-0",
+            "t": 149.5,
+            "window": "active",
+            "held": [],
+        }
+    ]
+    report = run_check(snapshot, sink, faults, decisions)
+    assert report["violations"] == [] and report["logs_judged"]["explained_by_db_fault"] == 1
+
+
+def test_logs_a_lost_connection_with_no_database_fault_reaching_that_process_is_a_violation():
+    snapshot, sink, faults, decisions = history()
+    snapshot["meta"]["process_logs"] = {
+        "qcluster-0": {"application_name": "soak-node-0", "traceback_list": [_tb(150.0, LOST)]}
+    }
+    other_node = {
+        "id": 2,
+        "kind": "terminate",
+        "role": "pg_backend",
+        "application_name": "soak-node-1",
+        "t": 149.5,
+        "held": [],
+    }
+    later = {
+        "id": 3,
+        "kind": "terminate",
+        "role": "pg_backend",
+        "application_name": "soak-node-0",
+        "t": 151.5,
+        "held": [],
+    }
+    report = run_check(snapshot, sink, faults + [other_node, later], decisions)
+    assert invariants(report) == ["I1"] and report["logs_judged"]["unexplained"] == 1
+
+
+def test_logs_any_other_exception_is_a_violation_even_right_after_the_restart():
+    snapshot, sink, faults, decisions = history()
+    snapshot["meta"]["process_logs"] = {
+        "maintenance": {
+            "application_name": "soak-maintenance",
+            "traceback_list": [_tb(150.0, "KeyError: 'lease_epoch'"), _tb(150.2, LOST, "ValueError: boom")],
+        }
+    }
+    restart = {"id": 2, "kind": "pg_restart", "role": "postgres_restart", "t": 149.0, "t_ready": 149.6, "held": []}
+    report = run_check(snapshot, sink, faults + [restart], decisions)
+    assert invariants(report) == ["I1"] and report["logs_judged"]["unexplained"] == 2
+
+
+def _max_attempts_history(extra_fault: dict | None):
+    """A run that lost its lease four times (limit 3): three kills of its worker, and a fourth loss with
+    no kill of it — the worker (pid 77, node 0) lost its database connection."""
+    events = [ev(1, "run.created", 0, 10)]
+    seq, xid = 2, 11
+    faults = []
+    for epoch in (1, 3, 5, 7):
+        events.append(ev(seq, "run.claimed", epoch, xid, lease_epoch=epoch, lease_owner=f"vm:{70 + epoch}:x"))
+        events.append(
+            ev(
+                seq + 1,
+                "lease.taken_over",
+                epoch + 1,
+                xid + 1,
+                previous_epoch=epoch,
+                lease_epoch=epoch + 1,
+                via="sweep",
+            )
+        )
+        events.append(ev(seq + 2, "run.requeued", epoch + 1, xid + 2, reason="resume"))
+        if epoch != 7:
+            faults.append(
+                {
+                    "id": len(faults) + 1,
+                    "kind": "kill",
+                    "role": "busy_worker",
+                    "source": "random",
+                    "t": 100.0 + seq + 0.5,
+                    "t_freeze": 100.0 + seq + 0.5,
+                    "pid": 70 + epoch,
+                    "node": 0,
+                    "held": [{"run": RUN, "epoch": epoch, "window": "no_effect", "invocation": None, "attempt": None}],
+                }
+            )
+        seq, xid = seq + 3, xid + 3
+    events[-1] = ev(seq - 1, "run.failed", 8, xid, failure={"reason": "max_attempts_exceeded"})
+    snapshot, sink, _, _ = history()
+    snapshot["events"] = events
+    snapshot["sessions"][0]["event_seq"] = len(events)
+    snapshot["runs"][0].update(status="FAILED", lease_epoch=8, failure={"reason": "max_attempts_exceeded"}, plan="none")
+    snapshot["invocations"], snapshot["approvals"], snapshot["model_calls"], snapshot["checkpoints"] = [], [], [], []
+    snapshot["meta"]["worker_nodes"] = {"77": 0}
+    if extra_fault:
+        faults.append({"id": len(faults) + 1, "held": [], **extra_fault})
+    return snapshot, [], faults, []
+
+
+def test_i1_max_attempts_counts_a_lease_lost_to_a_terminated_backend_of_its_node():
+    claimed_at = 100.0 + 11  # the fourth claim (epoch 7) is event 11
+    report = run_check(
+        *_max_attempts_history(
+            {"kind": "terminate", "role": "pg_backend", "application_name": "soak-node-0", "t": claimed_at + 0.4}
+        )
+    )
+    assert report["violations"] == [], report["violations"]
+    assert report["outcomes"]["FAILED:max_attempts_exceeded"]["explained"] == 1
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        None,  # nothing reached the fourth worker: the runtime lost the lease on its own
+        {
+            "kind": "terminate",
+            "role": "pg_backend",
+            "application_name": "soak-node-1",
+            "t": 111.4,
+        },  # another node's backend
+        {"kind": "kill", "role": "pusher", "node": 1, "pid": 5, "t": 111.4},  # another node's pusher
+        {"kind": "terminate", "role": "pg_backend", "application_name": "soak-node-0", "t": 109.0},  # before the claim
+    ],
+)
+def test_i1_max_attempts_with_a_lease_loss_no_fault_caused_is_a_violation(extra):
+    report = run_check(*_max_attempts_history(extra))
+    assert invariants(report) == ["I1"], report["violations"]
+    assert "not caused" in report["violations"][0]["detail"]
+
+
+def test_i6_a_cancel_that_cut_a_live_request_must_record_it_uncertain():
+    snapshot, sink, faults, decisions = history()
+    snapshot["runs"][0].update(status="CANCELLED")
+    snapshot["invocations"][0].update(status="uncertain", has_result=False, attempt=1)
+    faults = faults + [{"id": 2, "kind": "cancel", "run": RUN, "t": 104.0}]
+    snapshot["approvals"], decisions, sink = [], [], [send(KEY, 1, 110.0)]
+    snapshot["events"] = snapshot["events"][:3] + [
+        ev(
+            4,
+            "tool.call.failed",
+            1,
+            20,
+            invocation=INV,
+            attempt=1,
+            outcome="uncertain",
+            tool="http_post",
+            error={"error": "cancelled"},
+        ),
+        ev(5, "run.cancelled", 1, 21),
+    ]
+    snapshot["sessions"][0]["event_seq"] = 5
+    snapshot["runs"][0]["lease_epoch"] = 1
+    snapshot["checkpoints"] = snapshot["checkpoints"][:1]
+    snapshot["model_calls"] = snapshot["model_calls"][:1]
+    assert "I6" not in invariants(run_check(snapshot, sink, faults, decisions))
+    snapshot["events"][3]["payload"]["outcome"] = "failed"  # not recorded as unknown: the cancel abandoned it
+    assert "I6" in invariants(run_check(snapshot, sink, faults, decisions))
+
+
+def test_i1_a_refused_submit_is_a_lost_run():
+    snapshot, sink, faults, decisions = history()
+    snapshot["meta"]["submit_errors"] = [{"index": 4, "error": {"code": "idempotency_key_reused"}}]
+    assert invariants(run_check(snapshot, sink, faults, decisions)) == ["I1"]
+
+
+def test_deaths_are_counted_by_process_type_and_window_and_only_workers_fill_the_run_windows():
+    snapshot, sink, faults, decisions = history()
+    more = [
+        {"kind": "kill", "role": "idle_worker", "window": "idle", "held": [], "t": 120.0, "pid": 9, "node": 0},
+        {"kind": "kill", "role": "sentinel", "window": "watermark_to_result", "held": [], "t": 121.0, "node": 0},
+        {"kind": "kill", "role": "web_node", "window": "submit_in_flight", "held": [], "t": 122.0, "node": 1},
+        {
+            "kind": "terminate",
+            "role": "pg_backend",
+            "window": "idle in transaction",
+            "held": [],
+            "t": 123.0,
+            "application_name": "soak-node-0",
+        },
+        {
+            "kind": "pg_restart",
+            "role": "postgres_restart",
+            "window": "no_effect",
+            "held": [],
+            "t": 124.0,
+            "t_ready": 125.0,
+        },
+        {
+            "kind": "stop",
+            "role": "busy_worker",
+            "window": "no_effect",
+            "t": 126.0,
+            "t_freeze": 126.0,
+            "held": [{"run": "gone", "epoch": 9, "window": "no_effect", "invocation": None, "attempt": None}],
+        },
+    ]
+    report = run_check(snapshot, sink, faults + [{"id": i + 2, **f} for i, f in enumerate(more)], decisions)
+    d = report["deaths"]
+    assert (
+        d["total"] == 6 and d["sigkill"] == 4 and d["pg_backends_terminated"] == 1 and d["pg_restarts"] == 1
+    )  # a stop is no death
+    assert d["by_type_window"]["sentinel"] == {"watermark_to_result": 1}
+    assert d["by_type_window"]["web_node"] == {"submit_in_flight": 1}
+    assert d["by_type"]["busy_worker"] == 1 and d["by_type"]["monitor"] == 0 and d["types_hit"]["monitor"] is False
+    # the sentinel's death is not a kill of a worker in the watermark window
+    assert (
+        report["faults"]["kill_by_window"]["watermark_to_result"] == 1
+        and report["faults"]["kill_by_window"]["idle"] == 1
+    )
+
+
+def _resumer_died_history(decision: str = "run.waiting_for_approval"):
+    """The takeover (epoch 2) marks the call interrupted and its resumer dies before deciding; the next
+    takeover (epoch 3, from the resumer's epoch) finds nothing new in flight and makes the decision."""
+    snapshot, sink, faults, decisions = history()
+    events = snapshot["events"][:5] + [
+        ev(6, "lease.taken_over", 3, 25, previous_epoch=2, lease_epoch=3, via="sweep"),
+        ev(7, decision, 3, 26, kind="interrupted_side_effect"),
+        ev(8, "approval.resolved", 3, 30, approval=APPROVAL),
+        ev(9, "run.requeued", 3, 30, reason="approval"),
+        ev(10, "run.claimed", 4, 31, lease_epoch=4),
+        ev(11, "run.completed", 4, 40),
+    ]
+    snapshot["events"] = events
+    snapshot["sessions"][0]["event_seq"] = 11
+    snapshot["runs"][0]["lease_epoch"] = 4
+    snapshot["invocations"][0]["lease_epoch"] = 4
+    snapshot["checkpoints"][1]["lease_epoch"] = 4
+    snapshot["model_calls"][1]["lease_epoch"] = 4
+    return snapshot, sink, faults, decisions
+
+
+def test_i8_a_resumer_that_died_before_deciding_hands_the_unknown_effect_to_the_next_takeover():
+    report = run_check(*_resumer_died_history())
+    assert report["violations"] == [], report["violations"]
+    assert report["i8"]["matched"] == 1 and report["i8"]["equal"] is True
+
+
+def test_i8_the_next_takeover_continuing_past_the_inherited_unknown_effect_is_a_violation():
+    assert "I8" in invariants(run_check(*_resumer_died_history("run.requeued")))

@@ -264,6 +264,23 @@ def test_a_run_that_keeps_losing_its_worker_fails_max_attempts_exceeded(monkeypa
     assert reload(run).failure["reason"] == "max_attempts_exceeded"
 
 
+def test_a_run_past_its_attempts_limit_with_a_side_effect_in_flight_parks_it_before_failing(
+    monkeypatch, load_agent, submit, sink, operator
+):
+    """Found by the chaos soak: the fourth lost lease landed between a watermark and its result, and the
+    takeover failed the run max_attempts_exceeded — nobody was ever asked whether the effect happened."""
+    post_agent(load_agent, sink)
+    run = submit()
+    die_at(monkeypatch, run, "tool.after_watermark")
+    Run.objects.filter(id=run.id).update(lease_expirations=3)
+    assert run_resume(run_id=run.id, via="test") == "waiting"
+    approval = Approval.objects.get(run=run)
+    assert approval.kind == "interrupted_side_effect" and approval.status == "pending"
+    assert reload(run).status == "WAITING_FOR_APPROVAL"
+    approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash)
+    assert reload(run).failure["reason"] == "operator_rejected" and sink.count() == 0
+
+
 def test_two_resumes_racing_on_separate_connections_have_exactly_one_winner(load_agent, submit):
     load_agent()
     run = submit()
