@@ -1479,7 +1479,19 @@ class Soak:
                     f"{len(self.exits)} "
                     f"db outages {self.db_outages} decisions {sum(1 for d in self.decisions if d.get('ok'))}"
                 )
-            if not open_specs and not self.web_pending and unfinished == 0 and not self.stopped:
+            # --cover-types: keep injecting until every process type has died once (the duration cap bounds it),
+            # and end only once the supervisor has started again what the last kills ended
+            settled = all(p.exited() is None for p in self.supervised()) and (
+                not self.faults or now - self.faults[-1].get("t", 0.0) > 1.0
+            )
+            if (
+                not open_specs
+                and not self.web_pending
+                and unfinished == 0
+                and not self.stopped
+                and not self.owed
+                and settled
+            ):
                 log("every run is terminal")
                 break
             if cap_at and now > cap_at:
