@@ -172,6 +172,36 @@ def cluster(transactional_db, tmp_path):
 
 
 @pytest.fixture
+def procs(tmp_path):
+    """Start `python <args>` (e.g. `manage.py run_maintenance`) on the test database, logged to
+    `<name>.log`; every process started is stopped at teardown (SIGTERM, then SIGKILL)."""
+    started: list[tuple[subprocess.Popen, object]] = []
+
+    def start(args, name, **env) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "wb")
+        p = subprocess.Popen(
+            [sys.executable, *args],
+            cwd=ROOT,
+            env=subprocess_env(**env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        started.append((p, log))
+        return p
+
+    yield start
+    for p, log in started:
+        p.terminate()
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture
 def sink(settings, tmp_path):
     from tests.sink import Sink
 

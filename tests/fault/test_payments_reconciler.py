@@ -21,9 +21,6 @@ Each of its four answers leads where seed 000 says:
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from approvals.models import Approval
@@ -31,7 +28,7 @@ from approvals.services import approval_decide
 from examples.payments.fake_gateway import FakeGateway
 from examples.payments.models import ChargeJournal
 from runs.models import Event, Run, ToolInvocation
-from tests.conftest import ROOT, subprocess_env, wait_for
+from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.fault, pytest.mark.django_db(transaction=True)]
 
@@ -47,9 +44,8 @@ def gateway():
 
 
 @pytest.fixture
-def stack(cluster, gateway, tmp_path):
+def stack(cluster, gateway, tmp_path, procs):
     """A cluster whose worker dies at `point`, and a maintenance process that reclaims."""
-    procs: list[tuple[subprocess.Popen, object]] = []
 
     def start(point: str):
         env = dict(
@@ -60,26 +56,10 @@ def stack(cluster, gateway, tmp_path):
             PAYMENTS_GATEWAY_URL=gateway.url,
         )
         c = cluster(**env)
-        log = open(tmp_path / "maintenance.log", "wb")
-        m = subprocess.Popen(
-            [sys.executable, "manage.py", "run_maintenance"],
-            cwd=ROOT,
-            env=subprocess_env(**env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        procs.append((m, log))
+        procs(["manage.py", "run_maintenance"], "maintenance", **env)
         return c
 
-    yield start
-    for m, log in procs:
-        m.terminate()
-        try:
-            m.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            m.kill()
-        log.close()
+    return start
 
 
 def payments_agent(load_agent):

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 
@@ -20,7 +18,7 @@ from approvals.models import Approval
 from approvals.services import approval_decide
 from runs.models import Event, Run
 from runs.services.lifecycle import run_cancel
-from tests.conftest import ROOT, subprocess_env, wait_for
+from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -40,34 +38,6 @@ def listening(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-@pytest.fixture
-def procs(tmp_path):
-    started = []
-
-    def start(args, name, **env):
-        log = open(tmp_path / f"{name}.log", "wb")
-        p = subprocess.Popen(
-            [sys.executable, *args],
-            cwd=ROOT,
-            env=subprocess_env(**env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        started.append((p, log))
-        return p
-
-    yield start
-    for p, log in started:
-        p.terminate()
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
-        log.close()
 
 
 @pytest.fixture

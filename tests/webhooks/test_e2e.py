@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from runs.models import Run
-from tests.conftest import ROOT, subprocess_env, wait_for
+from tests.conftest import wait_for
 from webhooks.models import Delivery
 
 from .conftest import approver_agent, subscribe
@@ -32,9 +30,8 @@ ALL = [
 
 
 @pytest.fixture
-def node(cluster, tmp_path, receiver):
+def node(cluster, tmp_path, receiver, procs):
     """A worker node and a maintenance process configured for fast retries, with the test hooks."""
-    started = []
 
     def start(**extra):
         env = dict(
@@ -48,26 +45,10 @@ def node(cluster, tmp_path, receiver):
             **extra,
         )
         c = cluster(**env)
-        log = open(tmp_path / "maintenance.log", "wb")
-        m = subprocess.Popen(
-            [sys.executable, "manage.py", "run_maintenance"],
-            cwd=ROOT,
-            env=subprocess_env(**env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        started.append((m, log))
+        procs(["manage.py", "run_maintenance"], "maintenance", **env)
         return c
 
-    yield start
-    for m, log in started:
-        m.terminate()
-        try:
-            m.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            m.kill()
-        log.close()
+    return start
 
 
 def hook_log(tmp_path) -> list[dict]:
