@@ -29,19 +29,6 @@ from tests.procfs import children, comm
 
 ROLES = ("busy_worker", "idle_worker", "pusher", "monitor", "sentinel", "main", "maintenance", "web", "backend")
 DEFAULT_MIX = "busy_worker=28,idle_worker=20,pusher=12,monitor=12,sentinel=4,main=4,maintenance=5,web=5,backend=10"
-# the death a role's kill counts as (an idle worker found holding a lease is a busy worker's death)
-PROCESS_TYPES = (
-    "busy_worker",
-    "idle_worker",
-    "pusher",
-    "monitor",
-    "sentinel",
-    "qcluster_main",
-    "run_maintenance",
-    "web_node",
-    "pg_backend",
-    "postgres_restart",
-)
 
 
 def parse_mix(text: str) -> dict[str, float]:
