@@ -168,7 +168,7 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
     stops workers), `pg_terminate_backend` of a backend of P's node (the
     deployment's processes connect as application_name soak-node-K), or the
     PostgreSQL restart."""
-    nodes = {int(k): v for k, v in (meta.get("worker_nodes") or {}).items()}
+    nodes = _worker_nodes(meta)
     held = defaultdict(set)
     for f in faults:
         if f.get("kind") in ("kill", "stop"):
@@ -238,6 +238,20 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
         return caused, uncaused
 
     return causes
+
+
+def _worker_nodes(meta: dict) -> dict[int, int]:
+    """Worker pid -> node: the soak's process-table reads, completed from each
+    node's log (django-q2 logs every worker it starts), so a worker that
+    lived between two reads is still tied to its node."""
+    nodes: dict[int, int] = {}
+    for name, counts in (meta.get("process_logs") or {}).items():
+        prefix, _, k = name.rpartition("-")
+        if prefix == "qcluster" and k.isdigit():
+            for pid in counts.get("worker_pids") or []:
+                nodes[int(pid)] = int(k)
+    nodes.update({int(k): v for k, v in (meta.get("worker_nodes") or {}).items()})
+    return nodes
 
 
 NODE_ROLES = ("busy_worker", "idle_worker", "pusher", "monitor", "sentinel", "qcluster_main")
@@ -1171,6 +1185,8 @@ DB_LOST_TEXT = (
 )
 TERMINATE_REACH_S = 600.0  # a terminated idle connection is found at its next use (a pooled one may sit idle a while)
 RESTART_REACH_S = 120.0
+SENTINEL_START_FAILED = "failed to start: sentinel exited with code"
+SENTINEL_START_S = 30.0  # how long before the main's error its sentinel may have died starting
 
 
 def LEASE_OF(meta: dict) -> float:
@@ -1339,6 +1355,7 @@ def _judge_logs(process_logs: dict, faults: list[dict], v: _Violations) -> dict:
             continue
         app = counts.get("application_name")
         mine = {"tracebacks": len(tbs), "explained_by_db_fault": 0, "unexplained": 0, "causes": Counter()}
+        last_explained: tuple[float, str] | None = None
         for tb in tbs:
             t = tb.get("t")
             excs = tb.get("exceptions") or []
@@ -1348,6 +1365,19 @@ def _judge_logs(process_logs: dict, faults: list[dict], v: _Violations) -> dict:
                     cause = "the PostgreSQL restart"
                 elif any(tf - 1.0 <= t <= tf + TERMINATE_REACH_S for tf in terminated.get(app, [])):
                     cause = f"pg_terminate_backend of a {app} backend"
+            elif len(excs) == 1 and t is not None and SENTINEL_START_FAILED in excs[0]:
+                # qcluster's main process raises this when its sentinel died while
+                # starting: a consequence, explained by what killed the sentinel —
+                # its own traceback just before (a lost connection), or a database
+                # fault that reached this node while it started
+                if last_explained and t - SENTINEL_START_S <= last_explained[0] <= t:
+                    cause = f"its sentinel died starting ({last_explained[1]})"
+                elif any(t - SENTINEL_START_S <= b and a <= t for a, b in restarts):
+                    cause = "its sentinel died starting (the PostgreSQL restart)"
+                elif any(t - SENTINEL_START_S <= tf <= t for tf in terminated.get(app, [])):
+                    cause = f"its sentinel died starting (pg_terminate_backend of a {app} backend)"
+            if cause and t is not None:
+                last_explained = (t, cause)
             if cause:
                 mine["explained_by_db_fault"] += 1
                 mine["causes"][cause] += 1

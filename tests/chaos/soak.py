@@ -276,6 +276,14 @@ def parse_tracebacks(lines: list[str]) -> list[dict]:
     return out
 
 
+def parse_worker_pids(lines: list[str]) -> list[int]:
+    """The pid of every worker a node's log says it started ("... ready for work at PID")."""
+    import re
+
+    ready = re.compile(r"ready for work at (\d+)\s*$")
+    return [int(m.group(1)) for m in map(ready.search, lines) if m]
+
+
 def worst_window(held: list[dict]) -> str:
     """The most sensitive window among the runs a process held ('idle' for none)."""
     windows = {h["window"] for h in held}
@@ -1668,6 +1676,9 @@ class Soak:
             out[p.name] = {
                 "application_name": p.env.get("PGAPPNAME"),
                 "traceback_list": parse_tracebacks(lines),
+                # django-q2 logs each worker it starts: the node of a worker
+                # that lived between two process-table reads
+                "worker_pids": parse_worker_pids(lines),
                 "tracebacks": sum(1 for line in lines if line.startswith("Traceback")),
                 "errors": sum(1 for line in lines if " ERROR " in line or " CRITICAL " in line),
                 "unhandled_run_errors": sum(1 for line in lines if "unhandled error" in line),

@@ -903,6 +903,62 @@ def test_i1_max_attempts_with_a_lease_loss_no_fault_caused_is_a_violation(extra)
     assert "not caused" in report["violations"][0]["detail"]
 
 
+def test_i1_a_worker_no_process_table_read_saw_is_tied_to_its_node_by_the_node_log():
+    """The fourth worker (pid 77) started and died between two reads of the process table: only
+    qcluster-0's log ("... ready for work at 77") says it was node 0's, whose backend was terminated."""
+    claimed_at = 100.0 + 11
+    snapshot, sink, faults, decisions = _max_attempts_history(
+        {"kind": "terminate", "role": "pg_backend", "application_name": "soak-node-0", "t": claimed_at + 0.4}
+    )
+    snapshot["meta"]["worker_nodes"] = {}
+    report = run_check(snapshot, sink, faults, decisions)
+    assert invariants(report) == ["I1"] and "'node': None" in report["violations"][0]["detail"]
+    snapshot["meta"]["process_logs"] = {
+        "qcluster-0": {"application_name": "soak-node-0", "traceback_list": [], "worker_pids": [12, 77]},
+        "qcluster-1": {"application_name": "soak-node-1", "traceback_list": [], "worker_pids": [13]},
+    }
+    report = run_check(snapshot, sink, faults, decisions)
+    assert report["violations"] == [], report["violations"]
+
+
+def test_soak_reads_the_workers_a_node_started_from_its_log():
+    from tests.chaos.soak import parse_worker_pids
+
+    lines = [
+        "2026-11-30 11:31:30,001 INFO django-q Process-1:1 ready for work at 3946",
+        "2026-11-30 11:31:30,002 INFO django-q Process-1:2 ready for work at 3947",
+        "2026-11-30 11:31:30,003 INFO django-q Process-1 guarding cluster nebraska",
+    ]
+    assert parse_worker_pids(lines) == [3946, 3947]
+
+
+SENTINEL_FAILED = "RuntimeError: Q Cluster nebraska failed to start: sentinel exited with code 1"
+
+
+@pytest.mark.parametrize(
+    "tracebacks, faults_added, unexplained",
+    [
+        ([_tb(149.0, LOST), _tb(150.0, SENTINEL_FAILED)], [149.0], 0),  # the sentinel lost its connection, then died
+        ([_tb(150.0, SENTINEL_FAILED)], [140.0], 0),  # a terminate reached the node while it started
+        ([_tb(150.0, SENTINEL_FAILED)], [], 1),  # nothing explains the sentinel's death
+        ([_tb(150.0, SENTINEL_FAILED)], [100.0], 1),  # a terminate long before the start
+        ([_tb(149.0, "ValueError: boom"), _tb(150.0, SENTINEL_FAILED)], [], 2),  # the sentinel's own bug
+    ],
+)
+def test_logs_a_sentinel_that_died_starting_is_explained_only_by_a_fault_that_reached_the_node(
+    tracebacks, faults_added, unexplained
+):
+    snapshot, sink, faults, decisions = history()
+    snapshot["meta"]["process_logs"] = {"qcluster-0": {"application_name": "soak-node-0", "traceback_list": tracebacks}}
+    added = [
+        {"id": 10 + i, "kind": "terminate", "role": "pg_backend", "application_name": "soak-node-0", "t": t, "held": []}
+        for i, t in enumerate(faults_added)
+    ]
+    report = run_check(snapshot, sink, faults + added, decisions)
+    assert report["logs_judged"]["unexplained"] == unexplained, report["violations"]
+    assert invariants(report) == (["I1"] if unexplained else [])
+
+
 def test_i6_a_cancel_that_cut_a_live_request_must_record_it_uncertain():
     snapshot, sink, faults, decisions = history()
     snapshot["runs"][0].update(status="CANCELLED")

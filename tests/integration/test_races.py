@@ -41,7 +41,6 @@ def test_approve_and_reject_racing_have_exactly_one_winner_and_one_requeue(load_
         policy={"default": "require_approval"},
     )
     iterations = 300
-    outcomes = []
     for i in range(iterations):
         run = submit(text=f"r{i}")
         # Park the run by hand (a test fixture, not a runtime path): one pending approval.
@@ -55,9 +54,8 @@ def test_approve_and_reject_racing_have_exactly_one_winner_and_one_requeue(load_
         wins = [r for r in results if isinstance(r, Approval)]
         losses = [r for r in results if isinstance(r, ApprovalDecided)]
         requeues = Event.objects.filter(run=run, type="run.requeued").count()
-        outcomes.append(
-            (len(wins), len(losses), requeues, Event.objects.filter(run=run, type="approval.resolved").count())
-        )
+        outcome = (len(wins), len(losses), requeues, Event.objects.filter(run=run, type="approval.resolved").count())
+        # Fail at the first wrong round: a broken guard shows on round 0 instead of after 300 rounds.
+        assert outcome == (1, 1, 1, 1), f"round {i}: (wins, losses, requeues, resolved) = {outcome}, results {results}"
         with connection.cursor() as cur:  # end it so the session frees
             cur.execute("UPDATE runs SET status = 'CANCELLED' WHERE id = %s", [run.id])
-    assert outcomes == [(1, 1, 1, 1)] * iterations
