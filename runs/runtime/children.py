@@ -66,7 +66,7 @@ def children_start(*, parent_id: UUID, suspension: Suspension, now: datetime) ->
     parent = Run.objects.filter(id=parent_id).values("tenant_id", "deadline_at", "session_id", "lease_epoch").get()
     started = 0
     answered: list[EventWrite] = []
-    for request in suspension.children:
+    for index, request in enumerate(suspension.children):
         agent = Agent.objects.filter(tenant_id=parent["tenant_id"], name=request.agent).first()
         if agent is None:
             answered += _answer(
@@ -82,6 +82,7 @@ def children_start(*, parent_id: UUID, suspension: Suspension, now: datetime) ->
         deadline = now + timedelta(seconds=limits.deadline_seconds) if limits.deadline_seconds else None
         if parent["deadline_at"] is not None and (deadline is None or parent["deadline_at"] < deadline):
             deadline = parent["deadline_at"]
+        created = now + timedelta(microseconds=index)  # the children list in the order of the calls
         session = Session.objects.create(id=IDS.new_id(), tenant_id=parent["tenant_id"], agent=agent, created_at=now)
         child = Run.objects.create(
             id=request.run_id,
@@ -95,8 +96,8 @@ def children_start(*, parent_id: UUID, suspension: Suspension, now: datetime) ->
             usage={},
             parent_id=parent_id,
             parent_invocation=request.invocation_id,
-            created_at=now,
-            updated_at=now,
+            created_at=created,
+            updated_at=created,
         )
         record_events(
             tenant_id=child.tenant_id,
