@@ -140,3 +140,17 @@ def test_a_childs_tokens_and_cost_are_recorded_on_the_parent_and_checked_in_one_
     with pytest.raises(BudgetExceeded) as info:
         ledger.record_child_usage(after, RunUsage(output_tokens=21))
     assert info.value.reason == "budget_exceeded" and info.value.usage.output_tokens == 101
+
+
+def test_the_step_reserve_counts_charged_steps_only():
+    """A run whose three steps include two refunded orchestration-only turns is at its second charged step:
+    with 4 steps and a reserve of 1 it may still call tools."""
+    from runs.domain.context_engine import synthesis_reason
+
+    h = harness([{"text": "x"}], limits=RunLimits(max_steps=4, synthesis_reserve_steps=1))
+    h.ctx.progress.step_count = 3
+    h.ctx.progress.usage = RunUsage(steps=1)
+
+    assert synthesis_reason(h.ctx, 4) is None
+    h.ctx.progress.usage = RunUsage(steps=3)
+    assert synthesis_reason(h.ctx, 4) == "steps"
