@@ -4,7 +4,7 @@ before it is needed by nothing."""
 from __future__ import annotations
 
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import F, Max, Subquery
 
 from checkpoints.models import Checkpoint
 from maintenance.locks import try_sweep_lock
@@ -25,16 +25,20 @@ def sweep_prune() -> dict:
         )
     deleted = 0
     for run_id in candidates:
-        with transaction.atomic():
-            final = (
-                Checkpoint.objects.filter(run_id=run_id, full=True)
-                .order_by("-version")
-                .values_list("version", flat=True)
-                .first()
-            )
-            top = Checkpoint.objects.filter(run_id=run_id).aggregate(v=Max("version"))["v"]
-            if final is None or final != top:
-                continue  # a terminal run without its final snapshot keeps its chain for diagnosis
-            n, _ = Checkpoint.objects.filter(run_id=run_id, version__lt=final).delete()
-            deleted += n
+        deleted += _prune_run(run_id)
     return {"runs": len(candidates), "deleted": deleted}
+
+
+def _prune_run(run_id) -> int:
+    """One DELETE: the versions before the run's final full snapshot, only if
+    that snapshot is also its last version (a terminal run without its final
+    snapshot keeps its chain for diagnosis). No transaction spans two
+    statements, so a process starved between them cannot hold one open."""
+    versions = Checkpoint.objects.filter(run_id=run_id).order_by("-version").values("version")
+    n, _ = (
+        Checkpoint.objects.filter(run_id=run_id)
+        .annotate(final=Subquery(versions.filter(full=True)[:1]), top=Subquery(versions[:1]))
+        .filter(version__lt=F("final"), final=F("top"))
+        .delete()
+    )
+    return n
