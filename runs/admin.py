@@ -12,6 +12,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.html import format_html
 
 from runs.errors import InvalidInput, RunError
@@ -99,11 +100,33 @@ RUN_ACTIONS = {
 
 @admin.register(Run)
 class RunAdmin(TenantScoped):
-    list_display = ("id", "agent", "status", "step_count", "failure_reason", "cost", "created_at")
+    list_display = ("id", "agent", "status", "step_count", "failure_reason", "cost", "parent_link", "created_at")
     list_filter = ("status",)
-    search_fields = ("id",)
-    readonly_fields = [f.name for f in Run._meta.fields]
+    search_fields = ("id", "parent__id")
+    readonly_fields = [f.name for f in Run._meta.fields] + ["parent_link", "children_links"]
     inlines = [InvocationInline, EventInline]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("agent")
+
+    @admin.display(description="parent run")
+    def parent_link(self, obj):
+        if obj.parent_id is None:
+            return "-"
+        return format_html('<a href="{}">{}</a>', reverse("admin:runs_run_change", args=[obj.parent_id]), obj.parent_id)
+
+    @admin.display(description="child runs")
+    def children_links(self, obj):
+        """The child runs this run started (seed 002, M6), each a link to its page here, with its agent and status
+        (a child is in its parent's tenant, which the page was already scoped to)."""
+        items = format_html("")
+        for child in obj.children.select_related("agent").order_by("created_at", "id"):
+            link = reverse("admin:runs_run_change", args=[child.id])
+            items = format_html(
+                '{}<li><a href="{}">{}</a> {} {}</li>', items, link, child.id, child.agent.name, child.status
+            )
+        return format_html("<ul>{}</ul>", items) if items else "-"
+
     actions = ["cancel_runs", "resume_runs"]
 
     @admin.display(description="failure")

@@ -122,6 +122,12 @@ class Run(models.Model):
     priority = models.IntegerField(default=0)
     scheduled_for = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # A child run (seed 002, M6): the run whose `delegate_run` call started it, and
+    # that call's invocation, whose result the child's terminal transition writes.
+    parent = models.ForeignKey(
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="children", editable=False
+    )
+    parent_invocation = models.UUIDField(null=True, blank=True, editable=False)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     request_hash = models.CharField(max_length=64, null=True, blank=True)
     created_at = models.DateTimeField(default=utcnow, editable=False)

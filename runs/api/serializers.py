@@ -238,6 +238,12 @@ class FailureOut(serializers.Serializer):
     occurred_at = serializers.CharField(allow_null=True)
 
 
+class ChildRunOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    agent = serializers.CharField(help_text="The child agent's name.")
+    status = serializers.ChoiceField(choices=[s.value for s in RunStatus])
+
+
 class RunOut(serializers.Serializer):
     id = serializers.UUIDField()
     session = serializers.UUIDField()
@@ -249,6 +255,10 @@ class RunOut(serializers.Serializer):
     step_count = serializers.IntegerField()
     final_message = serializers.CharField(allow_null=True)
     result = AnyJSON(help_text="A reconciler's completed result (any JSON), else null.")
+    parent = serializers.UUIDField(
+        allow_null=True, help_text="The run whose `delegate_run` call started this one; null for a submitted run."
+    )
+    children = ChildRunOut(many=True, help_text="The child runs this run started, in the order of its calls.")
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 

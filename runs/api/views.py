@@ -39,7 +39,7 @@ from runs.services import agent_load, run_get, run_submit, scoping
 from runs.services.agent_schema import AgentDefinition
 from runs.services.inputs import run_input
 from runs.services.lifecycle import run_cancel
-from runs.services.selectors import run_events
+from runs.services.selectors import run_events, with_children
 
 MAX_SEQUENCE = 2**63 - 1
 EVENTS_DEFAULT_LIMIT = 100
@@ -282,7 +282,10 @@ class RunListCreate(ApiListView):
         session = query_uuid(self.request, "session")
         if session:
             qs = qs.filter(session_id=session)
-        return qs
+        parent = query_uuid(self.request, "parent")
+        if parent:  # within the caller's runs: another tenant's id finds nothing, like `session`
+            qs = qs.filter(parent_id=parent)
+        return with_children(qs)
 
     @extend_schema(
         operation_id="runs_list",
@@ -291,6 +294,7 @@ class RunListCreate(ApiListView):
         parameters=[
             OpenApiParameter("status", str, enum=[st.value for st in RunStatus]),
             OpenApiParameter("session", OpenApiTypes.UUID),
+            OpenApiParameter("parent", OpenApiTypes.UUID, description="Only the child runs of this run."),
         ],
         responses={200: s.RunOut(many=True), **errors(*LIST_ERRORS)},
     )

@@ -63,3 +63,57 @@ class Ledger:
 
     def fit_tool_batch(self, usage: RunUsage, requested: int) -> int:
         return max(0, min(requested, self.limits.max_tool_calls - usage.tool_calls))
+
+    def child_caps(self, usage: RunUsage) -> dict[str, int | float] | None:
+        """What remains of this run's budget: the most a child run's own limits
+        may be (seed 002: usage is additive across delegation). None when too
+        little remains to start one (no step, no model call, no tokens or no
+        money left)."""
+        lim = self.limits
+        caps: dict[str, int | float] = {
+            "max_steps": lim.max_steps - usage.steps,
+            "max_model_calls": lim.max_model_calls - usage.model_calls,
+            "max_tool_calls": max(0, lim.max_tool_calls - usage.tool_calls),
+        }
+        if lim.max_input_tokens is not None:
+            caps["max_input_tokens"] = lim.max_input_tokens - usage.input_tokens
+        if lim.max_output_tokens is not None:
+            caps["max_output_tokens"] = lim.max_output_tokens - usage.output_tokens
+        if lim.max_cost_usd is not None:
+            caps["max_cost_usd"] = round(lim.max_cost_usd - usage.cost_usd, 8)
+        if min(v for k, v in caps.items() if k != "max_tool_calls") <= 0:
+            return None
+        return caps
+
+    def record_child_usage(self, usage: RunUsage, child: RunUsage) -> RunUsage:
+        """Add a child run's tokens and cost to this run's usage and check the
+        limits, as one operation ("after" means record): raises BudgetExceeded
+        (with the new usage) when the total is over. The child's steps and
+        calls are its own: they are not this run's counters."""
+        new = usage.add_model(
+            ModelUsage(
+                input_tokens=child.input_tokens,
+                output_tokens=child.output_tokens,
+                cache_read_input_tokens=child.cache_read_input_tokens,
+                cache_creation_input_tokens=child.cache_creation_input_tokens,
+                reasoning_tokens=child.reasoning_tokens,
+                cost_usd=child.cost_usd,
+            )
+        )
+        lim = self.limits
+        over = None
+        if lim.max_cost_usd is not None and new.cost_usd > lim.max_cost_usd:
+            over = "cost_usd"
+        elif lim.max_input_tokens is not None and new.input_tokens > lim.max_input_tokens:
+            over = "input_tokens"
+        elif lim.max_output_tokens is not None and new.output_tokens > lim.max_output_tokens:
+            over = "output_tokens"
+        if over:
+            exc = BudgetExceeded(
+                FailureReason.BUDGET_EXCEEDED,
+                f"the {over} limit was exceeded by the usage of a child run",
+                dimension=over,
+            )
+            exc.usage = new
+            raise exc
+        return new

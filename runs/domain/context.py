@@ -49,6 +49,8 @@ class RunSnapshot:
     attempts: int
     lease_epoch: int
     principal: Any = None  # who the run acts for, when the composition root knows it
+    parent_id: UUID | None = None  # a child run's parent (seed 002, M6)
+    depth: int = 0  # how many parents up to the run a person submitted
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class AgentSpec:
     model: dict[str, Any]
     tools: list[str]
     policy: dict[str, Any]
+    delegates: tuple[str, ...] = ()  # the agents `delegate_run` may start (the definition's `delegates`)
+    delegates_missing: frozenset[str] = frozenset()  # those of them the tenant has no agent for (yet)
 
 
 @dataclass
@@ -90,6 +94,13 @@ class StepProgress:
     current_attempt: int | None = None
     prefix: PrefixCache | None = None
     compactions: dict[int, int] = field(default_factory=dict)  # per step number
+
+    def charged_step(self, step_number: int) -> int:
+        """The step number the STEP budget sees: `step_number` less the
+        orchestration-only turns refunded so far (seed 002: such a turn does
+        not consume the step budget). `usage.steps` counts charged steps, the
+        run's `step_count` every step."""
+        return step_number - max(0, self.step_count - self.usage.steps)
 
 
 def _never() -> bool:

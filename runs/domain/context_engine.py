@@ -117,7 +117,8 @@ def synthesis_reason(ctx: RunContext, step_number: int) -> str | None:
         and usage.model_calls + 1 + lim.synthesis_reserve_model_calls >= lim.max_model_calls
     ):
         return "model_calls"
-    if lim.synthesis_reserve_steps and step_number + lim.synthesis_reserve_steps >= lim.max_steps:
+    charged = ctx.progress.charged_step(step_number)  # refunded orchestration-only turns do not count
+    if lim.synthesis_reserve_steps and charged + lim.synthesis_reserve_steps >= lim.max_steps:
         return "steps"
     if lim.synthesis_reserve_tool_calls and usage.tool_calls + lim.synthesis_reserve_tool_calls >= lim.max_tool_calls:
         return "tool_calls"

@@ -70,6 +70,10 @@ def run_loop(ctx: RunContext) -> RunOutcome:
 
 
 def failed(ctx: RunContext, reason: FailureReason, error_class: str, message: str, **kw: Any) -> RunOutcome:
+    if reason is FailureReason.DEADLINE_EXCEEDED and ctx.run.parent_id is not None:
+        # A child run past its deadline (its parent's, copied) is cancelled with
+        # its parent; the join reports it to the parent as a failed tool result.
+        return RunOutcome(kind=OutcomeKind.CANCELLED, pending=ctx.progress.pending)
     failure = RunFailure(
         reason=reason,
         error_class=error_class,
@@ -110,7 +114,9 @@ def _loop(ctx: RunContext) -> RunOutcome:
         step_number = ctx.state.step + 1
         progress.current_step, progress.current_attempt = step_number, None
         ctx.tracer.begin_step(step_number)
-        ctx.budgets.check(progress.usage, BudgetScope.STEP, step_number=step_number, now=ctx.clock.now())
+        ctx.budgets.check(
+            progress.usage, BudgetScope.STEP, step_number=progress.charged_step(step_number), now=ctx.clock.now()
+        )
         turn = _invoke_model(ctx, step_number)
         ctx.tracer.set_step("step.tool_call_count", len(turn.tool_calls))
         ctx.token.raise_if_cancelled()  # observation point 3
@@ -206,8 +212,10 @@ def _start_model_call(ctx: RunContext, step_number: int, attempt: int) -> None:
         EventType.MODEL_REQUEST_STARTED, {"step": step_number, "attempt": attempt, "model_call": str(call_id)}, at
     )
     if step_number > progress.step_count:
+        # `steps` counts charged steps: a refunded orchestration-only turn stays refunded.
+        charged = progress.usage.steps + step_number - progress.step_count
         progress.step_count = step_number
-        progress.usage = progress.usage.model_copy(update={"steps": step_number})
+        progress.usage = progress.usage.model_copy(update={"steps": charged})
         progress.pending.step_count = step_number
         progress.pending.usage = progress.usage.model_dump(mode="json")
     progress.prepared_id = call_id
@@ -222,7 +230,8 @@ def _prepare_next_step(ctx: RunContext, step_number: int) -> None:
         return
     try:
         now = ctx.clock.now()
-        ctx.budgets.check(ctx.progress.usage, BudgetScope.STEP, step_number=step_number, now=now)
+        charged = ctx.progress.charged_step(step_number)
+        ctx.budgets.check(ctx.progress.usage, BudgetScope.STEP, step_number=charged, now=now)
         ctx.budgets.check(ctx.progress.usage, BudgetScope.ATTEMPT, step_number=step_number, now=now)
     except BudgetExceeded:
         return

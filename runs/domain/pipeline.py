@@ -28,6 +28,7 @@ from runs.domain.scrub import bound, scrub, scrub_text
 from runs.domain.values import (
     ApprovalStatus,
     CancelReason,
+    ChildRunRequest,
     InvocationOutcome,
     InvocationStatus,
     Suspension,
@@ -39,6 +40,10 @@ from runs.domain.writes import ApprovalInsert, InvocationInsert, InvocationUpdat
 
 IDENTICAL_CALL_LIMIT = 3
 MAX_ARGUMENT_BYTES = 64 * 1024
+# How deep delegation may nest: a run this many parents below the one a person
+# submitted may not start children of its own (a bound on recursion, since an
+# orchestration-only turn refunds its step).
+MAX_DELEGATION_DEPTH = 3
 
 
 _NEVER = threading.Event()  # never set: a plain bounded wait
@@ -124,6 +129,7 @@ class _Entry:
     authorized: bool = False
     needs_approval: bool = False
     asks_user: bool = False
+    delegates: bool = False  # an authorized `delegate_run` call: it starts a child run instead of executing
     outcome: InvocationOutcome | None = None  # once executed (step 11)
     unknown: bool = False  # an uncertain side effect: nobody answers it until someone decides
 
@@ -171,6 +177,7 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
     _fit_budget(ctx, entries)
     for entry in entries:
         _decide(ctx, entry)
+    _one_control_kind(entries)
     suspend = [e for e in entries if e.needs_approval]
     stop = ctx.token.reason  # 7: cancellation check before authorizing (observation point 4)
     for entry in entries:
@@ -237,6 +244,10 @@ def _decide(ctx: RunContext, entry: _Entry) -> None:
     if errors:
         _fail(entry, "schema_invalid", "; ".join(errors)[:1000])
         return
+    refusal = _delegate_refusal(ctx, entry)
+    if refusal is not None:
+        _fail(entry, *refusal)
+        return
     try:
         decision = ctx.policy.evaluate(entry.call.name, entry.arguments)
     except Exception:  # a broken policy fails closed
@@ -244,6 +255,7 @@ def _decide(ctx: RunContext, entry: _Entry) -> None:
     if decision == "allow":
         entry.authorized = True
         entry.asks_user = entry.tool.control == "ask_user"
+        entry.delegates = entry.tool.control == "delegate"
     elif decision == "deny":
         _fail(entry, "denied_by_policy", "policy denied this call")
     elif ctx.approvals is None:
@@ -378,8 +390,9 @@ def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry]) -> Batc
     `ask_user` call is not run but suspends the run once the others ran."""
     results = UnitOfWork()
     late: list[dict[str, Any]] = []
-    to_run = [_Planned(e) for e in entries if e.authorized and not e.asks_user]
+    to_run = [_Planned(e) for e in entries if e.authorized and not e.asks_user and not e.delegates]
     question_entry = next((e for e in entries if e.authorized and e.asks_user), None)
+    delegated = [e for e in entries if e.authorized and e.delegates]
     stop = _run_in_order(ctx, step_number, to_run, results, late, count_calls=True)
     unknown = [e.invocation_id for e in entries if e.unknown]
     if unknown and stop is None:
@@ -388,6 +401,11 @@ def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry]) -> Batc
         return BatchResult(work=results, late=late, unknown=unknown)
     if question_entry is not None and stop is None:
         return _ask_user(ctx, entries, question_entry, results, late)
+    if delegated:
+        if stop is None:
+            return _delegate(ctx, entries, delegated, results, late, count_calls=True)
+        for entry in delegated:
+            _cancel(ctx, results, entry, stop)
     _append_results(ctx, entries)
     return BatchResult(work=results, stop=stop, late=late, all_denied=_all_denied(entries))
 
@@ -467,6 +485,149 @@ def _ask_user(
         suspension=Suspension(
             kind=SuspensionKind.USER, invocation_ids=[question_entry.invocation_id], question=question
         ),
+    )
+
+
+def _delegate_refusal(ctx: RunContext, entry: _Entry) -> tuple[str, str] | None:
+    """Why a `delegate_run` call may not start its child (a failed result the
+    model sees, naming the agent), or None. An agent delegates only to the
+    agents its definition lists in `delegates`."""
+    if entry.spec is None or entry.spec.control != "delegate" or not isinstance(entry.arguments, dict):
+        return None
+    name = scrub_text(str(entry.arguments.get("agent", "")))[:100]
+    if name not in ctx.agent.delegates:
+        allowed = ", ".join(ctx.agent.delegates) or "none"
+        return (
+            "delegate_not_allowed",
+            f"this agent may not delegate to {name!r}; the agents it may delegate to: {allowed}",
+        )
+    if name in ctx.agent.delegates_missing:
+        return "unknown_agent", f"no agent named {name!r} exists in this tenant"
+    if ctx.run.depth >= MAX_DELEGATION_DEPTH:
+        return (
+            "delegation_too_deep",
+            f"this run is {ctx.run.depth} delegations deep; a child run may not delegate further",
+        )
+    return None
+
+
+def _one_control_kind(entries: list[_Entry]) -> None:
+    """A run waits for one thing at a time: a batch that asks the user does
+    not also start child runs (its `delegate_run` calls fail; the model may
+    ask again after the answer)."""
+    if not any(e.authorized and e.asks_user for e in entries):
+        return
+    for entry in entries:
+        if entry.authorized and entry.delegates:
+            entry.authorized = entry.delegates = False
+            _fail(entry, "control_conflict", "delegate_run cannot be combined with ask_user in one turn; not run")
+
+
+def _orchestration_only(ctx: RunContext, delegated: list[_Entry]) -> bool:
+    """Every call of the model turn is a `delegate_run` that starts a child
+    (seed 002: such a turn refunds its step and model-call budget)."""
+    conv = ctx.state.conversation
+    turn = next((m for m in reversed(conv) if m.get("role") == "assistant"), None)
+    calls = (turn or {}).get("tool_calls") or []
+    ids = {e.call.call_id for e in delegated}
+    return bool(calls) and all(c.get("id") in ids for c in calls)
+
+
+def _delegate(
+    ctx: RunContext,
+    entries: list[_Entry],
+    delegated: list[_Entry],
+    results: UnitOfWork,
+    late: list[dict[str, Any]],
+    *,
+    count_calls: bool,
+) -> BatchResult:
+    """The batch delegated: the other calls are answered, each `delegate_run`
+    waits (`awaiting_approval`, `child_run`) for the child run that finalize
+    starts with the suspension, in its transaction. The calls count as tool
+    calls; an orchestration-only turn refunds its step and model call. Each
+    child's limits are capped by what then remains of this run's budget; when
+    nothing remains the calls fail `tool.budget_exhausted` and no child starts."""
+    progress = ctx.progress
+    now = ctx.clock.now()
+    usage = progress.usage.model_copy(update={"tool_calls": progress.usage.tool_calls + len(delegated)})
+    if _orchestration_only(ctx, delegated):
+        usage = usage.model_copy(
+            update={"steps": max(0, usage.steps - 1), "model_calls": max(0, usage.model_calls - 1)}
+        )
+    caps = ctx.budgets.child_caps(usage)
+    if caps is None:
+        for entry in delegated:
+            _fail(entry, "tool.budget_exhausted", "too little of the run's budget remains to start a child run")
+            _record_not_run(results, entry, now)
+        _append_results(ctx, entries)
+        return BatchResult(work=results, late=late)
+    progress.usage = usage
+    results.usage = usage.model_dump(mode="json")
+    _append_results(ctx, [e for e in entries if not any(e is d for d in delegated)])
+    children = []
+    for entry in delegated:
+        if entry.invocation_id is None:
+            raise RuntimeError("a delegated call always has an invocation row")
+        if count_calls:
+            ctx.state.count_call(_call_fingerprint(entry.call.name, entry.arguments))
+        results.invocation_updates.append(
+            InvocationUpdate(
+                id=entry.invocation_id,
+                status=InvocationStatus.AWAITING_APPROVAL,
+                suspended_kind="child_run",
+                updated_at=now,
+            )
+        )
+        arguments = entry.arguments if isinstance(entry.arguments, dict) else {}
+        children.append(
+            ChildRunRequest(
+                run_id=ctx.ids.new_id(),
+                invocation_id=entry.invocation_id,
+                agent=str(arguments.get("agent", "")),
+                input=str(arguments.get("input", "")),
+                caps=caps,
+            )
+        )
+    return BatchResult(
+        work=results,
+        late=late,
+        suspension=Suspension(
+            kind=SuspensionKind.CHILD_RUN,
+            invocation_ids=[c.invocation_id for c in children],
+            children=children,
+            details={
+                "children": [
+                    {"run": str(c.run_id), "agent": c.agent, "invocation": str(c.invocation_id)} for c in children
+                ]
+            },
+        ),
+    )
+
+
+def _record_not_run(work: UnitOfWork, entry: _Entry, at: datetime) -> None:
+    """A recorded call that will not run after all: its row failed with the result, and its event."""
+    if entry.invocation_id is None:
+        raise RuntimeError("a recorded call has an invocation row")
+    work.invocation_updates.append(
+        InvocationUpdate(
+            id=entry.invocation_id,
+            status=InvocationStatus.FAILED,
+            result=entry.result,
+            error=entry.result,
+            outcome=InvocationOutcome.FAILED,
+            updated_at=at,
+        )
+    )
+    work.events.append(
+        events.call_not_run(
+            invocation_id=entry.invocation_id,
+            call_id=entry.call.call_id,
+            tool=entry.call.name,
+            result=entry.result,
+            at=at,
+            outcome=InvocationOutcome.FAILED,
+        )
     )
 
 
@@ -862,6 +1023,7 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
     results = UnitOfWork()
     entries: list[_Entry] = []
     to_run: list[_Planned] = []
+    delegated: list[_Entry] = []
     invalidated: list[tuple[_Entry, ApprovalDecision]] = []
     now = ctx.clock.now()
     for index, call in enumerate(pending):
@@ -874,6 +1036,8 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
         verdict, decision = _triage(ctx, step_number, entry, row, results, now)
         if verdict == "invalidated" and decision is not None:
             invalidated.append((entry, decision))
+        elif verdict == "delegate":
+            delegated.append(entry)
         elif verdict == "run":
             to_run.append(
                 _Planned(
@@ -891,6 +1055,11 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
     unknown = [p.entry.invocation_id for p in to_run if p.entry.unknown]
     if unknown and stop is None:
         return BatchResult(work=results, late=late, unknown=unknown)
+    if delegated:  # approved, or their suspension was never committed (the worker died first)
+        if stop is None:
+            return _delegate(ctx, entries, delegated, results, late, count_calls=False)
+        for entry in delegated:
+            _cancel(ctx, results, entry, stop)
     _append_results(ctx, entries)
     return BatchResult(work=results, stop=stop, late=late, all_denied=_all_denied(entries))
 
@@ -903,7 +1072,7 @@ def _reentry(index: int, call: dict[str, Any], row: InvocationRecord | None) -> 
 
 def _triage(
     ctx: RunContext, step_number: int, entry: _Entry, row: InvocationRecord, results: UnitOfWork, now: datetime
-) -> tuple[Literal["answered", "invalidated", "run"], ApprovalDecision | None]:
+) -> tuple[Literal["answered", "invalidated", "run", "delegate"], ApprovalDecision | None]:
     """What to do with one recorded call of the open batch: its recorded
     answer, an approval that no longer holds (invalidated, with the decision),
     or run it. Raises `UnknownOutcome` for a call nobody has decided yet."""
@@ -943,6 +1112,14 @@ def _triage(
             )
         )
         return "answered", None
+    if entry.spec.control == "delegate":
+        refusal = _delegate_refusal(ctx, entry)
+        if refusal is not None:
+            _fail(entry, *refusal)
+            _record_not_run(results, entry, now)
+            return "answered", None
+        entry.authorized = entry.delegates = True
+        return "delegate", None
     return "run", None
 
 

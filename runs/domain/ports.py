@@ -109,6 +109,12 @@ class BudgetLedger(Protocol):
     def fit_tool_batch(self, usage: RunUsage, requested: int) -> int:
         """Return how many calls of a batch fit the remaining tool-call budget."""
 
+    def child_caps(self, usage: RunUsage) -> dict[str, int | float] | None:
+        """What remains of the budget for a child run's limits; None when too little remains."""
+
+    def record_child_usage(self, usage: RunUsage, child: RunUsage) -> RunUsage:
+        """Return the totals with a child run's tokens and cost added; raise `BudgetExceeded` if over."""
+
 
 class ApprovalGate(Protocol):
     """Hash-bound approvals (DESIGN §8): builds the rows the pipeline commits

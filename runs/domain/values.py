@@ -226,6 +226,19 @@ class SuspensionKind(StrEnum):
     CHILD_RUN = "child_run"
 
 
+class ChildRunRequest(Frozen):
+    """One child run a `delegate_run` call starts (seed 002, M6): its id (from
+    the IdFactory), the parent's invocation it answers, the agent and input
+    the model asked for, and `caps` — what remains of the parent's budget,
+    the most each of the child's own limits may be."""
+
+    run_id: UUID
+    invocation_id: UUID
+    agent: str
+    input: str
+    caps: dict[str, int | float] = Field(default_factory=dict)
+
+
 class Suspension(Frozen):
     kind: SuspensionKind
     invocation_ids: list[UUID] = Field(default_factory=list)
@@ -233,6 +246,7 @@ class Suspension(Frozen):
     question: str | None = None
     expires_at: datetime | None = None
     details: dict[str, Any] = Field(default_factory=dict)
+    children: list[ChildRunRequest] = Field(default_factory=list)  # kind CHILD_RUN: the runs to start
 
 
 class CancelReason(StrEnum):
@@ -287,7 +301,7 @@ class ToolSpec(Frozen):
     read_only: bool
     side_effect: str = "none"
     timeout_seconds: float = 30.0
-    control: str | None = None  # the suspension a control tool causes ("ask_user"); None for an ordinary tool
+    control: str | None = None  # the suspension a control tool causes ("ask_user", "delegate"); None otherwise
 
 
 class RunOutcome(BaseModel):

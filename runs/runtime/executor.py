@@ -21,7 +21,7 @@ from runs.clock import CLOCK, IDS
 from runs.domain.cancellation import Token
 from runs.domain.context import RunContext
 from runs.domain.errors import BudgetExceeded, WorkerFenced
-from runs.domain.loop import run_loop
+from runs.domain.loop import failed, run_loop
 from runs.domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunOutcome
 from runs.domain.writes import UnitOfWork
 from runs.models import Run
@@ -102,15 +102,7 @@ def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
 
 
 def _failed(ctx: RunContext, reason: FailureReason, error_class: str, message: str) -> RunOutcome:
-    failure = RunFailure(
-        reason=reason,
-        error_class=error_class,
-        message=message,
-        step_number=ctx.progress.current_step,
-        attempt_number=ctx.progress.current_attempt,
-        occurred_at=ctx.clock.now(),
-    )
-    return RunOutcome(kind=OutcomeKind.FAILED, failure=failure, pending=ctx.progress.pending)
+    return failed(ctx, reason, error_class, message)
 
 
 def _unhandled(ctx: RunContext | None, exc: Exception, clock, ids) -> RunOutcome:

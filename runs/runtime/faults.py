@@ -23,6 +23,7 @@ POINTS = (
     "tool.after_execute",
     "checkpoint.before_write",
     "finalize.before_transition",
+    "finalize.after_transition",
     "resume.after_takeover",
     "sweep.after_select",
 )

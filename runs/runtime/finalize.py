@@ -13,20 +13,21 @@ from __future__ import annotations
 
 import logging
 from typing import cast
-from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
-from django_q.tasks import async_task
 
 from runs.clock import CLOCK
 from runs.domain.context import RunContext
 from runs.domain.errors import WorkerFenced
 from runs.domain.events import checkpointed
-from runs.domain.values import OutcomeKind, RunOutcome
+from runs.domain.values import OutcomeKind, RunOutcome, SuspensionKind
 from runs.domain.writes import EventWrite, ModelCallFinish, UnitOfWork
+from runs.runtime.children import child_ended, children_start
+from runs.runtime.enqueue import enqueue_drive
 from runs.runtime.faults import hook_for
 from runs.runtime.queue import Claim
+from runs.store.family import lock_parent
 from runs.store.fence import Transition
 from runs.store.repository import DjangoRunStore, append_event_unfenced
 
@@ -76,10 +77,10 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
     elif outcome.kind is OutcomeKind.UNKNOWN:
         return _commit_unknown(ctx, claim, outcome, work, clock)
     reason = "drain" if ctx.draining() else "slice_end"
-    transition, after = _transition(claim, outcome, work, now, reason)
+    transition, after, before = _transition(claim, outcome, work, now, reason, parent=ctx.run.parent_id)
     try:
         # the terminal transition is the adapter's, not part of the domain's RunStore port
-        cast(DjangoRunStore, ctx.store).commit(work, transition=transition, after=after)
+        cast(DjangoRunStore, ctx.store).commit(work, transition=transition, after=after, before=before)
     except WorkerFenced:
         late = outcome.late
         if late is None and work.invocation_updates:
@@ -92,6 +93,7 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
             } or None
         _record_fenced(claim, late, clock)
         return RunOutcome(kind=OutcomeKind.FENCED, late=late)
+    hook_for(claim.run_id)("finalize.after_transition")
     return outcome
 
 
@@ -107,11 +109,15 @@ def _commit_unknown(ctx: RunContext, claim: Claim, outcome: RunOutcome, work: Un
     return outcome
 
 
-def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_reason: str):
+_UNKNOWN = object()  # finalize_detached does not know whether the run has a parent: the join's lock reads it
+
+
+def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_reason: str, parent=_UNKNOWN):
     """The run row's change of finalize's fenced UPDATE (a `Transition`), with
     the outcome's event appended to `work`, and what must join the
-    transaction."""
-    after = None
+    transaction: `after` runs last in it (a doorbell, children started, the
+    join), `before` first (a child locks its parent's row ahead of its own)."""
+    after = before = None
     if outcome.kind is OutcomeKind.YIELDED:
         work.events.append(EventWrite("run.requeued", {"reason": yield_reason, "lease_epoch": claim.epoch}, now))
         transition = Transition(status="QUEUED", release_lease=True)
@@ -136,6 +142,12 @@ def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_
             EventWrite("run.waiting_for_user" if kind == "user" else "run.waiting_for_approval", payload, now)
         )
         transition = Transition(status=status, release_lease=True)
+        if outcome.suspension.kind is SuspensionKind.CHILD_RUN:
+            suspension = outcome.suspension
+
+            def after(cursor):  # the children start with the suspension, in its transaction
+                children_start(parent_id=claim.run_id, suspension=suspension, now=now)
+
     elif outcome.kind in _TERMINAL:
         status, event_type = _TERMINAL[outcome.kind]
         payload = {"lease_epoch": claim.epoch}
@@ -153,9 +165,26 @@ def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_
             result=outcome.result,
         )
         work.events.append(EventWrite(event_type, payload, now))
+        if parent is not None:
+            before, after = _join_hooks(claim.run_id, now)
     else:
         raise ValueError(f"finalize cannot perform outcome {outcome.kind}")
-    return transition, after
+    return transition, after, before
+
+
+def _join_hooks(run_id, now):
+    """The join around a child's terminal transition: its parent's row locked
+    first, the join (`child_ended`) last, both in the transition's transaction."""
+    found: list = []
+
+    def before(cursor):
+        found.append(lock_parent(cursor, run_id))
+
+    def after(cursor):
+        if found and found[0] is not None:
+            child_ended(run_id=run_id, now=now)
+
+    return before, after
 
 
 def finalize_detached(
@@ -175,12 +204,13 @@ def finalize_detached(
         epoch=claim.epoch,
         code_version=settings.AGENTRT_CODE_VERSION,
     )
-    transition, after = _transition(claim, outcome, work, clock.now(), yield_reason)
+    transition, after, before = _transition(claim, outcome, work, clock.now(), yield_reason)
     try:
-        store.commit(work, transition=transition, after=after)
+        store.commit(work, transition=transition, after=after, before=before)
     except WorkerFenced:
         _record_fenced(claim, None, clock)
         return RunOutcome(kind=OutcomeKind.FENCED)
+    hook_for(claim.run_id)("finalize.after_transition")
     return outcome
 
 
@@ -219,9 +249,3 @@ def _record_fenced(claim: Claim, late: dict | None, clock) -> None:
         )
     except Exception:
         log.exception("run %s: could not record run.fenced", claim.run_id)
-
-
-def enqueue_drive(run_id: UUID) -> None:
-    """Ring the doorbell. With the ORM broker on the default database this
-    joins the caller's transaction (DESIGN §5)."""
-    async_task("runs.tasks.drive_run", str(run_id), task_name=f"drive_run {run_id}", ack_failure=True)

@@ -24,10 +24,11 @@ from runs.domain.budgets import Ledger
 from runs.domain.cancellation import Token
 from runs.domain.context import AgentSpec, RunContext, RunSnapshot, StepProgress
 from runs.domain.errors import WorkerFenced
+from runs.domain.pipeline import MAX_DELEGATION_DEPTH
 from runs.domain.scrub import scrub_stream
 from runs.domain.values import CancelReason, RunLimits, RunUsage
 from runs.domain.writes import UnitOfWork
-from runs.models import AgentVersion, ModelCall, Run, Tenant
+from runs.models import Agent, AgentVersion, ModelCall, Run, Tenant
 from runs.providers import provider_for, provider_streams
 from runs.runtime import drain, qheal
 from runs.runtime.drain import draining
@@ -64,6 +65,16 @@ def _read_only_of(tool_name: str) -> bool | None:
     return None if spec is None else bool(spec.read_only)
 
 
+def delegation_depth(parent_id) -> int:
+    """How many parents a run has (0 for a run a person submitted): one read per
+    ancestor, bounded by the depth delegation may reach."""
+    depth = 0
+    while parent_id is not None and depth <= MAX_DELEGATION_DEPTH:
+        depth += 1
+        parent_id = Run.objects.filter(id=parent_id).values_list("parent_id", flat=True).first()
+    return depth
+
+
 def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) -> RunContext:
     run = Run.objects.select_related("agent").get(id=claim.run_id)
     version = AgentVersion.objects.get(agent_id=run.agent_id, version=run.agent_version)
@@ -86,7 +97,10 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         deadline_at=run.deadline_at,
         attempts=run.attempts,
         lease_epoch=claim.epoch,
+        parent_id=run.parent_id,
+        depth=delegation_depth(run.parent_id),
     )
+    delegates = tuple(definition.get("delegates") or ())
     policy = PolicyEngine(definition.get("policy"), read_only_of=_read_only_of)
     ctx = RunContext(
         run=snapshot,
@@ -97,6 +111,11 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
             model=definition["model"],
             tools=list(definition.get("tools", [])),
             policy=definition.get("policy") or {},
+            delegates=delegates,
+            delegates_missing=frozenset(delegates)
+            - set(Agent.objects.filter(tenant_id=run.tenant_id, name__in=delegates).values_list("name", flat=True))
+            if delegates
+            else frozenset(),
         ),
         state=state,
         clock=clock,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from approvals.policy import DECISIONS, OPS
@@ -137,19 +137,52 @@ class Limits(Strict):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+AGENT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+DELEGATE_TOOL = "delegate_run"
+
+
 class AgentDefinition(Strict):
-    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    name: str = Field(min_length=1, max_length=100, pattern=AGENT_NAME)
     instructions: str = Field("", max_length=100_000)
     # One member per registered provider (runs.providers.registry): rebuilt when one registers.
     model: ScriptedModel | OpenAIModel | AnthropicModel = Field(discriminator="provider")
     tools: list[str] = Field(default_factory=list, max_length=100)
     policy: Policy = Field(default_factory=Policy)
     limits: Limits = Field(default_factory=Limits)
+    # The agents `delegate_run` may start as child runs (seed 002, M6), by name, in this tenant.
+    delegates: list[Annotated[str, Field(min_length=1, max_length=100, pattern=AGENT_NAME)]] = Field(
+        default_factory=list, max_length=50, validate_default=True
+    )
 
     @model_validator(mode="after")
     def _priced(self):
         check_model_priced(self.model)  # a model with no price is never counted as free
         return self
+
+    @field_validator("delegates")
+    @classmethod
+    def _delegates(cls, delegates, info: ValidationInfo):
+        """`delegates` and the `delegate_run` tool come together: either one alone is a mistake."""
+        if len(set(delegates)) != len(delegates):
+            raise ValueError("delegates are listed more than once")
+        tools = info.data.get("tools")
+        if tools is None:  # the tools themselves were refused: that error says enough
+            return delegates
+        if delegates and DELEGATE_TOOL not in tools:
+            raise ValueError(f"delegates needs {DELEGATE_TOOL!r} in tools")
+        if not delegates and DELEGATE_TOOL in tools:
+            raise ValueError(f"{DELEGATE_TOOL!r} in tools needs the agents it may start listed here")
+        return delegates
+
+    def normal(self) -> dict[str, Any]:
+        """The canonical JSON whose hash is the version; `delegates` appears only
+        when set, so the versions of definitions without it stay what they were."""
+        out = self.model_dump(mode="json", exclude_none=False)
+        out["policy"] = self.policy.normal()
+        out["limits"] = self.limits.given()
+        if not self.delegates:
+            out.pop("delegates")
+        return out
 
     @field_validator("tools")
     @classmethod

@@ -34,9 +34,7 @@ def agent_load(*, tenant: Tenant, definition: Any, published_by=None) -> AgentVe
     if forbidden:
         first = next(iter(forbidden.items()))
         raise InvalidInput(f"invalid agent definition: {first[0]}: {first[1][0]}", fields=forbidden)
-    normal = parsed.model_dump(mode="json", exclude_none=False)
-    normal["policy"] = parsed.policy.normal()
-    normal["limits"] = parsed.limits.given()
+    normal = parsed.normal()
     version = hashlib.sha256(canonical_json(normal).encode()).hexdigest()
     policy_version = hashlib.sha256(canonical_json(normal["policy"]).encode()).hexdigest()[:16]
     now = CLOCK.now()

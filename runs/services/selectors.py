@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, Prefetch, QuerySet
 from django.db.models.fields.json import KeyTextTransform
 
 from runs.models import Event, Run
@@ -40,9 +40,29 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "step_count": run.step_count,
         "final_message": run.final_message,
         "result": run.result,
+        "parent": str(run.parent_id) if run.parent_id else None,
+        "children": run_children(run),
         "created_at": _iso(run.created_at),
         "updated_at": _iso(run.updated_at),
     }
+
+
+def run_children(run: Run) -> list[dict[str, Any]]:
+    """The child runs `run` started (seed 002, M6), in the order of its calls:
+    `{"id", "agent", "status"}` each. Read from the list's prefetch
+    (`with_children`) when there is one, else in one query."""
+    prefetched = getattr(run, "_prefetched_objects_cache", {}).get("children")
+    if prefetched is not None:
+        rows = [(c.id, c.agent.name, c.status, c.created_at) for c in prefetched]
+    else:
+        rows = list(Run.objects.filter(parent_id=run.id).values_list("id", "agent__name", "status", "created_at"))
+    rows.sort(key=lambda r: (r[3], str(r[0])))
+    return [{"id": str(rid), "agent": agent, "status": status} for rid, agent, status, _ in rows]
+
+
+def with_children(queryset: QuerySet) -> QuerySet:
+    """`queryset` of runs with their children (and the children's agents) fetched in one more query."""
+    return queryset.prefetch_related(Prefetch("children", queryset=Run.objects.select_related("agent")))
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:

@@ -196,18 +196,27 @@ class DjangoRunStore:
             raise _Fenced()
 
     def commit(
-        self, work: UnitOfWork, *, transition: Transition | None = None, after: After | None = None
+        self,
+        work: UnitOfWork,
+        *,
+        transition: Transition | None = None,
+        after: After | None = None,
+        before: After | None = None,
     ) -> list[int]:
         """Commit `work` in one fenced transaction. `transition` is the run
         row's change only `finalize` passes (the terminal writer).
         `after(cursor)` runs last inside the transaction (the drive_run
-        enqueue joins it)."""
+        enqueue joins it); `before(cursor)` runs first, ahead of the fence
+        (a child's end locks its parent's row before its own: the lock order
+        of the join)."""
         at = work.events[0].occurred_at if work.events else None
         if is_pg() and can_batch(work):
-            return self._commit_one_statement(work, at or _latest(work), transition, after)
+            return self._commit_one_statement(work, at or _latest(work), transition, after, before)
         try:
             with transaction.atomic(durable=True):
                 with connection.cursor() as cursor:
+                    if before is not None:
+                        before(cursor)
                     self._fence(cursor, work, at or _latest(work), transition)
                     self._apply(cursor, work)
                     seqs = append_events(
@@ -226,7 +235,12 @@ class DjangoRunStore:
         return seqs
 
     def _commit_one_statement(
-        self, work: UnitOfWork, at: datetime, transition: Transition | None, after: After | None
+        self,
+        work: UnitOfWork,
+        at: datetime,
+        transition: Transition | None,
+        after: After | None,
+        before: After | None = None,
     ) -> list[int]:
         sql, params = unit_statement(
             work,
@@ -239,7 +253,7 @@ class DjangoRunStore:
             checkpoint_id=_checkpoint_id(self.run_id, work.checkpoint.version) if work.checkpoint is not None else None,
             fence=fence_statement(work, at, transition, run_id=self.run_id, owner=self.owner, epoch=self.epoch),
         )
-        if after is None and connection.get_autocommit() and not _announces(work):
+        if after is None and before is None and connection.get_autocommit() and not _announces(work):
             with statement_cursor() as cursor:  # the statement is its own transaction
                 cursor.execute(sql, params)
                 fenced_rows, seqs = cursor.fetchone()
@@ -249,6 +263,8 @@ class DjangoRunStore:
             try:
                 with transaction.atomic(durable=True):
                     with connection.cursor() as cursor:
+                        if before is not None:
+                            before(cursor)
                         cursor.execute(sql, params)
                         fenced_rows, seqs = cursor.fetchone()
                         if fenced_rows != 1:

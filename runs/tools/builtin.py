@@ -256,3 +256,25 @@ def http_post(arguments, context):
 )
 def ask_user(arguments, context):
     raise ToolFailure("control_tool", "ask_user is handled by the runtime, not executed")
+
+
+@register(
+    name="delegate_run",
+    description=(
+        "Start a child run of another agent with the given input; this run waits until every child run it "
+        "started ends, then sees each child's answer (or its failure) as this call's result."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {
+            "agent": {"type": "string", "minLength": 1, "maxLength": 100},
+            "input": {"type": "string", "minLength": 1, "maxLength": 100000},
+        },
+        "required": ["agent", "input"],
+        "additionalProperties": False,
+    },
+    read_only=True,
+    control="delegate",
+)
+def delegate_run(arguments, context):
+    raise ToolFailure("control_tool", "delegate_run is handled by the runtime, not executed")

@@ -38,8 +38,8 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from runs.domain.errors import OutcomeUnknown, ToolFailure
 from runs.domain.values import ToolSpec
 
-# The suspensions a control tool may declare (`"delegate"` joins when child runs exist).
-CONTROLS = frozenset({"ask_user"})
+# The suspensions a control tool may declare: ask the user, or start child runs (seed 002, M6).
+CONTROLS = frozenset({"ask_user", "delegate"})
 
 
 class DuplicateTool(ValueError):

@@ -15,12 +15,13 @@ from approvals.errors import ApprovalError
 from approvals.models import Approval
 from approvals.services import approval_confirm, approval_decide, can_resolve
 from runs.domain.events import page_vocabulary
+from runs.domain.pipeline import MAX_DELEGATION_DEPTH
 from runs.domain.values import ApprovalStatus
 from runs.errors import RunError, RunNotFound
 from runs.models import Run
 from runs.services.lifecycle import run_cancel
 from runs.services.scoping import as_uuid, run_actionable, run_visible, runs_actionable_by, runs_visible_to
-from runs.services.selectors import run_to_dict
+from runs.services.selectors import run_to_dict, with_children
 
 # The live pages' own scripts build nodes and set text only, so the browser may refuse every string-to-markup
 # sink there (Trusted Types): an innerHTML with data, added later by mistake, throws instead of rendering.
@@ -38,12 +39,16 @@ def _run_or_404(user, run_id, *, acting: bool = False) -> Run:
 @csp_update(LIVE_PAGE_CSP)
 @login_required
 def runs_list(request):
-    runs = list(runs_visible_to(request.user).order_by("-created_at")[:100])
+    runs = list(with_children(runs_visible_to(request.user)).order_by("-created_at")[:100])
     waiting = {
         a["run_id"]: a["kind"]
         for a in Approval.objects.filter(run__in=runs, status=ApprovalStatus.PENDING).values("run_id", "kind")
     }
-    rows = [{**run_to_dict(r), "waiting": waiting.get(r.id, "")} for r in runs]
+    # A run WAITING_FOR_APPROVAL with no pending approval waits for its child runs (suspension kind child_run).
+    rows = [
+        {**run_to_dict(r), "waiting": waiting.get(r.id, "child runs" if r.status == "WAITING_FOR_APPROVAL" else "")}
+        for r in runs
+    ]
     return render(request, "runs/list.html", {"runs": rows, "event_types": page_vocabulary()})
 
 
@@ -68,8 +73,60 @@ def run_detail(request, run_id):
             ],
             "can_resolve": can_resolve(request.user) and runs_actionable_by(request.user).filter(id=run.id).exists(),
             "event_types": page_vocabulary(),
+            "ancestors": _ancestors(request.user, run),
+            "tree": _descendants(request.user, run),
         },
     )
+
+
+TREE_LEVELS = MAX_DELEGATION_DEPTH + 1  # how far down the run page draws the tree of child runs
+INPUT_PREVIEW = 120
+
+
+def _node(run: Run, depth: int) -> dict:
+    return {
+        "id": str(run.id),
+        "agent": run.agent.name,
+        "status": run.status,
+        "input": run.input[:INPUT_PREVIEW] + ("…" if len(run.input) > INPUT_PREVIEW else ""),
+        "depth": depth,
+    }
+
+
+def _ancestors(user, run: Run) -> list[dict]:
+    """The runs above `run`, from the one a person submitted down to its parent."""
+    chain: list[dict] = []
+    parent_id = run.parent_id
+    while parent_id is not None and len(chain) < TREE_LEVELS:
+        parent = runs_visible_to(user).filter(id=parent_id).first()
+        if parent is None:
+            break
+        chain.insert(0, _node(parent, 0))
+        parent_id = parent.parent_id
+    return chain
+
+
+def _descendants(user, run: Run) -> list[dict]:
+    """The tree of runs below `run`, flattened depth-first (each row's `depth`
+    from 1): one query per level."""
+    below: dict = {}
+    level = [run.id]
+    for _ in range(TREE_LEVELS):
+        rows = list(runs_visible_to(user).filter(parent_id__in=level).order_by("created_at", "id"))
+        if not rows:
+            break
+        for row in rows:
+            below.setdefault(row.parent_id, []).append(row)
+        level = [row.id for row in rows]
+    out: list[dict] = []
+
+    def walk(parent_id, depth: int) -> None:
+        for child in below.get(parent_id, []):
+            out.append(_node(child, depth))
+            walk(child.id, depth + 1)
+
+    walk(run.id, 1)
+    return out
 
 
 @login_required

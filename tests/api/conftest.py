@@ -39,6 +39,19 @@ def agent_definitions():
             },
         },
         {
+            "name": "lead",
+            "instructions": "delegate",
+            "tools": ["delegate_run"],
+            "delegates": ["bot"],
+            "model": {
+                "provider": "scripted",
+                "turns": [
+                    {"tool_calls": [{"name": "delegate_run", "arguments": {"agent": "bot", "input": "help"}}]},
+                    {"text": "delegated"},
+                ],
+            },
+        },
+        {
             "name": "asker",
             "instructions": "ask",
             "tools": ["ask_user"],
@@ -73,11 +86,15 @@ def make_world(tenant) -> SimpleNamespace:
     done = submit("bot", drive=True)
     waiting = submit("approver", drive=True)
     asking = submit("asker", drive=True)
-    assert (queued.status, done.status, waiting.status, asking.status) == (
+    delegating = submit("lead", drive=True)  # waits for its child, which is queued (nothing drives it here)
+    child = Run.objects.select_related("agent").get(parent=delegating)
+    assert (queued.status, done.status, waiting.status, asking.status, delegating.status, child.status) == (
         "QUEUED",
         "COMPLETED",
         "WAITING_FOR_APPROVAL",
         "WAITING_FOR_USER",
+        "WAITING_FOR_APPROVAL",
+        "QUEUED",
     )
     approval = Approval.objects.get(run=waiting)
     subscription, delivery = webhook_world(tenant, done)
@@ -87,6 +104,8 @@ def make_world(tenant) -> SimpleNamespace:
         done=done,
         waiting=waiting,
         asking=asking,
+        delegating=delegating,
+        child=child,
         approval=approval,
         subscription=subscription,
         delivery=delivery,

@@ -158,6 +158,11 @@ def test_idor_matrix(world, other_world, alice, operator, bob, as_user, anon, na
 def test_filters_cannot_reach_another_tenants_objects(world, other_world, bob, as_user):
     client = as_user(bob)
     assert client.get("/api/runs/", {"session": str(world.done.session_id)}).json()["count"] == 0
+    assert client.get("/api/runs/", {"parent": str(world.delegating.id)}).json()["count"] == 0
+    own_children = client.get("/api/runs/", {"parent": str(other_world.delegating.id)}).json()
+    assert [r["id"] for r in own_children["results"]] == [str(other_world.child.id)]
+    foreign = client.get(f"/api/runs/{other_world.delegating.id}/").json()["children"]
+    assert [c["id"] for c in foreign] == [str(other_world.child.id)]  # a run's children are its own tenant's
     assert client.get("/api/approvals/", {"run": str(world.waiting.id)}).json()["count"] == 0
     assert client.get("/api/agents/", {"name": "bot"}).json()["count"] == 1  # globex's own "bot"
     own = {r["id"] for r in client.get("/api/runs/", {"page_size": 200}).json()["results"]}

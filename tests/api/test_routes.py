@@ -43,6 +43,8 @@ RUN_KEYS = {
     "step_count",
     "final_message",
     "result",
+    "parent",
+    "children",
     "created_at",
     "updated_at",
 }
@@ -203,8 +205,8 @@ def test_post_run_to_a_busy_session_is_409_unless_its_run_waits_for_the_user(wor
 def test_get_runs_is_paginated_newest_first_and_filters(world, alice, as_user):
     client = as_user(alice)
     body = client.get("/api/runs/").json()
-    assert body["count"] == 4 and body["previous"] is None
-    assert [r["id"] for r in body["results"]][0] == str(world.asking.id)
+    assert body["count"] == 6 and body["previous"] is None
+    assert [r["id"] for r in body["results"]][0] == str(world.child.id)  # the lead's child was created last
     page = client.get("/api/runs/", {"page_size": 2}).json()
     assert len(page["results"]) == 2 and page["next"]
     waiting = client.get("/api/runs/", {"status": "WAITING_FOR_USER"}).json()
@@ -420,7 +422,7 @@ def test_a_superuser_sees_every_tenant_and_creates_in_its_own(world, other_world
     client = as_user(root)
     assert client.get(f"/api/runs/{other_world.done.id}/").status_code == 200
     assert client.get(f"/api/approvals/{other_world.approval.id}/").status_code == 200
-    assert client.get("/api/runs/").json()["count"] == 8
+    assert client.get("/api/runs/").json()["count"] == 12
     created = client.post("/api/runs/", {"agent": "bot", "input": "x"}, format="json")
     assert created.status_code == 201
     assert Run.objects.get(id=created.json()["id"]).tenant_id == world.tenant.id

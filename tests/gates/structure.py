@@ -442,10 +442,15 @@ WRITERS: dict[str, frozenset[str]] = {
     "runs/store/lease.py::_claim_next_sql": frozenset({"status", *LEASE_COLUMNS}),
     "runs/store/lease.py::renew": frozenset({"lease_expires_at"}),
     "runs/store/lease.py::_take_over_sql": frozenset(LEASE_COLUMNS),
-    # Runs that hold no lease: cancel of a queued / waiting run, a waiting run failed,
+    # Runs that hold no lease: cancel of a queued / waiting run (run_cancel's, and the children of a
+    # parent that ends while they run), a waiting run failed,
     # WAITING_FOR_APPROVAL → QUEUED after the last decision, WAITING_FOR_USER → QUEUED on input.
-    "runs/services/lifecycle.py::run_cancel": frozenset({"status"}),
+    "runs/runtime/children.py::run_end_leaseless": frozenset({"status"}),
     "runs/services/lifecycle.py::fail_waiting": frozenset({"status"}),
+    # The join (seed 002, M6), in the transaction that ends a child: the parent waiting for its
+    # children back to QUEUED when the last one ends, or FAILED when their usage puts it over budget.
+    "runs/runtime/children.py::_requeue": frozenset({"status"}),
+    "runs/runtime/children.py::_fail_parent": frozenset({"status"}),
     "approvals/services.py::_requeue_if_last": frozenset({"status"}),
     "runs/services/inputs.py::run_input": frozenset({"status"}),
 }

@@ -61,6 +61,7 @@
       case T.RUN_WAITING_FOR_USER: return p.question || '';
       case T.RUN_INPUT_RECEIVED: return p.text || '';
       case T.RUN_REQUEUED: return p.reason || '';
+      case T.RUN_WAITING_FOR_APPROVAL: return p.kind === 'child_run' && Array.isArray(p.children) ? 'child runs: ' + p.children.map((c) => c.agent).join(', ') : (p.reason || '');
       case T.MODEL_RESPONSE_DELTA: return p.text || '';
       case T.RUN_CLAIMED: return p.lease_owner + ' epoch ' + p.lease_epoch;
       case T.RUN_FENCED: return 'epoch ' + p.lease_epoch + (p.late ? ' (late outcome recorded)' : '');
@@ -80,6 +81,44 @@
     let last = 0;
 
     function setStatus(s) { const b = document.getElementById('status'); b.textContent = s; b.className = 'badge s-' + s; }
+
+    // The tree of child runs (seed 002, M6). Rows the server drew, and rows for children started while the page is
+    // open (from this run's child_run wait); each badge follows its run over the tenant's status stream.
+    const family = document.getElementById('family');
+    const tree = document.getElementById('tree');
+    let watching = false;
+
+    function badge(run, status) {
+      const b = el('span', 'badge s-' + status, status); b.dataset.run = run; return b;
+    }
+
+    function addChild(c) {
+      if (!c || !c.run || Array.from(tree.children).some((li) => li.dataset.node === String(c.run))) return;
+      const li = el('li', 'node depth-1'); li.dataset.node = String(c.run);
+      const link = el('a', 'mono', String(c.run).slice(0, 8)); link.href = '/runs/' + encodeURIComponent(c.run) + '/';
+      li.appendChild(link);
+      li.appendChild(el('span', 'agent', c.agent || ''));
+      li.appendChild(badge(String(c.run), 'QUEUED'));
+      tree.appendChild(li);
+      family.hidden = false;
+    }
+
+    function watchFamily() {
+      if (watching || !document.querySelector('#family [data-run]')) return;
+      watching = true;
+      function connect() {
+        const ws = new WebSocket((location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/ws/runs/');
+        ws.onmessage = (m) => {
+          const f = JSON.parse(m.data);
+          if (!f.run || !f.run_status) return;
+          document.querySelectorAll('#family [data-run]').forEach((b) => {
+            if (b.dataset.run === String(f.run)) { b.textContent = f.run_status; b.className = 'badge s-' + f.run_status; }
+          });
+        };
+        ws.onclose = () => { setTimeout(connect, 1000); };
+      }
+      connect();
+    }
 
     function decisionForm(a) {
       const f = el('form'); f.method = 'post'; f.action = '/runs/' + encodeURIComponent(RUN.id) + '/decide/';
@@ -133,12 +172,14 @@
       if (e.type === T.APPROVAL_REQUESTED) approvalCard({ id: p.approval, kind: p.kind, request_hash: p.request_hash, tool: p.tool, presentation: p.presentation || { tool: p.tool } });
       if (e.type === T.APPROVAL_RESOLVED) { const c = document.getElementById('approval-' + p.approval); if (c) c.remove(); }
       if (STATUS[e.type]) setStatus(STATUS[e.type]);
+      if (e.type === T.RUN_WAITING_FOR_APPROVAL && p.kind === 'child_run' && Array.isArray(p.children)) { p.children.forEach(addChild); watchFamily(); }
       if (e.type === T.MODEL_RESPONSE_DELTA) showAnswer('Answer (streaming…)', 'delta:' + p.step + ':' + p.attempt).textContent += p.text || '';
       if (e.type === T.RUN_COMPLETED) showAnswer('Answer', 'final').textContent = p.final_message || '';
       if (e.type === T.RUN_FAILED && p.failure) { failure.hidden = false; failure.textContent = 'Failed: ' + p.failure.reason + ' — ' + p.failure.message; }
     }
 
     data('pending-data').forEach(approvalCard);
+    watchFamily();
     function connect() {
       const ws = new WebSocket((location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/ws/runs/' + encodeURIComponent(RUN.id) + '/?after=' + last);
       ws.onopen = () => { document.getElementById('live').textContent = 'live'; };

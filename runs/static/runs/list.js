@@ -38,7 +38,7 @@
     tr.querySelector('[data-field=steps]').textContent = frame.step_count;
     tr.querySelector('[data-field=cost]').textContent = frame.cost_usd;
     const w = tr.querySelector('[data-field=waiting]');
-    if (frame.type === T.RUN_WAITING_FOR_APPROVAL) w.textContent = (frame.payload && frame.payload.reason) || 'approval';
+    if (frame.type === T.RUN_WAITING_FOR_APPROVAL) w.textContent = (frame.payload && (frame.payload.kind === 'child_run' ? 'child runs' : frame.payload.reason)) || 'approval';
     else if (frame.type === T.RUN_WAITING_FOR_USER) w.textContent = 'user input';
     else if (!String(frame.run_status).startsWith('WAITING')) w.textContent = '';
   }
