@@ -70,11 +70,16 @@ def unit_statement(
     code_version: str,
     checkpoint_id: UUID | None,
     fence: tuple[str, list[Any]],
+    read_floor: bool = False,
 ) -> tuple[str, list[Any]]:
-    """The statement and its parameters; it returns (fence rows, sequences).
-    `fence` is the fenced UPDATE of the run row and its parameters
-    (`runs.store.fence.fence_statement`, shared with the statement-by-statement
-    path). `owner` is part of `fence`; it is named here for the caller's sake."""
+    """The statement and its parameters; it returns (fence rows, sequences,
+    the tenant's policy floor or NULL). `fence` is the fenced UPDATE of the
+    run row and its parameters (`runs.store.fence.fence_statement`, shared
+    with the statement-by-statement path). `owner` is part of `fence`; it is
+    named here for the caller's sake. With `read_floor` the statement also
+    reads the tenant's policy floor, in the same transaction: the floor a step
+    is decided under comes with the commit that starts its model request,
+    not from a transaction of its own."""
     fence_sql, fence_params = fence
     ctes: list[Cte] = [("fenced_run AS (" + fence_sql + " RETURNING id)", list(fence_params))]
     if work.model_call_finishes:
@@ -104,6 +109,11 @@ def unit_statement(
     params: list[Any] = []
     for _, cte_params in ctes:
         params += cte_params
+    if read_floor:
+        tail += ", (SELECT policy_floor FROM tenants WHERE id = %s)"
+        params.append(tenant_id)
+    else:
+        tail += ", NULL::jsonb"
     return "WITH " + ",\n".join(sql for sql, _ in ctes) + "\n" + tail, params
 
 

@@ -183,6 +183,10 @@ class DjangoRunStore:
         self.epoch = epoch
         self.code_version = code_version
         self.commits = 0
+        # (step, policy floor) read by the commit that started that step's model
+        # request: the floor the step's calls are decided under, without a
+        # transaction of its own (runs.runtime.wiring.tenant_floor).
+        self.floor_seen: tuple[int, Any] | None = None
 
     # -- the fence ---------------------------------------------------------
     def _fence(
@@ -203,8 +207,10 @@ class DjangoRunStore:
         `after(cursor)` runs last inside the transaction (the drive_run
         enqueue joins it)."""
         at = work.events[0].occurred_at if work.events else None
+        starts = work.model_call_inserts[-1].step_number if work.model_call_inserts else None
         if is_pg() and can_batch(work):
-            return self._commit_one_statement(work, at or _latest(work), transition, after)
+            return self._commit_one_statement(work, at or _latest(work), transition, after, starts)
+        floor: Any = None
         try:
             with transaction.atomic(durable=True):
                 with connection.cursor() as cursor:
@@ -218,15 +224,27 @@ class DjangoRunStore:
                         epoch=self.epoch,
                         events=work.events,
                     )
+                    if starts is not None:
+                        cursor.execute("SELECT policy_floor FROM tenants WHERE id = %s", [sql_uuid(self.tenant_id)])
+                        row = cursor.fetchone()
+                        floor = row[0] if row else None
                     if after is not None:
                         after(cursor)
         except _Fenced:
             raise WorkerFenced("the fenced update affected zero rows") from None
         self.commits += 1
+        self._saw_floor(starts, floor)
         return seqs
 
+    def _saw_floor(self, step: int | None, floor: Any) -> None:
+        if step is None:
+            return
+        if isinstance(floor, str | bytes):  # SQLite hands JSON back as text
+            floor = json.loads(floor)
+        self.floor_seen = (step, floor or {})
+
     def _commit_one_statement(
-        self, work: UnitOfWork, at: datetime, transition: Transition | None, after: After | None
+        self, work: UnitOfWork, at: datetime, transition: Transition | None, after: After | None, starts: int | None
     ) -> list[int]:
         sql, params = unit_statement(
             work,
@@ -238,11 +256,12 @@ class DjangoRunStore:
             code_version=self.code_version,
             checkpoint_id=_checkpoint_id(self.run_id, work.checkpoint.version) if work.checkpoint is not None else None,
             fence=fence_statement(work, at, transition, run_id=self.run_id, owner=self.owner, epoch=self.epoch),
+            read_floor=starts is not None,
         )
         if after is None and connection.get_autocommit() and not _announces(work):
             with statement_cursor() as cursor:  # the statement is its own transaction
                 cursor.execute(sql, params)
-                fenced_rows, seqs = cursor.fetchone()
+                fenced_rows, seqs, floor = cursor.fetchone()
             if fenced_rows != 1:
                 raise WorkerFenced("the fenced update affected zero rows")
         else:
@@ -250,7 +269,7 @@ class DjangoRunStore:
                 with transaction.atomic(durable=True):
                     with connection.cursor() as cursor:
                         cursor.execute(sql, params)
-                        fenced_rows, seqs = cursor.fetchone()
+                        fenced_rows, seqs, floor = cursor.fetchone()
                         if fenced_rows != 1:
                             raise _Fenced()
                         _deliveries(cursor, self.tenant_id, self.run_id, work.events, list(seqs or []))
@@ -261,6 +280,7 @@ class DjangoRunStore:
         if work.events and settings.AGENTRT_NOTIFY_LIVE:
             _notify(self.run_id, self.tenant_id)
         self.commits += 1
+        self._saw_floor(starts, floor)
         return list(seqs or [])
 
     def invocations_for_step(self, step_number: int) -> list[InvocationRecord]:
