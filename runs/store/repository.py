@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.backends.postgresql.base import ServerBindingCursor
 
+from runs.domain import stored_form
 from runs.domain.errors import WorkerFenced
 from runs.domain.records import InvocationRecord
 from runs.domain.writes import EventWrite, UnitOfWork
@@ -224,6 +225,8 @@ class DjangoRunStore:
                         epoch=self.epoch,
                         events=work.events,
                     )
+                    if work.checkpoint is not None:
+                        self._insert_checkpoint(cursor, work, seqs)
                     if starts is not None:
                         cursor.execute("SELECT policy_floor FROM tenants WHERE id = %s", [sql_uuid(self.tenant_id)])
                         row = cursor.fetchone()
@@ -233,6 +236,7 @@ class DjangoRunStore:
         except _Fenced:
             raise WorkerFenced("the fenced update affected zero rows") from None
         self.commits += 1
+        _committed(work, seqs)
         self._saw_floor(starts, floor)
         return seqs
 
@@ -280,6 +284,7 @@ class DjangoRunStore:
         if work.events and settings.AGENTRT_NOTIFY_LIVE:
             _notify(self.run_id, self.tenant_id)
         self.commits += 1
+        _committed(work, seqs or [])
         self._saw_floor(starts, floor)
         return list(seqs or [])
 
@@ -484,26 +489,40 @@ class DjangoRunStore:
                 "UPDATE approvals SET status = 'invalidated' WHERE id = %s AND run_id = %s AND status = 'approved'",
                 [sql_uuid(approval_id), run],
             )
-        if work.checkpoint is not None:
-            c = work.checkpoint
-            cursor.execute(
-                'INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state,'
-                " code_version, lease_epoch, created_at)"
-                f" VALUES (%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s)",
-                [
-                    sql_uuid(_checkpoint_id(self.run_id, c.version)),
-                    tenant,
-                    run,
-                    c.version,
-                    c.full,
-                    c.base_version,
-                    c.trigger,
-                    sql_json(c.state),
-                    self.code_version,
-                    epoch,
-                    sql_dt(c.created_at),
-                ],
-            )
+
+    def _insert_checkpoint(self, cursor: Cursor, work: UnitOfWork, seqs: list[int]) -> None:
+        """The checkpoint row in its stored form, after the unit's events (whose
+        sequences it may name: `events_from` is the one before the first)."""
+        c = work.checkpoint
+        assert c is not None
+        state, names_own = stored_form.encode(c, work.events)
+        if names_own:
+            state["events_from"] = seqs[0] - 1
+        cursor.execute(
+            'INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state,'
+            " code_version, lease_epoch, created_at)"
+            f" VALUES (%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s)",
+            [
+                sql_uuid(_checkpoint_id(self.run_id, c.version)),
+                sql_uuid(self.tenant_id),
+                sql_uuid(self.run_id),
+                c.version,
+                c.full,
+                c.base_version,
+                c.trigger,
+                sql_json(state),
+                self.code_version,
+                self.epoch,
+                sql_dt(c.created_at),
+            ],
+        )
+
+
+def _committed(work: UnitOfWork, seqs: list[int]) -> None:
+    """Give each event of a committed unit its sequence (in order: the unit's
+    events take consecutive sequences), so later checkpoints can name it."""
+    for event, seq in zip(work.events, seqs, strict=False):
+        event.sequence = seq
 
 
 def _checkpoint_id(run_id: UUID, version: int) -> UUID:

@@ -51,9 +51,7 @@ def transactions_on_this_connection(load_agent, submit, steps: int) -> int:
 
     def local_xid() -> int:
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT virtualxid FROM pg_locks WHERE locktype = 'virtualxid' AND pid = pg_backend_pid()"
-            )
+            cursor.execute("SELECT virtualxid FROM pg_locks WHERE locktype = 'virtualxid' AND pid = pg_backend_pid()")
             return int(cursor.fetchone()[0].split("/")[1])
 
     load_agent(name=f"all{steps}", turns=echo_steps(steps))
