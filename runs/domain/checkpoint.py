@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from runs.domain.stored_form import holds
+from runs.domain.stored_form import RefRun, holds
 from runs.domain.writes import CheckpointInsert, EventWrite
 
 FULL_EVERY = 8
@@ -54,6 +54,10 @@ class CheckpointState:
     needs_full: bool = False  # rebuilt without a chain: the next write must be full
     # id(item) -> (item, the event that holds it: an EventWrite or a committed sequence)
     _sources: dict[int, tuple[dict[str, Any], Any]] = field(default_factory=dict, repr=False)
+    # The stored form of the conversation's settled head (items whose event is
+    # committed, or that no event holds), grown as full rows are written: the
+    # list it describes, how many items it covers, its closed parts, its open run.
+    _head: tuple[Any, int, list[Any], RefRun | None] = field(default=(None, 0, [], None), repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.identical_calls, CallCounts):
@@ -92,16 +96,18 @@ class CheckpointState:
         counts = self.identical_calls
         if not isinstance(counts, CallCounts):  # replaced wholesale: every key counts as changed
             counts = self.identical_calls = CallCounts(counts)
+        prefix: tuple[list[Any], int] | None = None
         if full:
             items = list(self.conversation)
             state["conversation"] = items
             state["identical_calls"] = dict(counts)
             base = None
             self.last_full_version = version
-            self._sources = {id(i): self._sources[id(i)] for i in items if id(i) in self._sources}
+            prefix = self._settled_head()
+            tail = items[prefix[1] :]
         else:
             # A delta carries only what changed since the previous version.
-            items = self.conversation[self.saved_len :]
+            tail = items = self.conversation[self.saved_len :]
             state["items"] = items
             state["identical_calls_changed"] = {k: counts[k] for k in counts.changed if k in counts}
             base = self.last_full_version
@@ -115,8 +121,39 @@ class CheckpointState:
             trigger=trigger,
             state=state,
             created_at=at,
-            sources=[self.source_of(i) for i in items],
+            sources=[self.source_of(i) for i in tail],
+            prefix=prefix,
         )
+
+    def _settled_head(self) -> tuple[list[Any], int]:
+        """The stored form of the conversation up to its first item whose event
+        is not committed yet, carried on from the previous full row: only the
+        items added since are looked at (all of them once after a compaction
+        or a rebuild, which start a new list)."""
+        conversation = self.conversation
+        described, covered, parts, run = self._head
+        if described is not conversation or covered > len(conversation):
+            described, covered, parts, run = conversation, 0, [], None
+            self._sources = {id(i): self._sources[id(i)] for i in conversation if id(i) in self._sources}
+        while covered < len(conversation):
+            item = conversation[covered]
+            source = self.source_of(item)
+            seq = source if isinstance(source, int) else getattr(source, "sequence", None)
+            if source is not None and seq is None:
+                break  # its unit has not committed (this one, normally): the tail
+            if seq is not None:
+                if run is None:
+                    run = RefRun(seq)
+                else:
+                    run.add(seq)
+            else:
+                if run is not None:
+                    parts.append(run.text())
+                    run = None
+                parts.append(item)
+            covered += 1
+        self._head = (described, covered, parts, run)
+        return parts + ([run.text()] if run is not None else []), covered
 
     @classmethod
     def materialise(cls, rows: list[tuple[int, bool, dict[str, Any]]]) -> CheckpointState | None:

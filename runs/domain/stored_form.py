@@ -129,13 +129,14 @@ def _json_stable(value: Any) -> bool:
 def encode_refs(seqs: list[int]) -> str:
     tokens = [str(seqs[0])]
     gaps = [b - a for a, b in zip(seqs, seqs[1:], strict=False)]
-    i = 0
-    while i < len(gaps):
+    i, n = 0, len(gaps)
+    while i < n:
         best_p, best_r = 1, 1
-        for p in range(1, min(MAX_GROUP, len(gaps) - i) + 1):
-            r = 1
-            while i + (r + 1) * p <= len(gaps) and gaps[i + r * p : i + (r + 1) * p] == gaps[i : i + p]:
-                r += 1
+        for p in range(1, min(MAX_GROUP, (n - i) // 2) + 1):
+            j = i + p  # how far the gaps keep repeating the group that starts at i
+            while j < n and gaps[j] == gaps[j - p]:
+                j += 1
+            r = (j - i) // p
             if r >= 2 and p * r > best_p * best_r:
                 best_p, best_r = p, r
         group = gaps[i : i + best_p]
@@ -145,6 +146,49 @@ def encode_refs(seqs: list[int]) -> str:
             tokens.append(str(group[0]))
         i += best_p * best_r
     return " ".join(tokens)
+
+
+class RefRun:
+    """A run of references built one sequence at a time: what a full row
+    repeats of the conversation it already wrote costs nothing to encode
+    again, so a step's Python does not grow with the run. Its text decodes
+    like `encode_refs`' (the groups it finds may differ)."""
+
+    def __init__(self, first: int) -> None:
+        self.first = self.last = first
+        self.tokens: list[str] = []  # settled
+        self.pending: list[int] = []  # gaps not settled yet (at most 2 * MAX_GROUP)
+        self.group: tuple[int, ...] | None = None  # the group being repeated
+        self.count = 0  # its whole repeats so far
+        self.pos = 0  # how far into the next repeat
+
+    def add(self, seq: int) -> None:
+        gap, self.last = seq - self.last, seq
+        if self.group is not None:
+            if gap == self.group[self.pos]:
+                self.pos += 1
+                if self.pos == len(self.group):
+                    self.count, self.pos = self.count + 1, 0
+                return
+            self.tokens.append(".".join(map(str, self.group)) + f"*{self.count}")
+            self.pending, self.group, self.pos = list(self.group[: self.pos]), None, 0
+        self.pending.append(gap)
+        n = len(self.pending)
+        for p in range(1, min(MAX_GROUP, n // 2) + 1):
+            if self.pending[n - 2 * p : n - p] == self.pending[n - p :]:
+                self.tokens.extend(map(str, self.pending[: n - 2 * p]))
+                self.group, self.count, self.pending = tuple(self.pending[n - p :]), 2, []
+                return
+        if n > 2 * MAX_GROUP:
+            self.tokens.append(str(self.pending.pop(0)))
+
+    def text(self) -> str:
+        parts = [str(self.first), *self.tokens]
+        if self.group is not None:
+            parts.append(".".join(map(str, self.group)) + f"*{self.count}")
+            parts.extend(map(str, self.group[: self.pos]))
+        parts.extend(map(str, self.pending))
+        return " ".join(parts)
 
 
 def decode_refs(text: str) -> list[int]:
@@ -167,13 +211,16 @@ def decode_refs(text: str) -> list[int]:
 def encode(row: CheckpointInsert, unit_events: list[EventWrite]) -> tuple[dict[str, Any], bool]:
     """The stored form of `row`, written in the unit whose events are
     `unit_events`; and whether it names events of that unit (the writer then
-    adds `events_from`). Items whose event is neither committed nor in the
-    unit stay inline."""
+    adds `events_from`). `row.prefix` is the stored form of the items a full
+    row starts with (`CheckpointState` keeps it up to date); `row.sources`
+    run beside the items after them. Items whose event is neither committed
+    nor in the unit stay inline."""
     key = "conversation" if "conversation" in row.state else "items"
-    items = row.state.get(key) or []
-    sources = row.sources or [None] * len(items)
+    head, covered = row.prefix if row.prefix is not None else ([], 0)
+    items = (row.state.get(key) or [])[covered:]
+    sources = row.sources if row.sources is not None else [None] * len(items)
     own = {id(e): k for k, e in enumerate(unit_events, start=1)}
-    parts: list[Any] = []
+    parts: list[Any] = list(head)
     run: list[int] = []  # committed sequences not yet written as a part
     unit: list[int] = []
     for item, source in zip(items, sources, strict=True):

@@ -80,9 +80,11 @@ class InvocationUpdate:
 class CheckpointInsert:
     """A checkpoint row in its materialised form: `state` holds the
     conversation items themselves (`conversation` in a full row, `items` in a
-    delta). `sources` runs beside those items: for each, the event that holds
-    it (an `EventWrite`, or a committed sequence) or None. The store writes
-    the stored form, references to those events (runs.domain.stored_form)."""
+    delta). The store writes the stored form, references to the events that
+    hold them (runs.domain.stored_form): `prefix` is the stored form of the
+    first items of a full row, as (parts, how many items they cover), and
+    `sources` runs beside the items after those: for each, the event that
+    holds it (an `EventWrite`, or a committed sequence) or None."""
 
     version: int
     full: bool
@@ -91,6 +93,7 @@ class CheckpointInsert:
     state: dict[str, Any]
     created_at: datetime
     sources: list[Any] | None = None
+    prefix: tuple[list[Any], int] | None = None
 
 
 @dataclass(slots=True)
