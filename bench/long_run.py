@@ -81,29 +81,64 @@ def setup(url: str, steps: int, size: int):
     return tenant
 
 
-def current_lsn(url: str) -> str:
-    import psycopg
+class Wal:
+    """Reads the server's WAL as it is written (pg_walinspect), keeping
+    (lsn, xid, resource manager, record type, length, fpi length) of every
+    record that touches this database and of every commit record (the caller
+    keeps the commits of its own transactions). Read while the runs go on: a
+    server checkpoint may recycle the segments of a window read later, and
+    on a shared server other databases write most of the WAL."""
 
-    with psycopg.connect(url, autocommit=True) as c:
-        return str(c.execute("SELECT pg_current_wal_lsn()").fetchone()[0])
+    def __init__(self, url: str):
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        self.oid = self.conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
+        self.records: list[tuple] = []
+        self.read_to = self.lsn()
+
+    def lsn(self) -> str:
+        return str(self.conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0])
+
+    def collect(self) -> str:
+        """Read up to the current end of WAL; return it."""
+        end = self.lsn()
+        if end != self.read_to:
+            self.records += self.conn.execute(
+                "SELECT start_lsn - '0/0'::pg_lsn, xid::text::bigint, resource_manager, record_type, record_length,"
+                " fpi_length FROM pg_get_wal_records_info(%s, %s)"
+                " WHERE block_ref LIKE %s OR (resource_manager = 'Transaction' AND record_type LIKE 'COMMIT%%')"
+                " ORDER BY start_lsn",
+                [self.read_to, end, f"%/{self.oid}/%"],
+            ).fetchall()
+            self.read_to = end
+        return end
+
+    def between(self, start: str, end: str) -> list[tuple]:
+        lo, hi = _lsn(start), _lsn(end)
+        return [r for r in self.records if lo <= r[0] < hi]
+
+    def close(self) -> None:
+        self.conn.close()
 
 
-def wal_records(url: str, start: str, end: str) -> list[tuple]:
-    """(lsn, xid, resource manager, record type, length, fpi length) of every
-    record in [start, end) that touches this database, and every commit record
-    (filtered to this database's transactions by the caller)."""
-    import psycopg
+def _lsn(text: str) -> int:
+    high, low = text.split("/")
+    return (int(high, 16) << 32) + int(low, 16)
 
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        oid = c.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
-        return c.execute(
-            "SELECT start_lsn - '0/0'::pg_lsn, xid::text::bigint, resource_manager, record_type, record_length,"
-            " fpi_length FROM pg_get_wal_records_info(%s, %s)"
-            " WHERE block_ref LIKE %s OR resource_manager = 'Transaction'"
-            " ORDER BY start_lsn",
-            [start, end, f"%/{oid}/%"],
-        ).fetchall()
+
+def wait_reading_wal(poller, wal: Wal, ids: list, timeout: float, cluster) -> None:
+    """The poller's wait, reading the WAL about once a second meanwhile."""
+    end = time.time() + timeout
+    while True:
+        try:
+            poller.wait(ids, 1.0, cluster)
+            return
+        except SystemExit as exc:
+            if "timed out" not in str(exc) or time.time() > end:
+                raise
+        wal.collect()
 
 
 def run_events(url: str, run_id) -> list[tuple]:
@@ -133,11 +168,10 @@ def step_of_transactions(events: list[tuple]) -> dict[int, int]:
     return owner
 
 
-def buckets(url: str, run_id, start: str, end: str, size: int) -> list[dict]:
+def buckets(url: str, run_id, records: list[tuple], size: int) -> list[dict]:
     events = run_events(url, run_id)
     owner = step_of_transactions(events)
     starts = {step: at.timestamp() for _, _, type_, step, at in events if type_ == "model.request.started"}
-    records = wal_records(url, start, end)
     ours = set(owner)
     # The commit record of each of the run's transactions closes it; a bucket
     # runs to the commit of its last transaction.
@@ -171,12 +205,8 @@ def buckets(url: str, run_id, start: str, end: str, size: int) -> list[dict]:
                 "index_entries_per_step": round(
                     (kinds.get("Btree/INSERT_LEAF", 0) + kinds.get("Btree/INSERT_POST", 0)) / n, 2
                 ),
-                "heap_inserts_per_step": round(
-                    (kinds.get("Heap/INSERT", 0) + kinds.get("Heap/INSERT+INIT", 0)) / n, 2
-                ),
-                "heap_updates_per_step": round(
-                    (kinds.get("Heap/UPDATE", 0) + kinds.get("Heap/UPDATE+INIT", 0)) / n, 2
-                ),
+                "heap_inserts_per_step": round((kinds.get("Heap/INSERT", 0) + kinds.get("Heap/INSERT+INIT", 0)) / n, 2),
+                "heap_updates_per_step": round((kinds.get("Heap/UPDATE", 0) + kinds.get("Heap/UPDATE+INIT", 0)) / n, 2),
                 "hot_updates_per_step": round(
                     (kinds.get("Heap/HOT_UPDATE", 0) + kinds.get("Heap/HOT_UPDATE+INIT", 0)) / n, 2
                 ),
@@ -186,7 +216,7 @@ def buckets(url: str, run_id, start: str, end: str, size: int) -> list[dict]:
     return out
 
 
-def short_figures(url: str, ids: list, start: str, end: str) -> dict:
+def short_figures(url: str, ids: list, records: list[tuple]) -> dict:
     """Per-step figures of the short runs: the step gap and, from the WAL,
     what the runs wrote in all (their per-run writes included)."""
     gaps: list[float] = []
@@ -198,7 +228,7 @@ def short_figures(url: str, ids: list, start: str, end: str) -> dict:
         starts = [at.timestamp() for _, _, type_, _, at in events if type_ == "model.request.started"]
         gaps += [(b - a) * 1e3 for a, b in zip(starts, starts[1:], strict=False)]
         steps += len(starts)
-    records = [r for r in wal_records(url, start, end) if r[2] != "Transaction" or r[1] in xids]
+    records = [r for r in records if r[2] != "Transaction" or r[1] in xids]
     total = sum(r[4] for r in records)
     fpi = sum(r[5] for r in records)
     return {
@@ -235,27 +265,30 @@ def main(args) -> dict:
     bench.close_django()
     cluster = bench.Cluster(url, 1, cluster_log)
     poller = bench.Poller(url)
+    wal = Wal(url)
     try:
         poller.wait(warm, 120, cluster)
         time.sleep(args.settle_seconds)
-        l0, c0 = current_lsn(url), counters.read()
+        c0 = counters.read()
+        l0 = wal.collect()
         long_ids = bench.submit(tenant, "long", 1, "long")
-        poller.wait(long_ids, args.timeout, cluster)
-        l1 = current_lsn(url)
+        wait_reading_wal(poller, wal, long_ids, args.timeout, cluster)
+        l1 = wal.collect()
         short_ids = bench.submit(tenant, "short", args.short_runs, "short")
-        poller.wait(short_ids, args.timeout, cluster)
-        l2 = current_lsn(url)
+        wait_reading_wal(poller, wal, short_ids, args.timeout, cluster)
+        l2 = wal.collect()
         bench.close_django()
     finally:
         cluster.stop()
         poller.close()
+        wal.close()
     time.sleep(0.5)
     c1 = counters.read()
     d = bench.delta(c0, c1)
     long_steps, short_steps = args.long_steps, args.short_runs * SHORT_STEPS
 
-    per_bucket = buckets(url, long_ids[0], l0, l1, args.bucket)
-    short = short_figures(url, short_ids, l1, l2)
+    per_bucket = buckets(url, long_ids[0], wal.between(l0, l1), args.bucket)
+    short = short_figures(url, short_ids, wal.between(l1, l2))
     long_gaps = [b["ms_per_step_median"] for b in per_bucket if b["ms_per_step_median"] is not None]
     result = {
         "bench": "agentrt_long_run",
@@ -293,7 +326,18 @@ def print_table(r: dict) -> None:
         f"\n  long run: 1 x {p['long_steps']} steps, {p['result_bytes']} B tool results; "
         f"short: {p['short_runs']} x {p['short_steps']} steps, small results (1 worker)"
     )
-    head = ("steps", "ms/step", "WAL B/step", "FPI B/step", "txns/step", "idx/step", "ins", "upd", "hot", "WAL B/commit")
+    head = (
+        "steps",
+        "ms/step",
+        "WAL B/step",
+        "FPI B/step",
+        "txns/step",
+        "idx/step",
+        "ins",
+        "upd",
+        "hot",
+        "WAL B/commit",
+    )
     bench.log("  " + "  ".join(f"{h:>12}" for h in head))
     for b in r["long_run_buckets"]:
         row = (
