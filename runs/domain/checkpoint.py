@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from runs.domain.stored_form import RefRun, holds
+from runs.domain.stored_form import NOT_GIVEN, RefRun, holds
 from runs.domain.writes import CheckpointInsert, EventWrite
 
 FULL_EVERY = 8
@@ -71,9 +71,10 @@ class CheckpointState:
         not yet committed, or a committed sequence): a checkpoint may name it."""
         self._sources[id(item)] = (item, source)
 
-    def link(self, item: dict[str, Any], event: EventWrite | None) -> None:
-        """Note that `event` holds `item` when it reads back as exactly that item."""
-        if event is not None and holds(event, item):
+    def link(self, item: dict[str, Any], event: EventWrite | None, made_from: Any = NOT_GIVEN) -> None:
+        """Note that `event` holds `item` when it reads back as exactly that
+        item (`made_from`: the tool result the item was rendered from)."""
+        if event is not None and holds(event, item, made_from):
             self.backed_by(item, event)
 
     def source_of(self, item: dict[str, Any]) -> Any:

@@ -724,7 +724,7 @@ def _append_results(ctx: RunContext, entries: list[_Entry]) -> None:
     for entry in entries:
         item = tool_item(entry.call.call_id, entry.call.name, entry.result, entry.is_error)
         ctx.state.conversation.append(item)
-        ctx.state.link(item, entry.event)
+        ctx.state.link(item, entry.event, entry.result)
 
 
 ANSWERED = (

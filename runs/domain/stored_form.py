@@ -87,8 +87,13 @@ def item_from_event(type_: str, payload: Any) -> dict[str, Any] | None:
     return None
 
 
-def holds(event: EventWrite, item: dict[str, Any]) -> bool:
-    """Whether `event` reads back as exactly `item` (checked before linking)."""
+NOT_GIVEN: Any = object()
+
+
+def holds(event: EventWrite, item: dict[str, Any], made_from: Any = NOT_GIVEN) -> bool:
+    """Whether `event` reads back as exactly `item` (checked before linking).
+    `made_from`: the result a tool item was rendered from; when the event
+    holds that very object, the item's text need not be rendered again."""
     payload = event.payload
     if item.get("role") == "assistant":
         return (
@@ -104,7 +109,7 @@ def holds(event: EventWrite, item: dict[str, Any]) -> bool:
         and payload.get("tool") == item.get("name")
         and (event.type != RESULT_EVENTS[0]) == bool(item.get("is_error"))
         and _json_stable(result)
-        and tool_content(result) == item.get("content")
+        and (result is made_from or tool_content(result) == item.get("content"))
     )
 
 

@@ -224,6 +224,7 @@ def test_a_run_whose_checkpoints_are_in_the_old_inline_form_resumes(load_agent, 
     final = checkpoint_latest(run.id)
     assert [m["role"] for m in final.conversation] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
     assert final.conversation[:3] == before.conversation[:3]
+    assert_round_trip(run.id, written)  # chains that mix old-form rows and stored ones read back too
 
 
 def test_identical_call_counts_are_the_calls_that_ran(load_agent, submit):
