@@ -274,3 +274,20 @@ def test_events_named_by_a_checkpoint_are_read_in_one_query(load_agent, submit, 
     with django_assert_max_num_queries(3):  # the newest row, the chain, the events
         state = checkpoint_latest(run.id)
     assert state is not None and len(state.conversation) == 1 + 2 * 12 + 1
+
+
+def test_the_next_run_of_a_session_starts_from_the_session_history(load_agent, submit, written):
+    load_agent(turns=echo_turns(3))
+    first = submit(text="first question")
+    assert drive(first) == "completed"
+    second = submit(text="second question", session=str(first.session_id))
+    assert drive(second) == "completed"
+
+    assert_round_trip(second.id, written)
+    final = checkpoint_latest(second.id)
+    assert final.conversation[:3] == [
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "done", "tool_calls": []},
+        {"role": "user", "content": "second question"},
+    ]
+    assert len(final.conversation) == 3 + 2 * 3 + 1
