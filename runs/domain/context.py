@@ -94,6 +94,7 @@ class StepProgress:
     current_attempt: int | None = None
     prefix: PrefixCache | None = None
     compactions: dict[int, int] = field(default_factory=dict)  # per step number
+    turn_event: Any = None  # the last `model.response.completed` written (it holds the turn's conversation item)
 
     def charged_step(self, step_number: int) -> int:
         """The step number the STEP budget sees: `step_number` less the

@@ -15,6 +15,7 @@ from runs.domain.errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCa
 from runs.domain.events import EventType
 from runs.domain.pipeline import BatchResult, RerunConflict, dispatch, open_batch, resume_batch
 from runs.domain.scrub import scrub_text, scrub_turn
+from runs.domain.stored_form import assistant_item
 from runs.domain.values import (
     BudgetScope,
     CancelReason,
@@ -120,15 +121,11 @@ def _loop(ctx: RunContext) -> RunOutcome:
         turn = _invoke_model(ctx, step_number)
         ctx.tracer.set_step("step.tool_call_count", len(turn.tool_calls))
         ctx.token.raise_if_cancelled()  # observation point 3
-        ctx.state.conversation.append(
-            {
-                "role": "assistant",
-                "content": turn.text,
-                "tool_calls": [
-                    {"id": c.call_id, "name": c.name, "arguments": c.raw_arguments} for c in turn.tool_calls
-                ],
-            }
+        item = assistant_item(
+            turn.text, [{"id": c.call_id, "name": c.name, "arguments": c.raw_arguments} for c in turn.tool_calls]
         )
+        ctx.state.conversation.append(item)
+        ctx.state.link(item, progress.turn_event)
         ctx.state.step = step_number
         if not turn.tool_calls:
             return RunOutcome(kind=OutcomeKind.COMPLETED, final_message=turn.text or "", pending=progress.pending)
@@ -419,7 +416,7 @@ def _empty_turn(
 def _record_turn(ctx: RunContext, turn: ModelTurn, step_number: int, attempt: int, prefix: str) -> None:
     """A completed attempt: its row and `model.response.completed` (the turn the checkpoint rebuild reads back)."""
     _finish(ctx, ModelCallStatus.COMPLETED, turn, prefix)
-    ctx.progress.pending.event(
+    ctx.progress.turn_event = ctx.progress.pending.event(
         EventType.MODEL_RESPONSE_COMPLETED,
         {
             "step": step_number,

@@ -25,6 +25,7 @@ from runs.domain.events import EventType
 from runs.domain.ports import CancellationToken, Clock
 from runs.domain.records import ApprovalDecision, InvocationRecord
 from runs.domain.scrub import bound, scrub, scrub_text
+from runs.domain.stored_form import tool_item
 from runs.domain.values import (
     ApprovalStatus,
     CancelReason,
@@ -36,7 +37,7 @@ from runs.domain.values import (
     ToolCallRequest,
     ToolSpec,
 )
-from runs.domain.writes import ApprovalInsert, InvocationInsert, InvocationUpdate, UnitOfWork
+from runs.domain.writes import ApprovalInsert, EventWrite, InvocationInsert, InvocationUpdate, UnitOfWork
 
 IDENTICAL_CALL_LIMIT = 3
 MAX_ARGUMENT_BYTES = 64 * 1024
@@ -132,6 +133,7 @@ class _Entry:
     delegates: bool = False  # an authorized `delegate_run` call: it starts a child run instead of executing
     outcome: InvocationOutcome | None = None  # once executed (step 11)
     unknown: bool = False  # an uncertain side effect: nobody answers it until someone decides
+    event: EventWrite | None = None  # the event that records the result (a checkpoint may name it)
 
     @property
     def tool(self) -> ToolSpec:
@@ -293,16 +295,15 @@ def _record_decision(
                 outcome=InvocationOutcome.FAILED,
             )
         )
-        work.events.append(
-            events.call_not_run(
-                invocation_id=entry.invocation_id,
-                call_id=entry.call.call_id,
-                tool=tool_name,
-                result=entry.result,
-                at=now,
-                outcome=InvocationOutcome.FAILED,
-            )
+        entry.event = events.call_not_run(
+            invocation_id=entry.invocation_id,
+            call_id=entry.call.call_id,
+            tool=tool_name,
+            result=entry.result,
+            at=now,
+            outcome=InvocationOutcome.FAILED,
         )
+        work.events.append(entry.event)
     elif entry.needs_approval and stop is None and ctx.approvals is not None:
         insert = _insert_row(
             entry, step_number, tool_name, now, InvocationStatus.AWAITING_APPROVAL, suspended_kind="policy"
@@ -773,7 +774,9 @@ def _record_outcome(
             updated_at=at,
         )
     )
-    results.event(EventType.TOOL_CALL_FAILED if entry.is_error else EventType.TOOL_CALL_COMPLETED, payload, at)
+    entry.event = results.event(
+        EventType.TOOL_CALL_FAILED if entry.is_error else EventType.TOOL_CALL_COMPLETED, payload, at
+    )
 
 
 def _attempt_history(prior: list[dict[str, Any]] | None, attempt: int, *, read_only: bool) -> list[dict[str, Any]]:
@@ -880,16 +883,9 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1)
 
 def _append_results(ctx: RunContext, entries: list[_Entry]) -> None:
     for entry in entries:
-        content = entry.result
-        ctx.state.conversation.append(
-            {
-                "role": "tool",
-                "tool_call_id": entry.call.call_id,
-                "name": entry.call.name,
-                "content": json.dumps(content, ensure_ascii=False) if not isinstance(content, str) else content,
-                "is_error": entry.is_error,
-            }
-        )
+        item = tool_item(entry.call.call_id, entry.call.name, entry.result, entry.is_error)
+        ctx.state.conversation.append(item)
+        ctx.state.link(item, entry.event, entry.result)
 
 
 ANSWERED = (

@@ -40,17 +40,25 @@ from runs.tools import REGISTRY
 log = logging.getLogger("agentrt.executor")
 
 
-def tenant_floor(tenant_id, step_of=None):
+def tenant_floor(tenant_id, step_of=None, store=None):
     """A reader of the tenant's policy floor. With `step_of` (the current step
-    number) it is read once per step — one SELECT for a whole batch of calls,
+    number) it is read once per step — one read for a whole batch of calls,
     and a tightened floor applies from the next step; without, at every call.
-    A failed read is not remembered (the engine fails closed and the next
-    evaluation tries again)."""
+    With `store` (the run's `DjangoRunStore`), a step whose model request was
+    started by a commit of that store takes the floor that commit read in its
+    own transaction (`floor_seen`): no transaction of its own, so a read-only
+    step stays at two commits; a SELECT otherwise (the first decisions after
+    a resume). A failed read is not remembered (the engine fails closed and
+    the next evaluation tries again)."""
     seen: dict = {}
 
     def read() -> dict:
         key = step_of() if step_of is not None else None
         if step_of is not None and seen and seen["step"] == key:
+            return seen["floor"]
+        captured = getattr(store, "floor_seen", None)
+        if step_of is not None and captured is not None and captured[0] == key:
+            seen.update(step=key, floor=captured[1])
             return seen["floor"]
         floor = Tenant.objects.filter(id=tenant_id).values_list("policy_floor", flat=True).first() or {}
         if step_of is not None:
@@ -144,7 +152,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
             usage=RunUsage(**(run.usage or {})), step_count=run.step_count, next_attempt=(last_attempt or 0) + 1
         ),
     )
-    policy.floor = tenant_floor(run.tenant_id, step_of=lambda: ctx.state.step)
+    policy.floor = tenant_floor(run.tenant_id, step_of=lambda: ctx.state.step, store=ctx.store)
     if provider_streams(definition["model"]):
         ctx = replace(ctx, provider=provider_for(definition["model"], on_delta=DeltaBatcher(ctx)))
     return ctx
