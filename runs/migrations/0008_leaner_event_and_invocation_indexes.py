@@ -42,7 +42,7 @@ def restore_like_index(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0006_invocation_outcome_attempts"),
+        ("runs", "0007_run_parent"),
     ]
 
     operations = [
