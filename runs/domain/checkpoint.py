@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from runs.domain.working_state import WorkingState
 from runs.domain.writes import CheckpointInsert
 
 FULL_EVERY = 8
@@ -26,6 +27,8 @@ class CheckpointState:
     pending_tool_calls: list[dict[str, Any]] = field(default_factory=list)
     identical_calls: dict[str, int] = field(default_factory=dict)
     denials: int = 0
+    last_tool_error: str | None = None  # runtime carry (working_state.py)
+    question_id: str | None = None  # runtime carry (working_state.py)
     version: int = 0
     last_full_version: int = 0
     saved_len: int = 0  # conversation items already persisted in the chain
@@ -35,11 +38,29 @@ class CheckpointState:
     def count_call(self, fingerprint: str) -> None:
         self.identical_calls[fingerprint] = self.identical_calls.get(fingerprint, 0) + 1
 
+    def working(self) -> WorkingState:
+        """The runtime's working state: four fields of this checkpoint."""
+        return WorkingState(
+            step=self.step,
+            last_tool_error=self.last_tool_error,
+            consecutive_denials=self.denials,
+            question_id=self.question_id,
+        )
+
+    def carry(self, working: WorkingState) -> None:
+        """Adopt the runtime's write (`apply_runtime_carry`); the next checkpoint persists it."""
+        self.step = working.step
+        self.last_tool_error = working.last_tool_error
+        self.denials = working.consecutive_denials
+        self.question_id = working.question_id
+
     def scalars(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "pending_tool_calls": self.pending_tool_calls,
             "denials": self.denials,
+            "last_tool_error": self.last_tool_error,
+            "question_id": self.question_id,
         }
 
     def next_checkpoint(self, trigger: str, at: datetime, *, force_full: bool = False) -> CheckpointInsert:
@@ -90,6 +111,8 @@ class CheckpointState:
             pending_tool_calls=list(last.get("pending_tool_calls", [])),
             identical_calls=identical,
             denials=last.get("denials", 0),
+            last_tool_error=last.get("last_tool_error"),
+            question_id=last.get("question_id"),
             version=last_version,
             last_full_version=rows[0][0],
             saved_len=len(conversation),

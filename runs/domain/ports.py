@@ -109,6 +109,19 @@ class BudgetLedger(Protocol):
     def fit_tool_batch(self, usage: RunUsage, requested: int) -> int:
         """Return how many calls of a batch fit the remaining tool-call budget."""
 
+    def in_time_reserve(self, now: datetime) -> bool:
+        """Whether `now` is inside the run's deadline synthesis reserve (ADR-0209)."""
+
+
+class PrincipalCheck(Protocol):
+    """Revalidates the principal a run acts for when the run resumes after an
+    approval or input (seed 002: the one exception to "resolved once per
+    execution")."""
+
+    def revoked(self, principal: Any) -> str | None:
+        """Why `principal` may no longer act for the run (deactivated, deleted,
+        removed from the run's tenant), or None while it still may."""
+
 
 class ApprovalGate(Protocol):
     """Hash-bound approvals (DESIGN §8): builds the rows the pipeline commits
