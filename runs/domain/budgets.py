@@ -7,7 +7,6 @@ from datetime import datetime, timedelta
 from runs.domain.errors import BudgetExceeded
 from runs.domain.values import BudgetScope, FailureReason, ModelUsage, RunLimits, RunUsage
 
-
 TIME_RESERVE_FRACTION = 0.2  # ADR-0209: the final fifth of the run's time ...
 TIME_RESERVE_MAX_SECONDS = 60.0  # ... and never more than a minute
 

@@ -227,3 +227,15 @@ def test_two_builds_of_a_checkpoint_with_working_state_are_byte_identical():
     first, p1 = build_request(h.ctx, 3, 1)
     second, p2 = build_request(h.ctx, 3, 2)
     assert p1 == p2 and first.messages == second.messages and "schema_invalid" in first.messages[-1]["content"]
+
+
+# -- the worker's backoff -------------------------------------------------------------------------------------
+
+
+def test_backoff_doubles_from_the_poll_interval_to_a_30_second_ceiling_and_resets():
+    from runs.runtime.backoff import Backoff
+
+    backoff = Backoff(0.5)
+    assert [backoff.failed() for _ in range(9)] == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
+    backoff.succeeded()
+    assert backoff.failed() == 0.5
