@@ -35,16 +35,50 @@ def pytest_configure(config):
         raise pytest.UsageError(f"PostgreSQL is unreachable at {url}: {exc}") from None
 
 
+SERVER_TIMEOUTS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+
+
+def _server_options(restore: str | None = None) -> str | None:
+    """Drop the runtime's server-side timeouts from the default database's
+    connection options (returning what they were), or put `restore` back.
+    New connections take the change: every open one is closed."""
+    from django.db import connections
+
+    options = connections["default"].settings_dict.setdefault("OPTIONS", {})
+    before = options.get("options")
+    if restore is not None:
+        options["options"] = restore
+    elif before:
+        kept = [o for o in before.split("-c ") if o.strip() and o.split("=")[0].strip() not in SERVER_TIMEOUTS]
+        options["options"] = " ".join(f"-c {o.strip()}" for o in kept)
+    connections.close_all()
+    return before
+
+
 @pytest.fixture(scope="session")
-def django_db_setup(django_db_setup, django_db_blocker):
-    """pytest-django's test database, and before it is dropped: end the
+def _setup_without_timeouts(django_db_blocker):
+    """CREATE DATABASE, the migrations and DROP DATABASE are the suite's
+    set-up, not the runtime: on a loaded machine they can outlast the 5 s
+    statement timeout the runtime's connections carry. They run without it;
+    every test runs with it."""
+    with django_db_blocker.unblock():
+        saved = _server_options()
+    yield saved
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(_setup_without_timeouts, django_db_setup, django_db_blocker):
+    """pytest-django's test database (created without the server timeouts),
+    then the timeouts back on for the tests; before it is dropped: end the
     sessions that child processes (qcluster, daphne, a tool's thread) left
-    on it, so DROP DATABASE neither finds other users nor runs into the
-    statement timeout waiting for them."""
+    on it, so DROP DATABASE neither finds other users nor waits for them."""
+    with django_db_blocker.unblock():
+        _server_options(restore=_setup_without_timeouts)
     yield
     from django.db import connection
 
     with django_db_blocker.unblock():
+        _server_options()
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
