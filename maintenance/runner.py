@@ -33,9 +33,10 @@ def run_once() -> dict:
 
 
 def run_forever(stop=lambda: False, clock=CLOCK) -> None:
-    """Run each sweep at its cadence until `stop()`. An iteration whose sweeps
-    failed (the database unreachable, say) waits longer each time, up to 30 s,
-    instead of retrying every tick; one clean iteration resets it."""
+    """Run each sweep at its cadence until `stop()`. A sweep that failed (the
+    database unreachable, say) stays due, and an iteration with a failure
+    waits longer each time, from the tick up to 30 s, instead of retrying
+    every tick; one clean iteration resets it."""
     last: dict[str, float] = {}
     tick = min(every for _, every, _ in cadences()) / 2
     backoff = Backoff(tick)
@@ -44,10 +45,10 @@ def run_forever(stop=lambda: False, clock=CLOCK) -> None:
         failed = False
         for name, every, fn in cadences():
             if now - last.get(name, -1e9) >= every:
-                last[name] = now
                 try:
                     close_old_connections()
                     result = fn()
+                    last[name] = now  # a failed sweep stays due: it is tried again after the backoff
                     if any(v for k, v in result.items() if k not in ("at", "skipped", "expired", "runs", "outcomes")):
                         log.info("sweep %s: %s", name, result)
                 except Exception:

@@ -380,3 +380,33 @@ def test_worker_queue_failures_back_off_up_to_30_s_and_a_success_resets_it(setti
     gone()
     clock.sleeps.clear()
     assert broker.dequeue() is None and clock.sleeps == [base]
+
+
+@pytest.fixture
+def runs_table_gone():
+    """Every sweep that reads runs fails for real: the table is renamed away."""
+
+    def gone():
+        with connection.cursor() as cur:
+            cur.execute("ALTER TABLE runs RENAME TO runs_away")
+
+    def restore():
+        with connection.cursor() as cur:
+            cur.execute("ALTER TABLE IF EXISTS runs_away RENAME TO runs")
+
+    gone()
+    yield restore
+    restore()
+
+
+def test_failing_maintenance_iterations_back_off_up_to_30_s_and_a_clean_one_resets(runs_table_gone):
+    from maintenance.runner import cadences, run_forever
+
+    tick = min(every for _, every, _ in cadences()) / 2  # an iteration's wait while all is well
+    clock = FakeClock()
+    run_forever(stop=lambda: len(clock.sleeps) >= 12, clock=clock)
+    expected = [min(30.0, tick * 2**i) for i in range(12)]
+    assert clock.sleeps == expected and expected[-1] == 30.0 and expected[0] == tick
+    runs_table_gone()  # restored
+    run_forever(stop=lambda: len(clock.sleeps) >= 14, clock=clock)
+    assert clock.sleeps[12:] == [tick, tick]  # clean iterations wait the tick again
