@@ -132,6 +132,11 @@ class Run(models.Model):
     parent_invocation = models.UUIDField(null=True, blank=True, editable=False)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     request_hash = models.CharField(max_length=64, null=True, blank=True)
+    # The principal the run acts for, stamped at submission (seed 002): the submitting user (no FK — a user
+    # deleted meanwhile must read as revoked, not as "no user") and its scope set then (its permissions).
+    # Null: submitted by the system (a shell command).
+    principal_user_id = models.BigIntegerField(null=True, blank=True)
+    principal_scopes = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(default=utcnow, editable=False)
     updated_at = models.DateTimeField(default=utcnow)
 

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from runs.domain.stored_form import NOT_GIVEN, RefRun, holds
+from runs.domain.working_state import WorkingState
 from runs.domain.writes import CheckpointInsert, EventWrite
 
 FULL_EVERY = 8
@@ -48,6 +49,8 @@ class CheckpointState:
     pending_tool_calls: list[dict[str, Any]] = field(default_factory=list)
     identical_calls: dict[str, int] = field(default_factory=CallCounts)
     denials: int = 0
+    last_tool_error: str | None = None  # runtime carry (working_state.py)
+    question_id: str | None = None  # runtime carry (working_state.py)
     version: int = 0
     last_full_version: int = 0
     saved_len: int = 0  # conversation items already persisted in the chain
@@ -81,11 +84,29 @@ class CheckpointState:
         found = self._sources.get(id(item))
         return found[1] if found is not None and found[0] is item else None
 
+    def working(self) -> WorkingState:
+        """The runtime's working state: four fields of this checkpoint."""
+        return WorkingState(
+            step=self.step,
+            last_tool_error=self.last_tool_error,
+            consecutive_denials=self.denials,
+            question_id=self.question_id,
+        )
+
+    def carry(self, working: WorkingState) -> None:
+        """Adopt the runtime's write (`apply_runtime_carry`); the next checkpoint persists it."""
+        self.step = working.step
+        self.last_tool_error = working.last_tool_error
+        self.denials = working.consecutive_denials
+        self.question_id = working.question_id
+
     def scalars(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "pending_tool_calls": self.pending_tool_calls,
             "denials": self.denials,
+            "last_tool_error": self.last_tool_error,
+            "question_id": self.question_id,
         }
 
     def next_checkpoint(self, trigger: str, at: datetime, *, force_full: bool = False) -> CheckpointInsert:
@@ -179,6 +200,8 @@ class CheckpointState:
             pending_tool_calls=list(last.get("pending_tool_calls", [])),
             identical_calls=CallCounts(identical),  # built whole: nothing counts as changed
             denials=last.get("denials", 0),
+            last_tool_error=last.get("last_tool_error"),
+            question_id=last.get("question_id"),
             version=last_version,
             last_full_version=rows[0][0],
             saved_len=len(conversation),

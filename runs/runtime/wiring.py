@@ -23,7 +23,7 @@ from runs.clock import CLOCK, IDS
 from runs.domain.budgets import Ledger
 from runs.domain.cancellation import Token
 from runs.domain.context import AgentSpec, RunContext, RunSnapshot, StepProgress
-from runs.domain.errors import WorkerFenced
+from runs.domain.errors import AgentVersionMissing, WorkerFenced
 from runs.domain.pipeline import MAX_DELEGATION_DEPTH
 from runs.domain.scrub import scrub_stream
 from runs.domain.values import CancelReason, RunLimits, RunUsage
@@ -33,6 +33,7 @@ from runs.providers import provider_for, provider_streams
 from runs.runtime import drain, qheal
 from runs.runtime.drain import draining
 from runs.runtime.faults import hook_for
+from runs.runtime.principals import Revalidation, principal_for
 from runs.runtime.queue import Claim
 from runs.store.repository import DjangoRunStore
 from runs.tools import REGISTRY
@@ -85,7 +86,7 @@ def delegation_depth(parent_id) -> int:
 
 def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) -> RunContext:
     run = Run.objects.select_related("agent").get(id=claim.run_id)
-    version = AgentVersion.objects.get(agent_id=run.agent_id, version=run.agent_version)
+    version = pinned_version(run)
     definition = version.definition
     limits = RunLimits(**run.limits)
     state = checkpoint_current(run)
@@ -107,6 +108,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         lease_epoch=claim.epoch,
         parent_id=run.parent_id,
         depth=delegation_depth(run.parent_id),
+        principal=principal_for(run),  # once per execution (seed 002)
     )
     delegates = tuple(definition.get("delegates") or ())
     policy = PolicyEngine(definition.get("policy"), read_only_of=_read_only_of)
@@ -148,6 +150,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         started_monotonic=clock.monotonic(),
         resumed=state.version > 1 or run.attempts > 1,
         approvals=ApprovalGate(run=run, clock=clock, ids=ids),
+        principals=Revalidation(),
         progress=StepProgress(
             usage=RunUsage(**(run.usage or {})), step_count=run.step_count, next_attempt=(last_attempt or 0) + 1
         ),
@@ -156,6 +159,15 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
     if provider_streams(definition["model"]):
         ctx = replace(ctx, provider=provider_for(definition["model"], on_delta=DeltaBatcher(ctx)))
     return ctx
+
+
+def pinned_version(run: Run) -> AgentVersion:
+    """The agent version the run is pinned to, never the latest: a missing one
+    fails the run `agent_version_missing` (seed 002: fail loudly, no fallback)."""
+    version = AgentVersion.objects.filter(agent_id=run.agent_id, version=run.agent_version).first()
+    if version is None:
+        raise AgentVersionMissing(run.agent.name, run.agent_version)
+    return version
 
 
 class DeltaBatcher:

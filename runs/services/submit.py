@@ -45,12 +45,15 @@ def run_submit(
     limits: dict | None = None,
     idempotency_key: str | None = None,
     by: str = "",
+    principal: Any = None,
 ) -> tuple[Run, bool]:
     """Create a run and ring `drive_run` in the same transaction.
 
     Return (run, created); a replay of the same Idempotency-Key and body
     returns the original run with created=False. Text sent to a session whose
-    run waits for the user becomes that run's input (returned, created=False)."""
+    run waits for the user becomes that run's input (returned, created=False).
+    `principal` is the submitting user (None: the system, e.g. a shell
+    command); it and its scope set are stamped on the run (seed 002)."""
     requested = _validated(agent, input, limits, idempotency_key)
     request_hash = _request_hash(agent, input, session, requested)
     input = scrub_text(input)  # secrets never reach the run, its events or its checkpoints
@@ -84,6 +87,7 @@ def run_submit(
                 usage={},
                 idempotency_key=idempotency_key or None,
                 request_hash=request_hash,
+                **_principal_stamp(principal),
                 created_at=now,
                 updated_at=now,
             )
@@ -93,6 +97,14 @@ def run_submit(
     except IntegrityError as exc:
         return _lost_race(exc, tenant, session, idempotency_key, request_hash, input, by)
     return run, True
+
+
+def _principal_stamp(user: Any) -> dict[str, Any]:
+    """Who the run acts for and its scope set (its permissions now): what the
+    worker reads at each execution instead of a credential (seed 002)."""
+    if user is None or not getattr(user, "is_authenticated", False):
+        return {"principal_user_id": None, "principal_scopes": []}
+    return {"principal_user_id": user.pk, "principal_scopes": sorted(user.get_all_permissions())}
 
 
 def _validated(agent: Any, text: Any, limits: Any, idempotency_key: Any) -> dict:
