@@ -228,14 +228,24 @@ def test_a_run_whose_checkpoints_are_in_the_old_inline_form_resumes(load_agent, 
 
 
 def test_identical_call_counts_are_the_calls_that_ran(load_agent, submit):
+    """Counted from the invocation rows, as the loop counted them: a call
+    that ran counts, a call policy denied does not (the second identical
+    call leaves the count one below the limit: the next turn is the answer)."""
+
+    def echo(text: str) -> dict:
+        return {"tool_calls": [{"name": "echo", "arguments": {"text": text}}]}
+
     load_agent(
-        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "same"}}]} for _ in range(4)]
-        + [{"tool_calls": [{"name": "echo", "arguments": {"text": "other"}}]}, {"text": "done"}]
+        turns=[echo("same"), echo("other"), echo("no"), echo("same"), {"text": "done"}],
+        policy={
+            "default": "allow",
+            "rules": [{"tool": "echo", "decision": "deny", "when": {"arg": "text", "op": "eq", "value": "no"}}],
+        },
     )
     run = submit()
     assert drive(run) == "completed"
     counts = sorted(checkpoint_current(Run.objects.get(id=run.id)).identical_calls.values())
-    assert counts == [1, 3]  # the fourth identical call was refused (repeated_call), not run
+    assert counts == [1, 2]  # "same" twice, "other" once; the denied "no" never ran
     assert all("identical_calls" not in state for _, full, state in stored_rows(run.id) if full and state.get("form"))
 
 
