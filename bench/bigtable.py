@@ -730,10 +730,13 @@ def _rss_worker(args, big: str, tenant) -> dict:
             pending -= {run_id for run_id, _ in done}
             if completed // args.every > before // args.every or before == 0:
                 for pid in worker_pids():
-                    samples.append(
-                        {"runs": completed, "pid": pid, "rss_kb": vmrss_kb(pid), "t_s": round(time.time() - t0)}
-                    )
-                    log(f"  {completed} runs: worker {pid} RSS {samples[-1]['rss_kb']} kB")
+                    try:
+                        kb = vmrss_kb(pid)
+                    except OSError:
+                        kb = 0
+                    if kb:  # 0: the worker was just recycled (no VmRSS once it exits)
+                        samples.append({"runs": completed, "pid": pid, "rss_kb": kb, "t_s": round(time.time() - t0)})
+                        log(f"  {completed} runs: worker {pid} RSS {kb} kB")
     finally:
         bench.close_django()
         poller.close()
