@@ -4,8 +4,8 @@ before it is needed by nothing.
 The sweep finds runs that ended through their terminal event (`run.completed`,
 `run.failed`, `run.cancelled`: every ending writes one, in the transaction
 that ends the run), read by id through the partial index `events_ended_idx`
-(ops/migrations/0002_flat_read_indexes.py), a batch at a time: never a scan of the runs, events
-or checkpoints table (issue 16: flat in table size). The runs table gets no
+(ops/migrations/0002_flat_read_indexes.py), a batch at a time: never a scan
+of the runs, events or checkpoints table (issue 16: flat in table size). The runs table gets no
 index for this: one on `updated_at` would make every step's update of the
 run row a non-HOT one (see ops/migrations/0001_metrics_indexes.py).
 
@@ -20,8 +20,8 @@ terminal event older than RECENT_SECONDS:
   examined yet (a restart re-examines it, a few batches at a time).
 
 Of each batch, the runs with more than one checkpoint are candidates (one
-grouped read of the checkpoints' (run, version) index); each is pruned in
-its own transaction."""
+grouped read of the checkpoints' (run, version) index); each is pruned by
+one DELETE."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import Count, Max
+from django.db.models import Count, F, Subquery
 
 from checkpoints.models import Checkpoint
 from maintenance.locks import try_sweep_lock
@@ -39,7 +39,7 @@ from runs.runtime.queue import db_now
 
 BATCH = 200
 SCAN_BATCH = 1000  # terminal events read per query
-BACKFILL_BATCHES = 20  # history examined per sweep: 20,000 endings
+BACKFILL_BATCHES = 5  # history examined per sweep: 5,000 endings (the sweep's read transaction stays short)
 RECENT_SECONDS = 300.0
 ENDED = (EventType.RUN_COMPLETED.value, EventType.RUN_FAILED.value, EventType.RUN_CANCELLED.value)
 
@@ -71,51 +71,58 @@ def _with_a_chain(rows) -> list:
     )
 
 
-def _candidates(limit: int) -> list:
-    """Runs with a chain to prune: every one that ended after the forward
-    mark, then history, newest first, until `limit` are found."""
+def _candidates(limit: int) -> tuple[list, dict[str, int | None]]:
+    """Runs with a chain to prune — every one that ended after the forward
+    mark, then history, newest first, until `limit` are found — and the
+    marks to keep once they are pruned."""
+    marks = dict(_marks)
     settled = db_now() - timedelta(seconds=RECENT_SECONDS)
-    if _marks["forward"] is None:
+    if marks["forward"] is None:
         last = (
             Event.objects.filter(type__in=ENDED, occurred_at__lt=settled).order_by("-id").values_list("id", flat=True)
         )
         start = last.first() or 0
-        _marks["forward"], _marks["backward"] = start, start + 1
+        marks["forward"], marks["backward"] = start, start + 1
     found: list = []
-    key, settling = _marks["forward"], False
+    key, settling = marks["forward"], False
     while len(found) < limit and (rows := _endings(id__gt=key)):
         found += _with_a_chain(rows)
         key = rows[-1][0]
         for event_id, _, at in rows:  # the mark moves over settled endings only: a recent one is read again
             settling = settling or at >= settled
             if not settling:
-                _marks["forward"] = event_id
+                marks["forward"] = event_id
     batches = 0
-    while _marks["backward"] and len(found) < limit and batches < BACKFILL_BATCHES:
-        rows = _endings(id__lt=_marks["backward"])
+    while marks["backward"] and len(found) < limit and batches < BACKFILL_BATCHES:
+        rows = _endings(id__lt=marks["backward"])
         batches += 1
         found += _with_a_chain(rows)
-        _marks["backward"] = rows[-1][0] if len(rows) == SCAN_BATCH else 0  # 0: the history is done
-    return list(dict.fromkeys(found))
+        marks["backward"] = rows[-1][0] if len(rows) == SCAN_BATCH else 0  # 0: the history is done
+    return list(dict.fromkeys(found)), marks
 
 
 def sweep_prune() -> dict:
     with transaction.atomic():
         if not try_sweep_lock("sweep.checkpoints"):
             return {"skipped": True}
-        candidates = _candidates(BATCH * 5)
+        candidates, marks = _candidates(BATCH * 5)
     deleted = 0
     for run_id in candidates:
-        with transaction.atomic():
-            final = (
-                Checkpoint.objects.filter(run_id=run_id, full=True)
-                .order_by("-version")
-                .values_list("version", flat=True)
-                .first()
-            )
-            top = Checkpoint.objects.filter(run_id=run_id).aggregate(v=Max("version"))["v"]
-            if final is None or final != top:
-                continue  # a terminal run without its final snapshot keeps its chain for diagnosis
-            n, _ = Checkpoint.objects.filter(run_id=run_id, version__lt=final).delete()
-            deleted += n
+        deleted += _prune_run(run_id)
+    _marks.update(marks)  # only now: a pass that failed part-way reads the same endings again next time
     return {"runs": len(candidates), "deleted": deleted}
+
+
+def _prune_run(run_id) -> int:
+    """One DELETE: the versions before the run's final full snapshot, only if
+    that snapshot is also its last version (a terminal run without its final
+    snapshot keeps its chain for diagnosis). No transaction spans two
+    statements, so a process starved between them cannot hold one open."""
+    versions = Checkpoint.objects.filter(run_id=run_id).order_by("-version").values("version")
+    n, _ = (
+        Checkpoint.objects.filter(run_id=run_id)
+        .annotate(final=Subquery(versions.filter(full=True)[:1]), top=Subquery(versions[:1]))
+        .filter(version__lt=F("final"), final=F("top"))
+        .delete()
+    )
+    return n

@@ -130,3 +130,29 @@ def test_a_run_without_its_final_snapshot_keeps_its_chain(load_agent, submit):
     before = chain(run)
     assert prune.sweep_prune()["deleted"] == 0
     assert chain(run) == before and Run.objects.get(id=run.id).status == "COMPLETED"
+
+
+def test_a_pass_that_fails_part_way_reads_the_same_endings_again(load_agent, submit):
+    """The marks move only once a pass has pruned all it found: a run whose
+    delete failed is a candidate again at the next sweep, not skipped."""
+    runs = finished(load_agent, submit, n=2)
+    age_endings(runs, 3600)  # settled: once read, only the marks would bring them back
+    with connection.cursor() as cur:
+        cur.execute(
+            "CREATE FUNCTION prune_test_refuse() RETURNS trigger AS $$"
+            " BEGIN RAISE EXCEPTION 'refused for the test'; END $$ LANGUAGE plpgsql"
+        )
+        cur.execute(
+            "CREATE TRIGGER prune_test_refuse BEFORE DELETE ON checkpoints FOR EACH ROW"
+            f" WHEN (OLD.run_id = '{runs[0].id}') EXECUTE FUNCTION prune_test_refuse()"
+        )
+    try:
+        with pytest.raises(Exception, match="refused for the test"):
+            prune.sweep_prune()
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TRIGGER IF EXISTS prune_test_refuse ON checkpoints")
+            cur.execute("DROP FUNCTION IF EXISTS prune_test_refuse()")
+    assert chain(runs[0]) > 1
+    prune.sweep_prune()
+    assert chain(runs[0]) == 1 and chain(runs[1]) == 1
