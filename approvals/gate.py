@@ -111,7 +111,7 @@ class ApprovalGate:
         row = (
             Approval.objects.filter(invocation_id=invocation_id)
             .order_by("-created_at")
-            .values("id", "status", "kind", "request_hash", "presentation", "capability")
+            .values("id", "status", "kind", "request_hash", "presentation", "capability", "decided_at")
             .first()
         )
         return None if row is None else ApprovalDecision(**row)

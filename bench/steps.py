@@ -4,6 +4,7 @@
     python bench/steps.py [--runs K] [--steps N] [--workers W] [--database-url URL]
     python bench/steps.py --single          # 1 run x 200 steps, 1 worker (the peers' scenario)
     python bench/steps.py ... --trace       # + an untimed pass with log_statement=all
+    python bench/steps.py --long            # 1 run x 400 steps with 8 KiB results vs 10-step runs, per 50-step bucket
 
 What it does (see bench/README.md for how to read the output):
 
@@ -98,6 +99,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "server log",
     )
     p.add_argument("--pg-log", default=PG_LOG, help=f"server log file for --trace (default {PG_LOG})")
+    p.add_argument(
+        "--long",
+        action="store_true",
+        help="flat in run length: one long run with large tool results against short runs, per 50-step bucket "
+        "(bench/long_run.py)",
+    )
+    p.add_argument("--long-steps", type=int, default=400, help="--long: steps of the long run (default 400)")
+    p.add_argument("--result-bytes", type=int, default=8192, help="--long: tool result size (default 8192)")
+    p.add_argument("--short-runs", type=int, default=20, help="--long: 10-step reference runs (default 20)")
+    p.add_argument("--bucket", type=int, default=50, help="--long: steps per bucket (default 50)")
     p.add_argument("--cluster-log", default=None, help="where the qcluster's output goes (default: a temp file)")
     a = p.parse_args(argv)
     if a.single:
@@ -676,6 +687,10 @@ def trace_pass(args, url: str, tenant, agents: dict, log_path: Path) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.long:
+        import long_run  # the sibling script (bench/ is on sys.path when this one runs)
+
+        return long_run.main(args)
     url = bench_url(args.database_url)
     cluster_log = (
         Path(args.cluster_log)

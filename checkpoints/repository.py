@@ -1,23 +1,28 @@
 """The checkpoint repository: read the chain back, and `seed_checkpoint`.
 
-Writes happen inside the step's fenced transactions (runs/store/repository.py); this
-module reads: `latest()` walks from the newest row back to the full snapshot
-it rebases and materialises the conversation. `seed_checkpoint` rebuilds a
-state from the session's history and this run's own event log; it is called
-when the run is created and again whenever no usable checkpoint exists, so a
-run whose checkpoints were all deleted still reaches the same end.
+Writes happen inside the step's fenced transactions (runs/store/repository.py,
+which writes the stored form: references to the events that hold the
+conversation, runs.domain.stored_form); this module reads: `latest()` walks
+from the newest row back to the full snapshot it rebases, reads the events
+the rows name and materialises the conversation. Rows written before the
+stored form (every item inline) are read as they are. `seed_checkpoint`
+rebuilds a state from the session's history and this run's own event log; it
+is called when the run is created and again whenever no usable checkpoint
+exists, so a run whose checkpoints were all deleted still reaches the same
+end. Identical-call counts are counted from the invocation rows.
 """
 
 from __future__ import annotations
 
-import json
+from collections import Counter
 
 from django.db.models import Max
 
 from checkpoints.models import Checkpoint
-from runs.domain.checkpoint import CheckpointState
+from runs.domain.checkpoint import CallCounts, CheckpointState
 from runs.domain.events import ANSWER_EVENTS, EventType
 from runs.domain.pipeline import ANSWERED, _call_fingerprint
+from runs.domain.stored_form import assistant_item, is_stored, item_from_event, materialised, referenced, tool_item
 from runs.domain.values import InvocationStatus
 from runs.models import Event, Run, ToolInvocation
 
@@ -42,7 +47,37 @@ def checkpoint_latest(run_id) -> CheckpointState | None:
             .order_by("version")
             .values_list("version", "full", "state")
         )
-    return CheckpointState.materialise(rows)
+    return materialise_rows(run_id, rows)
+
+
+def materialise_rows(run_id, rows: list[tuple[int, bool, dict]]) -> CheckpointState | None:
+    """The state a chain of rows (a full row and its deltas, in version order)
+    materialises to; the events stored rows name are read in one query. None
+    when the chain is broken or names an event the log does not hold."""
+    wanted = sorted({seq for _, _, state in rows if is_stored(state) for seq in referenced(state)})
+    events: dict[int, tuple[str, object]] = {}
+    if wanted:
+        events = {
+            seq: (type_, payload)
+            for seq, type_, payload in Event.objects.filter(run_id=run_id, sequence__in=wanted).values_list(
+                "sequence", "type", "payload"
+            )
+        }
+    plain: list[tuple[int, bool, dict]] = []
+    links: list[tuple[dict, int]] = []
+    for version, full, state in rows:
+        if is_stored(state):
+            done = materialised(state, events)
+            if done is None:
+                return None
+            state, linked = done
+            links += linked
+        plain.append((version, full, state))
+    result = CheckpointState.materialise(plain)
+    if result is not None:
+        for item, seq in links:  # what the next full row names again instead of copying
+            result.backed_by(item, seq)
+    return result
 
 
 def session_history(run) -> list[dict]:
@@ -70,9 +105,25 @@ def seed_state(run) -> CheckpointState:
 
 def checkpoint_current(run) -> CheckpointState:
     """The state to continue from: the newest checkpoint, caught up with the
-    log when it is older than the run's committed events, else seeded."""
+    log when it is older than the run's committed events, else seeded; its
+    identical-call counts are the calls of the run that ran."""
     state = checkpoint_latest(run.id)
-    return seed_state(run) if state is None else catch_up(run, state)
+    state = seed_state(run) if state is None else catch_up(run, state)
+    state.identical_calls = CallCounts(calls_that_ran(run.id))
+    return state
+
+
+def calls_that_ran(run_id) -> Counter[str]:
+    """How many times each distinct call (tool and arguments) ran in the run:
+    one per invocation row with an attempt (a re-run of the same row counts
+    once, as in the loop, which never counts a recovered call again)."""
+    return Counter(
+        _call_fingerprint(tool, arguments)
+        for tool, arguments in ToolInvocation.objects.filter(run_id=run_id, attempt__gte=1).values_list(
+            "tool_name", "arguments"
+        )
+        if isinstance(arguments, dict)
+    )
 
 
 def catch_up(run, state: CheckpointState, *, always: bool = False) -> CheckpointState:
@@ -89,15 +140,15 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
     numbered after every version the log has seen."""
     if not always and (run.step_count or 0) <= state.step:
         return state  # no model call was even started after the checkpoint's step
-    turns: dict[int, dict] = {}
-    for payload in (
+    turns: dict[int, tuple[int, dict]] = {}
+    for seq, payload in (
         Event.objects.filter(run_id=run.id, type=EventType.MODEL_RESPONSE_COMPLETED)
         .order_by("sequence")
-        .values_list("payload", flat=True)
+        .values_list("sequence", "payload")
     ):
         step = payload.get("step", 0) if isinstance(payload, dict) else 0
         if step > state.step and step not in turns:
-            turns[step] = payload
+            turns[step] = (seq, payload)
     if not turns and not always:
         return state
     rows: dict[tuple[int, str], dict] = {}
@@ -105,20 +156,25 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
         "step_number", "call_id", "status", "result", "arguments", "tool_name", "attempt"
     ):
         rows[(row["step_number"], row["call_id"])] = row
-    logged: dict[str | None, tuple[str, dict]] = {}
-    for type_, payload in (
-        Event.objects.filter(run_id=run.id, type__in=ANSWER_EVENTS).order_by("sequence").values_list("type", "payload")
+    logged: dict[str | None, tuple[str, dict, int]] = {}
+    for seq, type_, payload in (
+        Event.objects.filter(run_id=run.id, type__in=ANSWER_EVENTS)
+        .order_by("sequence")
+        .values_list("sequence", "type", "payload")
     ):
         if isinstance(payload, dict) and not payload.get("awaiting_decision"):  # an unknown outcome answers nothing
-            logged.setdefault(payload.get("call_id"), (type_, payload))
+            logged.setdefault(payload.get("call_id"), (type_, payload, seq))
     conversation = list(state.conversation)
+    links: list[tuple[dict, int]] = []
     for step in sorted(turns):
-        _answer_open_batch(conversation, state, state.step, rows, logged)
-        payload = turns[step]
-        conversation.append(
-            {"role": "assistant", "content": payload.get("text"), "tool_calls": payload.get("tool_calls", [])}
-        )
+        _answer_open_batch(conversation, state.step, rows, logged, links)
+        seq, payload = turns[step]
+        item = assistant_item(payload.get("text"), payload.get("tool_calls") or [])
+        conversation.append(item)
+        links.append((item, seq))
         state.step = step
+    for item, seq in links:
+        state.backed_by(item, seq)
     state.conversation = conversation
     state.needs_full = True
     top = Checkpoint.objects.filter(run_id=run.id).aggregate(v=Max("version"))["v"] or 0
@@ -133,8 +189,12 @@ def catch_up(run, state: CheckpointState, *, always: bool = False) -> Checkpoint
     return state
 
 
-def _answer_open_batch(conversation: list[dict], state: CheckpointState, step: int, rows: dict, logged: dict) -> None:
-
+def _answer_open_batch(
+    conversation: list[dict], step: int, rows: dict, logged: dict, links: list[tuple[dict, int]]
+) -> None:
+    """Answer the last turn's calls the conversation has no answer for: from
+    their rows, else from their events, else as interrupted; an answer its
+    event holds exactly is linked to it (`links`)."""
     for i in range(len(conversation) - 1, -1, -1):
         if conversation[i].get("role") == "assistant":
             calls = conversation[i].get("tool_calls") or []
@@ -149,19 +209,12 @@ def _answer_open_batch(conversation: list[dict], state: CheckpointState, step: i
         row = rows.get((step, call_id))
         if row is not None and row["status"] in ANSWERED and row["result"] is not None:
             result, is_error = row["result"], row["status"] != InvocationStatus.COMPLETED
-            if (row["attempt"] or 0) >= 1 and isinstance(row["arguments"], dict):
-                state.count_call(_call_fingerprint(row["tool_name"], row["arguments"]))
         elif call_id in logged:
-            type_, payload = logged[call_id]
+            type_, payload, _ = logged[call_id]
             result, is_error = payload.get("result"), type_ == EventType.TOOL_CALL_FAILED
         else:
             result, is_error = {"error": "interrupted", "message": "no outcome of this call was recorded"}, True
-        conversation.append(
-            {
-                "role": "tool",
-                "tool_call_id": call_id,
-                "name": call.get("name"),
-                "content": result if isinstance(result, str) else json.dumps(result, ensure_ascii=False),
-                "is_error": is_error,
-            }
-        )
+        item = tool_item(call_id, call.get("name"), result, is_error)
+        conversation.append(item)
+        if call_id in logged and item == item_from_event(logged[call_id][0], logged[call_id][1]):
+            links.append((item, logged[call_id][2]))

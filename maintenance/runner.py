@@ -13,6 +13,7 @@ from maintenance.sweeps.expiry import sweep_expiry
 from maintenance.sweeps.prune import sweep_prune
 from maintenance.sweeps.reclaim import sweep_reclaim
 from runs.clock import CLOCK
+from runs.runtime.backoff import Backoff
 
 log = logging.getLogger("agentrt.maintenance")
 
@@ -31,18 +32,30 @@ def run_once() -> dict:
     return {name: fn() for name, _, fn in cadences()}
 
 
-def run_forever(stop=lambda: False) -> None:
+def run_forever(stop=lambda: False, clock=CLOCK) -> None:
+    """Run each sweep at its cadence until `stop()`. A sweep that failed (the
+    database unreachable, say) stays due, and an iteration with a failure
+    waits longer each time, from the tick up to 30 s, instead of retrying
+    every tick; one clean iteration resets it."""
     last: dict[str, float] = {}
+    tick = min(every for _, every, _ in cadences()) / 2
+    backoff = Backoff(tick)
     while not stop():
-        now = CLOCK.monotonic()
+        now = clock.monotonic()
+        failed = False
         for name, every, fn in cadences():
             if now - last.get(name, -1e9) >= every:
-                last[name] = now
                 try:
                     close_old_connections()
                     result = fn()
+                    last[name] = now  # a failed sweep stays due: it is tried again after the backoff
                     if any(v for k, v in result.items() if k not in ("at", "skipped", "expired", "runs", "outcomes")):
                         log.info("sweep %s: %s", name, result)
                 except Exception:
+                    failed = True
                     log.exception("sweep %s failed", name)
-        CLOCK.sleep(min(every for _, every, _ in cadences()) / 2)
+        if failed:
+            clock.sleep(max(tick, backoff.failed()))
+        else:
+            backoff.succeeded()
+            clock.sleep(tick)

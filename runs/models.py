@@ -6,6 +6,7 @@ from django.db import models
 from django.db.models import Q
 
 from runs.clock import new_uuid, utcnow
+from runs.domain.events import STATUS_EVENTS
 from runs.domain.values import (
     LIVE_STATUSES,
     TERMINAL_STATUSES,
@@ -17,6 +18,7 @@ from runs.domain.values import (
 )
 
 TERMINAL = [s.value for s in TERMINAL_STATUSES]
+STATUS_TYPES = [t.value for t in STATUS_EVENTS]
 LIVE = [s.value for s in LIVE_STATUSES]
 
 
@@ -130,6 +132,11 @@ class Run(models.Model):
     parent_invocation = models.UUIDField(null=True, blank=True, editable=False)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     request_hash = models.CharField(max_length=64, null=True, blank=True)
+    # The principal the run acts for, stamped at submission (seed 002): the submitting user (no FK — a user
+    # deleted meanwhile must read as revoked, not as "no user") and its scope set then (its permissions).
+    # Null: submitted by the system (a shell command).
+    principal_user_id = models.BigIntegerField(null=True, blank=True)
+    principal_scopes = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(default=utcnow, editable=False)
     updated_at = models.DateTimeField(default=utcnow)
 
@@ -206,7 +213,9 @@ class ToolInvocation(models.Model):
     tool_name = models.CharField(max_length=200)
     arguments = models.JSONField(null=True, blank=True)
     raw_arguments = models.TextField(default="", blank=True)
-    idempotency_key = models.CharField(max_length=300, unique=True)
+    # Unique by a constraint, not `unique=True`: on PostgreSQL the field option
+    # adds a second, varchar_pattern_ops index for LIKE that no query uses.
+    idempotency_key = models.CharField(max_length=300)
     status = models.CharField(max_length=20, choices=STATUSES, default=InvocationStatus.PROPOSED.value)
     read_only = models.BooleanField(default=True)
     side_effect = models.CharField(max_length=40, default="none")
@@ -226,7 +235,8 @@ class ToolInvocation(models.Model):
     class Meta:
         db_table = "tool_invocations"
         constraints = [
-            models.UniqueConstraint(fields=["run", "step_number", "call_index"], name="invocation_position_unique")
+            models.UniqueConstraint(fields=["run", "step_number", "call_index"], name="invocation_position_unique"),
+            models.UniqueConstraint(fields=["idempotency_key"], name="tool_invocations_idempotency_key_key"),
         ]
 
 
@@ -252,5 +262,7 @@ class Event(models.Model):
         constraints = [models.UniqueConstraint(fields=["session", "sequence"], name="event_session_sequence_unique")]
         indexes = [
             models.Index(fields=["run", "sequence"], name="events_run_sequence_idx"),
-            models.Index(fields=["tenant", "id"], name="events_tenant_id_idx"),
+            # The tenant's runs socket streams status events only: the other
+            # types (most of a step's events) need no entry here.
+            models.Index(fields=["tenant", "id"], name="events_tenant_status_idx", condition=Q(type__in=STATUS_TYPES)),
         ]

@@ -332,6 +332,8 @@ class RunListCreate(ApiListView):
             session=data.get("session"),
             limits=data.get("limits"),
             idempotency_key=request.headers.get("Idempotency-Key"),
+            by=request.user.get_username(),
+            principal=request.user,
         )
         if getattr(run, "routed", False):
             return Response({"run": str(run.id), "routed": "input"}, status=status.HTTP_202_ACCEPTED)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from runs.domain.errors import BudgetExceeded
 from runs.domain.values import BudgetScope, FailureReason, ModelUsage, RunLimits, RunUsage
+
+TIME_RESERVE_FRACTION = 0.2  # ADR-0209: the final fifth of the run's time ...
+TIME_RESERVE_MAX_SECONDS = 60.0  # ... and never more than a minute
 
 
 class Ledger:
@@ -117,3 +120,25 @@ class Ledger:
             exc.usage = new
             raise exc
         return new
+
+    def time_reserve_starts_at(self) -> datetime | None:
+        """ADR-0209: when a deadline-bound run with any synthesis reserve
+        keeps the rest of its time for a tool-free answer — the final fifth
+        of its time budget (`deadline_seconds`), at most 60 s; None when the
+        run has no deadline or no reserve."""
+        lim = self.limits
+        if self.deadline_at is None or not lim.deadline_seconds:
+            return None
+        if not (
+            lim.synthesis_reserve_steps
+            or lim.synthesis_reserve_model_calls
+            or lim.synthesis_reserve_tool_calls
+            or lim.synthesis_reserve_cost_usd
+        ):
+            return None
+        reserve = min(lim.deadline_seconds * TIME_RESERVE_FRACTION, TIME_RESERVE_MAX_SECONDS)
+        return self.deadline_at - timedelta(seconds=reserve)
+
+    def in_time_reserve(self, now: datetime) -> bool:
+        start = self.time_reserve_starts_at()
+        return start is not None and now >= start

@@ -20,12 +20,14 @@ from runs.domain.ports import (
     LeaseMonitor,
     ModelProvider,
     PolicyEngine,
+    PrincipalCheck,
     RunStore,
     ToolRegistry,
     Tracer,
 )
 from runs.domain.tracing import NullTracer
 from runs.domain.values import ModelRequest, RunUsage
+from runs.domain.working_state import working_note
 from runs.domain.writes import UnitOfWork
 
 
@@ -94,6 +96,7 @@ class StepProgress:
     current_attempt: int | None = None
     prefix: PrefixCache | None = None
     compactions: dict[int, int] = field(default_factory=dict)  # per step number
+    turn_event: Any = None  # the last `model.response.completed` written (it holds the turn's conversation item)
 
     def charged_step(self, step_number: int) -> int:
         """The step number the STEP budget sees: `step_number` less the
@@ -133,6 +136,7 @@ class RunContext:
     started_monotonic: float = 0.0
     resumed: bool = False
     approvals: ApprovalGate | None = None  # None = require_approval fails closed
+    principals: PrincipalCheck | None = None  # None = the principal is never revalidated
     tracer: Tracer = field(default_factory=NullTracer)  # seed 002's spans; no-op unless wired
     progress: StepProgress = field(default_factory=StepProgress)
 
@@ -154,6 +158,9 @@ def build_request(
     tools = tool_schemas(ctx) if tool_choice != "none" else []
     messages = ctx.state.conversation
     prefix = prefix_sha256(ctx, tools, messages)
+    note = working_note(ctx.state.working())  # the runtime carry, after the cached prefix
+    if note:
+        messages = list(messages) + [{"role": "system", "content": note}]
     request = ModelRequest.model_construct(
         run_id=ctx.run.id,
         step_number=step_number,

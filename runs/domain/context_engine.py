@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from runs.domain.breaker import LOOP_SYNTHESIS, near_loop
 from runs.domain.context import RunContext, build_request, canonical_json
 from runs.domain.errors import BudgetExceeded
 from runs.domain.values import FailureReason, ModelRequest
@@ -25,6 +26,24 @@ SYNTHESIS_INSTRUCTION = (
     "[platform] The run is at its budget reserve. Do not call tools. Answer now, from the evidence already gathered "
     "in this conversation, and say plainly what is still unknown."
 )
+LOOP_INSTRUCTION = (
+    "[platform] You have made the same tool call several times; it will not run again. Do not call tools. Answer "
+    "now, from the evidence already gathered in this conversation, and say plainly what is still unknown."
+)
+DEADLINE_INSTRUCTION = (
+    "[platform] The run is close to its deadline. Do not call tools. Answer now, from the evidence already "
+    "gathered in this conversation, and say plainly what is still unknown."
+)
+DEADLINE_SYNTHESIS = "deadline"
+
+
+def synthesis_instruction(reason: str) -> str:
+    """The volatile instruction a synthesis-only request carries, by why it is synthesis-only."""
+    if reason == LOOP_SYNTHESIS:
+        return LOOP_INSTRUCTION
+    if reason == DEADLINE_SYNTHESIS:
+        return DEADLINE_INSTRUCTION
+    return SYNTHESIS_INSTRUCTION
 
 
 class ContextOverflow(BudgetExceeded):
@@ -112,6 +131,10 @@ def synthesis_reason(ctx: RunContext, step_number: int) -> str | None:
     usage = ctx.progress.usage
     if usage.tool_calls >= lim.max_tool_calls:
         return "tool_calls_exhausted"
+    if near_loop(ctx):  # ADR-0136: a count one below the breaker's limit
+        return LOOP_SYNTHESIS
+    if ctx.budgets.in_time_reserve(ctx.clock.now()):  # ADR-0209: every attempt rechecks the clock
+        return DEADLINE_SYNTHESIS
     if (
         lim.synthesis_reserve_model_calls
         and usage.model_calls + 1 + lim.synthesis_reserve_model_calls >= lim.max_model_calls
@@ -148,7 +171,10 @@ def build_with_pressure(
         if synthesis:
             # Volatile: the instruction rides on this request only, never in a checkpoint.
             request = request.model_copy(
-                update={"messages": list(request.messages) + [{"role": "system", "content": SYNTHESIS_INSTRUCTION}]}
+                update={
+                    "messages": list(request.messages)
+                    + [{"role": "system", "content": synthesis_instruction(synthesis)}]
+                }
             )
         if not budget:
             return request, prefix, synthesis

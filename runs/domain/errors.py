@@ -89,3 +89,47 @@ class OutcomeUnknown(ToolFailure):
         self, code: str = "outcome_unknown", message: str = "the call may have taken effect; its outcome is unknown"
     ):
         super().__init__(code, message, uncertain=True)
+
+
+class ToolLoopDetected(RuntimeCoreError):
+    """The circuit breaker (ADR-0136): the model kept proposing the same call
+    (same tool, same arguments) up to the identical-call threshold, or
+    ignored the synthesis-only turn the breaker forced one call before it.
+    Permanent: the run fails `tool_loop_detected` and is never requeued."""
+
+    reason = FailureReason.TOOL_LOOP_DETECTED
+
+    def __init__(self, tool: str, count: int, limit: int, *, ignored_synthesis: bool = False):
+        if ignored_synthesis:
+            message = f"the model kept calling tools ({tool!r}) after it was told to stop repeating a call and answer"
+        else:
+            message = f"the model proposed the same {tool!r} call {count} times (the limit is {limit})"
+        super().__init__(message)
+        self.details = {"tool": tool, "count": count, "limit": limit, "ignored_synthesis": ignored_synthesis}
+
+
+class PrincipalRevoked(RuntimeCoreError):
+    """At resumption after an approval or input, the principal the run acts
+    for no longer may: the user was deactivated, deleted or removed from the
+    run's tenant. Permanent: the run fails `principal_revoked` before any
+    tool of the re-entered batch runs."""
+
+    reason = FailureReason.PRINCIPAL_REVOKED
+
+    def __init__(self, why: str):
+        super().__init__(f"the run's principal was revoked: {why}")
+        self.details = {"why": why}
+
+
+class AgentVersionMissing(RuntimeCoreError):
+    """The run's pinned agent version no longer exists. Permanent and loud:
+    the run never falls back to the agent's latest version, which would run
+    a definition the principal never submitted to (seed 002)."""
+
+    reason = FailureReason.AGENT_VERSION_MISSING
+
+    def __init__(self, agent: str, version: str):
+        super().__init__(
+            f"agent {agent!r} has no version {version[:12]}; the run is pinned to it and does not fall back to latest"
+        )
+        self.details = {"agent": agent, "agent_version": version}

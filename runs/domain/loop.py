@@ -8,13 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from runs.domain import events
+from runs.domain import breaker, events
 from runs.domain.context import RunContext
 from runs.domain.context_engine import SynthesisReserveViolation, build_with_pressure
-from runs.domain.errors import BudgetExceeded, EmptyModelTurn, ModelError, RunCancelled, WorkerFenced
+from runs.domain.errors import (
+    BudgetExceeded,
+    EmptyModelTurn,
+    ModelError,
+    PrincipalRevoked,
+    RunCancelled,
+    ToolLoopDetected,
+    WorkerFenced,
+)
 from runs.domain.events import EventType
 from runs.domain.pipeline import BatchResult, RerunConflict, dispatch, open_batch, resume_batch
 from runs.domain.scrub import scrub_text, scrub_turn
+from runs.domain.stored_form import assistant_item
 from runs.domain.values import (
     BudgetScope,
     CancelReason,
@@ -26,7 +35,9 @@ from runs.domain.values import (
     RunFailure,
     RunOutcome,
     StopReason,
+    SuspensionKind,
 )
+from runs.domain.working_state import MAX_DENIED_BATCHES, BatchDisposition, apply_runtime_carry
 from runs.domain.writes import ModelCallFinish, ModelCallInsert, UnitOfWork
 
 MAX_STEP_FAILURES = 3
@@ -61,6 +72,8 @@ def run_loop(ctx: RunContext) -> RunOutcome:
             "EmptyModelTurn",
             "the model returned empty turns on every attempt of the step",
         )
+    except (ToolLoopDetected, PrincipalRevoked) as exc:  # permanent: never requeued
+        return failed(ctx, exc.reason, type(exc).__name__, str(exc), details=exc.details)
     except _ModelFailure as exc:
         return failed(ctx, exc.reason, exc.error_class, str(exc))
     except RerunConflict as exc:  # seed 000: the approved re-run cannot run as approved
@@ -101,6 +114,7 @@ def _loop(ctx: RunContext) -> RunOutcome:
         step_number, pending = reopened
         progress.current_step = step_number
         ctx.tracer.begin_step(step_number, {"step.resumed_batch": True})
+        _revalidate_principal(ctx)  # the re-entered batch runs for the principal as it is now
         if not progress.pending.is_empty():  # run.resumed lands before any watermark of the batch
             ctx.store.commit(progress.pending)
             progress.pending = UnitOfWork()
@@ -120,15 +134,11 @@ def _loop(ctx: RunContext) -> RunOutcome:
         turn = _invoke_model(ctx, step_number)
         ctx.tracer.set_step("step.tool_call_count", len(turn.tool_calls))
         ctx.token.raise_if_cancelled()  # observation point 3
-        ctx.state.conversation.append(
-            {
-                "role": "assistant",
-                "content": turn.text,
-                "tool_calls": [
-                    {"id": c.call_id, "name": c.name, "arguments": c.raw_arguments} for c in turn.tool_calls
-                ],
-            }
+        item = assistant_item(
+            turn.text, [{"id": c.call_id, "name": c.name, "arguments": c.raw_arguments} for c in turn.tool_calls]
         )
+        ctx.state.conversation.append(item)
+        ctx.state.link(item, progress.turn_event)
         ctx.state.step = step_number
         if not turn.tool_calls:
             return RunOutcome(kind=OutcomeKind.COMPLETED, final_message=turn.text or "", pending=progress.pending)
@@ -139,6 +149,26 @@ def _loop(ctx: RunContext) -> RunOutcome:
             return ended
 
 
+def _revalidate_principal(ctx: RunContext) -> None:
+    """Seed 002: the principal is resolved once per execution, except at
+    resumption after an approval or input (the pipeline re-enters an open
+    batch), where it is revalidated before any tool of the batch runs."""
+    if ctx.principals is None or ctx.run.principal is None:
+        return
+    why = ctx.principals.revoked(ctx.run.principal)
+    if why is not None:
+        raise PrincipalRevoked(why)
+
+
+def _carry(ctx: RunContext, batch: BatchResult, step_number: int) -> None:
+    """Phase 10: the runtime's working-state write (persisted by the next checkpoint)."""
+    question = None
+    if batch.suspension is not None and batch.suspension.kind is SuspensionKind.USER:
+        question = str(batch.suspension.invocation_ids[0]) if batch.suspension.invocation_ids else None
+    disposition = BatchDisposition(error_codes=batch.error_codes, all_denied=batch.all_denied, question_id=question)
+    ctx.state.carry(apply_runtime_carry(ctx.state.working(), disposition, step_number))
+
+
 def _after_batch(ctx: RunContext, batch: BatchResult, *, next_step: int | None) -> RunOutcome | None:
     """What follows a tool batch, fresh or re-entered: the outcome that ends
     this slice (a pause, an unknown outcome, a stop, repeated denials), or
@@ -147,6 +177,8 @@ def _after_batch(ctx: RunContext, batch: BatchResult, *, next_step: int | None) 
     progress = ctx.progress
     progress.pending = batch.work
     late = {"calls": batch.late} if batch.late else None
+    if not batch.unknown and batch.stop is None:
+        _carry(ctx, batch, ctx.state.step)
     if batch.suspension is not None:
         return RunOutcome(kind=OutcomeKind.SUSPENDED, suspension=batch.suspension, pending=progress.pending)
     if batch.unknown:  # an uncertain side effect: the executor hands the decision to Resume's reconcile-or-pause
@@ -169,12 +201,9 @@ def _after_batch(ctx: RunContext, batch: BatchResult, *, next_step: int | None) 
     return None
 
 
-MAX_DENIED_BATCHES = 3
-
-
 def _count_denials(ctx: RunContext, batch: BatchResult) -> RunOutcome | None:
-    """A run that keeps asking for denied calls fails `repeated_denial`."""
-    ctx.state.denials = ctx.state.denials + 1 if batch.all_denied else 0
+    """A run that keeps asking for denied calls fails `repeated_denial` (the
+    count is the runtime carry's `consecutive_denials`)."""
     if ctx.state.denials >= MAX_DENIED_BATCHES:
         return failed(
             ctx,
@@ -391,6 +420,10 @@ def _empty_turn(
     if turn.stop_reason is StopReason.CANCELLED or ctx.token.reason is not None:
         _finish(ctx, ModelCallStatus.FAILED, turn, prefix, {"error_class": "Cancelled", "transient": False})
         raise RunCancelled(ctx.token.reason or CancelReason.REQUESTED)
+    looping = breaker.trip(ctx, turn.tool_calls, synthesis=synthesis) if turn.tool_calls else None
+    if looping is not None:  # fails visibly, before anything of the batch is recorded
+        _finish(ctx, ModelCallStatus.FAILED, turn, prefix, {"error_class": "ToolLoopDetected", "transient": False})
+        raise looping
     if synthesis and turn.tool_calls:
         _finish(
             ctx,
@@ -419,7 +452,7 @@ def _empty_turn(
 def _record_turn(ctx: RunContext, turn: ModelTurn, step_number: int, attempt: int, prefix: str) -> None:
     """A completed attempt: its row and `model.response.completed` (the turn the checkpoint rebuild reads back)."""
     _finish(ctx, ModelCallStatus.COMPLETED, turn, prefix)
-    ctx.progress.pending.event(
+    ctx.progress.turn_event = ctx.progress.pending.event(
         EventType.MODEL_RESPONSE_COMPLETED,
         {
             "step": step_number,

@@ -10,7 +10,6 @@ a recorded tool result.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
@@ -19,12 +18,14 @@ from typing import Any, Literal
 from uuid import UUID
 
 from runs.domain import events
-from runs.domain.context import RunContext, canonical_json
+from runs.domain.breaker import call_fingerprint
+from runs.domain.context import RunContext
 from runs.domain.errors import ToolFailure, WorkerFenced
 from runs.domain.events import EventType
 from runs.domain.ports import CancellationToken, Clock
 from runs.domain.records import ApprovalDecision, InvocationRecord
 from runs.domain.scrub import bound, scrub, scrub_text
+from runs.domain.stored_form import tool_item
 from runs.domain.values import (
     ApprovalStatus,
     CancelReason,
@@ -36,9 +37,8 @@ from runs.domain.values import (
     ToolCallRequest,
     ToolSpec,
 )
-from runs.domain.writes import ApprovalInsert, InvocationInsert, InvocationUpdate, UnitOfWork
+from runs.domain.writes import ApprovalInsert, EventWrite, InvocationInsert, InvocationUpdate, UnitOfWork
 
-IDENTICAL_CALL_LIMIT = 3
 MAX_ARGUMENT_BYTES = 64 * 1024
 # How deep delegation may nest: a run this many parents below the one a person
 # submitted may not start children of its own (a bound on recursion, since an
@@ -132,6 +132,7 @@ class _Entry:
     delegates: bool = False  # an authorized `delegate_run` call: it starts a child run instead of executing
     outcome: InvocationOutcome | None = None  # once executed (step 11)
     unknown: bool = False  # an uncertain side effect: nobody answers it until someone decides
+    event: EventWrite | None = None  # the event that records the result (a checkpoint may name it)
 
     @property
     def tool(self) -> ToolSpec:
@@ -149,14 +150,22 @@ class BatchResult:
     suspension: Suspension | None = None
     all_denied: bool = False
     unknown: list[UUID | None] = field(default_factory=list)  # invocations whose side effect ended uncertain
+    error_codes: tuple[str, ...] = ()  # of the batch's failed results, in call order (the runtime carry reads it)
+
+
+def _error_codes(entries: list[_Entry]) -> tuple[str, ...]:
+    return tuple(
+        str(e.result.get("error"))
+        for e in entries
+        if e.is_error and isinstance(e.result, dict) and e.result.get("error")
+    )
 
 
 def _error_result(code: str, message: str) -> dict[str, Any]:
     return {"error": code, "message": message}
 
 
-def _call_fingerprint(name: str, arguments: Any) -> str:
-    return hashlib.sha256(f"{name}\x1f{canonical_json(arguments)}".encode()).hexdigest()[:24]
+_call_fingerprint = call_fingerprint  # the breaker's counter key (checkpoint catch-up counts with it too)
 
 
 def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], work: UnitOfWork) -> BatchResult:
@@ -175,6 +184,7 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
     for entry in entries:
         _resolve(ctx, entry)
     _fit_budget(ctx, entries)
+    _fit_time(ctx, entries)
     for entry in entries:
         _decide(ctx, entry)
     _one_control_kind(entries)
@@ -187,7 +197,11 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
         # Policy is evaluated for the whole batch first: if any call needs
         # approval, none runs yet; finalize commits all of this with the pause.
         _append_results(ctx, [e for e in entries if e.is_error])
-        return BatchResult(work=work, suspension=_approval_suspension(suspend, work, reason="policy"))
+        return BatchResult(
+            work=work,
+            suspension=_approval_suspension(suspend, work, reason="policy"),
+            error_codes=_error_codes(entries),
+        )
     ctx.store.commit(work)  # commit 1: the model response and every decision
     if stop is not None:
         _append_results(ctx, entries)
@@ -231,14 +245,38 @@ def _fit_budget(ctx: RunContext, entries: list[_Entry]) -> None:
         _fail(entry, "tool.budget_exhausted", "the run's tool-call budget is exhausted; this call was not run")
 
 
+TIME_REFUSAL = "the run is inside its deadline synthesis reserve; this call was not run"
+
+
+def _time_refusal(entry: _Entry) -> None:
+    _fail(entry, "tool.budget_exhausted", TIME_REFUSAL)
+    entry.result["dimension"] = "deadline"
+
+
+def _fit_time(ctx: RunContext, entries: list[_Entry]) -> None:
+    """ADR-0209: a batch that arrives inside the deadline synthesis reserve
+    gets persisted budget refusals (never run, not counted as usage), which
+    leaves paired history for the tool-free answer."""
+    if ctx.budgets.in_time_reserve(ctx.clock.now()):
+        for entry in entries:
+            if not entry.is_error:
+                _time_refusal(entry)
+
+
+def _exempt_from_time_reserve(ctx: RunContext, row: InvocationRecord) -> bool:
+    """A waiting call whose approval was resolved before the deadline runs,
+    is denied or expires as decided, whatever the reserve (ADR-0209)."""
+    decision = ctx.approvals.decision_for(row.id) if ctx.approvals is not None else None
+    if decision is None or decision.status != ApprovalStatus.APPROVED or decision.decided_at is None:
+        return False
+    return ctx.run.deadline_at is None or decision.decided_at < ctx.run.deadline_at
+
+
 def _decide(ctx: RunContext, entry: _Entry) -> None:
-    """Steps 5–6: identical-call guard, schema validation, policy."""
+    """Steps 5–6: schema validation, policy. (Step 5, the identical-call
+    guard, is the breaker's: it already tripped on the turn, before this
+    batch was recorded, if any call of it would reach the limit.)"""
     if entry.is_error:
-        return
-    if ctx.state.identical_calls.get(_call_fingerprint(entry.call.name, entry.arguments), 0) >= IDENTICAL_CALL_LIMIT:
-        _fail(
-            entry, "repeated_call", "this exact call was already made several times in this run; it was not run again"
-        )
         return
     errors = ctx.tools.validate(entry.call.name, entry.arguments)
     if errors:
@@ -293,16 +331,15 @@ def _record_decision(
                 outcome=InvocationOutcome.FAILED,
             )
         )
-        work.events.append(
-            events.call_not_run(
-                invocation_id=entry.invocation_id,
-                call_id=entry.call.call_id,
-                tool=tool_name,
-                result=entry.result,
-                at=now,
-                outcome=InvocationOutcome.FAILED,
-            )
+        entry.event = events.call_not_run(
+            invocation_id=entry.invocation_id,
+            call_id=entry.call.call_id,
+            tool=tool_name,
+            result=entry.result,
+            at=now,
+            outcome=InvocationOutcome.FAILED,
         )
+        work.events.append(entry.event)
     elif entry.needs_approval and stop is None and ctx.approvals is not None:
         insert = _insert_row(
             entry, step_number, tool_name, now, InvocationStatus.AWAITING_APPROVAL, suspended_kind="policy"
@@ -407,7 +444,9 @@ def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry]) -> Batc
         for entry in delegated:
             _cancel(ctx, results, entry, stop)
     _append_results(ctx, entries)
-    return BatchResult(work=results, stop=stop, late=late, all_denied=_all_denied(entries))
+    return BatchResult(
+        work=results, stop=stop, late=late, all_denied=_all_denied(entries), error_codes=_error_codes(entries)
+    )
 
 
 @dataclass
@@ -485,6 +524,7 @@ def _ask_user(
         suspension=Suspension(
             kind=SuspensionKind.USER, invocation_ids=[question_entry.invocation_id], question=question
         ),
+        error_codes=_error_codes([e for e in entries if e is not question_entry]),
     )
 
 
@@ -773,7 +813,9 @@ def _record_outcome(
             updated_at=at,
         )
     )
-    results.event(EventType.TOOL_CALL_FAILED if entry.is_error else EventType.TOOL_CALL_COMPLETED, payload, at)
+    entry.event = results.event(
+        EventType.TOOL_CALL_FAILED if entry.is_error else EventType.TOOL_CALL_COMPLETED, payload, at
+    )
 
 
 def _attempt_history(prior: list[dict[str, Any]] | None, attempt: int, *, read_only: bool) -> list[dict[str, Any]]:
@@ -880,16 +922,9 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1)
 
 def _append_results(ctx: RunContext, entries: list[_Entry]) -> None:
     for entry in entries:
-        content = entry.result
-        ctx.state.conversation.append(
-            {
-                "role": "tool",
-                "tool_call_id": entry.call.call_id,
-                "name": entry.call.name,
-                "content": json.dumps(content, ensure_ascii=False) if not isinstance(content, str) else content,
-                "is_error": entry.is_error,
-            }
-        )
+        item = tool_item(entry.call.call_id, entry.call.name, entry.result, entry.is_error)
+        ctx.state.conversation.append(item)
+        ctx.state.link(item, entry.event, entry.result)
 
 
 ANSWERED = (
@@ -1038,6 +1073,18 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
             invalidated.append((entry, decision))
         elif verdict == "delegate":
             delegated.append(entry)
+        elif verdict == "run" and ctx.budgets.in_time_reserve(now) and not _exempt_from_time_reserve(ctx, row):
+            _time_refusal(entry)  # recovery rechecks the clock before resuming a saved batch
+            results.invocation_updates.append(
+                InvocationUpdate(
+                    id=row.id, status=InvocationStatus.FAILED, result=entry.result, error=entry.result, updated_at=now
+                )
+            )
+            results.events.append(
+                events.call_not_run(
+                    invocation_id=row.id, call_id=entry.call.call_id, tool=entry.call.name, result=entry.result, at=now
+                )
+            )
         elif verdict == "run":
             to_run.append(
                 _Planned(
@@ -1061,7 +1108,9 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
         for entry in delegated:
             _cancel(ctx, results, entry, stop)
     _append_results(ctx, entries)
-    return BatchResult(work=results, stop=stop, late=late, all_denied=_all_denied(entries))
+    return BatchResult(
+        work=results, stop=stop, late=late, all_denied=_all_denied(entries), error_codes=_error_codes(entries)
+    )
 
 
 def _reentry(index: int, call: dict[str, Any], row: InvocationRecord | None) -> _Entry:

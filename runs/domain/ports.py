@@ -115,6 +115,19 @@ class BudgetLedger(Protocol):
     def record_child_usage(self, usage: RunUsage, child: RunUsage) -> RunUsage:
         """Return the totals with a child run's tokens and cost added; raise `BudgetExceeded` if over."""
 
+    def in_time_reserve(self, now: datetime) -> bool:
+        """Whether `now` is inside the run's deadline synthesis reserve (ADR-0209)."""
+
+
+class PrincipalCheck(Protocol):
+    """Revalidates the principal a run acts for when the run resumes after an
+    approval or input (seed 002: the one exception to "resolved once per
+    execution")."""
+
+    def revoked(self, principal: Any) -> str | None:
+        """Why `principal` may no longer act for the run (deactivated, deleted,
+        removed from the run's tenant), or None while it still may."""
+
 
 class ApprovalGate(Protocol):
     """Hash-bound approvals (DESIGN §8): builds the rows the pipeline commits

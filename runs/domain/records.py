@@ -38,3 +38,4 @@ class ApprovalDecision:
     request_hash: str
     presentation: dict[str, Any]
     capability: dict[str, Any]
+    decided_at: datetime | None = None  # a call approved before the run's deadline is exempt from its reserve

@@ -98,6 +98,25 @@ class FailureReason(StrEnum):
     INTERNAL_ERROR = "internal_error"
     RECONCILE_CONFLICT = "reconcile_conflict"
     OPERATOR_REJECTED = "operator_rejected"
+    PRINCIPAL_REVOKED = "principal_revoked"  # issue 15: the submitter lost access while the run waited
+    AGENT_VERSION_MISSING = "agent_version_missing"  # issue 15: the pinned version is gone; never falls back
+
+
+class Principal(Frozen):
+    """Who a run acts for (seed 002 `principals.for_run`): the submitting
+    user and the scope set stamped on the run at submission (its permissions
+    then), or the system (a shell command, no user). Resolved once per
+    execution and handed to every tool as `ctx.principal`."""
+
+    kind: str  # "user" | "system"
+    tenant_id: UUID
+    user_id: int | None = None
+    username: str | None = None
+    scopes: frozenset[str] = frozenset()
+
+    @property
+    def is_user(self) -> bool:
+        return self.kind == "user"
 
 
 class RunFailure(Frozen):

@@ -19,6 +19,7 @@ class EventWrite:
     type: str
     payload: dict[str, Any]
     occurred_at: datetime
+    sequence: int | None = None  # set by the store once the event is committed
 
 
 @dataclass(slots=True)
@@ -77,12 +78,22 @@ class InvocationUpdate:
 
 @dataclass(slots=True)
 class CheckpointInsert:
+    """A checkpoint row in its materialised form: `state` holds the
+    conversation items themselves (`conversation` in a full row, `items` in a
+    delta). The store writes the stored form, references to the events that
+    hold them (runs.domain.stored_form): `prefix` is the stored form of the
+    first items of a full row, as (parts, how many items they cover), and
+    `sources` runs beside the items after those: for each, the event that
+    holds it (an `EventWrite`, or a committed sequence) or None."""
+
     version: int
     full: bool
     base_version: int | None
     trigger: str
     state: dict[str, Any]
     created_at: datetime
+    sources: list[Any] | None = None
+    prefix: tuple[list[Any], int] | None = None
 
 
 @dataclass(slots=True)
@@ -112,8 +123,10 @@ class UnitOfWork:
     approval_invalidations: list[UUID] = field(default_factory=list)  # approved grants that no longer hold
     events: list[EventWrite] = field(default_factory=list)
 
-    def event(self, type_: str, payload: dict[str, Any], at: datetime) -> None:
-        self.events.append(EventWrite(type_, payload, at))
+    def event(self, type_: str, payload: dict[str, Any], at: datetime) -> EventWrite:
+        event = EventWrite(type_, payload, at)
+        self.events.append(event)
+        return event
 
     def is_empty(self) -> bool:
         return not (

@@ -25,6 +25,7 @@ from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 
 from runs.clock import CLOCK
+from runs.runtime.backoff import Backoff
 
 log = logging.getLogger("agentrt.doorbell")
 
@@ -37,8 +38,11 @@ def enabled() -> bool:
 
 
 class DoorbellORM(ORM):
+    clock = CLOCK  # the Clock port (runs/clock.py); a test injects a fake one
+
     def __init__(self, list_key: str | None = None):
         super().__init__(list_key=list_key)
+        self._backoff = Backoff(min(1.0, settings.AGENTRT_Q_FALLBACK_POLL))
         self._listener: Any = None  # a psycopg connection, connected in the pusher process, on its first dequeue
         self._retry_at = 0.0  # after a failed LISTEN: poll until then, then try again
         self._failing = False  # the queue could not be read: reconnecting
@@ -65,15 +69,16 @@ class DoorbellORM(ORM):
                 log.warning("doorbell: cannot read the queue (%s); reconnecting", type(exc).__name__)
             self._failing = True
             self._drop_connection()
-            CLOCK.sleep(min(1.0, settings.AGENTRT_Q_FALLBACK_POLL))
+            self.clock.sleep(self._backoff.failed())  # longer each time, up to 30 s: no spinning in an outage
             return None
+        self._backoff.succeeded()
         if self._failing:
             log.info("doorbell: reading the queue again")
             self._failing = False
         if tasks:
             return tasks
         if listener is None:
-            CLOCK.sleep(Conf.POLL)  # no listener: the stock poll until it reconnects
+            self.clock.sleep(Conf.POLL)  # no listener: the stock poll until it reconnects
         else:
             self._wait(listener, settings.AGENTRT_Q_FALLBACK_POLL)
         return None

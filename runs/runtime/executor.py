@@ -20,7 +20,7 @@ from ops.tracing import run_span
 from runs.clock import CLOCK, IDS
 from runs.domain.cancellation import Token
 from runs.domain.context import RunContext
-from runs.domain.errors import BudgetExceeded, WorkerFenced
+from runs.domain.errors import AgentVersionMissing, BudgetExceeded, WorkerFenced
 from runs.domain.loop import failed, run_loop
 from runs.domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunOutcome
 from runs.domain.writes import UnitOfWork
@@ -87,6 +87,18 @@ def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
                 outcome = _failed(ctx, exc.reason, "BudgetExceeded", str(exc))
         except WorkerFenced as exc:
             outcome = RunOutcome(kind=OutcomeKind.FENCED, late=exc.late)
+        except AgentVersionMissing as exc:  # permanent, loud, no fallback to the latest version
+            log.error("run %s: %s", claim.run_id, exc)
+            outcome = RunOutcome(
+                kind=OutcomeKind.FAILED,
+                failure=RunFailure(
+                    reason=exc.reason,
+                    error_class="AgentVersionMissing",
+                    message=str(exc),
+                    occurred_at=clock.now(),
+                    details=exc.details,
+                ),
+            )
         except Exception as exc:  # never swallowed: typed, recorded, the run fails visibly
             log.exception("run %s: unhandled error", claim.run_id)
             outcome = _unhandled(ctx, exc, clock, ids)

@@ -281,12 +281,6 @@ def _retire_old(self) -> None:
 
 def rebuild(self, reasons: list[str]) -> None:
     """Replace the shared queues and respawn pusher, monitor and workers."""
-    log.critical(
-        "cluster %s: %s; reincarnated pusher, monitor and %d workers on new task and result queues",
-        q_cluster.humanize(self.cluster_id.hex),
-        "; ".join(reasons),
-        self.pool_size,
-    )
     for proc in (self.pusher, self.monitor):
         if proc is not None and proc.is_alive():
             _kill(proc)
@@ -307,6 +301,16 @@ def rebuild(self, reasons: list[str]) -> None:
     self.monitor = self.spawn_monitor()
     self.pusher = self.spawn_pusher()
     self.reincarnations += 1
+    # the new pids are named: an operator (and the chaos checker) can tie a
+    # worker that lived only seconds to its node
+    log.critical(
+        "cluster %s: %s; reincarnated pusher %s, monitor %s and workers %s on new task and result queues",
+        q_cluster.humanize(self.cluster_id.hex),
+        "; ".join(reasons),
+        self.pusher.pid,
+        self.monitor.pid,
+        sorted(p.pid for p in self.pool),
+    )
 
 
 def guard(self):

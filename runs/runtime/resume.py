@@ -29,7 +29,10 @@ from runs.clock import CLOCK, IDS
 from runs.domain.events import approval_requested, call_not_run, checkpointed
 from runs.domain.pipeline import UNKNOWN_OUTCOME
 from runs.domain.values import (
+    ApprovalStatus,
     FailureReason,
+    ModelCallStatus,
+    ModelUsage,
     OutcomeKind,
     RunFailure,
     RunLimits,
@@ -221,6 +224,19 @@ def decide(takeover: Takeover) -> str:
             ),
         )
         return _end(claim, outcome, UnitOfWork())
+    if not AgentVersion.objects.filter(agent_id=run.agent_id, version=run.agent_version).exists():
+        outcome = RunOutcome(
+            kind=OutcomeKind.FAILED,
+            failure=_failure(
+                FailureReason.AGENT_VERSION_MISSING,
+                "AgentVersionMissing",
+                f"agent {run.agent.name!r} has no version {run.agent_version[:12]}; the run is pinned to it and"
+                " does not fall back to latest",
+                agent=run.agent.name,
+                agent_version=run.agent_version,
+            ),
+        )
+        return _end(claim, outcome, UnitOfWork())
     damaged = _damaged(run)
     if damaged:
         outcome = RunOutcome(
@@ -268,8 +284,44 @@ def _damaged(run: Run) -> str | None:
         for inv in _unknown_outcomes(run.id):
             if not isinstance(inv.arguments, dict):
                 return f"invocation {inv.id}: arguments"
+        return _damaged_model_call(run) or _damaged_approval(run)
     except Exception as exc:
         return type(exc).__name__
+    return None
+
+
+def _damaged_model_call(run: Run) -> str | None:
+    """A model-call row whose status or usage will not decode (the usage rollup and the attempt numbering read them)."""
+    for row in ModelCall.objects.filter(run_id=run.id).values("id", "status", "usage", "error"):
+        try:
+            ModelCallStatus(row["status"])
+            if not isinstance(row["usage"], dict):
+                raise TypeError("usage")
+            ModelUsage(**row["usage"])
+            if row["error"] is not None and not isinstance(row["error"], dict):
+                raise TypeError("error")
+        except Exception as exc:
+            return f"model call {row['id']}: {type(exc).__name__}"
+    return None
+
+
+def _damaged_approval(run: Run) -> str | None:
+    """An approval row whose status, kind, hash or shown content will not decode (the
+    pipeline re-checks a decision against exactly these)."""
+    kinds = {k for k, _ in Approval.KINDS}
+    for row in Approval.objects.filter(run_id=run.id).values(
+        "id", "status", "kind", "request_hash", "presentation", "capability"
+    ):
+        try:
+            ApprovalStatus(row["status"])
+            if row["kind"] not in kinds:
+                raise ValueError("kind")
+            if len(row["request_hash"] or "") != 64:
+                raise ValueError("request_hash")
+            if not isinstance(row["presentation"], dict) or not isinstance(row["capability"], dict):
+                raise TypeError("presentation")
+        except Exception as exc:
+            return f"approval {row['id']}: {type(exc).__name__}"
     return None
 
 

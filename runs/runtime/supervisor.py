@@ -40,7 +40,8 @@ class Supervisor:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=self.lease_seconds)
+        if self._thread.ident is not None:  # never started (the context could not be built): nothing to join
+            self._thread.join(timeout=self.lease_seconds)
 
     def may_start_effect(self) -> bool:
         if not self._thread.is_alive() and not self._stop.is_set():

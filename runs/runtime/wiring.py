@@ -23,7 +23,7 @@ from runs.clock import CLOCK, IDS
 from runs.domain.budgets import Ledger
 from runs.domain.cancellation import Token
 from runs.domain.context import AgentSpec, RunContext, RunSnapshot, StepProgress
-from runs.domain.errors import WorkerFenced
+from runs.domain.errors import AgentVersionMissing, WorkerFenced
 from runs.domain.pipeline import MAX_DELEGATION_DEPTH
 from runs.domain.scrub import scrub_stream
 from runs.domain.values import CancelReason, RunLimits, RunUsage
@@ -33,6 +33,7 @@ from runs.providers import provider_for, provider_streams
 from runs.runtime import drain, qheal
 from runs.runtime.drain import draining
 from runs.runtime.faults import hook_for
+from runs.runtime.principals import Revalidation, principal_for
 from runs.runtime.queue import Claim
 from runs.store.repository import DjangoRunStore
 from runs.tools import REGISTRY
@@ -40,17 +41,25 @@ from runs.tools import REGISTRY
 log = logging.getLogger("agentrt.executor")
 
 
-def tenant_floor(tenant_id, step_of=None):
+def tenant_floor(tenant_id, step_of=None, store=None):
     """A reader of the tenant's policy floor. With `step_of` (the current step
-    number) it is read once per step — one SELECT for a whole batch of calls,
+    number) it is read once per step — one read for a whole batch of calls,
     and a tightened floor applies from the next step; without, at every call.
-    A failed read is not remembered (the engine fails closed and the next
-    evaluation tries again)."""
+    With `store` (the run's `DjangoRunStore`), a step whose model request was
+    started by a commit of that store takes the floor that commit read in its
+    own transaction (`floor_seen`): no transaction of its own, so a read-only
+    step stays at two commits; a SELECT otherwise (the first decisions after
+    a resume). A failed read is not remembered (the engine fails closed and
+    the next evaluation tries again)."""
     seen: dict = {}
 
     def read() -> dict:
         key = step_of() if step_of is not None else None
         if step_of is not None and seen and seen["step"] == key:
+            return seen["floor"]
+        captured = getattr(store, "floor_seen", None)
+        if step_of is not None and captured is not None and captured[0] == key:
+            seen.update(step=key, floor=captured[1])
             return seen["floor"]
         floor = Tenant.objects.filter(id=tenant_id).values_list("policy_floor", flat=True).first() or {}
         if step_of is not None:
@@ -77,7 +86,7 @@ def delegation_depth(parent_id) -> int:
 
 def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) -> RunContext:
     run = Run.objects.select_related("agent").get(id=claim.run_id)
-    version = AgentVersion.objects.get(agent_id=run.agent_id, version=run.agent_version)
+    version = pinned_version(run)
     definition = version.definition
     limits = RunLimits(**run.limits)
     state = checkpoint_current(run)
@@ -99,6 +108,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         lease_epoch=claim.epoch,
         parent_id=run.parent_id,
         depth=delegation_depth(run.parent_id),
+        principal=principal_for(run),  # once per execution (seed 002)
     )
     delegates = tuple(definition.get("delegates") or ())
     policy = PolicyEngine(definition.get("policy"), read_only_of=_read_only_of)
@@ -140,14 +150,24 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         started_monotonic=clock.monotonic(),
         resumed=state.version > 1 or run.attempts > 1,
         approvals=ApprovalGate(run=run, clock=clock, ids=ids),
+        principals=Revalidation(),
         progress=StepProgress(
             usage=RunUsage(**(run.usage or {})), step_count=run.step_count, next_attempt=(last_attempt or 0) + 1
         ),
     )
-    policy.floor = tenant_floor(run.tenant_id, step_of=lambda: ctx.state.step)
+    policy.floor = tenant_floor(run.tenant_id, step_of=lambda: ctx.state.step, store=ctx.store)
     if provider_streams(definition["model"]):
         ctx = replace(ctx, provider=provider_for(definition["model"], on_delta=DeltaBatcher(ctx)))
     return ctx
+
+
+def pinned_version(run: Run) -> AgentVersion:
+    """The agent version the run is pinned to, never the latest: a missing one
+    fails the run `agent_version_missing` (seed 002: fail loudly, no fallback)."""
+    version = AgentVersion.objects.filter(agent_id=run.agent_id, version=run.agent_version).first()
+    if version is None:
+        raise AgentVersionMissing(run.agent.name, run.agent_version)
+    return version
 
 
 class DeltaBatcher:

@@ -9,6 +9,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import F
 from pydantic import ValidationError
 
 from checkpoints.models import Checkpoint
@@ -45,22 +46,23 @@ def run_submit(
     limits: dict | None = None,
     idempotency_key: str | None = None,
     by: str = "",
+    principal: Any = None,
 ) -> tuple[Run, bool]:
     """Create a run and ring `drive_run` in the same transaction.
 
     Return (run, created); a replay of the same Idempotency-Key and body
     returns the original run with created=False. Text sent to a session whose
-    run waits for the user becomes that run's input (returned, created=False)."""
+    run waits for the user becomes that run's input (returned, created=False).
+    `principal` is the submitting user (None: the system, e.g. a shell
+    command); it and its scope set are stamped on the run (seed 002)."""
     requested = _validated(agent, input, limits, idempotency_key)
     request_hash = _request_hash(agent, input, session, requested)
     input = scrub_text(input)  # secrets never reach the run, its events or its checkpoints
     replayed = _replay(tenant, idempotency_key, request_hash)
     if replayed is not None:
         return replayed, False
-    agent_row = Agent.objects.filter(tenant=tenant, name=agent).first()
-    if agent_row is None:
-        raise AgentNotFound(f"no agent named {agent!r}", fields={"agent": ["unknown agent"]})
-    version = AgentVersion.objects.get(agent=agent_row, version=agent_row.latest_version)
+    version = _latest_version(tenant, agent)
+    agent_row = version.agent
     run_limits = resolve_limits(settings.AGENTRT_DEFAULT_LIMITS, version.definition.get("limits") or {}, requested)
     now = CLOCK.now()
     try:
@@ -68,6 +70,7 @@ def run_submit(
             session_row = _session_for(tenant, agent_row, session)
             if session_row is None or not Run.objects.filter(session=session_row).exclude(status__in=TERMINAL).exists():
                 _check_quota(tenant)  # (text for a busy session is routed below, not counted)
+            new_session = session_row is None
             if session_row is None:
                 session_row = Session.objects.create(id=IDS.new_id(), tenant=tenant, agent=agent_row, created_at=now)
             run = Run.objects.create(
@@ -84,15 +87,39 @@ def run_submit(
                 usage={},
                 idempotency_key=idempotency_key or None,
                 request_hash=request_hash,
+                **_principal_stamp(principal),
                 created_at=now,
                 updated_at=now,
             )
-            _seed_checkpoint(run, now)
+            _seed_checkpoint(run, now, new_session=new_session)
             _record_created(run, agent, now)
             enqueue_drive(run.id)
     except IntegrityError as exc:
         return _lost_race(exc, tenant, session, idempotency_key, request_hash, input, by)
     return run, True
+
+
+def _principal_stamp(user: Any) -> dict[str, Any]:
+    """Who the run acts for and its scope set (its permissions now): what the
+    worker reads at each execution instead of a credential (seed 002)."""
+    if user is None or not getattr(user, "is_authenticated", False):
+        return {"principal_user_id": None, "principal_scopes": []}
+    return {"principal_user_id": user.pk, "principal_scopes": sorted(user.get_all_permissions())}
+
+
+def _latest_version(tenant: Tenant, agent: str) -> AgentVersion:
+    """The agent's latest version, with the agent, in one read (submit latency: every read before
+    the transaction is a round trip between the caller and its first model call)."""
+    version = (
+        AgentVersion.objects.select_related("agent")
+        .filter(agent__tenant=tenant, agent__name=agent, version=F("agent__latest_version"))
+        .first()
+    )
+    if version is None:
+        if Agent.objects.filter(tenant=tenant, name=agent).exists():
+            raise AgentVersion.DoesNotExist(f"agent {agent!r} has no row for its latest version")
+        raise AgentNotFound(f"no agent named {agent!r}", fields={"agent": ["unknown agent"]})
+    return version
 
 
 def _validated(agent: Any, text: Any, limits: Any, idempotency_key: Any) -> dict:
@@ -201,9 +228,11 @@ def _check_quota(tenant: Tenant) -> None:
         raise QuotaExceeded(f"the tenant has {active} active runs and its quota is {limit}; wait for some to finish")
 
 
-def _seed_checkpoint(run: Run, now) -> None:
-    """Version 1 of the run: the session's history and the new input."""
-    state = CheckpointState(conversation=session_history(run) + [{"role": "user", "content": run.input}])
+def _seed_checkpoint(run: Run, now, *, new_session: bool) -> None:
+    """Version 1 of the run: the session's history (none in a session this
+    submit created: no read) and the new input."""
+    history = [] if new_session else session_history(run)
+    state = CheckpointState(conversation=history + [{"role": "user", "content": run.input}])
     row = state.next_checkpoint("seed", now)
     Checkpoint.objects.create(
         id=IDS.new_id(),

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from runs.domain import stored_form
 from runs.domain.writes import UnitOfWork
 
 
@@ -48,9 +49,10 @@ def can_batch(work: UnitOfWork) -> bool:
 #        new_invocations       INSERT INTO tool_invocations ...                  (invocation_inserts)
 #        changed_invocations   UPDATE tool_invocations FROM fenced_run, ...      (invocation_updates)
 #        new_approvals         INSERT INTO approvals ...                         (approval_inserts)
-#        new_checkpoint        INSERT INTO checkpoints ... FROM fenced_run       (checkpoint)
 #        session_counter       UPDATE sessions SET event_seq += n, if fenced_run (events)
 #        appended_events       INSERT INTO events ... FROM session_counter       (events)
+#        new_checkpoint        INSERT INTO checkpoints ... FROM fenced_run       (checkpoint; its stored form
+#                              may name the unit's events: events_from reads session_counter)
 #   SELECT <rows fenced_run matched>, <the events' sequences, ascending>
 #
 # Rows travel as one JSON array per CTE, unpacked by jsonb_to_recordset into a
@@ -70,11 +72,16 @@ def unit_statement(
     code_version: str,
     checkpoint_id: UUID | None,
     fence: tuple[str, list[Any]],
+    read_floor: bool = False,
 ) -> tuple[str, list[Any]]:
-    """The statement and its parameters; it returns (fence rows, sequences).
-    `fence` is the fenced UPDATE of the run row and its parameters
-    (`runs.store.fence.fence_statement`, shared with the statement-by-statement
-    path). `owner` is part of `fence`; it is named here for the caller's sake."""
+    """The statement and its parameters; it returns (fence rows, sequences,
+    the tenant's policy floor or NULL). `fence` is the fenced UPDATE of the
+    run row and its parameters (`runs.store.fence.fence_statement`, shared
+    with the statement-by-statement path). `owner` is part of `fence`; it is
+    named here for the caller's sake. With `read_floor` the statement also
+    reads the tenant's policy floor, in the same transaction: the floor a step
+    is decided under comes with the commit that starts its model request,
+    not from a transaction of its own."""
     fence_sql, fence_params = fence
     ctes: list[Cte] = [("fenced_run AS (" + fence_sql + " RETURNING id)", list(fence_params))]
     if work.model_call_finishes:
@@ -87,6 +94,8 @@ def unit_statement(
         ctes.append(_changed_invocations(work, epoch=epoch))
     if work.approval_inserts:
         ctes.append(_new_approvals(work, tenant_id=tenant_id))
+    if work.events:
+        ctes += _appended_events(work, run_id=run_id, tenant_id=tenant_id, session_id=session_id, epoch=epoch)
     if work.checkpoint is not None:
         ctes.append(
             _new_checkpoint(
@@ -94,7 +103,6 @@ def unit_statement(
             )
         )
     if work.events:
-        ctes += _appended_events(work, run_id=run_id, tenant_id=tenant_id, session_id=session_id, epoch=epoch)
         tail = (
             "SELECT (SELECT count(*) FROM fenced_run),"
             " (SELECT array_agg(sequence ORDER BY sequence) FROM appended_events)"
@@ -104,6 +112,11 @@ def unit_statement(
     params: list[Any] = []
     for _, cte_params in ctes:
         params += cte_params
+    if read_floor:
+        tail += ", (SELECT policy_floor FROM tenants WHERE id = %s)"
+        params.append(tenant_id)
+    else:
+        tail += ", NULL::jsonb"
     return "WITH " + ",\n".join(sql for sql, _ in ctes) + "\n" + tail, params
 
 
@@ -260,12 +273,21 @@ def _new_approvals(work: UnitOfWork, *, tenant_id: UUID) -> Cte:
 def _new_checkpoint(
     work: UnitOfWork, *, checkpoint_id: UUID | None, tenant_id: UUID, epoch: int, code_version: str
 ) -> Cte:
+    """The row in its stored form (runs.domain.stored_form). When it names
+    events of its own unit, `events_from` — the sequence before the unit's
+    first event — comes from the session counter this statement moved."""
     checkpoint = work.checkpoint
     assert checkpoint is not None
+    state, names_own = stored_form.encode(checkpoint, work.events)
+    value = "%s::jsonb"
+    params: list[Any] = [_j(state)]
+    if names_own:
+        value = "%s::jsonb || jsonb_build_object('events_from', (SELECT event_seq FROM session_counter) - %s)"
+        params.append(len(work.events))
     sql = (
         'new_checkpoint AS (INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger",'
-        " state, code_version, lease_epoch, created_at)"
-        " SELECT %s, %s, fenced_run.id, %s, %s, %s, %s, %s::jsonb, %s, %s, %s FROM fenced_run RETURNING 1)"
+        f" state, code_version, lease_epoch, created_at)"
+        f" SELECT %s, %s, fenced_run.id, %s, %s, %s, %s, {value}, %s, %s, %s FROM fenced_run RETURNING 1)"
     )
     return sql, [
         checkpoint_id,
@@ -274,7 +296,7 @@ def _new_checkpoint(
         checkpoint.full,
         checkpoint.base_version,
         checkpoint.trigger,
-        _j(checkpoint.state),
+        *params,
         code_version,
         epoch,
         checkpoint.created_at,

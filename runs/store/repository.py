@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.backends.postgresql.base import ServerBindingCursor
 
+from runs.domain import stored_form
 from runs.domain.errors import WorkerFenced
 from runs.domain.records import InvocationRecord
 from runs.domain.writes import EventWrite, UnitOfWork
@@ -183,6 +184,10 @@ class DjangoRunStore:
         self.epoch = epoch
         self.code_version = code_version
         self.commits = 0
+        # (step, policy floor) read by the commit that started that step's model
+        # request: the floor the step's calls are decided under, without a
+        # transaction of its own (runs.runtime.wiring.tenant_floor).
+        self.floor_seen: tuple[int, Any] | None = None
 
     # -- the fence ---------------------------------------------------------
     def _fence(
@@ -210,8 +215,10 @@ class DjangoRunStore:
         (a child's end locks its parent's row before its own: the lock order
         of the join)."""
         at = work.events[0].occurred_at if work.events else None
+        starts = work.model_call_inserts[-1].step_number if work.model_call_inserts else None
         if is_pg() and can_batch(work):
-            return self._commit_one_statement(work, at or _latest(work), transition, after, before)
+            return self._commit_one_statement(work, at or _latest(work), transition, after, starts, before)
+        floor: Any = None
         try:
             with transaction.atomic(durable=True):
                 with connection.cursor() as cursor:
@@ -227,12 +234,27 @@ class DjangoRunStore:
                         epoch=self.epoch,
                         events=work.events,
                     )
+                    if work.checkpoint is not None:
+                        self._insert_checkpoint(cursor, work, seqs)
+                    if starts is not None:
+                        cursor.execute("SELECT policy_floor FROM tenants WHERE id = %s", [sql_uuid(self.tenant_id)])
+                        row = cursor.fetchone()
+                        floor = row[0] if row else None
                     if after is not None:
                         after(cursor)
         except _Fenced:
             raise WorkerFenced("the fenced update affected zero rows") from None
         self.commits += 1
+        _committed(work, seqs)
+        self._saw_floor(starts, floor)
         return seqs
+
+    def _saw_floor(self, step: int | None, floor: Any) -> None:
+        if step is None:
+            return
+        if isinstance(floor, str | bytes):  # SQLite hands JSON back as text
+            floor = json.loads(floor)
+        self.floor_seen = (step, floor or {})
 
     def _commit_one_statement(
         self,
@@ -240,6 +262,7 @@ class DjangoRunStore:
         at: datetime,
         transition: Transition | None,
         after: After | None,
+        starts: int | None,
         before: After | None = None,
     ) -> list[int]:
         sql, params = unit_statement(
@@ -252,11 +275,12 @@ class DjangoRunStore:
             code_version=self.code_version,
             checkpoint_id=_checkpoint_id(self.run_id, work.checkpoint.version) if work.checkpoint is not None else None,
             fence=fence_statement(work, at, transition, run_id=self.run_id, owner=self.owner, epoch=self.epoch),
+            read_floor=starts is not None,
         )
         if after is None and before is None and connection.get_autocommit() and not _announces(work):
             with statement_cursor() as cursor:  # the statement is its own transaction
                 cursor.execute(sql, params)
-                fenced_rows, seqs = cursor.fetchone()
+                fenced_rows, seqs, floor = cursor.fetchone()
             if fenced_rows != 1:
                 raise WorkerFenced("the fenced update affected zero rows")
         else:
@@ -266,7 +290,7 @@ class DjangoRunStore:
                         if before is not None:
                             before(cursor)
                         cursor.execute(sql, params)
-                        fenced_rows, seqs = cursor.fetchone()
+                        fenced_rows, seqs, floor = cursor.fetchone()
                         if fenced_rows != 1:
                             raise _Fenced()
                         _deliveries(cursor, self.tenant_id, self.run_id, work.events, list(seqs or []))
@@ -277,6 +301,8 @@ class DjangoRunStore:
         if work.events and settings.AGENTRT_NOTIFY_LIVE:
             _notify(self.run_id, self.tenant_id)
         self.commits += 1
+        _committed(work, seqs or [])
+        self._saw_floor(starts, floor)
         return list(seqs or [])
 
     def invocations_for_step(self, step_number: int) -> list[InvocationRecord]:
@@ -480,26 +506,40 @@ class DjangoRunStore:
                 "UPDATE approvals SET status = 'invalidated' WHERE id = %s AND run_id = %s AND status = 'approved'",
                 [sql_uuid(approval_id), run],
             )
-        if work.checkpoint is not None:
-            c = work.checkpoint
-            cursor.execute(
-                'INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state,'
-                " code_version, lease_epoch, created_at)"
-                f" VALUES (%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s)",
-                [
-                    sql_uuid(_checkpoint_id(self.run_id, c.version)),
-                    tenant,
-                    run,
-                    c.version,
-                    c.full,
-                    c.base_version,
-                    c.trigger,
-                    sql_json(c.state),
-                    self.code_version,
-                    epoch,
-                    sql_dt(c.created_at),
-                ],
-            )
+
+    def _insert_checkpoint(self, cursor: Cursor, work: UnitOfWork, seqs: list[int]) -> None:
+        """The checkpoint row in its stored form, after the unit's events (whose
+        sequences it may name: `events_from` is the one before the first)."""
+        c = work.checkpoint
+        assert c is not None
+        state, names_own = stored_form.encode(c, work.events)
+        if names_own:
+            state["events_from"] = seqs[0] - 1
+        cursor.execute(
+            'INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state,'
+            " code_version, lease_epoch, created_at)"
+            f" VALUES (%s, %s, %s, %s, %s, %s, %s, {jp()}, %s, %s, %s)",
+            [
+                sql_uuid(_checkpoint_id(self.run_id, c.version)),
+                sql_uuid(self.tenant_id),
+                sql_uuid(self.run_id),
+                c.version,
+                c.full,
+                c.base_version,
+                c.trigger,
+                sql_json(state),
+                self.code_version,
+                self.epoch,
+                sql_dt(c.created_at),
+            ],
+        )
+
+
+def _committed(work: UnitOfWork, seqs: list[int]) -> None:
+    """Give each event of a committed unit its sequence (in order: the unit's
+    events take consecutive sequences), so later checkpoints can name it."""
+    for event, seq in zip(work.events, seqs, strict=False):
+        event.sequence = seq
 
 
 def _checkpoint_id(run_id: UUID, version: int) -> UUID:

@@ -220,7 +220,13 @@ class RunsConsumer(_Streaming):
 
     @database_sync_to_async
     def _start_cursor(self):
-        last = scoping.tenant_events(self.tenant_id).order_by("-id").values_list("id", flat=True).first()
+        last = (
+            scoping.tenant_events(self.tenant_id)
+            .filter(type__in=STATUS_EVENTS)  # what the socket streams, and what events_tenant_status_idx holds
+            .order_by("-id")
+            .values_list("id", flat=True)
+            .first()
+        )
         return last or 0
 
     @database_sync_to_async

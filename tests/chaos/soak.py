@@ -214,7 +214,8 @@ def parse_args(argv):
         "--deaths",
         type=int,
         default=None,
-        help="stop submitting (then drain) once this many process deaths were injected; --runs is then a cap",
+        help="stop submitting and stop the random kills and stops once this many process deaths were injected, "
+        "then drain: every run must end (per-run planned faults still land); --runs is then a cap",
     )
     p.add_argument(
         "--min-uptime",
@@ -277,11 +278,19 @@ def parse_tracebacks(lines: list[str]) -> list[dict]:
 
 
 def parse_worker_pids(lines: list[str]) -> list[int]:
-    """The pid of every worker a node's log says it started ("... ready for work at PID")."""
+    """The pid of every worker a node's log says it started: django-q2's "ready for work at PID"
+    (INFO), and the workers our sentinel respawns when it replaces the queues (CRITICAL)."""
     import re
 
-    ready = re.compile(r"ready for work at (\d+)\s*$")
-    return [int(m.group(1)) for m in map(ready.search, lines) if m]
+    ready = re.compile(r"ready for work at (\d+)\s*$")  # django-q2, at INFO
+    rebuilt = re.compile(r"reincarnated pusher \d+, monitor \d+ and workers \[([\d, ]*)\]")  # qheal, CRITICAL
+    pids = []
+    for line in lines:
+        if m := ready.search(line):
+            pids.append(int(m.group(1)))
+        elif m := rebuilt.search(line):
+            pids += [int(p) for p in m.group(1).split(",") if p.strip()]
+    return pids
 
 
 def worst_window(held: list[dict]) -> str:
@@ -1457,10 +1466,15 @@ class Soak:
                     last_watch = now
 
                 g(self.random_cancels)
-                if next_kill and now >= next_kill:
+                # Past the deaths target (or SIGUSR1) the random faults stop, once every
+                # process type owed a death has had it: the drain then shows that the
+                # deployment converges — every run ends — instead of racing a crash loop
+                # on a machine too slow to restart nodes as fast as they are killed.
+                converging = self.stopped_submitting and not self.owed
+                if next_kill and now >= next_kill and not converging:
                     g(self.random_fault, "kill")
                     next_kill = now + self.rng.uniform(*self.kill_every)
-                if next_stop and now >= next_stop:
+                if next_stop and now >= next_stop and not converging:
                     g(self.random_fault, "stop")
                     next_stop = now + self.rng.uniform(*self.stop_every)
                 self.release_stopped()

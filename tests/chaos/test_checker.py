@@ -928,8 +928,10 @@ def test_soak_reads_the_workers_a_node_started_from_its_log():
         "2026-11-30 11:31:30,001 INFO django-q Process-1:1 ready for work at 3946",
         "2026-11-30 11:31:30,002 INFO django-q Process-1:2 ready for work at 3947",
         "2026-11-30 11:31:30,003 INFO django-q Process-1 guarding cluster nebraska",
+        "2026-11-30 13:25:38,514 CRITICAL agentrt.qheal cluster winter-one: worker 24716 died (exit code -9); "
+        "reincarnated pusher 24720, monitor 24719 and workers [24717, 24718] on new task and result queues",
     ]
-    assert parse_worker_pids(lines) == [3946, 3947]
+    assert parse_worker_pids(lines) == [3946, 3947, 24717, 24718]
 
 
 SENTINEL_FAILED = "RuntimeError: Q Cluster nebraska failed to start: sentinel exited with code 1"

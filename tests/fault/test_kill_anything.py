@@ -175,6 +175,12 @@ def test_idle_workers_sigkilled_then_new_runs_complete_without_a_restart(deploym
     assert node.exits == [] and node.proc.poll() is None  # healed in place: nobody restarted the node
     after = roles(node.proc.pid)
     assert not set(after["qc-worker"]) & set(before["qc-worker"])
+    # the node's log names the workers it respawned (at WARNING and above: the
+    # chaos checker ties a short-lived worker to its node by this line)
+    from tests.chaos.soak import parse_worker_pids
+
+    named = parse_worker_pids(node.log_path.read_text(errors="replace").splitlines())
+    assert set(after["qc-worker"]) <= set(named), (after, named)
     record_claim_delays("idle-workers", runs)
 
 

@@ -268,6 +268,31 @@ def test_prune_keeps_only_the_final_snapshot_of_a_terminal_run(load_agent, submi
     assert checkpoint_latest(run.id).conversation[-1]["content"] == "end"
 
 
+def test_prune_deletes_in_one_statement_and_keeps_the_chain_of_a_run_whose_last_version_is_not_full(load_agent, submit):
+    from django.test.utils import CaptureQueriesContext
+
+    from checkpoints.models import Checkpoint
+    from maintenance.sweeps.prune import _prune_run
+
+    load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "x"}}]}, {"text": "end"}])
+    kept, pruned = submit(text="kept"), submit(text="pruned")
+    run_drive(run_id=kept.id)
+    run_drive(run_id=pruned.id)
+    top = Checkpoint.objects.filter(run=kept).order_by("-version").first()
+    Checkpoint.objects.create(
+        tenant_id=kept.tenant_id, run=kept, version=top.version + 1, full=False, trigger="step", state={}
+    )
+    chain, before = Checkpoint.objects.filter(run=kept).count(), Checkpoint.objects.filter(run=pruned).count()
+    with CaptureQueriesContext(connection) as queries:
+        assert _prune_run(kept.id) == 0
+        assert _prune_run(pruned.id) == before - 1
+    assert Checkpoint.objects.filter(run=kept).count() == chain  # its last version is not a full snapshot
+    assert list(Checkpoint.objects.filter(run=pruned).values_list("trigger", flat=True)) == ["final"]
+    # Django wraps each delete in BEGIN/COMMIT; between them, only the one DELETE
+    statements = [q["sql"] for q in queries.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    assert len(statements) == 2 and all(sql.startswith("DELETE") for sql in statements), statements
+
+
 def test_the_sweep_rings_again_for_a_queued_run_whose_doorbell_a_dead_worker_took(load_agent, submit):
     from datetime import timedelta
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import socket
+import ssl
 import threading
 
 import pytest
@@ -129,6 +130,23 @@ def test_text_stream_usage_cost_and_request_translation(fake, make_provider):
         {"role": "assistant", "content": "Fetched."},
         {"role": "user", "content": "thanks"},
     ]
+
+
+def test_model_attempts_build_no_tls_context(fake, make_provider, monkeypatch):
+    """Building a TLS client context loads the whole CA bundle: 20-50 ms of CPU
+    that `httpx.Client()` spends before every request unless it is handed a
+    context. Model attempts share the process's one (it was built before
+    every model call, the first included: issue 16, submit -> first model call).
+    Counted at the standard library, across attempts and provider instances."""
+    fake.push(text_stream("hi"))
+    make_provider().complete(make_request(), RecordingToken())  # the process's first call may build it
+    built = []
+    real = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: built.append(1) or real(*a, **k))
+    for _ in range(3):
+        assert make_provider().complete(make_request(), RecordingToken()).text == "hi"
+    assert len(fake.requests) == 4
+    assert built == [], f"{len(built)} TLS contexts built for 3 model attempts"
 
 
 def test_tool_choice_none_sends_neither_tools_nor_tool_choice(fake, make_provider):

@@ -189,3 +189,66 @@ def test_a_floor_read_that_failed_is_not_remembered():
     )
     assert policy.evaluate("echo", {}) == "require_approval"  # fails closed
     assert policy.evaluate("echo", {}) == "deny"  # and the next evaluation reads the floor
+
+
+def test_a_floor_tightened_during_a_step_applies_to_the_next_step_of_a_running_run(load_agent, submit, tenant):
+    """The floor comes with the commit that starts a step's model request
+    (no read transaction of its own): a floor tightened while step 1's tool
+    runs is the floor step 2's calls are decided under."""
+    from runs.domain.values import ToolSpec
+    from runs.models import ToolInvocation
+    from runs.runtime.executor import run_drive
+    from runs.tools import REGISTRY
+
+    def tighten(arguments, context):
+        Tenant.objects.filter(id=tenant.id).update(
+            policy_floor={"default": "allow", "rules": [{"tool": "echo", "decision": "deny"}]}
+        )
+        return "tightened"
+
+    REGISTRY.register(ToolSpec(name="tighten_floor", parameters={"type": "object"}, read_only=True), tighten)
+    try:
+        load_agent(
+            turns=[
+                {"tool_calls": [{"name": "echo", "arguments": {"text": "before"}}]},
+                {"tool_calls": [{"name": "tighten_floor", "arguments": {}}]},
+                {"tool_calls": [{"name": "echo", "arguments": {"text": "after"}}]},
+                {"text": "done"},
+            ],
+            tools=("echo", "tighten_floor"),
+        )
+        run = submit()
+        assert run_drive(run_id=run.id).kind.value == "completed"
+    finally:
+        REGISTRY.unregister("tighten_floor")
+    calls = dict(ToolInvocation.objects.filter(run_id=run.id).values_list("step_number", "status"))
+    assert calls == {1: "completed", 2: "completed", 3: "failed"}
+    denied = ToolInvocation.objects.get(run_id=run.id, step_number=3)
+    assert denied.result["error"] == "denied_by_policy"
+
+
+def test_the_reader_takes_the_floor_the_steps_first_commit_read_without_a_query():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from runs.runtime.wiring import tenant_floor
+
+    user("acme", "alice")
+    acme = tenant_get(name="acme")
+
+    class Store:
+        floor_seen = (4, {"default": "deny"})
+
+    step = {"n": 4}
+    policy = PolicyEngine(
+        {"default": "allow"},
+        floor=tenant_floor(acme.id, step_of=lambda: step["n"], store=Store()),
+        read_only_of=READ_ONLY.get,
+    )
+    with CaptureQueriesContext(connection) as queries:
+        assert policy.evaluate("echo", {}) == "deny"
+    assert len(queries) == 0
+    step["n"] = 5  # no commit of this store started step 5 (e.g. the first decisions after a resume): read it
+    with CaptureQueriesContext(connection) as queries:
+        assert policy.evaluate("echo", {}) == "allow"
+    assert len(queries) == 1

@@ -198,7 +198,9 @@ def test_output_token_budget_exceeded_by_a_response_fails_the_run():
 
 def test_deadline_passed_during_a_step_fails_deadline_exceeded():
     h = build_context(
-        [{"tool_calls": [echo_call("slow")]}, {"text": "late"}], deadline_at=START + timedelta(seconds=10)
+        [{"tool_calls": [echo_call("slow")]}, {"text": "late"}],
+        deadline_at=START + timedelta(seconds=10),
+        limits=RunLimits(deadline_seconds=10),  # as submitted: deadline_at is created_at + deadline_seconds
     )
 
     def slow_echo(arguments, context):

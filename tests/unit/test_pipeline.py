@@ -173,13 +173,16 @@ def test_tool_failure_and_tool_crash_are_failed_results_not_worker_errors():
     assert h.ctx.progress.usage.tool_calls == 2  # executed calls count, even failed ones
 
 
-def test_identical_call_is_refused_after_three_executions():
+def test_the_identical_call_guard_is_the_breaker_one_counter_no_refusal():
+    # Step 5 used to refuse the fourth identical call (`repeated_call`) and let the loop go on; it is now
+    # the breaker's (tests/unit/test_guards.py): two runs, a tool-free turn, then `tool_loop_detected`.
     h = build_context([{"tool_calls": [echo_call("same")]}] * 4 + [{"text": "ok"}])
 
-    run_loop(h.ctx)
+    outcome = run_loop(h.ctx)
 
-    assert h.tools.count("echo") == 3
-    assert [error_code(e) if e["is_error"] else None for e in tool_entries(h)] == [None, None, None, "repeated_call"]
+    assert h.tools.count("echo") == 2
+    assert [error_code(e) if e["is_error"] else None for e in tool_entries(h)] == [None, None]
+    assert outcome.failure.reason == "tool_loop_detected"
 
 
 # -- the tool-call budget ---------------------------------------------------------

@@ -1,0 +1,51 @@
+"""A submit is the first stretch of submit -> first model call (issue 16 item 4):
+it reads the agent and its latest version in one statement, and a run in a
+new session reads no session history (there is none); a run that continues
+a session is still seeded with what the session said before."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from checkpoints.repository import checkpoint_latest
+from runs.errors import AgentNotFound
+from runs.runtime.executor import run_drive
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def reads(queries) -> list[str]:
+    return [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("SELECT")]
+
+
+def test_a_submit_reads_the_agent_once_and_no_history_for_a_new_session(load_agent, submit):
+    load_agent(turns=[{"text": "hi"}])
+    submit(text="warm")  # the tenant's first submit
+    with CaptureQueriesContext(connection) as q:
+        submit(text="hello")
+    selects = reads(q.captured_queries)
+    agent_reads = [s for s in selects if '"agents"' in s or '"agent_versions"' in s]
+    assert len(agent_reads) == 1 and 'FROM "agent_versions" INNER JOIN "agents"' in agent_reads[0], agent_reads
+    history = [s for s in selects if 'FROM "runs"' in s and '"runs"."session_id"' in s]
+    assert history == [], history
+
+
+def test_a_run_that_continues_a_session_is_seeded_with_the_sessions_history(load_agent, submit):
+    load_agent(turns=[{"text": "first answer"}])
+    first = submit(text="first question")
+    assert run_drive(run_id=first.id).kind.value == "completed"
+    second = submit(text="second question", session=first.session_id)
+    assert [(m["role"], m["content"]) for m in checkpoint_latest(second.id).conversation] == [
+        ("user", "first question"),
+        ("assistant", "first answer"),
+        ("user", "second question"),
+    ]
+
+
+def test_an_unknown_agent_is_refused_naming_the_field(load_agent, submit):
+    load_agent()
+    with pytest.raises(AgentNotFound) as caught:
+        submit(agent="ghost")
+    assert caught.value.fields == {"agent": ["unknown agent"]}
