@@ -4,7 +4,8 @@ A `delegate_run` batch suspends its run in WAITING_FOR_APPROVAL with the
 suspension kind `child_run`; `finalize`, in the transaction of that
 transition, starts the children (`children_start`): ordinary runs of the same
 tenant with `parent` set, each in a session of its own, the parent's
-`deadline_at` copied and its limits capped by what remains of the parent's.
+`deadline_at` and principal stamp copied and its limits capped by what
+remains of the parent's.
 
 The join is part of the terminal path, not a poll: the transaction that ends a
 child (finalize's terminal transition, or a cancel or failure of a child
@@ -63,7 +64,11 @@ def children_start(*, parent_id: UUID, suspension: Suspension, now: datetime) ->
     WAITING_FOR_APPROVAL, so a fenced worker starts none). Return how many
     started; a call whose agent no longer exists is answered with a failed
     result instead, and a parent with no child left to wait for is requeued."""
-    parent = Run.objects.filter(id=parent_id).values("tenant_id", "deadline_at", "session_id", "lease_epoch").get()
+    parent = (
+        Run.objects.filter(id=parent_id)
+        .values("tenant_id", "deadline_at", "session_id", "lease_epoch", "principal_user_id", "principal_scopes")
+        .get()
+    )
     started = 0
     answered: list[EventWrite] = []
     for index, request in enumerate(suspension.children):
@@ -96,6 +101,9 @@ def children_start(*, parent_id: UUID, suspension: Suspension, now: datetime) ->
             usage={},
             parent_id=parent_id,
             parent_invocation=request.invocation_id,
+            # a child acts for whom its parent acts: the stamp is copied, never widened
+            principal_user_id=parent["principal_user_id"],
+            principal_scopes=parent["principal_scopes"],
             created_at=created,
             updated_at=created,
         )

@@ -407,3 +407,14 @@ def test_a_child_that_waits_for_its_user_joins_when_answered(team, submit):
 
     assert reload(parent).status == "QUEUED"
     assert ToolInvocation.objects.get(id=second.parent_invocation).result["answer"] == "rhymed"
+
+
+def test_a_child_acts_for_whom_its_parent_acts(team, submit, operator):
+    team([{"tool_calls": [delegate("writer", "y")]}])
+    parent = submit(agent="lead", principal=operator)
+    run_drive(run_id=parent.id)
+
+    (child,) = children_of(parent)
+    parent = reload(parent)
+    assert parent.principal_user_id == operator.pk
+    assert (child.principal_user_id, child.principal_scopes) == (parent.principal_user_id, parent.principal_scopes)
