@@ -10,10 +10,8 @@ and tenant are already indexed or never change, so its HOT updates stay HOT).
   time (read from the index alone): the checkpoint prune walks them a batch
   at a time (maintenance/sweeps/prune.py) instead of joining every terminal
   run to its checkpoints at each sweep. One entry a run.
-- events_status_idx: a tenant's status events, by id: `ws/runs/` reads the
-  status changes past its cursor (runs/web/consumers.py). Through the
-  primary key it read every event of every tenant past the cursor, and its
-  cursor moves only when a status event is sent.
+- (a tenant's status events for `ws/runs/` are runs' events_tenant_status_idx,
+  runs migration 0008: one index, declared on the model.)
 - runs_active_tenant_idx: a tenant's runs that have not ended: the active-run
   quota of every submit counted them through the tenant's whole history.
 - approvals_pending_expiry_idx: pending approvals by expiry, for the expiry
@@ -22,16 +20,11 @@ and tenant are already indexed or never change, so its HOT updates stay HOT).
 from django.db import migrations
 
 ENDED = "'run.completed', 'run.failed', 'run.cancelled'"
-# runs.domain.events.STATUS_EVENTS, spelled out: a migration does not follow later edits of the code
-STATUS = (
-    "'run.created', 'run.claimed', 'run.started', 'run.resumed', 'run.requeued', 'run.completed', 'run.failed',"
-    " 'run.cancelled', 'run.waiting_for_approval', 'run.waiting_for_user', 'lease.taken_over', 'approval.resolved'"
-)
 TERMINAL = "'COMPLETED', 'FAILED', 'CANCELLED'"
 
 INDEXES = {
-    "events_ended_idx": f"events (id) INCLUDE (run_id, occurred_at) WHERE type IN ({ENDED})",
-    "events_status_idx": f"events (tenant_id, id) WHERE type IN ({STATUS})",
+    # INCLUDE is PostgreSQL's (an index-only walk); SQLite, the embedded default, gets the key alone.
+    "events_ended_idx": f"events (id) {{include}} WHERE type IN ({ENDED})",
     "runs_active_tenant_idx": f"runs (tenant_id) WHERE status NOT IN ({TERMINAL})",
     "approvals_pending_expiry_idx": "approvals (expires_at) WHERE status = 'pending'",
 }
@@ -57,9 +50,10 @@ def create(apps, schema_editor):
                 )
                 if cur.fetchone():
                     cur.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+                definition = definition.format(include="INCLUDE (run_id, occurred_at)")
                 cur.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {definition}")
             else:
-                cur.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {definition}")
+                cur.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {definition.format(include='')}")
         if pg:
             cur.execute("RESET statement_timeout")
             cur.execute("RESET lock_timeout")
