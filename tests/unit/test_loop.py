@@ -372,6 +372,22 @@ def test_deadline_token_during_the_model_call_fails_deadline_exceeded():
     assert outcome.failure.reason is FailureReason.DEADLINE_EXCEEDED
 
 
+def test_a_cancel_after_the_attempts_row_is_committed_sends_nothing_to_the_model():
+    """Observation point 2: the token is read again after the attempt's
+    `started` row commits and before the request is built and sent."""
+
+    def cancel_at_the_second_call(point, h):
+        if point == "model.before_call" and h.faults.count(point) == 2:
+            h.token.cancel(CancelReason.REQUESTED)
+
+    h = build_context(THREE_STEPS, fault=cancel_at_the_second_call)
+
+    outcome = run_loop(h.ctx)
+
+    assert outcome.kind is OutcomeKind.CANCELLED
+    assert len(h.provider.requests) == 1  # step 1's only: step 2's attempt was never sent
+
+
 def test_token_set_before_the_run_starts_calls_no_model():
     h = build_context([{"text": "never"}])
     h.token.cancel(CancelReason.REQUESTED)
