@@ -30,7 +30,7 @@ from runs.domain.writes import EventWrite
 from runs.errors import InvalidInput
 from runs.models import Run, ToolInvocation
 from runs.runtime.finalize import enqueue_drive
-from runs.services.lifecycle import fail_waiting
+from runs.services.lifecycle import fail_waiting, hold_run
 from runs.services.scoping import approvals_actionable_by, approvals_visible_to, as_uuid
 from runs.store.repository import record_events
 
@@ -75,6 +75,7 @@ def approval_decide(
     now = CLOCK.now()
     status = "approved" if approve else "rejected"
     with transaction.atomic(durable=True):
+        hold_run(approval.run_id)  # the run before its approval, as a cancel locks them
         decided = _decidable(approval, request_hash, now).update(
             status=status, decided_by_id=user.pk, decided_at=now, decided_via=via, reason=reason
         )
@@ -153,6 +154,7 @@ def approval_confirm(
     now = CLOCK.now()
     by = user.get_username()
     with transaction.atomic(durable=True):
+        hold_run(approval.run_id)  # the run before its approval, as a cancel locks them
         decided = _decidable(approval, request_hash, now).update(
             status="confirmed", decided_by_id=user.pk, decided_at=now, decided_via=via, reason=reason
         )

@@ -21,7 +21,7 @@ from runs.domain.values import FailureReason, RunFailure
 from runs.domain.writes import EventWrite
 from runs.models import Run
 from runs.runtime.queue import db_now
-from runs.services.lifecycle import fail_waiting
+from runs.services.lifecycle import fail_waiting, hold_run
 from runs.store.repository import record_events
 
 BATCH = 200
@@ -37,6 +37,7 @@ def _fail(run: Run, reason: FailureReason, message: str, *, approval=None) -> bo
         details={"approval": str(approval.id)} if approval else {},
     ).as_json()
     with transaction.atomic(durable=True):
+        hold_run(run.id)  # the run before its approval, as a cancel locks them
         events = []
         if approval is not None:
             if Approval.objects.filter(id=approval.id, status="pending").update(status="expired", decided_at=now) != 1:

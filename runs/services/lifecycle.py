@@ -18,7 +18,7 @@ from runs.clock import CLOCK
 from runs.errors import RunTerminal
 from runs.models import Run
 from runs.runtime.children import child_ended, children_cancel, run_end_leaseless
-from runs.store.family import lock_parent
+from runs.store.family import lock_family, lock_parent
 
 # The statuses a run waits in, holding no lease.
 WAITING = ("WAITING_FOR_APPROVAL", "WAITING_FOR_USER")
@@ -41,6 +41,14 @@ def run_cancel(*, run: Run, by: str = "") -> str:
         if Run.objects.filter(id=run.id, status="RUNNING").update(cancel_requested_at=requested, updated_at=now) == 1:
             return "RUNNING"
     raise RunTerminal("the run has already ended")
+
+
+def hold_run(run_id: Any) -> None:
+    """In the caller's transaction, lock the run's parent and then the run,
+    before any of its approvals (runs.store.family.lock_family): what every
+    decision, confirmation and expiry does first."""
+    with connection.cursor() as cursor:
+        lock_family(cursor, UUID(str(run_id)))
 
 
 def fail_waiting(*, run_id: Any, failure: dict[str, Any], now: Any) -> bool:

@@ -31,3 +31,16 @@ def lock_parent(cursor: Cursor, run_id: UUID) -> UUID | None:
     if row is None:
         return None
     return row[0] if isinstance(row[0], UUID) else UUID(str(row[0]))
+
+
+def lock_family(cursor: Cursor, run_id: UUID) -> UUID | None:
+    """Lock `run_id`'s parent (if any), then `run_id`'s own row, for the rest
+    of the transaction; return the parent's id. A transaction that changes a
+    waiting run's approvals takes these first, in the order a cancel takes
+    them by its updates (parent, run, then the run's approvals): a decision
+    holding its approval row while it waits for the run's would deadlock with
+    a cancel holding the run while it waits for the approval."""
+    parent = lock_parent(cursor, run_id)
+    if connection.vendor == "postgresql":
+        cursor.execute("SELECT 1 FROM runs WHERE id = %s FOR NO KEY UPDATE", [run_id])
+    return parent
