@@ -137,7 +137,7 @@ PLANTED = {
         [("capability", "'cancellation of a waiting run' has no row naming a test")],
     ),
     "a row under the wrong milestone": (
-        lambda: doctored("| M4 | cancellation of a waiting run |", "| M5 | cancellation of a waiting run |"),
+        lambda: TABLE.replace("| M4 | cancellation of a waiting run |", "| M5 | cancellation of a waiting run |", 1),
         [("milestone", "'cancellation of a waiting run' is M4 in the seed, not M5")],
     ),
     "a row out of the seed's order": (
