@@ -15,7 +15,6 @@ functions over text and source files (nothing is imported or run).
 from __future__ import annotations
 
 import ast
-import os
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -28,12 +27,12 @@ COLUMNS = ("milestone", "seed line", "ours", "module", "test")
 BEYOND = "—"  # a row beyond the seed's table: its milestone and seed line cells
 NOT_BUILT = "not built"
 
-# Where the seed lives on the project's machine; AGENTRT_SEED_002 overrides it.
-SEED_FILE = "002_49fcda87ac0bf8ad.txt"
-SEED_PATH = Path(os.environ.get("AGENTRT_SEED_002", f"/work/shared/seeds/{SEED_FILE}"))
-
-# Seed 002, "Milestones": the capability table, word for word, in its order.
-# tests/gates/test_seed_coverage.py compares this with the seed's own text.
+# Seed 002 (002_49fcda87ac0bf8ad.txt: the name carries the document's hash, so
+# it does not change under us), "Milestones": the capability table, word for
+# word, in its order. The seed is not part of the repository (a clone has no
+# copy), so this list is the reference; it was compared with the seed's text
+# by `seed_milestones` when written (2026-11-30), and `seed_milestones` has its
+# own test on a synthetic table.
 SEED_MILESTONES: tuple[tuple[str, str], ...] = (
     ("Step, run_loop, RunExecutor, finalize", "M1"),
     ("Clock, IdFactory", "M1"),
