@@ -69,15 +69,16 @@ class Receiver:
                         start = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % TRICKLE_BYTES
                     else:
                         start = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Trickle: "
-                    record["sender_left"] = not receiver.answer_raw(self.connection, start)
+                    left = not receiver.answer_raw(self.connection, start)
                     sent = 0
-                    while not record["sender_left"] and sent < TRICKLE_BYTES and not receiver.release.is_set():
+                    while not left and sent < TRICKLE_BYTES and not receiver.release.is_set():
                         receiver.release.wait(TRICKLE_INTERVAL)  # the trickle's pace
-                        record["sender_left"] = not receiver.answer_raw(self.connection, b"a")
+                        left = not receiver.answer_raw(self.connection, b"a")
                         sent += 1
-                    if not record["sender_left"] and answer == "trickle-headers":
+                    if not left and answer == "trickle-headers":
                         receiver.answer_raw(self.connection, b"\r\n\r\n{}")  # the sender waited it out
                     record["trickled"] = sent
+                    record["sender_left"] = left  # set last: a test waits for it
                     self.close_connection = True
                     return
                 if answer.startswith("redirect:"):
