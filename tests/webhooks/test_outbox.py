@@ -362,6 +362,10 @@ def test_an_approval_expired_by_the_sweep_is_announced_as_resolved_expired(
     rows = {d.event_type: d for d in Delivery.objects.filter(run_id=run.id)}
     assert set(rows) == {"approval.resolved", "run.failed"}
     assert rows["approval.resolved"].event_sequence < rows["run.failed"].event_sequence
+    # Written in the sweep's transaction, with the expiry itself (before any attempt updates them).
+    assert xmins("SELECT xmin::text FROM deliveries WHERE run_id = %s", [run.id]) == xmins(
+        "SELECT xmin::text FROM approvals WHERE id = %s", [approval.id]
+    )
     for d in rows.values():
         assert deliver(d.id) == "succeeded"
     resolved = json.loads(receiver.of_type("approval.resolved")[0]["body"])
@@ -376,10 +380,6 @@ def test_an_approval_expired_by_the_sweep_is_announced_as_resolved_expired(
     assert resolved["data"]["approval"]["status"] == "expired"
     failed = json.loads(receiver.of_type("run.failed")[0]["body"])
     assert failed["data"]["run"]["failure"]["reason"] == "approval_expired"
-    # The deliveries were written in the sweep's transaction, with the expiry itself.
-    assert xmins("SELECT xmin::text FROM deliveries WHERE run_id = %s", [run.id]) == xmins(
-        "SELECT xmin::text FROM approvals WHERE id = %s", [approval.id]
-    )
 
 
 def test_a_hook_that_keeps_failing_ends_failed_after_the_maximum_age(
