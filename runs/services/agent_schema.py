@@ -154,10 +154,14 @@ class AgentDefinition(Strict):
         default_factory=list, max_length=50, validate_default=True
     )
 
-    @model_validator(mode="after")
-    def _priced(self):
-        check_model_priced(self.model)  # a model with no price is never counted as free
-        return self
+    @field_validator("model")
+    @classmethod
+    def _priced(cls, model):
+        """The block's provider's own price check (its registry entry): a
+        model with no price is never counted as free. A refusal names the
+        `model` field."""
+        check_model_priced(model)
+        return model
 
     @field_validator("delegates")
     @classmethod
