@@ -60,7 +60,11 @@ def free_names(source: str) -> set[str]:
 
 def undefined(source: str) -> set[str]:
     namespace: dict = {"__name__": "readme_snippet"}
-    exec(compile(source, "README.md", "exec"), namespace)  # noqa: S102 - our own README's code
+    snapshot = REGISTRY.snapshot()
+    try:
+        exec(compile(source, "README.md", "exec"), namespace)  # noqa: S102 - our own README's code
+    finally:
+        REGISTRY.restore(snapshot)  # what it registered is not left behind
     return {name for name in free_names(source) if name not in namespace and not hasattr(builtins, name)}
 
 
