@@ -5,6 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentrt
+# pytest-xdist workers for `make test` (each its own test database, <name>_gw<N>);
+# TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: run cluster test venv dev browser smoke bench mutants clean
 
@@ -68,7 +71,7 @@ lint: dev
 	$(VENV)/bin/mypy
 
 test: dev browser
-	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest $(PYTEST_ARGS)
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # Curated mutants (tests/mutants/*.toml), each applied to a scratch copy and
 # run against the tests that guard it; fails unless every one is killed.

@@ -373,6 +373,7 @@ AGENTRT_DEFAULT_LIMITS = default_limits()
 AGENTRT_HOOK_MODULES = env_list("AGENTRT_HOOK_MODULES", "")
 # Hosts (`host` or `host:port`) a webhook subscription's URL may name; checked when saved and before every attempt.
 AGENTRT_WEBHOOK_ALLOWED_HOSTS = env_list("AGENTRT_WEBHOOK_ALLOWED_HOSTS", "")
+# One webhook attempt as a whole: connecting, sending, and the whole answer (webhooks/deadline.py).
 AGENTRT_WEBHOOK_TIMEOUT_SECONDS = env_float("AGENTRT_WEBHOOK_TIMEOUT_SECONDS", 10)
 # Subscriptions per tenant: each event writes one delivery per matching subscription in the event's own transaction.
 AGENTRT_WEBHOOK_MAX_PER_TENANT = env_int("AGENTRT_WEBHOOK_MAX_PER_TENANT", 20)

@@ -38,6 +38,7 @@ def main() -> None:
     )
     p.add_argument("--top", type=int, default=35)
     p.add_argument("--no-cprofile", action="store_true")
+    p.add_argument("--callers", default="", help="also print who calls the functions matching this pattern")
     a = p.parse_args()
     url = bench.bench_url(a.database_url)
     bench.recreate_database(url)
@@ -133,6 +134,11 @@ def main() -> None:
         st = pstats.Stats(prof, stream=buf)
         st.sort_stats(order).print_stats(a.top)
         print(f"\n==== cProfile, one {a.steps}-step run, sorted by {order} ====")
+        print("\n".join(line for line in buf.getvalue().splitlines() if line.strip()))
+    if a.callers:
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_callers(a.callers)
+        print(f"\n==== callers of {a.callers} ====")
         print("\n".join(line for line in buf.getvalue().splitlines() if line.strip()))
 
 

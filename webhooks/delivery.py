@@ -24,6 +24,7 @@ from django.db import connection
 from django.db.models import F
 
 from runs.domain.scrub import scrub_text
+from runs.runtime.faults import fire
 from runs.runtime.queue import db_now
 
 from .models import Delivery
@@ -73,6 +74,8 @@ def deliver(delivery_id) -> str:
     except Exception as exc:  # a hook's or a sender's failure is the delivery's, never the run's
         log.warning("delivery %s (%s) raised %s", row.id, row.hook or row.event_type, type(exc).__name__)
         ok, error, status, retry = False, f"{type(exc).__name__}: {scrub_text(str(exc))}", None, True
+    if row.kind == "webhook":
+        fire("webhook.after_send", row.id)  # test builds only: sent and answered, the outcome not yet recorded
     return record(
         row,
         ok=ok,

@@ -10,18 +10,24 @@ its own django-q2 task).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
+import ssl
 from urllib.parse import urlsplit
 
+import httpcore
 from django.conf import settings
 from django.db import connection
 
 from runs.clock import CLOCK
 
+from .deadline import Deadline, DeadlineBackend
+
 USER_AGENT = "agentrt-webhooks/1"
 MAX_ERROR = 500
+MAX_ANSWER_BYTES = 64 * 1024  # read of an answer at most; its first 200 bytes are kept for the operator
 
 
 class UrlRefused(Exception):
@@ -61,13 +67,25 @@ def signature(secret: str, timestamp: int, body: bytes) -> str:
     return f"t={timestamp},v1={mac}"
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One client context per process (certifi's CA bundle, loaded once); each connection still verifies."""
+    return httpcore.default_ssl_context()
+
+
 class Answer:
     def __init__(self, ok: bool, error: str = "", status: int | None = None, retry: bool = True):
         self.ok, self.error, self.status, self.retry = ok, error, status, retry
 
 
 def post(*, url: str, secret: str, payload: dict, delivery_id: str, event_type: str, attempt: int) -> Answer:
-    """One attempt. 2xx is delivered; anything else (3xx included) is a failed attempt."""
+    """One attempt. 2xx is delivered; anything else (3xx included) is a failed attempt.
+
+    The whole attempt — connecting, sending, and reading the answer to its
+    end — is bounded by one deadline of AGENTRT_WEBHOOK_TIMEOUT_SECONDS
+    (webhooks.deadline): a receiver that answers late, or trickles its
+    answer, fails the attempt at the deadline.
+    """
     import httpx
 
     if connection.in_atomic_block:
@@ -85,23 +103,31 @@ def post(*, url: str, secret: str, payload: dict, delivery_id: str, event_type: 
         "X-Agentrt-Event": event_type,
         "X-Agentrt-Attempt": str(attempt),
     }
-    timeout = float(settings.AGENTRT_WEBHOOK_TIMEOUT_SECONDS)
+    deadline = Deadline(float(settings.AGENTRT_WEBHOOK_TIMEOUT_SECONDS))
+    parsed = httpx.URL(url)  # IDNA and percent-encoding as httpx does them
+    target = httpcore.URL(scheme=parsed.raw_scheme, host=parsed.raw_host, port=parsed.port, target=parsed.raw_path)
     try:
-        with httpx.Client(timeout=httpx.Timeout(timeout), follow_redirects=False, trust_env=False) as client:
-            with client.stream("POST", url, content=body, headers=headers) as response:
-                code = response.status_code
-                head = b""
-                if not 200 <= code < 300:  # keep a little of the answer for the operator; never the whole of it
-                    for chunk in response.iter_bytes():
-                        head += chunk
-                        if len(head) >= 200:
-                            break
-    except httpx.TimeoutException as exc:
-        return Answer(False, f"timeout after {timeout:g}s ({type(exc).__name__})")
-    except httpx.HTTPError as exc:
+        # No redirects (httpcore follows none), no proxy from the environment, one connection, no retry.
+        with httpcore.ConnectionPool(
+            ssl_context=tls_context(), network_backend=DeadlineBackend(deadline), max_connections=1, retries=0
+        ) as pool:
+            with pool.stream(
+                "POST", target, headers=list(headers.items()), content=body, extensions={"timeout": deadline.timeouts()}
+            ) as response:
+                code = response.status
+                head, read = b"", 0
+                for chunk in response.iter_stream():  # the answer to its end: it too must come within the deadline
+                    if len(head) < 200:
+                        head += chunk[: 200 - len(head)]
+                    read += len(chunk)
+                    if read >= MAX_ANSWER_BYTES:  # enough: the status is known, the rest is not read
+                        break
+    except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError) as exc:
+        if isinstance(exc, httpcore.TimeoutException) or deadline.passed():
+            return Answer(False, f"timeout: the attempt took longer than {deadline.seconds:g}s ({type(exc).__name__})")
         return Answer(False, f"{type(exc).__name__}: {str(exc)[:MAX_ERROR]}")
     if 200 <= code < 300:
         return Answer(True, status=code)
     if 300 <= code < 400:
         return Answer(False, f"HTTP {code}: redirects are not followed", status=code)
-    return Answer(False, f"HTTP {code}: {head[:200].decode('utf-8', 'replace')}", status=code)
+    return Answer(False, f"HTTP {code}: {head.decode('utf-8', 'replace')}", status=code)

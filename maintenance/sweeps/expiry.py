@@ -45,10 +45,14 @@ def _fail(run: Run, reason: FailureReason, message: str, *, approval=None) -> bo
             events.append(
                 EventWrite(
                     "approval.resolved",
-                    {
+                    {  # the keys of every approval.resolved (README, "Payloads"): nobody decided, nobody gave a reason
                         "approval": str(approval.id),
+                        "invocation": str(approval.invocation_id) if approval.invocation_id else None,
+                        "kind": approval.kind,
                         "decision": "expired",
+                        "decided_by": None,
                         "decided_via": "maintenance",
+                        "reason": "",
                         "decided_at": now.isoformat(),
                     },
                     now,

@@ -50,19 +50,23 @@ class Ledger:
 
     def record_model_usage(self, usage: RunUsage, model_usage: ModelUsage) -> RunUsage:
         new = usage.add_model(model_usage).model_copy(update={"model_calls": usage.model_calls + 1})
-        lim = self.limits
-        over = None
-        if lim.max_cost_usd is not None and new.cost_usd > lim.max_cost_usd:
-            over = "cost_usd"
-        elif lim.max_input_tokens is not None and new.input_tokens > lim.max_input_tokens:
-            over = "input_tokens"
-        elif lim.max_output_tokens is not None and new.output_tokens > lim.max_output_tokens:
-            over = "output_tokens"
-        if over:
+        if over := self._over(new):
             exc = BudgetExceeded(FailureReason.BUDGET_EXCEEDED, f"the {over} limit was exceeded", dimension=over)
             exc.usage = new
             raise exc
         return new
+
+    def _over(self, usage: RunUsage) -> str | None:
+        """The first of cost, input tokens, output tokens that `usage` is over
+        its limit in ("after" means record: strictly over), or None."""
+        lim = self.limits
+        if lim.max_cost_usd is not None and usage.cost_usd > lim.max_cost_usd:
+            return "cost_usd"
+        if lim.max_input_tokens is not None and usage.input_tokens > lim.max_input_tokens:
+            return "input_tokens"
+        if lim.max_output_tokens is not None and usage.output_tokens > lim.max_output_tokens:
+            return "output_tokens"
+        return None
 
     def fit_tool_batch(self, usage: RunUsage, requested: int) -> int:
         return max(0, min(requested, self.limits.max_tool_calls - usage.tool_calls))
@@ -103,15 +107,7 @@ class Ledger:
                 cost_usd=child.cost_usd,
             )
         )
-        lim = self.limits
-        over = None
-        if lim.max_cost_usd is not None and new.cost_usd > lim.max_cost_usd:
-            over = "cost_usd"
-        elif lim.max_input_tokens is not None and new.input_tokens > lim.max_input_tokens:
-            over = "input_tokens"
-        elif lim.max_output_tokens is not None and new.output_tokens > lim.max_output_tokens:
-            over = "output_tokens"
-        if over:
+        if over := self._over(new):
             exc = BudgetExceeded(
                 FailureReason.BUDGET_EXCEEDED,
                 f"the {over} limit was exceeded by the usage of a child run",

@@ -26,6 +26,8 @@ POINTS = (
     "finalize.after_transition",
     "resume.after_takeover",
     "sweep.after_select",
+    # A webhook's answer is in (a 2xx, say), its attempt not yet recorded; keyed by the delivery id, not a run's.
+    "webhook.after_send",
 )
 
 

@@ -31,8 +31,20 @@ def rolling_database_url() -> str:
     return urlunsplit(parts._replace(path=f"/{name}_rolling_ci"))
 
 
+@pytest.fixture
+def rolling_database():
+    """The deploy's own database (bench/rolling_deploy.py creates it), dropped afterwards."""
+    url = rolling_database_url()
+    yield url
+    import psycopg
+
+    name = urlsplit(url).path.lstrip("/")
+    with psycopg.connect(urlunsplit(urlsplit(url)._replace(path="/postgres")), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.mark.timeout(540)
-def test_a_rolling_deploy_under_load_loses_no_run_and_sends_nothing_twice(tmp_path):
+def test_a_rolling_deploy_under_load_loses_no_run_and_sends_nothing_twice(tmp_path, rolling_database):
     out = tmp_path / "rolling"
     cmd = [
         sys.executable,
@@ -46,7 +58,7 @@ def test_a_rolling_deploy_under_load_loses_no_run_and_sends_nothing_twice(tmp_pa
         "--pause",
         "0.5",
         "--database-url",
-        rolling_database_url(),
+        rolling_database,
         "--out",
         str(out),
     ]

@@ -288,7 +288,7 @@ def _io_call(call: ast.Call, aliases: dict[str, str]) -> str | None:
     """Name the external I/O a call makes, or None."""
     func = call.func
     qualified = _qualified(func, aliases) or ""
-    if qualified == "time.sleep" or qualified.startswith(("urllib.request.", "requests.", "httpx.")):
+    if qualified == "time.sleep" or qualified.startswith(("urllib.request.", "requests.", "httpx.", "httpcore.")):
         return qualified
     if qualified in ("webhooks.delivery.deliver", "webhooks.outbound.post", "webhooks.tasks.deliver"):
         return f"{qualified} (a hook or webhook delivery)"

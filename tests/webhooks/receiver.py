@@ -9,8 +9,13 @@ import hashlib
 import hmac
 import http.server
 import json
+import select
+import socket
 import threading
 import time
+
+TRICKLE_BYTES = 600  # at TRICKLE_INTERVAL: half a minute, far beyond the timeouts the tests set
+TRICKLE_INTERVAL = 0.05
 
 
 def verify(secret: str, header: str, body: bytes, tolerance: float | None = 300) -> bool:
@@ -26,7 +31,8 @@ class Receiver:
         self.secret = secret
         self.requests: list[dict] = []
         self.processed: dict[str, dict] = {}  # delivery id -> the event, once (the receiver's dedupe)
-        self.script: list[str] = []  # consumed one per request: "200", "500", "redirect:<url>", "hold"
+        # Consumed one per request: "200", "500", "redirect:<url>", "hold", "slow", "trickle", "trickle-headers".
+        self.script: list[str] = []
         self.held = threading.Event()  # set when a "hold" request arrived
         self.release = threading.Event()  # ends every hold (the connection is then closed without an answer)
         self._lock = threading.Lock()
@@ -49,6 +55,30 @@ class Receiver:
                 if answer == "hold":
                     receiver.held.set()
                     receiver.release.wait(60)
+                    self.close_connection = True
+                    return
+                if answer == "slow":  # answer 200 only once the sender has given up on this request
+                    record["sender_left"] = receiver.sender_leaves(self.connection)
+                    receiver.answer_raw(self.connection, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                    self.close_connection = True
+                    return
+                if answer in ("trickle", "trickle-headers"):
+                    # A 200 whose headers (or body) come one byte at a time, each byte well within any socket
+                    # timeout, for up to TRICKLE_BYTES bytes; until the sender hangs up.
+                    if answer == "trickle":
+                        start = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % TRICKLE_BYTES
+                    else:
+                        start = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Trickle: "
+                    left = not receiver.answer_raw(self.connection, start)
+                    sent = 0
+                    while not left and sent < TRICKLE_BYTES and not receiver.release.is_set():
+                        receiver.release.wait(TRICKLE_INTERVAL)  # the trickle's pace
+                        left = not receiver.answer_raw(self.connection, b"a")
+                        sent += 1
+                    if not left and answer == "trickle-headers":
+                        receiver.answer_raw(self.connection, b"\r\n\r\n{}")  # the sender waited it out
+                    record["trickled"] = sent
+                    record["sender_left"] = left  # set last: a test waits for it
                     self.close_connection = True
                     return
                 if answer.startswith("redirect:"):
@@ -84,6 +114,26 @@ class Receiver:
         self.url = f"http://{self.host}/hook"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def sender_leaves(sock: socket.socket, within: float = 60) -> bool:
+        """Wait until the sender closes its end of `sock` (True), or `within` seconds pass (False)."""
+        ready, _, _ = select.select([sock], [], [], within)
+        if not ready:
+            return False
+        try:
+            return sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True  # reset: gone too
+
+    @staticmethod
+    def answer_raw(sock: socket.socket, data: bytes) -> bool:
+        """Send `data` as is; False when the sender has hung up."""
+        try:
+            sock.sendall(data)
+            return True
+        except OSError:
+            return False
 
     def types(self) -> list[str]:
         with self._lock:

@@ -5,6 +5,8 @@ naming `url`."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.api.conftest import token_client
@@ -201,3 +203,36 @@ def test_a_tenant_has_at_most_the_configured_number_of_subscriptions(ops, settin
     assert response.status_code == 409 and response.json()["code"] == "webhook_limit"
     assert WebhookSubscription.objects.count() == 2
     assert create(theirs).status_code == 201  # per tenant
+
+
+def test_a_test_event_sent_from_the_api_reaches_a_real_receiver_signed(ops, receiver):
+    """POST /api/webhooks/{id}/test/ queues a doorbell; running the task it queued sends `webhook.test`."""
+    from django.utils.module_loading import import_string
+    from django_q.models import OrmQ
+
+    from .receiver import verify
+
+    mine, _ = ops
+    created = create(mine, url=receiver.url)
+    assert created.status_code == 201, created.content
+    sub = created.json()
+    answer = mine.post(f"/api/webhooks/{sub['id']}/test/", {}, format="json")
+    assert answer.status_code == 202, answer.content
+    delivery = answer.json()
+    (task,) = [row.task for row in OrmQ.objects.all() if list(row.task.get("args") or ()) == [delivery["id"]]]
+    assert import_string(task["func"])(*task["args"]) == "succeeded"  # what a qcluster worker runs
+    (request,) = receiver.requests
+    assert verify(sub["secret"], request["headers"]["x-agentrt-signature"], request["body"])
+    assert request["headers"]["x-agentrt-delivery"] == delivery["id"]
+    assert request["headers"]["x-agentrt-event"] == "webhook.test"
+    body = json.loads(request["body"])
+    assert (body["id"], body["type"], body["tenant"]) == (delivery["id"], "webhook.test", "acme")
+    assert body["data"] == {"subscription": sub["id"], "sent_by": "acme-op"}
+    assert list(receiver.processed) == [delivery["id"]]
+    row = mine.get(f"/api/webhooks/{sub['id']}/deliveries/").json()["results"][0]
+    assert (row["id"], row["status"], row["attempts"], row["last_status_code"]) == (
+        delivery["id"],
+        "succeeded",
+        1,
+        200,
+    )

@@ -165,3 +165,36 @@ def test_a_worker_killed_mid_delivery_leaves_it_to_be_delivered_later_once_per_i
     assert list(receiver.processed) == [str(delivery.id)]  # ... and once after the receiver's dedupe
     assert len({r["body"] for r in receiver.requests}) == 1
     assert Run.objects.get(id=run.id).status == "COMPLETED"
+
+
+def test_a_worker_killed_after_a_200_before_recording_it_sends_it_again_and_a_deduping_receiver_acts_once(
+    node, tenant, load_agent, submit, manager, receiver, tmp_path
+):
+    """Exactly once after dedupe, where it is hard: the receiver has answered 200 (and acted), and the worker
+    is SIGKILLed at fault point `webhook.after_send`, before it records the attempt. The claim lapses, the
+    sweep rings the delivery again, another worker sends it again under the same id; the receiver sees it
+    twice and, deduping on X-Agentrt-Delivery, acts once."""
+    faults = tmp_path / "faults"
+    sub, secret = subscribe(manager, receiver.url, ["run.completed"])
+    load_agent()
+    c = node(AGENTRT_ENABLE_FAULTPOINTS=1, AGENTRT_FAULTPOINTS="webhook.after_send=kill", AGENTRT_FAULTPOINT_DIR=faults)
+    run = submit()
+    wait_for(
+        lambda: Delivery.objects.filter(run_id=run.id, kind="webhook", status="succeeded").exists(),
+        timeout=90,
+        message=f"the delivery to complete after the kill\n{c.output()}",
+    )
+    delivery = Delivery.objects.get(run_id=run.id, kind="webhook")
+    marker = faults / f"webhook.after_send.{delivery.id}"
+    assert marker.exists(), "the fault point never fired"
+    killed = int(marker.read_text())  # the worker that sent attempt 1, got its 200, and died before recording it
+    assert delivery.attempts == 2 and int(delivery.claimed_by.rsplit(":", 1)[1]) != killed
+    assert delivery.last_status_code == 200 and delivery.last_error == ""
+    assert [r["answer"] for r in receiver.requests] == ["200", "200"]  # both arrivals were answered 200
+    assert [r["headers"]["x-agentrt-delivery"] for r in receiver.requests] == [str(delivery.id)] * 2
+    assert [r["headers"]["x-agentrt-attempt"] for r in receiver.requests] == ["1", "2"]
+    assert len({r["body"] for r in receiver.requests}) == 1  # the same event both times
+    assert all(verify(secret, r["headers"]["x-agentrt-signature"], r["body"]) for r in receiver.requests)
+    assert list(receiver.processed) == [str(delivery.id)]  # processed once
+    assert json.loads(receiver.requests[0]["body"])["data"]["run"]["id"] == str(run.id)
+    assert Run.objects.get(id=run.id).status == "COMPLETED"

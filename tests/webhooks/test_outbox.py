@@ -319,3 +319,98 @@ def test_waiting_for_the_user_and_a_rejection_are_announced(tenant, load_agent, 
     assert xmins("SELECT xmin::text FROM deliveries WHERE run_id = %s", [paying.id]) == xmins(
         "SELECT xmin::text FROM approvals WHERE id = %s", [approval.id]
     )
+
+
+def test_an_inactive_subscription_gets_no_delivery(tenant, load_agent, submit, manager, receiver):
+    active, _ = subscribe(manager, receiver.url, ["run.completed"])
+    inactive, _ = subscribe(manager, receiver.url, ["run.completed"], active=False)
+    load_agent()
+    run = submit()
+    run_drive(run_id=run.id)
+    (d,) = Delivery.objects.filter(run_id=run.id)
+    assert d.subscription_id == active.id
+    assert not Delivery.objects.filter(subscription=inactive).exists()
+    assert deliver(d.id) == "succeeded"
+    assert [r["headers"]["x-agentrt-delivery"] for r in receiver.requests] == [str(d.id)]
+    # Made inactive after its delivery was written: the delivery ends cancelled and nothing is sent.
+    from webhooks.services import subscription_update
+
+    later = submit(text="again")
+    run_drive(run_id=later.id)
+    (pending,) = Delivery.objects.filter(run_id=later.id)
+    subscription_update(user=manager, subscription_id=active.id, active=False)
+    assert deliver(pending.id) == "cancelled"
+    row = Delivery.objects.get(id=pending.id)
+    assert (row.status, row.last_error) == ("cancelled", "the subscription is inactive")
+    assert len(receiver.requests) == 1
+
+
+def test_an_approval_expired_by_the_sweep_is_announced_as_resolved_expired(
+    tenant, load_agent, submit, manager, receiver
+):
+    from approvals.models import Approval
+    from maintenance.sweeps.expiry import sweep_expiry
+    from runs.runtime.queue import db_now
+
+    sub, secret = subscribe(manager, receiver.url, ["approval.resolved", "run.failed"])
+    approver_agent(load_agent)
+    run = submit(agent="payer")
+    run_drive(run_id=run.id)
+    approval = Approval.objects.get(run_id=run.id)
+    Approval.objects.filter(id=approval.id).update(expires_at=db_now() - timedelta(seconds=1))  # test-only: expired
+    assert sweep_expiry()["approval_expired"] == 1
+    rows = {d.event_type: d for d in Delivery.objects.filter(run_id=run.id)}
+    assert set(rows) == {"approval.resolved", "run.failed"}
+    assert rows["approval.resolved"].event_sequence < rows["run.failed"].event_sequence
+    # Written in the sweep's transaction, with the expiry itself (before any attempt updates them).
+    assert xmins("SELECT xmin::text FROM deliveries WHERE run_id = %s", [run.id]) == xmins(
+        "SELECT xmin::text FROM approvals WHERE id = %s", [approval.id]
+    )
+    for d in rows.values():
+        assert deliver(d.id) == "succeeded"
+    resolved = json.loads(receiver.of_type("approval.resolved")[0]["body"])
+    assert all(verify(secret, r["headers"]["x-agentrt-signature"], r["body"]) for r in receiver.requests)
+    event = resolved["data"]["event"]["payload"]
+    assert (event["approval"], event["decision"], event["decided_via"], event["decided_by"]) == (
+        str(approval.id),
+        "expired",
+        "maintenance",
+        None,
+    )
+    assert resolved["data"]["approval"]["status"] == "expired"
+    failed = json.loads(receiver.of_type("run.failed")[0]["body"])
+    assert failed["data"]["run"]["failure"]["reason"] == "approval_expired"
+
+
+def test_a_hook_that_keeps_failing_ends_failed_after_the_maximum_age(
+    tenant, load_agent, submit, hook_registry, settings
+):
+    from webhooks.delivery import backoff
+
+    settings.AGENTRT_DELIVERY_BACKOFF_SECONDS = 0.2
+    settings.AGENTRT_DELIVERY_MAX_AGE_SECONDS = 1  # attempts ~0.2 s, then ~0.4 s apart: the third is the last
+
+    def always(view):
+        raise RuntimeError("the CRM is down")
+
+    hook_registry.register("t.always")(always)
+    load_agent()
+    run = submit()
+    run_drive(run_id=run.id)
+    (d,) = Delivery.objects.filter(run_id=run.id)
+    assert deliver(d.id) == "retry"
+    assert Delivery.objects.get(id=d.id).status == "pending"  # failing, not yet failed
+    outcomes: list[str] = []
+    wait_for(
+        lambda: outcomes.append(deliver(d.id)) or outcomes[-1] == "failed",
+        timeout=30,
+        interval=0.05,
+        message="the hook to be given up on",
+    )
+    row = Delivery.objects.get(id=d.id)
+    assert (row.status, row.last_error) == ("failed", "RuntimeError: the CRM is down")
+    assert row.attempts >= 2 and set(outcomes) <= {"not_claimed", "retry", "failed"}
+    # Given up because its next attempt would have come after the maximum age, not before.
+    assert row.updated_at + timedelta(seconds=backoff(row.attempts)) > row.created_at + timedelta(seconds=1)
+    assert deliver(d.id) == "not_claimed"
+    assert Run.objects.get(id=run.id).status == "COMPLETED"
