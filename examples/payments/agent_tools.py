@@ -20,10 +20,12 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel, Field
 
-from examples.payments import gateway
-from examples.payments.models import ChargeJournal
 from runs.runtime.faults import fire  # fault points for the kill tests; inert unless enabled
 from runs.tools import OutcomeUnknown, Pause, Reconciliation, ToolExecutionContext, ToolFailure, register
+
+# Relative: the app works under any package name (`cp -r examples/payments shop`).
+from . import gateway
+from .models import ChargeJournal
 
 
 class Charge(BaseModel):
@@ -77,10 +79,8 @@ def reconcile_charge(view, invocation: dict) -> Reconciliation:
         )
     entry.state, entry.charge_id = ChargeJournal.SUCCEEDED, remote["id"]
     entry.save(update_fields=["state", "charge_id", "updated_at"])
-    receipt = Receipt(
-        charge_id=remote["id"], status=remote["status"], amount_cents=entry.amount_cents, currency=entry.currency
-    )
-    return Reconciliation(outcome="completed", result=receipt.model_dump())
+    receipt = {"charge_id": remote["id"], "status": remote["status"], "amount_cents": entry.amount_cents}
+    return Reconciliation(outcome="completed", result={**receipt, "currency": entry.currency})
 
 
 @register(

@@ -8,44 +8,31 @@ Bearer token. The operator declares endpoints in `AGENTRT_MODEL_ENDPOINTS`:
     {"local": {"provider": "openai", "base_url": "http://127.0.0.1:11434/v1",
                "api_key_env": "OLLAMA_API_KEY", "models": ["llama3.1:8b"]}}
 
-`models` is optional; when given, an agent may name only those models. The
-built-in endpoints `openai` (https://api.openai.com/v1, `OPENAI_API_KEY`) and
-`anthropic` (https://api.anthropic.com/v1, `ANTHROPIC_API_KEY`) exist unless
-the setting defines one with that name. `provider` names a provider that
-takes endpoints: a built-in one, or one a project registered
-(`runs.providers.registry`); settings.py checks the shape before the apps are
-loaded, and `runs.extensions` checks the provider names once they are.
+`models` is optional; when given, an agent may name only those models.
+`provider` names a provider that takes endpoints — an entry of the provider
+registry (`runs.providers.registry`) declared with `endpoint=True`, built in
+or a project's. A provider may also declare a built-in endpoint of its own
+(`openai`: https://api.openai.com/v1 with `OPENAI_API_KEY`; `anthropic`:
+https://api.anthropic.com/v1 with `ANTHROPIC_API_KEY`), which exists unless
+the setting defines one with that name. So a new endpoint provider is one
+file: its registry entry says all of this.
 
-Nothing here imports Django at module level: settings.py validates the
-environment with `parse_endpoints` at startup, so a bad configuration stops
-the process with an error that names the bad key.
+settings.py checks the setting's shape with `parse_endpoints` before the
+apps (and so the providers) are loaded — this module never imports the
+registry at module level — and `runs.extensions` checks the provider names
+once they are; either stops the process with an error naming the bad key.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
-
-# The built-in providers whose adapters take an endpoint; a project's are
-# added by their registry entries (`endpoint=True`).
-ENDPOINT_PROVIDERS = frozenset({"openai", "anthropic"})
-
-DEFAULT_ENDPOINT = "openai"
-BUILTIN_ENDPOINTS: dict[str, dict[str, Any]] = {
-    "openai": {"provider": "openai", "base_url": "https://api.openai.com/v1", "api_key_env": "OPENAI_API_KEY"},
-    "anthropic": {
-        "provider": "anthropic",
-        "base_url": "https://api.anthropic.com/v1",
-        "api_key_env": "ANTHROPIC_API_KEY",
-    },
-}
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
@@ -76,13 +63,22 @@ class Endpoint:
         return parts._replace(netloc=netloc).geturl()
 
 
-def known_providers() -> frozenset[str]:
-    """The built-in endpoint providers and any a project registered."""
+def _registry():
+    # Imported when first needed, never at module level: settings.py imports
+    # this module before Django (and so the providers) is set up.
+    from runs.providers.registry import PROVIDERS
 
-    registry = sys.modules.get("runs.providers.registry")  # never imported from here: settings time stays light
-    if registry is None:
-        return ENDPOINT_PROVIDERS
-    return ENDPOINT_PROVIDERS | registry.PROVIDERS.endpoint_providers()
+    return PROVIDERS
+
+
+def known_providers() -> frozenset[str]:
+    """The registered providers that take an endpoint (built in or a project's)."""
+    return frozenset(_registry().endpoint_providers())
+
+
+def builtin_endpoints() -> dict[str, dict[str, Any]]:
+    """The endpoints providers declare for themselves (`openai`, `anthropic`)."""
+    return _registry().builtin_endpoints()
 
 
 def _endpoint(name: Any, entry: Any, providers: frozenset[str] | None = None) -> Endpoint:
@@ -156,7 +152,7 @@ def configured() -> dict[str, Endpoint]:
             table = getattr(settings, SETTING, None)
     except ImportError:  # pragma: no cover - Django is always installed here
         pass
-    merged: dict[str, Any] = dict(BUILTIN_ENDPOINTS)
+    merged: dict[str, Any] = builtin_endpoints()
     merged.update(parse_endpoints(table, check_provider=False) if table else {})
     providers = known_providers()
     return {name: _endpoint(name, entry, providers) for name, entry in merged.items()}
@@ -172,7 +168,6 @@ __all__ = [
     "parse_endpoints",
     "configured",
     "endpoint_for",
-    "DEFAULT_ENDPOINT",
-    "BUILTIN_ENDPOINTS",
-    "ENDPOINT_PROVIDERS",
+    "builtin_endpoints",
+    "known_providers",
 ]

@@ -2,16 +2,19 @@
 
 A provider is one registry entry: its name (the agent block's `provider`
 tag), its pydantic config model (the agent block's schema), the function that
-builds the adapter, whether it streams text deltas, its price check, and
-whether it sends requests to an operator-configured endpoint
-(`AGENTRT_MODEL_ENDPOINTS`). Everything that used to test a provider's name
-is derived from here: the agent schema's union and the tags left out of
-error-field names (`runs.services.agent_schema`), `provider_for`, the price
-check at agent validation (`prices.check_model_priced`) and whether the
-executor attaches the delta batcher (`provider_streams`).
+builds the adapter, whether it streams text deltas, its price check, whether
+it sends requests to an operator-configured endpoint
+(`AGENTRT_MODEL_ENDPOINTS`) and, if it has one, its built-in endpoint (a
+base URL and the variable holding the key). Everything that used to test a
+provider's name is derived from here: the agent schema's union and the tags
+left out of error-field names (`runs.services.agent_schema`), `provider_for`,
+the price check at agent validation (`prices.check_model_priced`), whether
+the executor attaches the delta batcher (`provider_streams`), the providers
+an endpoint may name and the built-in endpoints (`endpoints.configured`).
 
     @register_provider("acme", config=AcmeModel, streams=True, endpoint=True,
-                       price_check=prices.require_price)
+                       price_check=prices.require_price,
+                       base_url="https://api.acme.example/v1", api_key_env="ACME_API_KEY")
     def build(endpoint, block, on_delta):
         return AcmeProvider(endpoint, block["model"], on_delta=on_delta)
 
@@ -36,7 +39,7 @@ from pydantic import BaseModel
 
 from runs.domain.errors import ModelError
 from runs.domain.values import ModelTurn, StopReason
-from runs.providers.endpoints import endpoint_for
+from runs.providers.endpoints import EndpointConfigError, endpoint_for, parse_endpoints
 
 log = logging.getLogger("agentrt.providers")
 
@@ -54,7 +57,14 @@ class ProviderEntry:
     price_check: Callable[[Any], Any] | None = None
     endpoint: bool = False
     default_endpoint: str | None = None
+    base_url: str | None = None  # the built-in endpoint `default_endpoint`, when the provider has one
+    api_key_env: str | None = None
     origin: str = ""
+
+    def builtin_endpoint(self) -> dict[str, Any] | None:
+        if self.base_url is None or self.api_key_env is None:
+            return None
+        return {"provider": self.name, "base_url": self.base_url, "api_key_env": self.api_key_env}
 
 
 class ProviderRegistry:
@@ -68,12 +78,29 @@ class ProviderRegistry:
         field = entry.config.model_fields.get("provider")
         if field is None or getattr(field.annotation, "__args__", None) != (entry.name,):
             raise TypeError(f"provider {entry.name!r}: its config model needs `provider: Literal[{entry.name!r}]`")
+        builtin = _check_builtin_endpoint(entry)
         with self._lock:
             held = self._entries.get(entry.name)
             if held is not None and held.origin != entry.origin:
                 raise DuplicateProvider(
                     f"two providers are named {entry.name!r}: {held.origin} and {entry.origin} (names are unique)"
                 )
+            if builtin is not None:
+                taken = next(
+                    (
+                        e
+                        for e in self._entries.values()
+                        if e.name != entry.name
+                        and e.builtin_endpoint()
+                        and e.default_endpoint == entry.default_endpoint
+                    ),
+                    None,
+                )
+                if taken is not None:
+                    raise DuplicateProvider(
+                        f"providers {taken.name!r} and {entry.name!r} both declare the built-in endpoint "
+                        f"{entry.default_endpoint!r}"
+                    )
             self._entries[entry.name] = entry
             self.version += 1
         self._changed()
@@ -96,6 +123,15 @@ class ProviderRegistry:
 
     def endpoint_providers(self) -> set[str]:
         return {name for name, entry in self._entries.items() if entry.endpoint}
+
+    def builtin_endpoints(self) -> dict[str, dict[str, Any]]:
+        """Endpoint name -> entry, for each provider that declares a built-in endpoint."""
+        found = {}
+        for entry in list(self._entries.values()):
+            builtin = entry.builtin_endpoint()
+            if builtin is not None and entry.default_endpoint is not None:
+                found[entry.default_endpoint] = builtin
+        return found
 
     def union_tags(self) -> frozenset[str]:
         """The names pydantic puts in an error's location for the union's
@@ -123,6 +159,26 @@ class ProviderRegistry:
         self._changed()
 
 
+def _check_builtin_endpoint(entry: ProviderEntry) -> dict[str, Any] | None:
+    """A declared built-in endpoint is whole, belongs to an endpoint provider
+    and has the shape an operator's entry must have."""
+    if entry.base_url is None and entry.api_key_env is None:
+        return None
+    if not entry.endpoint:
+        raise TypeError(
+            f"provider {entry.name!r}: base_url/api_key_env declare a built-in endpoint: needs endpoint=True"
+        )
+    if entry.base_url is None or entry.api_key_env is None or entry.default_endpoint is None:
+        raise TypeError(f"provider {entry.name!r}: a built-in endpoint needs both base_url and api_key_env")
+    builtin = entry.builtin_endpoint()
+    try:
+        parse_endpoints({entry.default_endpoint: builtin}, check_provider=False)
+    except EndpointConfigError as exc:
+        detail = str(exc).replace(f"AGENTRT_MODEL_ENDPOINTS[{entry.default_endpoint!r}].", "")
+        raise TypeError(f"provider {entry.name!r}: its built-in endpoint's {detail}") from None
+    return builtin
+
+
 PROVIDERS = ProviderRegistry()
 
 
@@ -134,8 +190,16 @@ def register_provider(
     price_check: Callable[[Any], Any] | None = None,
     endpoint: bool = False,
     default_endpoint: str | None = None,
+    base_url: str | None = None,
+    api_key_env: str | None = None,
 ):
-    """Decorator: register `build` as the factory of provider `name`."""
+    """Decorator: register `build` as the factory of provider `name`.
+
+    `endpoint=True`: the provider calls an operator-configured endpoint
+    (`AGENTRT_MODEL_ENDPOINTS` entries may name it); a block without
+    `endpoint` uses `default_endpoint` (the provider's name). `base_url` and
+    `api_key_env` declare that default as a built-in endpoint, which exists
+    unless the operator defines one with that name."""
 
     def wrap(build):
         PROVIDERS.register(
@@ -147,6 +211,8 @@ def register_provider(
                 price_check=price_check,
                 endpoint=endpoint,
                 default_endpoint=default_endpoint or (name if endpoint else None),
+                base_url=base_url,
+                api_key_env=api_key_env,
                 origin=f"{getattr(build, '__module__', '?')}.{getattr(build, '__qualname__', repr(build))}",
             )
         )

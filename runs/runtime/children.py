@@ -240,8 +240,9 @@ def _failed_result(
 def _answer(
     parent_id: UUID, invocation_id: UUID | None, result: dict[str, Any], completed: str | None, now: datetime
 ) -> list[EventWrite]:
-    """Answer the parent's waiting `delegate_run` invocation (guarded: it is
-    answered once); return its `tool.call.*` event."""
+    """Answer the parent's waiting delegating invocation (`delegate_run`, or a
+    tool declared `control="delegate"`; guarded: it is answered once); return
+    its `tool.call.*` event."""
     if invocation_id is None:
         return []
     ok = completed is not None
@@ -257,14 +258,14 @@ def _answer(
     )
     if updated != 1:
         return []
-    call_id = ToolInvocation.objects.filter(id=invocation_id).values_list("call_id", flat=True).get()
+    call_id, tool = ToolInvocation.objects.filter(id=invocation_id).values_list("call_id", "tool_name").get()
     return [
         EventWrite(
             EventType.TOOL_CALL_COMPLETED if ok else EventType.TOOL_CALL_FAILED,
             {
                 "invocation": str(invocation_id),
                 "call_id": call_id,
-                "tool": "delegate_run",
+                "tool": tool,
                 "result": result,
                 "executed": True,
                 "outcome": (InvocationOutcome.SUCCEEDED if ok else InvocationOutcome.FAILED).value,

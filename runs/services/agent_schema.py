@@ -149,29 +149,37 @@ class AgentDefinition(Strict):
     tools: list[str] = Field(default_factory=list, max_length=100)
     policy: Policy = Field(default_factory=Policy)
     limits: Limits = Field(default_factory=Limits)
-    # The agents `delegate_run` may start as child runs (seed 002, M6), by name, in this tenant.
+    # The agents a delegating tool (`delegate_run`) may start as child runs (seed 002, M6), by name, in this tenant.
     delegates: list[Annotated[str, Field(min_length=1, max_length=100, pattern=AGENT_NAME)]] = Field(
         default_factory=list, max_length=50, validate_default=True
     )
 
-    @model_validator(mode="after")
-    def _priced(self):
-        check_model_priced(self.model)  # a model with no price is never counted as free
-        return self
+    @field_validator("model")
+    @classmethod
+    def _priced(cls, model):
+        """The block's provider's own price check (its registry entry): a
+        model with no price is never counted as free. A refusal names the
+        `model` field."""
+        check_model_priced(model)
+        return model
 
     @field_validator("delegates")
     @classmethod
     def _delegates(cls, delegates, info: ValidationInfo):
-        """`delegates` and the `delegate_run` tool come together: either one alone is a mistake."""
+        """`delegates` and a delegating tool (`control="delegate"`, e.g.
+        `delegate_run`) come together: either one alone is a mistake."""
         if len(set(delegates)) != len(delegates):
             raise ValueError("delegates are listed more than once")
         tools = info.data.get("tools")
         if tools is None:  # the tools themselves were refused: that error says enough
             return delegates
-        if delegates and DELEGATE_TOOL not in tools:
-            raise ValueError(f"delegates needs {DELEGATE_TOOL!r} in tools")
-        if not delegates and DELEGATE_TOOL in tools:
-            raise ValueError(f"{DELEGATE_TOOL!r} in tools needs the agents it may start listed here")
+        delegating = [t for t in tools if (spec := REGISTRY.spec(t)) is not None and spec.control == "delegate"]
+        if delegates and not delegating:
+            raise ValueError(
+                f'delegates needs {DELEGATE_TOOL!r} in tools (or another tool registered with control="delegate")'
+            )
+        if not delegates and delegating:
+            raise ValueError(f"{delegating[0]!r} in tools needs the agents it may start listed here")
         return delegates
 
     def normal(self) -> dict[str, Any]:

@@ -38,8 +38,9 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from runs.domain.errors import OutcomeUnknown, ToolFailure
 from runs.domain.values import ToolSpec
 
-# The suspensions a control tool may declare: ask the user, or start child runs (seed 002, M6).
-CONTROLS = frozenset({"ask_user", "delegate"})
+# The suspensions a control tool may declare — ask the user, or start child
+# runs (seed 002, M6) — and the arguments the runtime reads from its call.
+CONTROLS: dict[str, tuple[str, ...]] = {"ask_user": ("question",), "delegate": ("agent", "input")}
 
 
 class DuplicateTool(ValueError):
@@ -133,8 +134,16 @@ class ToolRegistry:
         name already held by a *different* function is `DuplicateTool`; the
         same function registered again (a module imported twice) is not."""
         Draft202012Validator.check_schema(spec.parameters)
-        if spec.control is not None and spec.control not in CONTROLS:
-            raise ValueError(f"tool {spec.name!r}: control must be one of {sorted(CONTROLS)}, not {spec.control!r}")
+        if spec.control is not None:
+            if spec.control not in CONTROLS:
+                raise ValueError(f"tool {spec.name!r}: control must be one of {sorted(CONTROLS)}, not {spec.control!r}")
+            properties = spec.parameters.get("properties") or {}
+            missing = [arg for arg in CONTROLS[spec.control] if arg not in properties]
+            if missing:
+                raise ValueError(
+                    f"tool {spec.name!r}: a control={spec.control!r} tool takes the arguments "
+                    f"{', '.join(CONTROLS[spec.control])} (the runtime reads them); missing: {', '.join(missing)}"
+                )
         found = _inspect(fn)  # `model` is explicit: a typed function given a raw schema receives a dict
         typed = _Typed(model, found.takes_context, found.is_async, found.origin, reconciler)
         with self._lock:
@@ -294,7 +303,10 @@ def register(
     With `parameters` (raw JSON Schema) `fn` receives the arguments dict.
     Without it, `fn`'s first parameter must be annotated with a pydantic
     model: the schema is derived from it and `fn` receives an instance.
-    `control` names the suspension a control tool causes (`"ask_user"`);
+    `control` names the suspension a control tool causes (`"ask_user"`: its
+    `question` is asked and the run waits for the answer; `"delegate"`: a
+    child run of `agent` on `input` starts and the run waits for it) — the
+    function is then never called;
     `reconciler(view, invocation)` answers for an interrupted call of this
     tool (see `runs.tools.reconcile`). Registering a second function under a
     name already taken is `DuplicateTool`."""

@@ -15,6 +15,35 @@ def test_default_table_prices_known_openai_models(settings):
     assert price.input_per_mtok == 0.15 and price.output_per_mtok == 0.60
 
 
+@pytest.mark.parametrize(
+    "model, figures",
+    [
+        ("claude-sonnet-4-5", (3.00, 15.00, 0.30, 3.75)),
+        ("claude-opus-4-1", (15.00, 75.00, 1.50, 18.75)),
+        ("claude-haiku-4-5", (1.00, 5.00, 0.10, 1.25)),
+        ("claude-3-5-haiku", (0.80, 4.00, 0.08, 1.00)),
+        # dated snapshots take the price of their undated name
+        ("claude-sonnet-4-20250514", (3.00, 15.00, 0.30, 3.75)),
+        ("claude-sonnet-4-5-20250929", (3.00, 15.00, 0.30, 3.75)),
+        ("claude-3-5-haiku-20241022", (0.80, 4.00, 0.08, 1.00)),
+    ],
+)
+def test_default_table_prices_anthropic_models_with_their_cache_rates(settings, model, figures):
+    if hasattr(settings, "AGENTRT_MODEL_PRICES"):
+        del settings.AGENTRT_MODEL_PRICES
+    price = check_model_priced({"provider": "anthropic", "model": model})
+    got = (price.input_per_mtok, price.output_per_mtok, price.cache_read_per_mtok, price.cache_creation_per_mtok)
+    assert got == pytest.approx(figures)
+
+
+def test_an_unknown_claude_model_is_not_priced_by_the_default_table(settings):
+    if hasattr(settings, "AGENTRT_MODEL_PRICES"):
+        del settings.AGENTRT_MODEL_PRICES
+    with pytest.raises(ValueError, match="'claude-unreleased-9' has no price"):
+        check_model_priced({"provider": "anthropic", "model": "claude-unreleased-9"})
+    assert price_for("claude-sonnet-4-latest") is None  # only a date suffix falls back
+
+
 def test_unpriced_model_is_refused_with_a_clear_message(settings):
     settings.AGENTRT_MODEL_PRICES = {"gpt-4o": {"input_per_mtok": 2.5, "output_per_mtok": 10}}
     with pytest.raises(ValueError) as info:

@@ -94,9 +94,7 @@ def test_load_agent_refuses_base_url_and_api_key_env(tenant, attacker, tmp_path)
 
 
 @pytest.mark.django_db
-def test_an_agent_names_a_configured_endpoint_and_only_its_models(member, fake, settings, monkeypatch):
-    from runs.providers import endpoints
-
+def test_an_agent_names_a_configured_endpoint_and_only_its_models(member, fake, settings):
     settings.AGENTRT_MODEL_PRICES = {**PRICES, "gpt-4o-mini": {"input_per_mtok": 0.15, "output_per_mtok": 0.6}}
     settings.AGENTRT_MODEL_ENDPOINTS = {
         "local": {
@@ -119,8 +117,9 @@ def test_an_agent_names_a_configured_endpoint_and_only_its_models(member, fake, 
     outside = post({"provider": "openai", "endpoint": "local", "model": "gpt-4o-mini"})
     assert outside.status_code == 400 and "model.model" in outside.json()["fields"], outside.json()
     # An endpoint of another provider cannot be named by an openai block.
-    monkeypatch.setattr(endpoints, "ENDPOINT_PROVIDERS", {"openai", "other"})
-    settings.AGENTRT_MODEL_ENDPOINTS = {"theirs": {"provider": "other", "base_url": fake.base_url, "api_key_env": "X"}}
+    settings.AGENTRT_MODEL_ENDPOINTS = {
+        "theirs": {"provider": "anthropic", "base_url": fake.base_url, "api_key_env": "X"}
+    }
     mismatch = post({"provider": "openai", "endpoint": "theirs", "model": "test-model"})
     assert mismatch.status_code == 400 and "model.endpoint" in mismatch.json()["fields"], mismatch.json()
     assert fake.requests == []

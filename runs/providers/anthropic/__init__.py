@@ -54,7 +54,15 @@ class AnthropicModel(EndpointModel):
     max_tokens: int = Field(4096, ge=1, le=128_000)
 
 
-@register_provider("anthropic", config=AnthropicModel, streams=True, endpoint=True, price_check=prices.require_price)
+@register_provider(
+    "anthropic",
+    config=AnthropicModel,
+    streams=True,
+    endpoint=True,
+    price_check=prices.require_price,
+    base_url="https://api.anthropic.com/v1",
+    api_key_env="ANTHROPIC_API_KEY",
+)
 def build(endpoint, block: dict, on_delta=None) -> AnthropicProvider:
     return AnthropicProvider(
         endpoint, str(block.get("model") or ""), max_tokens=int(block.get("max_tokens") or 4096), on_delta=on_delta

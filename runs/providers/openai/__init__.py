@@ -72,7 +72,15 @@ class OpenAIModel(EndpointModel):
     endpoint: str = Field("openai", min_length=1, max_length=100)
 
 
-@register_provider("openai", config=OpenAIModel, streams=True, endpoint=True, price_check=prices.require_price)
+@register_provider(
+    "openai",
+    config=OpenAIModel,
+    streams=True,
+    endpoint=True,
+    price_check=prices.require_price,
+    base_url="https://api.openai.com/v1",
+    api_key_env="OPENAI_API_KEY",
+)
 def build(endpoint, block: dict, on_delta=None) -> OpenAIProvider:
     return OpenAIProvider(endpoint, str(block.get("model") or ""), on_delta=on_delta)
 
