@@ -7,6 +7,7 @@ functions, and makes the return value JSON."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from runs.domain.pipeline import ToolExecutionContext
 from runs.domain.scrub import MAX_RESULT_BYTES, bound
 from runs.domain.values import CancelReason, ToolSpec
 from runs.tools import REGISTRY, DuplicateTool, register
+from tests.conftest import wait_for
 
 
 class Address(BaseModel):
@@ -226,3 +228,57 @@ def test_control_is_declared_and_checked(registered):
             ToolSpec(name="later", parameters={"type": "object"}, read_only=True, control="teleport"), print
         )
     assert REGISTRY.spec("later") is None
+
+
+def test_a_tool_past_its_timeout_holds_its_thread_and_the_next_call_does_not_wait_for_it(registered):
+    """Tool threads are reused (one per call cost a thread start per step):
+    a call past its timeout is unknown and keeps its thread; the next call
+    gets another thread and returns; once the stuck tool returns, its thread
+    is idle again and serves the following call."""
+    from runs.tools.registry import TOOL_THREADS
+
+    release, seen = threading.Event(), []
+
+    @registered("stuck", read_only=False, side_effect="external", parameters={"type": "object"})
+    def stuck(arguments, ctx):
+        release.wait(30)
+        return {"late": True}
+
+    @registered("quick", read_only=True, parameters={"type": "object"})
+    def quick(arguments, ctx):
+        seen.append(threading.current_thread().ident)
+        return {"ok": True}
+
+    with pytest.raises(OutcomeUnknown) as info:
+        REGISTRY.execute("stuck", {}, context(timeout=0.2))
+    assert info.value.code == "timeout"
+    assert REGISTRY.execute("quick", {}, context()) == {"ok": True}
+    before = TOOL_THREADS.idle()
+    release.set()
+    wait_for(lambda: TOOL_THREADS.idle() == before + 1, timeout=10, message="the stuck thread to become idle")
+    assert REGISTRY.execute("quick", {}, context()) == {"ok": True}
+    assert REGISTRY.execute("quick", {}, context()) == {"ok": True}
+    assert len(seen) == 3 and seen[1] == seen[2]  # reused, not one thread per call
+
+
+def test_a_forked_child_starts_its_own_tool_threads(registered):
+    """After a fork the parent's idle threads do not exist in the child: a
+    call there must not be handed to one of them (it would wait out its
+    timeout and be reported unknown)."""
+    from runs.tools.registry import TOOL_THREADS
+
+    @registered("pid", read_only=True, parameters={"type": "object"})
+    def pid(arguments, ctx):
+        return {"pid": os.getpid()}
+
+    REGISTRY.execute("pid", {}, context())
+    assert TOOL_THREADS.idle() >= 1  # the parent has an idle thread to (wrongly) inherit
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through its exit status
+        try:
+            ok = TOOL_THREADS.idle() == 0 and REGISTRY.execute("pid", {}, context(timeout=5))["pid"] == os.getpid()
+        except BaseException:
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
