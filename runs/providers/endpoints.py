@@ -63,12 +63,22 @@ class Endpoint:
         return parts._replace(netloc=netloc).geturl()
 
 
-def _registry():
-    # Imported when first needed, never at module level: settings.py imports
-    # this module before Django (and so the providers) is set up.
-    from runs.providers.registry import PROVIDERS
+# The provider registry, handed over by runs.providers.registry when it
+# loads (it imports this module, so this module cannot import it). Importing
+# this module runs runs/providers/__init__.py first, which loads the registry:
+# it is always here before anything below is called.
+_PROVIDERS: Any = None
 
-    return PROVIDERS
+
+def use_registry(providers: Any) -> None:
+    global _PROVIDERS
+    _PROVIDERS = providers
+
+
+def _registry() -> Any:
+    if _PROVIDERS is None:  # pragma: no cover - see above
+        raise RuntimeError("the provider registry (runs.providers.registry) is not loaded")
+    return _PROVIDERS
 
 
 def known_providers() -> frozenset[str]:

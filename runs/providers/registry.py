@@ -39,6 +39,7 @@ from pydantic import BaseModel
 
 from runs.domain.errors import ModelError
 from runs.domain.values import ModelTurn, StopReason
+from runs.providers import endpoints
 from runs.providers.endpoints import EndpointConfigError, endpoint_for, parse_endpoints
 
 log = logging.getLogger("agentrt.providers")
@@ -180,6 +181,7 @@ def _check_builtin_endpoint(entry: ProviderEntry) -> dict[str, Any] | None:
 
 
 PROVIDERS = ProviderRegistry()
+endpoints.use_registry(PROVIDERS)  # endpoints reads the providers that take one
 
 
 def register_provider(
