@@ -735,9 +735,9 @@ def render(r: dict) -> str:
         "only, as systemd's `KillMode=mixed`), left to drain, restarted by the supervisor, and waited for until "
         "ready before the next.",
         "",
-        f"Machine: {m['cores']} cores, shared with other engineers' work; 1-minute load average "
-        f"{m['loadavg_1m_before']} before, "
-        f"{m['loadavg_1m_after']} after. Timings are from that shared machine: figures, not limits.",
+        f"Machine: {m['cores']} cores; 1-minute load average {m['loadavg_1m_before']} before, "
+        f"{m['loadavg_1m_after']} after (more than the cores means other work competed with the deployment). "
+        "Timings are figures, not limits.",
         "",
         f"## Verdict: {'nothing lost, nothing sent twice' if ok else 'FAILED'}",
         "",
