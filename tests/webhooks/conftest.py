@@ -49,6 +49,19 @@ def subscribe(user, url, event_types, **kw):
     return row, secret
 
 
+def completed_delivery(load_agent, submit):
+    """The default agent's run, driven to its end in-process, and the one
+    delivery its terminal transition wrote: (run, delivery)."""
+    from runs.runtime.executor import run_drive
+    from webhooks.models import Delivery
+
+    load_agent()
+    run = submit()
+    run_drive(run_id=run.id)
+    (delivery,) = Delivery.objects.filter(run_id=run.id)
+    return run, delivery
+
+
 def approver_agent(load_agent, post_url="http://127.0.0.1:9/pay"):
     return load_agent(
         name="payer",

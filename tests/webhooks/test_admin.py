@@ -10,13 +10,12 @@ import pytest
 from django.test import Client
 
 from runs.models import Run
-from runs.runtime.executor import run_drive
 from runs.services import tenant_create
 from webhooks.delivery import deliver
 from webhooks.models import Delivery, WebhookSubscription
 from webhooks.secrets import decrypt
 
-from .conftest import subscribe
+from .conftest import completed_delivery, subscribe
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -118,10 +117,7 @@ def test_a_failing_hook_shows_in_the_admin_and_the_run_stays_completed(tenant, l
         raise RuntimeError("crm is down")
 
     hook_registry.register("crm.sync")(boom)
-    load_agent()
-    run = submit()
-    run_drive(run_id=run.id)
-    (d,) = Delivery.objects.filter(run_id=run.id)
+    run, d = completed_delivery(load_agent, submit)
     assert deliver(d.id) == "retry"
     client, _ = console("acme-op", "acme")
     listing = client.get("/admin/webhooks/delivery/").content.decode()

@@ -16,7 +16,7 @@ from tests.conftest import wait_for
 from webhooks.delivery import deliver
 from webhooks.models import Delivery
 
-from .conftest import approver_agent, subscribe
+from .conftest import approver_agent, completed_delivery, subscribe
 from .receiver import verify
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -148,10 +148,7 @@ def test_a_failing_receiver_is_retried_with_backoff_under_one_delivery_id(
     settings.AGENTRT_DELIVERY_BACKOFF_SECONDS = 0.3
     sub, secret = subscribe(manager, receiver.url, ["run.completed"])
     receiver.script = ["500", "500", "200"]
-    load_agent()
-    run = submit()
-    run_drive(run_id=run.id)
-    (d,) = Delivery.objects.filter(run_id=run.id)
+    run, d = completed_delivery(load_agent, submit)
     assert deliver(d.id) == "retry"
     row = Delivery.objects.get(id=d.id)
     assert (row.status, row.attempts, row.last_status_code) == ("pending", 1, 500) and "HTTP 500" in row.last_error
@@ -174,10 +171,7 @@ def test_past_the_maximum_age_a_delivery_is_marked_failed(tenant, load_agent, su
     settings.AGENTRT_DELIVERY_MAX_AGE_SECONDS = 15  # the second retry (20 s later) would be too late
     subscribe(manager, receiver.url, ["run.completed"])
     receiver.script = ["503", "503"]
-    load_agent()
-    run = submit()
-    run_drive(run_id=run.id)
-    (d,) = Delivery.objects.filter(run_id=run.id)
+    run, d = completed_delivery(load_agent, submit)
     assert deliver(d.id) == "retry"
     Delivery.objects.filter(id=d.id).update(due_at=Delivery.objects.get(id=d.id).created_at)  # test-only: skip the wait
     assert deliver(d.id) == "failed"
@@ -195,10 +189,7 @@ def test_a_hook_that_raises_never_changes_the_run_and_its_failure_is_recorded(
         raise RuntimeError("hook exploded")
 
     hook_registry.register("t.boom")(boom)
-    load_agent()
-    run = submit()
-    run_drive(run_id=run.id)
-    (d,) = Delivery.objects.filter(run_id=run.id)
+    run, d = completed_delivery(load_agent, submit)
     assert deliver(d.id) == "retry"
     row = Delivery.objects.get(id=d.id)
     assert row.last_error == "RuntimeError: hook exploded" and row.attempts == 1
@@ -207,10 +198,7 @@ def test_a_hook_that_raises_never_changes_the_run_and_its_failure_is_recorded(
 
 def test_a_delivery_is_never_performed_inside_a_transaction(tenant, load_agent, submit, hook_registry):
     hook_registry.register("t.one")(lambda view: None)
-    load_agent()
-    run = submit()
-    run_drive(run_id=run.id)
-    (d,) = Delivery.objects.filter(run_id=run.id)
+    run, d = completed_delivery(load_agent, submit)
     with transaction.atomic():
         with pytest.raises(RuntimeError, match="outside any database transaction"):
             deliver(d.id)
@@ -221,10 +209,7 @@ def test_a_host_no_longer_allowed_is_refused_at_delivery_and_nothing_is_sent(
     tenant, load_agent, submit, manager, receiver, settings
 ):
     subscribe(manager, receiver.url, ["run.completed"])
-    load_agent()
-    run = submit()
-    run_drive(run_id=run.id)
-    (d,) = Delivery.objects.filter(run_id=run.id)
+    run, d = completed_delivery(load_agent, submit)
     settings.AGENTRT_WEBHOOK_ALLOWED_HOSTS = ["hooks.example.com"]
     assert deliver(d.id) == "failed"
     row = Delivery.objects.get(id=d.id)
@@ -239,10 +224,7 @@ def test_a_redirect_is_never_followed(tenant, load_agent, submit, manager, recei
         settings.AGENTRT_WEBHOOK_ALLOWED_HOSTS = [receiver.host, elsewhere.host]  # even to an allowed host
         subscribe(manager, receiver.url, ["run.completed"])
         receiver.script = [f"redirect:{elsewhere.url}"]
-        load_agent()
-        run = submit()
-        run_drive(run_id=run.id)
-        (d,) = Delivery.objects.filter(run_id=run.id)
+        run, d = completed_delivery(load_agent, submit)
         assert deliver(d.id) == "retry"
         row = Delivery.objects.get(id=d.id)
         assert row.last_status_code == 302 and "redirects are not followed" in row.last_error
@@ -324,10 +306,7 @@ def test_waiting_for_the_user_and_a_rejection_are_announced(tenant, load_agent, 
 def test_an_inactive_subscription_gets_no_delivery(tenant, load_agent, submit, manager, receiver):
     active, _ = subscribe(manager, receiver.url, ["run.completed"])
     inactive, _ = subscribe(manager, receiver.url, ["run.completed"], active=False)
-    load_agent()
-    run = submit()
-    run_drive(run_id=run.id)
-    (d,) = Delivery.objects.filter(run_id=run.id)
+    run, d = completed_delivery(load_agent, submit)
     assert d.subscription_id == active.id
     assert not Delivery.objects.filter(subscription=inactive).exists()
     assert deliver(d.id) == "succeeded"
@@ -394,10 +373,7 @@ def test_a_hook_that_keeps_failing_ends_failed_after_the_maximum_age(
         raise RuntimeError("the CRM is down")
 
     hook_registry.register("t.always")(always)
-    load_agent()
-    run = submit()
-    run_drive(run_id=run.id)
-    (d,) = Delivery.objects.filter(run_id=run.id)
+    run, d = completed_delivery(load_agent, submit)
     assert deliver(d.id) == "retry"
     assert Delivery.objects.get(id=d.id).status == "pending"  # failing, not yet failed
     outcomes: list[str] = []

@@ -11,12 +11,11 @@ import json
 
 import pytest
 
-from runs.runtime.executor import run_drive
 from tests.conftest import wait_for
 from webhooks.delivery import deliver
 from webhooks.models import Delivery
 
-from .conftest import subscribe
+from .conftest import completed_delivery, subscribe
 from .receiver import TRICKLE_BYTES, verify
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,10 +36,7 @@ def test_an_answer_that_does_not_finish_within_the_timeout_fails_the_attempt_and
     settings.AGENTRT_DELIVERY_BACKOFF_SECONDS = 60
     sub, secret = subscribe(manager, receiver.url, ["run.completed"])
     receiver.script = [answer]
-    load_agent()
-    run = submit()
-    run_drive(run_id=run.id)
-    (d,) = Delivery.objects.filter(run_id=run.id)
+    run, d = completed_delivery(load_agent, submit)
 
     assert deliver(d.id) == "retry"
 
@@ -63,10 +59,7 @@ def test_a_prompt_answer_with_a_body_is_delivered(tenant, load_agent, submit, ma
     """The whole answer is read within the deadline: an ordinary 200 with a body is delivered."""
     settings.AGENTRT_WEBHOOK_TIMEOUT_SECONDS = 1
     subscribe(manager, receiver.url, ["run.completed"])
-    load_agent()
-    run = submit()
-    run_drive(run_id=run.id)
-    (d,) = Delivery.objects.filter(run_id=run.id)
+    run, d = completed_delivery(load_agent, submit)
     assert deliver(d.id) == "succeeded"
     row = Delivery.objects.get(id=d.id)
     assert (row.status, row.attempts, row.last_status_code, row.last_error) == ("succeeded", 1, 200, "")
