@@ -77,6 +77,9 @@ class PrefixCache:
     head: str
     done: int
     hasher: Any  # a hashlib sha256 object
+    tools: list[dict[str, Any]] | None = None  # the tool list `head` was encoded with
+    instructions: str | None = None  # and the instructions
+    chars: int = 0  # the length of the canonical JSON of messages[:done], each alone (context_engine.measure)
 
 
 @dataclass
@@ -95,6 +98,7 @@ class StepProgress:
     current_step: int | None = None
     current_attempt: int | None = None
     prefix: PrefixCache | None = None
+    tool_schemas: list[dict[str, Any]] | None = None  # the pinned tool set's schemas, built once per slice
     compactions: dict[int, int] = field(default_factory=dict)  # per step number
     turn_event: Any = None  # the last `model.response.completed` written (it holds the turn's conversation item)
 
@@ -142,11 +146,17 @@ class RunContext:
 
 
 def tool_schemas(ctx: RunContext) -> list[dict[str, Any]]:
+    """The schemas of the run's pinned tool set, built once per slice (the
+    set does not change while the run executes). Shared: not to be mutated."""
+    cached = ctx.progress.tool_schemas
+    if cached is not None:
+        return cached
     out = []
     for name in ctx.agent.tools:
         spec = ctx.tools.spec(name)
         if spec is not None:
             out.append({"name": spec.name, "description": spec.description, "parameters": spec.parameters})
+    ctx.progress.tool_schemas = out
     return out
 
 
@@ -178,15 +188,21 @@ def prefix_sha256(ctx: RunContext, tools: list[dict[str, Any]], messages: list[d
     separator after each). A function of the content only; the running hash
     is kept between steps because the conversation only grows (compaction
     replaces the list, which starts a new one)."""
-    head = canonical_json({"instructions": ctx.agent.instructions, "tools": tools})
     cache = ctx.progress.prefix
+    instructions = ctx.agent.instructions
+    if cache is not None and cache.tools is tools and cache.instructions is instructions:
+        head = cache.head  # the same tool list and instructions: their encoding is too
+    else:
+        head = canonical_json({"instructions": instructions, "tools": tools})
     if cache is None or cache.messages is not messages or cache.head != head or cache.done > len(messages):
         hasher = hashlib.sha256(head.encode() + b"\x1e")
-        done = 0
+        done, chars = 0, 0
     else:
-        hasher, done = cache.hasher, cache.done
+        hasher, done, chars = cache.hasher, cache.done, cache.chars
     for message in messages[done:]:
-        hasher.update(canonical_json(message).encode() + b"\x1e")
-    ctx.progress.prefix = PrefixCache(messages, head, len(messages), hasher)
+        encoded = canonical_json(message)
+        chars += len(encoded)
+        hasher.update(encoded.encode() + b"\x1e")
+    ctx.progress.prefix = PrefixCache(messages, head, len(messages), hasher, tools, instructions, chars)
     digest: str = hasher.copy().hexdigest()
     return digest

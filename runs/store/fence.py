@@ -16,7 +16,6 @@ JSON parameters are plain `%s`: PostgreSQL infers `jsonb` from the column
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
@@ -25,6 +24,7 @@ from uuid import UUID
 from django.db import connection
 
 from runs.domain.writes import UnitOfWork
+from runs.store.json_text import compact
 
 # The guard every leased write carries: the run row, under our lease, RUNNING.
 # A worker that lost its lease matches no row and writes nothing.
@@ -51,7 +51,7 @@ def transition_fence() -> str:
 def _json(value: Any) -> str | None:
     if value is None:
         return None
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return compact(value)
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,15 @@ further and sends no BEGIN and no COMMIT.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from runs.domain import stored_form
 from runs.domain.writes import UnitOfWork
+from runs.store.json_text import compact
 
-
-def _j(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+_j = compact
 
 
 def _ts(value: datetime | None) -> str | None:
@@ -43,20 +41,23 @@ def can_batch(work: UnitOfWork) -> bool:
 # carries (absent kinds are left out), each reading the fenced run row so that
 # a fence that matches nothing writes nothing:
 #
-#   WITH fenced_run            UPDATE runs ... WHERE <fence> RETURNING id        (always)
-#        finished_model_calls  UPDATE model_calls FROM fenced_run, <json rows>   (model_call_finishes)
-#        started_model_calls   INSERT INTO model_calls SELECT ... FROM fenced_run (model_call_inserts)
-#        new_invocations       INSERT INTO tool_invocations ...                  (invocation_inserts)
-#        changed_invocations   UPDATE tool_invocations FROM fenced_run, ...      (invocation_updates)
-#        new_approvals         INSERT INTO approvals ...                         (approval_inserts)
-#        session_counter       UPDATE sessions SET event_seq += n, if fenced_run (events)
-#        appended_events       INSERT INTO events ... FROM session_counter       (events)
-#        new_checkpoint        INSERT INTO checkpoints ... FROM fenced_run       (checkpoint; its stored form
-#                              may name the unit's events: events_from reads session_counter)
+#   WITH fenced_run              UPDATE runs ... WHERE <fence> RETURNING id      (always)
+#        finished_model_calls_N  UPDATE model_calls FROM fenced_run, <json row>  (model_call_finishes, one each)
+#        started_model_calls     INSERT INTO model_calls SELECT ... FROM fenced_run (model_call_inserts)
+#        new_invocations         INSERT INTO tool_invocations ...                (invocation_inserts)
+#        changed_invocations_N   UPDATE tool_invocations FROM fenced_run, ...    (invocation_updates, one each)
+#        new_approvals           INSERT INTO approvals ...                       (approval_inserts)
+#        session_counter         UPDATE sessions SET event_seq += n, if fenced_run (events)
+#        appended_events         INSERT INTO events ... FROM session_counter     (events)
+#        new_checkpoint          INSERT INTO checkpoints ... FROM fenced_run     (checkpoint; its stored form
+#                                may name the unit's events: events_from reads session_counter)
 #   SELECT <rows fenced_run matched>, <the events' sequences, ascending>
 #
-# Rows travel as one JSON array per CTE, unpacked by jsonb_to_recordset into a
-# record named `given` whose fields are the target columns' names.
+# Inserted rows travel as one JSON array per CTE, unpacked by
+# jsonb_to_recordset into a record named `given` whose fields are the target
+# columns' names; an updated row as one JSON object through jsonb_to_record
+# (`_BY_KEY`).
+
 
 Cte = tuple[str, list[Any]]
 
@@ -85,13 +86,13 @@ def unit_statement(
     fence_sql, fence_params = fence
     ctes: list[Cte] = [("fenced_run AS (" + fence_sql + " RETURNING id)", list(fence_params))]
     if work.model_call_finishes:
-        ctes.append(_finished_model_calls(work))
+        ctes += _finished_model_calls(work)
     if work.model_call_inserts:
         ctes.append(_started_model_calls(work, tenant_id=tenant_id, epoch=epoch))
     if work.invocation_inserts:
         ctes.append(_new_invocations(work, tenant_id=tenant_id, epoch=epoch))
     if work.invocation_updates:
-        ctes.append(_changed_invocations(work, epoch=epoch))
+        ctes += _changed_invocations(work, epoch=epoch)
     if work.approval_inserts:
         ctes.append(_new_approvals(work, tenant_id=tenant_id))
     if work.events:
@@ -120,29 +121,46 @@ def unit_statement(
     return "WITH " + ",\n".join(sql for sql, _ in ctes) + "\n" + tail, params
 
 
-def _finished_model_calls(work: UnitOfWork) -> Cte:
+# An UPDATE of a row the unit names (a model call finished, a tool call's
+# outcome) is one CTE per row, reading that row's values through
+# `jsonb_to_record`, which the planner knows returns one row: the target is
+# found by primary key. The run is checked with `IS NOT DISTINCT FROM`, which
+# no index serves: with `=` (and an array of rows through
+# `jsonb_to_recordset`, estimated at 100 rows) the planner walked the run's
+# (run_id, ...) unique index and read every row the run had written so far,
+# so a step's cost grew with the run's length.
+_BY_KEY = "WHERE {alias}.id = given.id AND {alias}.run_id IS NOT DISTINCT FROM fenced_run.id RETURNING 1)"
+
+
+def _finished_model_calls(work: UnitOfWork) -> list[Cte]:
     sql = (
-        "finished_model_calls AS (UPDATE model_calls AS model_call SET status = given.status, usage = given.usage,"
+        "finished_model_calls_{n} AS (UPDATE model_calls AS model_call SET status = given.status, usage = given.usage,"
         " stop_reason = given.stop_reason, stream_had_output = given.stream_had_output, error = given.error,"
         " prefix_sha256 = given.prefix_sha256, finished_at = given.finished_at"
-        " FROM fenced_run, jsonb_to_recordset(%s::jsonb) AS given(id uuid, status text, usage jsonb, stop_reason text,"
-        " stream_had_output boolean, error jsonb, prefix_sha256 text, finished_at timestamptz)"
-        " WHERE model_call.id = given.id AND model_call.run_id = fenced_run.id RETURNING 1)"
+        " FROM fenced_run, jsonb_to_record(%s::jsonb) AS given(id uuid, status text, usage jsonb,"
+        " stop_reason text, stream_had_output boolean, error jsonb, prefix_sha256 text, finished_at timestamptz) "
+        + _BY_KEY.format(alias="model_call")
     )
-    rows = [
-        {
-            "id": str(m.id),
-            "status": m.status,
-            "usage": m.usage,
-            "stop_reason": m.stop_reason,
-            "stream_had_output": m.stream_had_output,
-            "error": m.error,
-            "prefix_sha256": m.prefix_sha256,
-            "finished_at": _ts(m.finished_at),
-        }
-        for m in work.model_call_finishes
+    return [
+        (
+            sql.format(n=n),
+            [
+                _j(
+                    {
+                        "id": str(m.id),
+                        "status": m.status,
+                        "usage": m.usage,
+                        "stop_reason": m.stop_reason,
+                        "stream_had_output": m.stream_had_output,
+                        "error": m.error,
+                        "prefix_sha256": m.prefix_sha256,
+                        "finished_at": _ts(m.finished_at),
+                    }
+                )
+            ],
+        )
+        for n, m in enumerate(work.model_call_finishes)
     ]
-    return sql, [_j(rows)]
 
 
 def _started_model_calls(work: UnitOfWork, *, tenant_id: UUID, epoch: int) -> Cte:
@@ -204,12 +222,12 @@ def _new_invocations(work: UnitOfWork, *, tenant_id: UUID, epoch: int) -> Cte:
     return sql, [tenant_id, epoch, _j(rows)]
 
 
-def _changed_invocations(work: UnitOfWork, *, epoch: int) -> Cte:
+def _changed_invocations(work: UnitOfWork, *, epoch: int) -> list[Cte]:
     """Each update carries only the columns it changes: a `has_<column>` flag
     says whether a NULL means "leave it" or "set NULL" (result, error,
     suspended kind, attempts); attempt and outcome are never set to NULL."""
     sql = (
-        "changed_invocations AS (UPDATE tool_invocations AS invocation"
+        "changed_invocations_{n} AS (UPDATE tool_invocations AS invocation"
         " SET status = given.status, updated_at = given.updated_at, lease_epoch = %s,"
         " result = CASE WHEN given.has_result THEN given.result ELSE invocation.result END,"
         " error = CASE WHEN given.has_error THEN given.error ELSE invocation.error END,"
@@ -218,30 +236,37 @@ def _changed_invocations(work: UnitOfWork, *, epoch: int) -> Cte:
         " ELSE invocation.suspended_kind END,"
         " outcome = COALESCE(given.outcome, invocation.outcome),"
         " attempts = CASE WHEN given.has_attempts THEN given.attempts ELSE invocation.attempts END"
-        " FROM fenced_run, jsonb_to_recordset(%s::jsonb) AS given(id uuid, status text, updated_at timestamptz,"
+        " FROM fenced_run, jsonb_to_record(%s::jsonb) AS given(id uuid, status text, updated_at timestamptz,"
         " has_result boolean, result jsonb, has_error boolean, error jsonb, attempt int, has_suspended_kind boolean,"
-        " suspended_kind text, outcome text, has_attempts boolean, attempts jsonb)"
-        " WHERE invocation.id = given.id AND invocation.run_id = fenced_run.id RETURNING 1)"
+        " suspended_kind text, outcome text, has_attempts boolean, attempts jsonb) "
+        + _BY_KEY.format(alias="invocation")
     )
-    rows = [
-        {
-            "id": str(u.id),
-            "status": u.status,
-            "updated_at": _ts(u.updated_at),
-            "has_result": u.result is not None,
-            "result": u.result,
-            "has_error": u.error is not None or u.clear_error,
-            "error": u.error,
-            "attempt": u.attempt,
-            "has_suspended_kind": u.suspended_kind is not None,
-            "suspended_kind": u.suspended_kind,
-            "outcome": u.outcome,
-            "has_attempts": u.attempts is not None,
-            "attempts": u.attempts,
-        }
-        for u in work.invocation_updates
+    return [
+        (
+            sql.format(n=n),
+            [
+                epoch,
+                _j(
+                    {
+                        "id": str(u.id),
+                        "status": u.status,
+                        "updated_at": _ts(u.updated_at),
+                        "has_result": u.result is not None,
+                        "result": u.result,
+                        "has_error": u.error is not None or u.clear_error,
+                        "error": u.error,
+                        "attempt": u.attempt,
+                        "has_suspended_kind": u.suspended_kind is not None,
+                        "suspended_kind": u.suspended_kind,
+                        "outcome": u.outcome,
+                        "has_attempts": u.attempts is not None,
+                        "attempts": u.attempts,
+                    }
+                ),
+            ],
+        )
+        for n, u in enumerate(work.invocation_updates)
     ]
-    return sql, [epoch, _j(rows)]
 
 
 def _new_approvals(work: UnitOfWork, *, tenant_id: UUID) -> Cte:
@@ -344,7 +369,8 @@ def watermark_statement(
         " AND status = 'RUNNING' RETURNING id),"
         " watermarked AS (UPDATE tool_invocations AS invocation SET effect_sent_at = %s, status = 'executing',"
         " attempt = %s, updated_at = %s, lease_epoch = %s"
-        " FROM fenced_run WHERE invocation.id = %s AND invocation.run_id = fenced_run.id RETURNING 1),"
+        " FROM fenced_run WHERE invocation.id = %s AND invocation.run_id IS NOT DISTINCT FROM fenced_run.id"
+        " RETURNING 1),"
         " session_counter AS (UPDATE sessions SET event_seq = event_seq + 1"
         " WHERE id = %s AND EXISTS (SELECT 1 FROM watermarked) RETURNING event_seq),"
         " appended_events AS (INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch,"

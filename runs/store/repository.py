@@ -28,6 +28,7 @@ from runs.domain.writes import EventWrite, UnitOfWork
 from runs.models import ToolInvocation
 from runs.runtime.wake import waker
 from runs.store.fence import Transition, fence_statement
+from runs.store.json_text import compact
 from runs.store.pg import can_batch, unit_statement, watermark_statement
 
 # A database cursor (Django's CursorWrapper; the project has no Django stubs).
@@ -47,7 +48,7 @@ def sql_uuid(value: UUID | None) -> UUID | str | None:
 def sql_json(value: Any) -> str | None:
     if value is None:
         return None
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return compact(value)
 
 
 def sql_dt(value: datetime | None) -> Any:

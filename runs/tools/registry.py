@@ -23,6 +23,7 @@ dataclasses, datetimes, UUIDs included) before the pipeline bounds it.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import inspect
 import json
 import os
@@ -244,10 +245,10 @@ class ToolRegistry:
             except BaseException as exc:  # handed to the caller below
                 box["error"] = exc
             finally:
-                connections.close_all()  # this thread's own connections, if the tool used the ORM
-                done.set()
+                for opened in connections.all(initialized_only=True):
+                    opened.close()  # this thread's own connections, if the tool used the ORM
 
-        TOOL_THREADS.run(target)
+        TOOL_THREADS.run(target, done)
         if not done.wait(float(timeout)):
             raise OutcomeUnknown(
                 "timeout",
@@ -258,35 +259,83 @@ class ToolRegistry:
         return box.get("value")
 
 
+def _cpu_finder() -> Callable[[], int] | None:
+    """glibc's `sched_getcpu` (the CPU the calling thread runs on), or None."""
+    try:
+        found = ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+    found.restype = ctypes.c_int
+    found.argtypes = []
+    return cast(Callable[[], int], found)
+
+
+_SCHED_GETCPU = _cpu_finder() if hasattr(os, "sched_setaffinity") else None
+
+
+def _move_next_to_caller(native_id: int) -> None:
+    """Ask the scheduler to run the thread `native_id` on the caller's CPU.
+
+    The caller hands a call over and blocks until it is done, so its CPU is
+    free for the tool thread; woken there, neither wake-up crosses CPUs. On
+    the 2-vCPU VM of bench/RESULTS.md a wake-up on the other vCPU cost about
+    70 us each way, and a hand-over there and back 95 us of a 2 ms step;
+    on the caller's CPU it is about 20 us. A hint only: where the platform
+    has no such call or refuses it, nothing changes."""
+    if _SCHED_GETCPU is None:
+        return
+    cpu = _SCHED_GETCPU()
+    if cpu < 0:
+        return
+    try:
+        os.sched_setaffinity(native_id, {cpu})
+    except OSError:  # not in this process's CPU set any more, or not allowed: leave it where it is
+        pass
+
+
 class ToolThreads:
     """Threads for tool calls, reused: a call hands its function to an idle
     thread, or to a new one when none is idle (starting a thread per call
     cost about 0.15 ms of every step: bench/RESULTS.md). A thread whose tool
     outlives its timeout stays busy until the tool returns, if ever, and only
     then becomes idle again; the next call never waits for it. At most
-    `keep` idle threads are kept; the rest end."""
+    `keep` idle threads are kept; the rest end. An idle thread is moved to
+    the caller's CPU before it is handed a call (`_move_next_to_caller`)."""
 
     def __init__(self, keep: int = 4) -> None:
         self.keep = keep
         self._lock = threading.Lock()
-        self._idle: list[queue.SimpleQueue] = []
+        self._idle: list[tuple[queue.SimpleQueue, int]] = []
 
-    def run(self, fn: Callable[[], None]) -> None:
+    def run(self, fn: Callable[[], None], done: threading.Event) -> None:
+        """Run `fn` on a tool thread and set `done` when it has returned (or
+        raised: `fn` reports its own outcome)."""
         with self._lock:
-            inbox = self._idle.pop() if self._idle else None
-        if inbox is None:
-            inbox = queue.SimpleQueue()
+            idle = self._idle.pop() if self._idle else None
+        if idle is None:
+            inbox: queue.SimpleQueue = queue.SimpleQueue()
             threading.Thread(target=self._serve, args=(inbox,), name="tool", daemon=True).start()
-        inbox.put(fn)
+        else:
+            inbox, native_id = idle
+            _move_next_to_caller(native_id)
+        inbox.put((fn, done))
 
     def _serve(self, inbox: queue.SimpleQueue) -> None:
+        me = threading.get_native_id()
         while True:
-            fn = inbox.get()
-            fn()
-            with self._lock:
-                if len(self._idle) >= self.keep:
-                    return
-                self._idle.append(inbox)
+            fn, done = inbox.get()
+            try:
+                fn()
+            finally:
+                with self._lock:
+                    stay = len(self._idle) < self.keep
+                    if stay:
+                        self._idle.append((inbox, me))
+                # The caller's wake-up is the last thing before this thread
+                # waits again, so the caller finds the interpreter free.
+                done.set()
+            if not stay:
+                return
 
     def idle(self) -> int:
         with self._lock:

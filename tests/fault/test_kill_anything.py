@@ -266,6 +266,16 @@ def terminate_backends(where: str = "TRUE") -> int:
         return cursor.fetchone()[0]
 
 
+def deployment_backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = %s AND pid <> pg_backend_pid()",
+            [APP],
+        )
+        return cursor.fetchone()[0]
+
+
 def test_every_backend_terminated_mid_step_and_every_run_completes(deployment, load_agent, submit):
     """What a PostgreSQL restart does to our processes: every connection of
     workers, heartbeats, pusher and doorbell listener, monitor, sentinel and
@@ -276,6 +286,9 @@ def test_every_backend_terminated_mid_step_and_every_run_completes(deployment, l
     wait_or_dump(lambda: sum(status(r.id) == "RUNNING" for r in runs) >= 2, 60, "two runs mid-step", node)
     for round_ in range(2):
         progressed = more_events_than(Event.objects.count() + 3)
+        # After the first cut each process reconnects at its own next query:
+        # cut again once at least the two workers and the listener are back.
+        wait_for(lambda: deployment_backends() >= 3, timeout=BOUND, message="three backends to cut")
         assert terminate_backends() >= 3  # at least the two workers and the listener
         wait_or_dump(progressed, BOUND, f"progress after cut {round_ + 1}", node, maintenance)
     wait_or_dump(lambda: all_completed(runs), BOUND + 30, "every run to complete", node, maintenance)

@@ -189,3 +189,25 @@ def test_the_readme_reconciler_is_the_example_apps_own():
     shown = function(ast.parse(block("readme-reconciler")))
     assert shown == function(ast.parse((ROOT / "examples" / "payments" / "agent_tools.py").read_text()))
     assert REGISTRY.reconciler("charge_card") is agent_tools.reconcile_charge
+
+
+def test_the_readme_provider_snippet_defines_what_it_uses_and_registers_acme():
+    """README "Add your own model provider": the block names no undefined
+    class (it once built an `AcmeProvider` it never defined), and run as
+    written it registers an endpoint provider with its built-in endpoint."""
+    from runs.providers.openai import OpenAIProvider
+    from runs.providers.registry import PROVIDERS
+
+    source = block("readme-provider")
+    namespace: dict = {"__name__": "readme_provider_snippet"}
+    snapshot = PROVIDERS.snapshot()
+    try:
+        # As its own module would be: without this file's `from __future__ import annotations`.
+        exec(compile(source, "README.md", "exec", dont_inherit=True), namespace)  # noqa: S102 - our own README's code
+        entry = PROVIDERS.snapshot()["acme"]
+    finally:
+        PROVIDERS.restore(snapshot)
+    assert {name for name in free_names(source) if name not in namespace and not hasattr(builtins, name)} == set()
+    assert issubclass(namespace["AcmeProvider"], OpenAIProvider) and namespace["AcmeProvider"].name == "acme"
+    assert entry.endpoint and entry.streams and entry.base_url == "https://api.acme.example/v1"
+    assert "acme" not in PROVIDERS.snapshot()  # nothing left behind

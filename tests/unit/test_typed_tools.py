@@ -282,3 +282,25 @@ def test_a_forked_child_starts_its_own_tool_threads(registered):
         os._exit(0 if ok else 1)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_reused_tool_thread_runs_on_the_callers_cpu(registered):
+    """An idle tool thread is moved to the CPU its caller is on before it is
+    handed a call (the caller blocks meanwhile): the call's two wake-ups do
+    not cross CPUs. The tool sees its own thread pinned to one CPU of the
+    process's set."""
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.fail("this suite runs on Linux")
+    allowed = os.sched_getaffinity(0)
+    placed = []
+
+    @registered("where", read_only=True, parameters={"type": "object"})
+    def where(arguments, ctx):
+        placed.append((threading.get_native_id(), os.sched_getaffinity(0)))
+        return {}
+
+    for _ in range(3):
+        REGISTRY.execute("where", {}, context())
+    reused = [cpus for tid, cpus in placed[1:] if tid in {t for t, _ in placed[:-1]}]
+    assert reused, placed  # the later calls went to a thread that had served before
+    assert all(len(cpus) == 1 and cpus <= allowed for cpus in reused), placed

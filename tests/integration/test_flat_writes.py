@@ -1,0 +1,57 @@
+"""A step's writes do not read more as the run grows (issue 16 item 2): the
+UPDATE of the step's model call and of its tool call finds the one row by
+primary key. Before, each walked the run's (run_id, ...) unique index and read
+every row the run had written so far, so a 400-step run read 200 index
+entries per update on average. Counted by the server (pg_stat_user_indexes)
+over runs of two lengths, driven in-process on the real write path."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from runs.runtime.executor import run_drive
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RUN_INDEXES = ("model_call_attempt_unique", "invocation_position_unique")
+KEYS = ("model_calls_pkey", "tool_invocations_pkey")
+
+
+def echo_steps(n: int) -> list[dict]:
+    return [{"tool_calls": [{"name": "echo", "arguments": {"text": f"step {i}"}}]} for i in range(n - 1)] + [
+        {"text": "done"}
+    ]
+
+
+def index_entries_read() -> dict[str, int]:
+    """Index entries read so far, this backend's included (its pending counts
+    are flushed first: PostgreSQL 15 reports them when the backend goes idle)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = ANY(%s)",
+            [list(RUN_INDEXES + KEYS)],
+        )
+        return dict(cursor.fetchall())
+
+
+def reads_of_one_run(load_agent, submit, steps: int) -> dict[str, int]:
+    limits = {"max_steps": steps + 5, "max_model_calls": steps + 10, "max_tool_calls": steps + 10}
+    load_agent(name=f"flat{steps}", turns=echo_steps(steps), limits=limits)
+    run = submit(agent=f"flat{steps}", text=f"{steps} steps")
+    before = index_entries_read()
+    assert run_drive(run_id=run.id).kind.value == "completed"
+    after = index_entries_read()
+    return {name: after.get(name, 0) - before.get(name, 0) for name in RUN_INDEXES + KEYS}
+
+
+def test_a_steps_updates_read_one_index_entry_each_whatever_the_runs_length(load_agent, submit):
+    short = reads_of_one_run(load_agent, submit, 5)
+    long = reads_of_one_run(load_agent, submit, 65)
+    # 60 more steps: one model call and one tool call updated in each.
+    by_run = sum(long[name] - short[name] for name in RUN_INDEXES)
+    by_key = sum(long[name] - short[name] for name in KEYS)
+    assert by_run == 0, (short, long)  # the run's indexes are not walked (it was ~3,800 entries)
+    assert 120 <= by_key <= 130, (short, long)  # one entry per UPDATE: 2 per step
