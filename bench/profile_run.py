@@ -41,10 +41,8 @@ def main() -> None:
     p.add_argument("--callers", default="", help="also print who calls the functions matching this pattern")
     a = p.parse_args()
     url = bench.bench_url(a.database_url)
-    bench.recreate_database(url)
-    bench.django_setup(url)
     name = f"bench-{a.steps}"
-    tenant = bench.setup_product({name: a.steps})
+    tenant = bench.fresh_product(url, {name: a.steps})
 
     from django.db import connection
 

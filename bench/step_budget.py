@@ -45,11 +45,8 @@ def main() -> None:
         default=os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/agentrt_budget_bench",
     )
     a = p.parse_args()
-    url = bench.bench_url(a.database_url)
-    bench.recreate_database(url)
-    bench.django_setup(url)
     name = f"budget-{a.steps}"
-    tenant = bench.setup_product({name: a.steps})
+    tenant = bench.fresh_product(bench.bench_url(a.database_url), {name: a.steps})
 
     from django.db import connection
 

@@ -366,6 +366,15 @@ def setup_product(agents: dict[str, int]):
     return tenant
 
 
+def fresh_product(url: str, agents: dict[str, int]):
+    """The in-process benchmarks' start: drop and re-create the bench database
+    at `url`, set Django up on it, migrate, and load `agents` (name -> steps);
+    return the tenant."""
+    recreate_database(url)
+    django_setup(url)
+    return setup_product(agents)
+
+
 def submit(tenant, agent: str, k: int, tag: str) -> list:
     from runs.services import run_submit
 

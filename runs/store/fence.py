@@ -24,7 +24,7 @@ from uuid import UUID
 from django.db import connection
 
 from runs.domain.writes import UnitOfWork
-from runs.store.json_text import compact
+from runs.store.json_text import compact_or_null as _json
 
 # The guard every leased write carries: the run row, under our lease, RUNNING.
 # A worker that lost its lease matches no row and writes nothing.
@@ -46,12 +46,6 @@ def transition_fence() -> str:
         " final_message = COALESCE(%s, final_message), failure = COALESCE(%s, failure), result = COALESCE(%s, result)"
         " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'"
     )
-
-
-def _json(value: Any) -> str | None:
-    if value is None:
-        return None
-    return compact(value)
 
 
 @dataclass(frozen=True)

@@ -29,3 +29,8 @@ def compact(value: Any) -> str:
         return orjson.dumps(value, default=str, option=_OPTIONS).decode()
     except TypeError:  # orjson.JSONEncodeError is a TypeError
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def compact_or_null(value: Any) -> str | None:
+    """`compact`, with None kept as SQL NULL (a column left unset, not JSON `null`)."""
+    return None if value is None else compact(value)

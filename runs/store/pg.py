@@ -18,9 +18,7 @@ from uuid import UUID
 
 from runs.domain import stored_form
 from runs.domain.writes import UnitOfWork
-from runs.store.json_text import compact
-
-_j = compact
+from runs.store.json_text import compact as _j
 
 
 def _ts(value: datetime | None) -> str | None:

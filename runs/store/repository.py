@@ -28,7 +28,7 @@ from runs.domain.writes import EventWrite, UnitOfWork
 from runs.models import ToolInvocation
 from runs.runtime.wake import waker
 from runs.store.fence import Transition, fence_statement
-from runs.store.json_text import compact
+from runs.store.json_text import compact_or_null
 from runs.store.pg import can_batch, unit_statement, watermark_statement
 
 # A database cursor (Django's CursorWrapper; the project has no Django stubs).
@@ -45,10 +45,7 @@ def sql_uuid(value: UUID | None) -> UUID | str | None:
     return value if is_pg() else value.hex
 
 
-def sql_json(value: Any) -> str | None:
-    if value is None:
-        return None
-    return compact(value)
+sql_json = compact_or_null  # the JSON parameter of a nullable column (lease, webhooks.outbox import it too)
 
 
 def sql_dt(value: datetime | None) -> Any:
