@@ -49,12 +49,26 @@ class TimedStore(_Proxy):
         finally:
             worker_metrics.histograms()["commit"].observe(time.perf_counter() - started)
 
+    def send(self, work):  # commit 1 in flight: the histogram gets send -> acknowledged
+        return _TimedSent(self._inner.send(work), time.perf_counter())
+
     def mark_effect_sent(self, *args, **kwargs):  # the watermark: a fenced transaction of its own
         started = time.perf_counter()
         try:
             return self._inner.mark_effect_sent(*args, **kwargs)
         finally:
             worker_metrics.histograms()["commit"].observe(time.perf_counter() - started)
+
+
+class _TimedSent:
+    def __init__(self, inner, started: float):
+        self.inner, self.started = inner, started
+
+    def wait(self):
+        try:
+            return self.inner.wait()
+        finally:
+            worker_metrics.histograms()["commit"].observe(time.perf_counter() - self.started)
 
 
 class StepWatch:

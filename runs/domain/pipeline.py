@@ -202,11 +202,11 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
             suspension=_approval_suspension(suspend, work, reason="policy"),
             error_codes=_error_codes(entries),
         )
-    ctx.store.commit(work)  # commit 1: the model response and every decision
     if stop is not None:
+        ctx.store.commit(work)  # commit 1: the model response and every decision
         _append_results(ctx, entries)
         return BatchResult(work=UnitOfWork(), stop=stop)
-    return _run_batch(ctx, step_number, entries)
+    return _run_batch(ctx, step_number, entries, work)
 
 
 def _fail(entry: _Entry, code: str, message: str) -> None:
@@ -422,15 +422,28 @@ def _approval_suspension(entries: list[_Entry], work: UnitOfWork, *, reason: str
     )
 
 
-def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry]) -> BatchResult:
-    """Steps 9–14 for the authorized calls of a committed batch, in order; an
-    `ask_user` call is not run but suspends the run once the others ran."""
+def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry], decisions: UnitOfWork) -> BatchResult:
+    """Commit 1 (`decisions`), then steps 9–14 for the authorized calls, in
+    order; an `ask_user` call is not run but suspends the run once the others
+    ran. When every call to run is read-only they run while commit 1 is in
+    flight (DESIGN §7: running one again is harmless, so it needs nothing
+    durable first); nothing is written, watermarked or decided after them
+    until commit 1 is acknowledged, and if it is fenced their results are
+    dropped with it."""
     results = UnitOfWork()
     late: list[dict[str, Any]] = []
     to_run = [_Planned(e) for e in entries if e.authorized and not e.asks_user and not e.delegates]
     question_entry = next((e for e in entries if e.authorized and e.asks_user), None)
     delegated = [e for e in entries if e.authorized and e.delegates]
-    stop = _run_in_order(ctx, step_number, to_run, results, late, count_calls=True)
+    if to_run and all(_runs_apart(p.entry.tool) for p in to_run):
+        sent = ctx.store.send(decisions)  # commit 1, in flight while the read-only calls run
+        try:
+            stop = _run_in_order(ctx, step_number, to_run, results, late, count_calls=True)
+        finally:
+            sent.wait()
+    else:
+        ctx.store.commit(decisions)  # commit 1: the model response and every decision
+        stop = _run_in_order(ctx, step_number, to_run, results, late, count_calls=True)
     unknown = [e.invocation_id for e in entries if e.unknown]
     if unknown and stop is None:
         # Seed 000: the model sees no result for an unknown outcome; the
@@ -447,6 +460,13 @@ def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry]) -> Batc
     return BatchResult(
         work=results, stop=stop, late=late, all_denied=_all_denied(entries), error_codes=_error_codes(entries)
     )
+
+
+def _runs_apart(spec: ToolSpec) -> bool:
+    """A read-only tool that runs on a thread of its own (it has a timeout):
+    it may run while commit 1 is in flight on this thread's connection. One
+    without a timeout runs on this thread and may use its connection."""
+    return spec.read_only and spec.timeout_seconds > 0
 
 
 @dataclass

@@ -58,6 +58,12 @@ class ModelProvider(Protocol):
         """Make one model attempt; raise `ModelError` with its classification."""
 
 
+class SentCommit(Protocol):
+    def wait(self) -> object:
+        """Block until the database has answered the commit sent; raise what
+        `RunStore.commit` would have raised (`WorkerFenced`, a database error)."""
+
+
 class RunStore(Protocol):
     """The hot-path repository: one fenced transaction per call."""
 
@@ -65,6 +71,14 @@ class RunStore(Protocol):
         """Open a transaction, run the fenced UPDATE of the run row first, apply
         `work`, commit. Raise `WorkerFenced` (after rolling back) if the fence
         affected zero rows."""
+
+    def send(self, work: UnitOfWork) -> SentCommit:
+        """Commit `work` as `commit` does, but return once it is sent: the
+        caller runs what does not need it durable (read-only tools) while the
+        database executes and flushes it, then calls `wait()` before anything
+        that does. Nothing else may use the store or its connection between
+        the two. An adapter that cannot overlap commits here and returns a
+        settled handle."""
 
     def invocations_for_step(self, step_number: int) -> list[InvocationRecord]:
         """Read one step's invocation rows, to re-enter an open batch."""

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import uuid as _uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.backends.postgresql.base import ServerBindingCursor
 
 from runs.domain import stored_form
@@ -37,6 +37,13 @@ Cursor = Any
 
 def is_pg() -> bool:
     return bool(connection.vendor == "postgresql")
+
+
+def _db() -> Any:
+    """This thread's default connection itself: `django.db.connection` is a
+    proxy that looks the thread's connection up again on every attribute
+    (a few microseconds each, a few dozen times a step on the hot path)."""
+    return connections[DEFAULT_DB_ALIAS]
 
 
 def sql_uuid(value: UUID | None) -> UUID | str | None:
@@ -85,13 +92,14 @@ def statement_cursor() -> Cursor:
     a server-binding cursor, and psycopg prepares each shape once per
     connection. It goes through Django's wrappers (error translation,
     execute_wrapper, query logging) like any other cursor."""
-    if is_pg():
-        connection.ensure_connection()
-        raw = connection.connection
+    db = _db()
+    if db.vendor == "postgresql":
+        db.ensure_connection()
+        raw = db.connection
         if raw.prepare_threshold is not None:
-            with connection.wrap_database_errors:
-                return connection._prepare_cursor(ServerBindingCursor(raw))
-    return connection.cursor()
+            with db.wrap_database_errors:
+                return db._prepare_cursor(ServerBindingCursor(raw))
+    return db.cursor()
 
 
 def _notify(run_id: UUID | None, tenant_id: UUID) -> None:
@@ -254,16 +262,10 @@ class DjangoRunStore:
             floor = json.loads(floor)
         self.floor_seen = (step, floor or {})
 
-    def _commit_one_statement(
-        self,
-        work: UnitOfWork,
-        at: datetime,
-        transition: Transition | None,
-        after: After | None,
-        starts: int | None,
-        before: After | None = None,
-    ) -> list[int]:
-        sql, params = unit_statement(
+    def _unit_sql(
+        self, work: UnitOfWork, at: datetime, transition: Transition | None, starts: int | None
+    ) -> tuple[str, list[Any]]:
+        return unit_statement(
             work,
             run_id=self.run_id,
             tenant_id=self.tenant_id,
@@ -275,7 +277,18 @@ class DjangoRunStore:
             fence=fence_statement(work, at, transition, run_id=self.run_id, owner=self.owner, epoch=self.epoch),
             read_floor=starts is not None,
         )
-        if after is None and before is None and connection.get_autocommit() and not _announces(work):
+
+    def _commit_one_statement(
+        self,
+        work: UnitOfWork,
+        at: datetime,
+        transition: Transition | None,
+        after: After | None,
+        starts: int | None,
+        before: After | None = None,
+    ) -> list[int]:
+        sql, params = self._unit_sql(work, at, transition, starts)
+        if after is None and before is None and _alone(work, _db()):
             with statement_cursor() as cursor:  # the statement is its own transaction
                 cursor.execute(sql, params)
                 fenced_rows, seqs, floor = cursor.fetchone()
@@ -296,12 +309,42 @@ class DjangoRunStore:
                             after(cursor)
             except _Fenced:
                 raise WorkerFenced("the fenced update affected zero rows") from None
+        return self._settle(work, list(seqs or []), floor, starts)
+
+    def _settle(self, work: UnitOfWork, seqs: list[int], floor: Any, starts: int | None) -> list[int]:
         if work.events and settings.AGENTRT_NOTIFY_LIVE:
             _notify(self.run_id, self.tenant_id)
         self.commits += 1
-        _committed(work, seqs or [])
+        _committed(work, seqs)
         self._saw_floor(starts, floor)
-        return list(seqs or [])
+        return seqs
+
+    def send(self, work: UnitOfWork) -> _Sent | _InFlight:
+        """`commit(work)`, split at the network: the unit's one statement is
+        sent and this returns while PostgreSQL executes and flushes it; the
+        caller runs its read-only tools meanwhile and calls `wait()` before
+        anything that needs the unit durable (DESIGN §7's commit 1, then the
+        read-only calls: only their results wait for it). The connection is
+        the caller's thread's, held (its lock) until `wait()`; a Django query
+        on it in between raises instead of waiting on itself.
+
+        Where the unit is not one statement of its own (SQLite, a unit that
+        announces to webhooks, an open transaction) or something watches the
+        connection's queries (an execute_wrapper, query logging), this is
+        `commit(work)` and a settled handle."""
+        starts = work.model_call_inserts[-1].step_number if work.model_call_inserts else None
+        db = _db()
+        if (
+            db.vendor != "postgresql"
+            or not can_batch(work)
+            or not _alone(work, db)
+            or db.execute_wrappers
+            or db.queries_logged
+        ):
+            return _Sent(self.commit(work))
+        at = work.events[0].occurred_at if work.events else None
+        sql, params = self._unit_sql(work, at or _latest(work), None, starts)
+        return _InFlight(self, db, work, starts, sql, params)
 
     def invocations_for_step(self, step_number: int) -> list[InvocationRecord]:
         """Read the invocation rows of one step (to re-enter an open batch)."""
@@ -531,6 +574,89 @@ class DjangoRunStore:
                 sql_dt(c.created_at),
             ],
         )
+
+
+def _alone(work: UnitOfWork, db: Any) -> bool:
+    """The unit commits as one statement in a transaction of its own: no
+    transaction is open and it writes no webhook deliveries."""
+    return bool(db.get_autocommit()) and not _announces(work)
+
+
+class _Sent:
+    """A unit committed before `send` returned."""
+
+    def __init__(self, seqs: list[int]) -> None:
+        self.seqs = seqs
+
+    def wait(self) -> list[int]:
+        return self.seqs
+
+
+def _busy(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+    raise RuntimeError("this connection has a unit in flight: wait() for it before the next query")
+
+
+class _InFlight:
+    """A unit's statement sent on this thread's connection and not yet
+    answered. psycopg's own `execute` is a generator driven to its end under
+    the connection's lock; here it is driven until it first has to wait
+    (the statement is sent, the answer not yet read), and on to its end by
+    `wait()`. Until then the lock stays held and Django queries on the
+    connection raise (`_busy`)."""
+
+    def __init__(
+        self, store: DjangoRunStore, db: Any, work: UnitOfWork, starts: int | None, sql: str, params: list[Any]
+    ):
+        self.store, self.db, self.work, self.starts = store, db, work, starts
+        self.seqs: list[int] | None = None
+        self._cursor = statement_cursor()
+        raw = self._cursor.cursor
+        self._conn = raw.connection
+        self._conn.lock.acquire()
+        db.execute_wrappers.append(_busy)
+        try:
+            with db.wrap_database_errors:
+                self._gen = raw._execute_gen(sql, params)
+                try:
+                    self._state = next(self._gen)
+                except StopIteration:  # answered already
+                    self._state = None
+        except BaseException:
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        self.db.execute_wrappers.remove(_busy)
+        self._conn.lock.release()
+        self._cursor.close()
+
+    def wait(self) -> list[int]:
+        if self._gen is None:
+            if self.seqs is None:
+                raise RuntimeError("this unit failed: its wait() raised already")
+            return self.seqs
+        try:
+            with self.db.wrap_database_errors:
+                if self._state is not None:
+                    self._conn.wait(_resumed(self._gen, self._state))
+                fenced_rows, seqs, floor = self._cursor.cursor.fetchone()
+        finally:
+            self._gen = None
+            self._release()
+        if fenced_rows != 1:
+            raise WorkerFenced("the fenced update affected zero rows")
+        self.seqs = self.store._settle(self.work, list(seqs or []), floor, self.starts)
+        return self.seqs
+
+
+def _resumed(gen: Generator[Any, Any, Any], state: Any) -> Generator[Any, Any, Any]:
+    """psycopg's waiting loop starts a generator with next(); this one
+    starts where `gen` stopped, at its pending `state`."""
+    try:
+        while True:
+            state = gen.send((yield state))
+    except StopIteration as stop:
+        return stop.value
 
 
 def _committed(work: UnitOfWork, seqs: list[int]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from unittest.mock import patch
 
 import pytest
 from django.db import connection
@@ -274,17 +275,22 @@ def test_a_read_only_step_costs_two_commits(load_agent, submit):
     from runs.store import repository as store
 
     counted = []
-    original = store.DjangoRunStore.commit
+    original, sending = store.DjangoRunStore.commit, store.DjangoRunStore.send
 
     def counting(self, work, **kw):
         counted.append(len(work.events))
         return original(self, work, **kw)
 
-    store.DjangoRunStore.commit = counting
+    def counting_sent(self, work):  # commit 1 of a read-only step, sent while the call runs
+        counted.append(len(work.events))
+        with patch.object(store.DjangoRunStore, "commit", original):
+            return sending(self, work)
+
+    store.DjangoRunStore.commit, store.DjangoRunStore.send = counting, counting_sent
     try:
         execute_run(claim)
     finally:
-        store.DjangoRunStore.commit = original
+        store.DjangoRunStore.commit, store.DjangoRunStore.send = original, sending
     # 1 commit to start step 1, 2 per tool step (6 steps), the final step's answer rides with finalize (1).
     assert len(counted) == 1 + 2 * 6 + 1
     assert reload(run).status == "COMPLETED"

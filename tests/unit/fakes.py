@@ -100,6 +100,11 @@ class FakeStore:
         self.commits.append(copy.deepcopy(work))
         self.log.append(("commit", len(self.commits)))
 
+    def send(self, work: UnitOfWork) -> FakeSent:
+        """Commit 1 in flight: recorded as sent, committed (or fenced) at `wait()`."""
+        self.log.append(("sent", len(self.commits) + 1))
+        return FakeSent(self, copy.deepcopy(work))
+
     def mark_effect_sent(self, invocation_id, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
         self.watermark_attempts += 1
         if self.fence_on_watermark is not None and self.watermark_attempts == self.fence_on_watermark:
@@ -154,6 +159,14 @@ class FakeStore:
 
     def invocation_inserts(self) -> list:
         return [i for work in self.commits for i in work.invocation_inserts]
+
+
+class FakeSent:
+    def __init__(self, store: FakeStore, work: UnitOfWork):
+        self.store, self.work = store, work
+
+    def wait(self) -> None:
+        self.store.commit(self.work)
 
 
 class FakeRegistry:

@@ -410,11 +410,41 @@ def test_fenced_commit_propagates_worker_fenced_out_of_run_loop(nth):
     assert len(h.store.commits) == nth - 1
     if nth == 1:
         assert h.provider.requests == []  # the model is not called without its `started` row
-    if nth <= 2:
-        assert h.tools.calls == []  # no tool runs before its decision is committed
+    if nth == 1:
+        assert h.tools.calls == []
+    if nth == 2:
+        # Commit 1 was in flight while the read-only echo ran (running it again
+        # is harmless); fenced at its acknowledgement, nothing of it is kept.
+        assert h.tools.count("echo") == 1
+        assert h.store.log[-3:] == [("sent", 2), ("tool", "echo"), ("fenced", "commit")]
     if nth == 3:
         assert h.tools.count("echo") == 1
         assert len(h.provider.requests) == 1
+
+
+def test_a_side_effect_runs_only_after_its_decision_is_committed():
+    store = FakeStore(fence_on_commit=2)
+    h = build_context([{"tool_calls": [{"name": "post", "arguments": {"n": 7}}]}, {"text": "x"}], store=store)
+
+    with pytest.raises(WorkerFenced):
+        run_loop(h.ctx)
+
+    assert h.tools.calls == []  # commit 1 is not sent ahead of a side effect: it was fenced, nothing ran
+    assert h.store.watermarks == []
+    assert ("sent", 2) not in h.store.log
+
+
+def test_a_batch_with_one_side_effect_is_not_overlapped():
+    store = FakeStore(fence_on_commit=2)
+    h = build_context(
+        [{"tool_calls": [{"name": "echo", "arguments": {"text": "a"}}, {"name": "post", "arguments": {"n": 7}}]}],
+        store=store,
+    )
+
+    with pytest.raises(WorkerFenced):
+        run_loop(h.ctx)
+
+    assert h.tools.calls == []  # not even the read-only echo: the batch holds a side effect
 
 
 def test_fence_on_the_results_commit_carries_the_side_effect_outcome_as_late():

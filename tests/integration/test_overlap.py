@@ -1,0 +1,140 @@
+"""Commit 1 in flight while the read-only calls run (issue 16, item 3).
+
+A read-only step's first commit (the model's answer and the decisions) is
+sent, and its read-only calls run while PostgreSQL executes and flushes it;
+commit 2 waits for its answer. Shown on the real schema with a second
+connection that holds the run row's lock from step 2's model call on:
+commit 1 of step 2 cannot finish until the step's own read-only call lets
+the lock go, so the call must run while the commit is in flight (on the
+old, sequential path the commit waits on the lock until the connection's
+5 s statement timeout and the run fails). What the call sees from outside
+(no row of its step yet) shows the same thing."""
+
+from __future__ import annotations
+
+from unittest.mock import patch
+
+import psycopg
+import pytest
+from django.db import connection
+
+from runs.models import Event, ModelCall, Run, ToolInvocation
+from runs.runtime import faults
+from runs.runtime.executor import run_drive
+from runs.tools import REGISTRY, register
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _dsn() -> str:
+    s = connection.settings_dict
+    return f"host={s['HOST'] or '127.0.0.1'} port={s['PORT'] or 5432} user={s['USER'] or 'postgres'} dbname={s['NAME']}"
+
+
+class Holder:
+    """A second connection that locks the run row at step 2's model call and
+    lets go when the step's read-only `release` call runs."""
+
+    def __init__(self, take_over: bool):
+        self.take_over = take_over
+        self.conn: psycopg.Connection | None = None
+        self.run_id = None
+        self.calls_seen: int | None = None
+        self.model_calls = 0
+
+    def fire(self, point: str, run_id) -> None:
+        if point != "model.before_call":
+            return
+        self.model_calls += 1
+        if self.model_calls == 2:  # step 2: step 1's commit 2 is in, step 2's commit 1 not yet sent
+            self.run_id = run_id
+            self.conn = psycopg.connect(_dsn())
+            self.conn.execute("SELECT 1 FROM runs WHERE id = %s FOR UPDATE", [run_id])
+
+    def release(self) -> dict:
+        assert self.conn is not None, "the lock was never taken"
+        self.calls_seen = self.conn.execute(
+            "SELECT count(*) FROM tool_invocations WHERE run_id = %s AND step_number = 2", [self.run_id]
+        ).fetchone()[0]
+        if self.take_over:  # another worker took the run over meanwhile: commit 1 is fenced out
+            self.conn.execute("UPDATE runs SET lease_epoch = lease_epoch + 1 WHERE id = %s", [self.run_id])
+        self.conn.commit()
+        self.conn.close()
+        return {"released": True}
+
+
+@pytest.fixture
+def holder(request):
+    h = Holder(take_over=getattr(request, "param", False))
+
+    @register(name="release", read_only=True, parameters={"type": "object"})
+    def release(args, ctx):
+        return h.release()
+
+    with patch.object(faults, "fire", h.fire):
+        yield h
+    REGISTRY.unregister("release")
+    if h.conn is not None and not h.conn.closed:
+        h.conn.close()
+
+
+def turns():
+    return [
+        {"tool_calls": [{"name": "echo", "arguments": {"text": "one"}}]},
+        {"tool_calls": [{"name": "release", "arguments": {}}]},
+        {"text": "done"},
+    ]
+
+
+def test_a_read_only_call_runs_while_its_commit_1_is_in_flight(holder, load_agent, submit):
+    load_agent(turns=turns(), tools=("echo", "release"))
+    run = submit()
+
+    outcome = run_drive(run_id=run.id)
+
+    assert outcome is not None and outcome.kind.value == "completed", outcome
+    assert holder.calls_seen == 0  # the call ran before its own step's decisions were committed
+    rows = ToolInvocation.objects.filter(run_id=run.id, step_number=2)
+    assert [(r.tool_name, r.status) for r in rows] == [("release", "completed")]
+    assert connection.execute_wrappers == []  # the in-flight guard is gone
+
+
+@pytest.mark.parametrize("holder", [True], indirect=True)
+def test_a_fenced_commit_1_drops_the_results_of_its_read_only_calls(holder, load_agent, submit):
+    load_agent(turns=turns(), tools=("echo", "release"))
+    run = submit()
+
+    outcome = run_drive(run_id=run.id)
+
+    assert outcome is not None and outcome.kind.value == "fenced", outcome
+    assert holder.calls_seen == 0  # it ran, while commit 1 waited on the lock
+    assert not ToolInvocation.objects.filter(run_id=run.id, step_number=2).exists()
+    assert ModelCall.objects.get(run_id=run.id, step_number=2).status == "started"  # commit 1 never landed
+    step2 = [e.payload for e in Event.objects.filter(run_id=run.id, type__startswith="tool.call")]
+    assert all(p.get("tool") != "release" for p in step2)
+    # The connection that carried the unit in flight is usable again, unguarded.
+    assert connection.execute_wrappers == []
+    assert Run.objects.get(id=run.id).lease_epoch == 2
+
+
+def test_a_read_only_tool_without_a_timeout_runs_after_commit_1(load_agent, submit):
+    """A tool without a timeout runs on the worker's thread and may use its
+    connection: its commit 1 is not overlapped."""
+    seen = []
+
+    @register(name="count_rows", read_only=True, timeout_seconds=0, parameters={"type": "object"})
+    def count_rows(args, ctx):
+        seen.append(ToolInvocation.objects.filter(run_id=ctx.run_id, step_number=ctx.step_number).count())
+        return {"n": seen[-1]}
+
+    try:
+        load_agent(
+            turns=[{"tool_calls": [{"name": "count_rows", "arguments": {}}]}, {"text": "done"}], tools=("count_rows",)
+        )
+        run = submit()
+        outcome = run_drive(run_id=run.id)
+    finally:
+        REGISTRY.unregister("count_rows")
+
+    assert outcome is not None and outcome.kind.value == "completed", outcome
+    assert seen == [1]  # its own row, committed before it ran
