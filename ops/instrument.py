@@ -49,8 +49,11 @@ class TimedStore(_Proxy):
         finally:
             worker_metrics.histograms()["commit"].observe(time.perf_counter() - started)
 
-    def send(self, work):  # commit 1 in flight: the histogram gets send -> acknowledged
-        return _TimedSent(self._inner.send(work), time.perf_counter())
+    def send(self, work):  # a unit in flight: the histogram gets send -> answered
+        started = time.perf_counter()
+        sent = self._inner.send(work)
+        sent.on_answer(lambda: worker_metrics.histograms()["commit"].observe(time.perf_counter() - started))
+        return sent
 
     def mark_effect_sent(self, *args, **kwargs):  # the watermark: a fenced transaction of its own
         started = time.perf_counter()
@@ -58,17 +61,6 @@ class TimedStore(_Proxy):
             return self._inner.mark_effect_sent(*args, **kwargs)
         finally:
             worker_metrics.histograms()["commit"].observe(time.perf_counter() - started)
-
-
-class _TimedSent:
-    def __init__(self, inner, started: float):
-        self.inner, self.started = inner, started
-
-    def wait(self):
-        try:
-            return self.inner.wait()
-        finally:
-            worker_metrics.histograms()["commit"].observe(time.perf_counter() - self.started)
 
 
 class StepWatch:
@@ -129,6 +121,25 @@ class TracedStore(_Proxy):
         attrs = {"checkpoint.version": cp.version, "checkpoint.full": bool(cp.full), "checkpoint.trigger": cp.trigger}
         with tracing._tracer().start_as_current_span("checkpoint.save", attributes=attrs):
             return self._inner.commit(work, *args, **kwargs)
+
+    def send(self, work):  # in flight: the span ends when the answer is in
+        cp = getattr(work, "checkpoint", None)
+        if cp is None:
+            return self._inner.send(work)
+        attrs = {
+            "checkpoint.version": cp.version,
+            "checkpoint.full": bool(cp.full),
+            "checkpoint.trigger": cp.trigger,
+            "checkpoint.overlapped": True,
+        }
+        span = tracing._tracer().start_span("checkpoint.save", attributes=attrs)
+        try:
+            sent = self._inner.send(work)
+        except BaseException:
+            span.end()
+            raise
+        sent.on_answer(span.end)
+        return sent
 
 
 def instrument(ctx: RunContext) -> tuple[RunContext, StepWatch]:

@@ -109,6 +109,10 @@ class CheckpointState:
             "question_id": self.question_id,
         }
 
+    def next_is_full(self, trigger: str) -> bool:
+        """Whether the next checkpoint with `trigger` will be a full row."""
+        return self.needs_full or is_full(self.version + 1, trigger)
+
     def next_checkpoint(self, trigger: str, at: datetime, *, force_full: bool = False) -> CheckpointInsert:
         """Advance the version and return the row to write (full or delta)."""
         version = self.version + 1

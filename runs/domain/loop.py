@@ -59,7 +59,10 @@ def run_loop(ctx: RunContext) -> RunOutcome:
         now,
     )
     try:
-        return _loop(ctx)
+        try:
+            return _loop(ctx)
+        finally:
+            ctx.store.settle()  # commit 2 may still be in flight: nothing leaves the loop before its answer
     except RunCancelled as exc:
         return stop_outcome(ctx, exc.cancel_reason)
     except BudgetExceeded as exc:
@@ -173,7 +176,20 @@ def _after_batch(ctx: RunContext, batch: BatchResult, *, next_step: int | None) 
     """What follows a tool batch, fresh or re-entered: the outcome that ends
     this slice (a pause, an unknown outcome, a stop, repeated denials), or
     else commit 2 — the results, the `tool_batch` checkpoint and, after a
-    fresh batch, the next step's request (`next_step`) — and None to go on."""
+    fresh batch, the next step's request (`next_step`) — and None to go on.
+
+    A batch of read-only calls may come back with its commit 1 still in
+    flight (`batch.sent`): commit 2 is prepared meanwhile and the store
+    waits for commit 1's answer before sending it; nothing leaves this
+    function before that answer is in (`finally`)."""
+    try:
+        return _after_batch_body(ctx, batch, next_step)
+    finally:
+        if batch.sent is not None:
+            batch.sent.wait()
+
+
+def _after_batch_body(ctx: RunContext, batch: BatchResult, next_step: int | None) -> RunOutcome | None:
     progress = ctx.progress
     progress.pending = batch.work
     late = {"calls": batch.late} if batch.late else None
@@ -188,12 +204,21 @@ def _after_batch(ctx: RunContext, batch: BatchResult, *, next_step: int | None) 
     denied = _count_denials(ctx, batch)
     if denied is not None:
         return denied
+    if batch.sent is not None and ctx.state.next_is_full("tool_batch"):
+        batch.sent.wait()  # a full row names the turn's events by the sequences commit 1 gives them
     checkpoint(ctx, "tool_batch")
     if next_step is not None:
         _prepare_next_step(ctx, next_step)
         ctx.fault("checkpoint.before_write")
+    if next_step is not None and late is None and progress.prepared_call == (next_step, 1):
+        # Commit 2 goes on its way and the next step's request is built while
+        # PostgreSQL runs and flushes it; the model is called only once it
+        # has answered (`_attempt`: the `started` row is durable first).
+        ctx.store.send(progress.pending)
+        progress.pending = UnitOfWork()
+        return None
     try:
-        ctx.store.commit(progress.pending)  # commit 2: results, checkpoint, next step's request
+        ctx.store.commit(progress.pending)  # commit 2 (after commit 1's answer): results, checkpoint, next request
     except WorkerFenced as exc:
         exc.late = late
         raise
@@ -347,6 +372,7 @@ def _attempt(
     request, prefix, synthesis = build_with_pressure(ctx, step_number, attempt, lambda info: _compacted(ctx, info))
     ctx.tracer.set_step("step.attempt_count", attempt)
     ctx.tracer.set_step("context.prefix_sha256", prefix)
+    ctx.store.settle()  # the commit with this call's `started` row has its answer before the model is called
     try:
         with ctx.tracer.span("model.attempt", {"attempt.number": attempt, "context.prefix_sha256": prefix}):
             turn = ctx.provider.complete(request, ctx.token)

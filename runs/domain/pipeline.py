@@ -22,7 +22,7 @@ from runs.domain.breaker import call_fingerprint
 from runs.domain.context import RunContext
 from runs.domain.errors import ToolFailure, WorkerFenced
 from runs.domain.events import EventType
-from runs.domain.ports import CancellationToken, Clock
+from runs.domain.ports import CancellationToken, Clock, SentCommit
 from runs.domain.records import ApprovalDecision, InvocationRecord
 from runs.domain.scrub import bound, scrub, scrub_text
 from runs.domain.stored_form import tool_item
@@ -151,6 +151,9 @@ class BatchResult:
     all_denied: bool = False
     unknown: list[UUID | None] = field(default_factory=list)  # invocations whose side effect ended uncertain
     error_codes: tuple[str, ...] = ()  # of the batch's failed results, in call order (the runtime carry reads it)
+    # Commit 1 still in flight (read-only calls only): the caller waits for
+    # it before anything leaves the loop; the store settles it before commit 2.
+    sent: SentCommit | None = None
 
 
 def _error_codes(entries: list[_Entry]) -> tuple[str, ...]:
@@ -435,16 +438,21 @@ def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry], decisio
     to_run = [_Planned(e) for e in entries if e.authorized and not e.asks_user and not e.delegates]
     question_entry = next((e for e in entries if e.authorized and e.asks_user), None)
     delegated = [e for e in entries if e.authorized and e.delegates]
+    sent: SentCommit | None = None
     if to_run and all(_runs_apart(p.entry.tool) for p in to_run):
         sent = ctx.store.send(decisions)  # commit 1, in flight while the read-only calls run
         try:
             stop = _run_in_order(ctx, step_number, to_run, results, late, count_calls=True)
-        finally:
+        except BaseException:
             sent.wait()
+            raise
     else:
         ctx.store.commit(decisions)  # commit 1: the model response and every decision
         stop = _run_in_order(ctx, step_number, to_run, results, late, count_calls=True)
     unknown = [e.invocation_id for e in entries if e.unknown]
+    if sent is not None and (unknown or question_entry is not None or delegated):
+        sent.wait()
+        sent = None
     if unknown and stop is None:
         # Seed 000: the model sees no result for an unknown outcome; the
         # reconciler or an operator decides first (the executor hands over).
@@ -458,7 +466,12 @@ def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry], decisio
             _cancel(ctx, results, entry, stop)
     _append_results(ctx, entries)
     return BatchResult(
-        work=results, stop=stop, late=late, all_denied=_all_denied(entries), error_codes=_error_codes(entries)
+        work=results,
+        stop=stop,
+        late=late,
+        all_denied=_all_denied(entries),
+        error_codes=_error_codes(entries),
+        sent=sent,
     )
 
 
@@ -1129,7 +1142,11 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
             _cancel(ctx, results, entry, stop)
     _append_results(ctx, entries)
     return BatchResult(
-        work=results, stop=stop, late=late, all_denied=_all_denied(entries), error_codes=_error_codes(entries)
+        work=results,
+        stop=stop,
+        late=late,
+        all_denied=_all_denied(entries),
+        error_codes=_error_codes(entries),
     )
 
 

@@ -80,6 +80,10 @@ class RunStore(Protocol):
         the two. An adapter that cannot overlap commits here and returns a
         settled handle."""
 
+    def settle(self) -> None:
+        """Wait for the unit `send` left in flight, if any (raise what its
+        commit would have). Every other call of the store does this first."""
+
     def invocations_for_step(self, step_number: int) -> list[InvocationRecord]:
         """Read one step's invocation rows, to re-enter an open batch."""
 

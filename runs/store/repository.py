@@ -194,6 +194,15 @@ class DjangoRunStore:
         # request: the floor the step's calls are decided under, without a
         # transaction of its own (runs.runtime.wiring.tenant_floor).
         self.floor_seen: tuple[int, Any] | None = None
+        self._in_flight: _InFlight | None = None  # a unit `send` left unanswered
+
+    def _settle_in_flight(self) -> None:
+        if self._in_flight is not None:
+            self._in_flight.wait()
+
+    def settle(self) -> None:
+        """Wait for the unit `send` left in flight, if any."""
+        self._settle_in_flight()
 
     # -- the fence ---------------------------------------------------------
     def _fence(
@@ -223,7 +232,9 @@ class DjangoRunStore:
         at = work.events[0].occurred_at if work.events else None
         starts = work.model_call_inserts[-1].step_number if work.model_call_inserts else None
         if is_pg() and can_batch(work):
-            return self._commit_one_statement(work, at or _latest(work), transition, after, starts, before)
+            built = self._built_before_settling(work, at or _latest(work), transition, starts)
+            return self._commit_one_statement(work, at or _latest(work), transition, after, starts, before, built)
+        self._settle_in_flight()
         floor: Any = None
         try:
             with transaction.atomic(durable=True):
@@ -286,8 +297,9 @@ class DjangoRunStore:
         after: After | None,
         starts: int | None,
         before: After | None = None,
+        built: tuple[str, list[Any]] | None = None,
     ) -> list[int]:
-        sql, params = self._unit_sql(work, at, transition, starts)
+        sql, params = built or self._unit_sql(work, at, transition, starts)
         if after is None and before is None and _alone(work, _db()):
             with statement_cursor() as cursor:  # the statement is its own transaction
                 cursor.execute(sql, params)
@@ -338,16 +350,34 @@ class DjangoRunStore:
             db.vendor != "postgresql"
             or not can_batch(work)
             or not _alone(work, db)
-            or db.execute_wrappers
+            or any(w is not _busy for w in db.execute_wrappers)  # (_busy: the unit before this one, in flight)
             or db.queries_logged
         ):
             return _Sent(self.commit(work))
         at = work.events[0].occurred_at if work.events else None
-        sql, params = self._unit_sql(work, at or _latest(work), None, starts)
-        return _InFlight(self, db, work, starts, sql, params)
+        built = self._built_before_settling(work, at or _latest(work), None, starts)
+        sql, params = built or self._unit_sql(work, at or _latest(work), None, starts)
+        self._in_flight = _InFlight(self, db, work, starts, sql, params)
+        return self._in_flight
+
+    def _built_before_settling(
+        self, work: UnitOfWork, at: datetime, transition: Transition | None, starts: int | None
+    ) -> tuple[str, list[Any]] | None:
+        """With a unit still in flight, build this one's statement first and
+        then wait for the answer: a delta checkpoint names only this unit's
+        events. A full one names the earlier unit's by the sequences the
+        answer brings, so it is built after it (None)."""
+        if self._in_flight is None:
+            return None
+        built = None
+        if work.checkpoint is None or not work.checkpoint.full:
+            built = self._unit_sql(work, at, transition, starts)
+        self._in_flight.wait()
+        return built
 
     def invocations_for_step(self, step_number: int) -> list[InvocationRecord]:
         """Read the invocation rows of one step (to re-enter an open batch)."""
+        self._settle_in_flight()
 
         return [
             InvocationRecord(**row)
@@ -371,6 +401,7 @@ class DjangoRunStore:
         ]
 
     def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
+        self._settle_in_flight()
         if is_pg() and connection.get_autocommit():
             sql, params = watermark_statement(
                 run_id=self.run_id,
@@ -591,6 +622,9 @@ class _Sent:
     def wait(self) -> list[int]:
         return self.seqs
 
+    def on_answer(self, fn: Callable[[], None]) -> None:
+        fn()
+
 
 def _busy(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
     raise RuntimeError("this connection has a unit in flight: wait() for it before the next query")
@@ -609,6 +643,8 @@ class _InFlight:
     ):
         self.store, self.db, self.work, self.starts = store, db, work, starts
         self.seqs: list[int] | None = None
+        self.error: BaseException | None = None
+        self._on_answer: list[Callable[[], None]] = []
         self._cursor = statement_cursor()
         raw = self._cursor.cursor
         self._conn = raw.connection
@@ -625,26 +661,44 @@ class _InFlight:
             self._release()
             raise
 
+    def on_answer(self, fn: Callable[[], None]) -> None:
+        """Call `fn` once the answer is in (or now): ops.instrument times and
+        traces a unit in flight with it."""
+        if self._gen is None:
+            fn()
+        else:
+            self._on_answer.append(fn)
+
     def _release(self) -> None:
         self.db.execute_wrappers.remove(_busy)
         self._conn.lock.release()
         self._cursor.close()
 
     def wait(self) -> list[int]:
+        """The unit's sequences once PostgreSQL has answered; raise what
+        `commit` would have (every later call raises it again)."""
         if self._gen is None:
-            if self.seqs is None:
-                raise RuntimeError("this unit failed: its wait() raised already")
-            return self.seqs
+            if self.error is not None:
+                raise self.error
+            return self.seqs or []
         try:
-            with self.db.wrap_database_errors:
-                if self._state is not None:
-                    self._conn.wait(_resumed(self._gen, self._state))
-                fenced_rows, seqs, floor = self._cursor.cursor.fetchone()
-        finally:
-            self._gen = None
-            self._release()
-        if fenced_rows != 1:
-            raise WorkerFenced("the fenced update affected zero rows")
+            try:
+                with self.db.wrap_database_errors:
+                    if self._state is not None:
+                        self._conn.wait(_resumed(self._gen, self._state))
+                    fenced_rows, seqs, floor = self._cursor.cursor.fetchone()
+            finally:
+                self._gen = None
+                if self.store._in_flight is self:
+                    self.store._in_flight = None
+                self._release()
+                for fn in self._on_answer:
+                    fn()
+            if fenced_rows != 1:
+                raise WorkerFenced("the fenced update affected zero rows")
+        except BaseException as exc:
+            self.error = exc
+            raise
         self.seqs = self.store._settle(self.work, list(seqs or []), floor, self.starts)
         return self.seqs
 

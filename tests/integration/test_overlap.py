@@ -12,6 +12,8 @@ old, sequential path the commit waits on the lock until the connection's
 
 from __future__ import annotations
 
+import threading
+import time
 from unittest.mock import patch
 
 import psycopg
@@ -138,3 +140,60 @@ def test_a_read_only_tool_without_a_timeout_runs_after_commit_1(load_agent, subm
 
     assert outcome is not None and outcome.kind.value == "completed", outcome
     assert seen == [1]  # its own row, committed before it ran
+
+
+def test_the_model_is_called_only_once_commit_2_has_its_answer(load_agent, submit):
+    """Commit 2 (the results and the next call's `started` row) is sent and
+    the next request built while it runs; the model call waits for its
+    answer. A second connection holds the run row from just before step 1's
+    commit 2 until step 2's model call happens — or, when the runtime does
+    wait (as it must), until commit 2 has been seen waiting on the lock for
+    a second; the model call then checks, from outside, that its `started`
+    row is committed."""
+    from runs.providers.scripted import ScriptedProvider
+
+    state: dict = {"fired": 0}
+    called = threading.Event()
+
+    def release_later(conn: psycopg.Connection, run_id) -> None:
+        with psycopg.connect(_dsn(), autocommit=True) as watch:
+            for _ in range(3000):  # until commit 2 waits on the lock (30 s at most)
+                waiting = watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                ).fetchone()[0]
+                if waiting or called.is_set():
+                    break
+                time.sleep(0.01)
+        called.wait(1.0)  # a runtime that does not wait calls the model meanwhile
+        conn.commit()
+        conn.close()
+
+    def fire(point: str, run_id) -> None:
+        if point == "checkpoint.before_write" and not state["fired"]:
+            state["fired"] = 1
+            conn = psycopg.connect(_dsn())
+            conn.execute("SELECT 1 FROM runs WHERE id = %s FOR UPDATE", [run_id])
+            state["thread"] = threading.Thread(target=release_later, args=(conn, run_id), daemon=True)
+            state["thread"].start()
+
+    original = ScriptedProvider.complete
+
+    def complete(self, request, token):
+        if state["fired"] and "seen" not in state:
+            with psycopg.connect(_dsn(), autocommit=True) as look:
+                state["seen"] = look.execute(
+                    "SELECT count(*) FROM model_calls WHERE run_id = %s AND step_number = 2", [state["run"]]
+                ).fetchone()[0]
+            called.set()
+        return original(self, request, token)
+
+    load_agent(turns=turns()[:1] + [{"text": "done"}])
+    run = submit()
+    state["run"] = run.id
+    with patch.object(faults, "fire", fire), patch.object(ScriptedProvider, "complete", complete):
+        outcome = run_drive(run_id=run.id)
+    state["thread"].join(timeout=30)
+
+    assert outcome is not None and outcome.kind.value == "completed", outcome
+    assert state["seen"] == 1  # step 2's `started` row was committed before its model call

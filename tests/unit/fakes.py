@@ -90,9 +90,12 @@ class FakeStore:
         self.fence_on_commit = fence_on_commit
         self.fence_on_watermark = fence_on_watermark
         self.commit_attempts = 0
+        self.pending: FakeSent | None = None
         self.watermark_attempts = 0
 
     def commit(self, work: UnitOfWork) -> None:
+        if self.pending is not None:
+            self.pending.wait()
         self.commit_attempts += 1
         if self.fence_on_commit is not None and self.commit_attempts == self.fence_on_commit:
             self.log.append(("fenced", "commit"))
@@ -101,11 +104,20 @@ class FakeStore:
         self.log.append(("commit", len(self.commits)))
 
     def send(self, work: UnitOfWork) -> FakeSent:
-        """Commit 1 in flight: recorded as sent, committed (or fenced) at `wait()`."""
+        """Commit 1 in flight: recorded as sent, committed (or fenced) at
+        `wait()`, which the next commit does first (as the real store)."""
+        self.settle()
         self.log.append(("sent", len(self.commits) + 1))
-        return FakeSent(self, copy.deepcopy(work))
+        self.pending = FakeSent(self, copy.deepcopy(work))
+        return self.pending
+
+    def settle(self) -> None:
+        if self.pending is not None:
+            self.pending.wait()
 
     def mark_effect_sent(self, invocation_id, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
+        if self.pending is not None:
+            self.pending.wait()
         self.watermark_attempts += 1
         if self.fence_on_watermark is not None and self.watermark_attempts == self.fence_on_watermark:
             self.log.append(("fenced", "watermark"))
@@ -164,9 +176,22 @@ class FakeStore:
 class FakeSent:
     def __init__(self, store: FakeStore, work: UnitOfWork):
         self.store, self.work = store, work
+        self.error: WorkerFenced | None = None
+
+    def on_answer(self, fn) -> None:
+        fn()
 
     def wait(self) -> None:
-        self.store.commit(self.work)
+        if self.store.pending is not self:
+            if self.error is not None:
+                raise self.error
+            return
+        self.store.pending = None
+        try:
+            self.store.commit(self.work)
+        except WorkerFenced as exc:
+            self.error = exc
+            raise
 
 
 class FakeRegistry:
