@@ -24,13 +24,13 @@ from runs.models import Event, ModelCall, Run, ToolInvocation
 from runs.runtime import faults
 from runs.runtime.executor import run_drive
 from runs.tools import REGISTRY, register
+from tests.conftest import subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _dsn() -> str:
-    s = connection.settings_dict
-    return f"host={s['HOST'] or '127.0.0.1'} port={s['PORT'] or 5432} user={s['USER'] or 'postgres'} dbname={s['NAME']}"
+    return subprocess_env()["DATABASE_URL"]
 
 
 class Holder:
