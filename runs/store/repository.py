@@ -196,13 +196,11 @@ class DjangoRunStore:
         self.floor_seen: tuple[int, Any] | None = None
         self._in_flight: _InFlight | None = None  # a unit `send` left unanswered
 
-    def _settle_in_flight(self) -> None:
+    def settle(self) -> None:
+        """Wait for the unit `send` left in flight, if any (every other call
+        of the store does this first)."""
         if self._in_flight is not None:
             self._in_flight.wait()
-
-    def settle(self) -> None:
-        """Wait for the unit `send` left in flight, if any."""
-        self._settle_in_flight()
 
     # -- the fence ---------------------------------------------------------
     def _fence(
@@ -234,7 +232,7 @@ class DjangoRunStore:
         if is_pg() and can_batch(work):
             built = self._built_before_settling(work, at or _latest(work), transition, starts)
             return self._commit_one_statement(work, at or _latest(work), transition, after, starts, before, built)
-        self._settle_in_flight()
+        self.settle()
         floor: Any = None
         try:
             with transaction.atomic(durable=True):
@@ -321,9 +319,9 @@ class DjangoRunStore:
                             after(cursor)
             except _Fenced:
                 raise WorkerFenced("the fenced update affected zero rows") from None
-        return self._settle(work, list(seqs or []), floor, starts)
+        return self._record_committed(work, list(seqs or []), floor, starts)
 
-    def _settle(self, work: UnitOfWork, seqs: list[int], floor: Any, starts: int | None) -> list[int]:
+    def _record_committed(self, work: UnitOfWork, seqs: list[int], floor: Any, starts: int | None) -> list[int]:
         if work.events and settings.AGENTRT_NOTIFY_LIVE:
             _notify(self.run_id, self.tenant_id)
         self.commits += 1
@@ -377,7 +375,7 @@ class DjangoRunStore:
 
     def invocations_for_step(self, step_number: int) -> list[InvocationRecord]:
         """Read the invocation rows of one step (to re-enter an open batch)."""
-        self._settle_in_flight()
+        self.settle()
 
         return [
             InvocationRecord(**row)
@@ -401,7 +399,7 @@ class DjangoRunStore:
         ]
 
     def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
-        self._settle_in_flight()
+        self.settle()
         if is_pg() and connection.get_autocommit():
             sql, params = watermark_statement(
                 run_id=self.run_id,
@@ -699,7 +697,7 @@ class _InFlight:
         except BaseException as exc:
             self.error = exc
             raise
-        self.seqs = self.store._settle(self.work, list(seqs or []), floor, self.starts)
+        self.seqs = self.store._record_committed(self.work, list(seqs or []), floor, self.starts)
         return self.seqs
 
 
