@@ -113,12 +113,16 @@ class TracedTools(_Proxy):
             return self._inner.execute(name, arguments, context)
 
 
+def _checkpoint_attrs(cp) -> dict:
+    return {"checkpoint.version": cp.version, "checkpoint.full": bool(cp.full), "checkpoint.trigger": cp.trigger}
+
+
 class TracedStore(_Proxy):
     def commit(self, work, *args, **kwargs):
         cp = getattr(work, "checkpoint", None)
         if cp is None:
             return self._inner.commit(work, *args, **kwargs)
-        attrs = {"checkpoint.version": cp.version, "checkpoint.full": bool(cp.full), "checkpoint.trigger": cp.trigger}
+        attrs = _checkpoint_attrs(cp)
         with tracing._tracer().start_as_current_span("checkpoint.save", attributes=attrs):
             return self._inner.commit(work, *args, **kwargs)
 
@@ -126,12 +130,7 @@ class TracedStore(_Proxy):
         cp = getattr(work, "checkpoint", None)
         if cp is None:
             return self._inner.send(work)
-        attrs = {
-            "checkpoint.version": cp.version,
-            "checkpoint.full": bool(cp.full),
-            "checkpoint.trigger": cp.trigger,
-            "checkpoint.overlapped": True,
-        }
+        attrs = {**_checkpoint_attrs(cp), "checkpoint.overlapped": True}
         span = tracing._tracer().start_span("checkpoint.save", attributes=attrs)
         try:
             sent = self._inner.send(work)

@@ -1142,11 +1142,7 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
             _cancel(ctx, results, entry, stop)
     _append_results(ctx, entries)
     return BatchResult(
-        work=results,
-        stop=stop,
-        late=late,
-        all_denied=_all_denied(entries),
-        error_codes=_error_codes(entries),
+        work=results, stop=stop, late=late, all_denied=_all_denied(entries), error_codes=_error_codes(entries)
     )
 
 

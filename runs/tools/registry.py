@@ -296,7 +296,7 @@ def _move_next_to_caller(native_id: int) -> None:
 class Done:
     """Set once by the tool thread, awaited once by the caller: a lock held
     from birth and released by `set`. `threading.Event` does the same with
-    a Condition built in Python per call (a few percent of a read-only step)."""
+    a Condition built in Python per call (about 5 us more per call here)."""
 
     __slots__ = ("_lock",)
 
