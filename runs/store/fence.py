@@ -33,6 +33,13 @@ STEP_FENCE = (
     " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'"
 )
 
+# The step fence of a unit sent while the unit before it is still in flight
+# on the same connection (pipelined): it also requires a tool call row that
+# unit inserted, so it matches no row, and writes nothing, unless that unit
+# committed. PostgreSQL runs the two in the order sent, each in its own
+# transaction: the earlier one has committed or failed when this one starts.
+STEP_FENCE_AFTER = STEP_FENCE + " AND EXISTS (SELECT 1 FROM tool_invocations WHERE id = %s)"
+
 
 def transition_fence() -> str:
     """finalize's fenced UPDATE: the step fence's columns, then the
@@ -97,13 +104,17 @@ def fence_statement(
     run_id: UUID | str | None,
     owner: str,
     epoch: int,
+    after: UUID | None = None,
 ) -> tuple[str, list[Any]]:
     """The fenced UPDATE (without RETURNING) and its parameters, for both
     write paths. `run_id` is passed as the dialect stores it (the CTE path:
-    a UUID; the statement path: `sql_uuid`)."""
+    a UUID; the statement path: `sql_uuid`). `after` (a step's unit only):
+    the id of a tool call the unit before inserted (`STEP_FENCE_AFTER`)."""
     usage = work.usage if work is not None else None
     step_count = work.step_count if work is not None else None
     params: list[Any] = [sql_time(at), _json(usage), step_count]
     if transition is None:
+        if after is not None:
+            return STEP_FENCE_AFTER, [*params, run_id, owner, epoch, after]
         return STEP_FENCE, [*params, run_id, owner, epoch]
     return transition_fence(), [*params, *transition.parameters(), run_id, owner, epoch]

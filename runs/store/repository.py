@@ -10,16 +10,21 @@ also locks the row to commit; zero rows means fenced: roll back and raise
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid as _uuid
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.backends.postgresql.base import ServerBindingCursor
+from psycopg import Pipeline
+from psycopg.generators import fetch_many
+from psycopg.generators import send as send_pending
 
 from runs.domain import stored_form
 from runs.domain.errors import WorkerFenced
@@ -272,7 +277,12 @@ class DjangoRunStore:
         self.floor_seen = (step, floor or {})
 
     def _unit_sql(
-        self, work: UnitOfWork, at: datetime, transition: Transition | None, starts: int | None
+        self,
+        work: UnitOfWork,
+        at: datetime,
+        transition: Transition | None,
+        starts: int | None,
+        after: UUID | None = None,
     ) -> tuple[str, list[Any]]:
         return unit_statement(
             work,
@@ -283,7 +293,9 @@ class DjangoRunStore:
             epoch=self.epoch,
             code_version=self.code_version,
             checkpoint_id=_checkpoint_id(self.run_id, work.checkpoint.version) if work.checkpoint is not None else None,
-            fence=fence_statement(work, at, transition, run_id=self.run_id, owner=self.owner, epoch=self.epoch),
+            fence=fence_statement(
+                work, at, transition, run_id=self.run_id, owner=self.owner, epoch=self.epoch, after=after
+            ),
             read_floor=starts is not None,
         )
 
@@ -353,9 +365,27 @@ class DjangoRunStore:
         ):
             return _Sent(self.commit(work))
         at = work.events[0].occurred_at if work.events else None
+        before = self._in_flight
+        after = _pipelined_after(before, work)
+        if before is not None and after is not None:
+            # Sent behind the unit still in flight, before its answer: its
+            # fence requires a row that unit inserted (STEP_FENCE_AFTER).
+            sql, params = self._unit_sql(work, at or _latest(work), None, starts, after=after)
+            unit = _InFlight(self, before.pipe, work, starts, sql, params)
+            try:
+                before.wait()
+            except BaseException:
+                # The unit before failed: this one wrote nothing. Read its
+                # answer (the connection leaves pipeline mode after it) and
+                # raise what the one before raised, as `commit` would have.
+                with contextlib.suppress(Exception):
+                    unit.wait()
+                raise
+            self._in_flight = unit
+            return unit
         built = self._built_before_settling(work, at or _latest(work), None, starts)
         sql, params = built or self._unit_sql(work, at or _latest(work), None, starts)
-        self._in_flight = _InFlight(self, db, work, starts, sql, params)
+        self._in_flight = _InFlight(self, _Pipe(db), work, starts, sql, params)
         return self._in_flight
 
     def _built_before_settling(
@@ -628,68 +658,150 @@ def _busy(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
     raise RuntimeError("this connection has a unit in flight: wait() for it before the next query")
 
 
-class _InFlight:
-    """A unit's statement sent on this thread's connection and not yet
-    answered. psycopg's own `execute` is a generator driven to its end under
-    the connection's lock; here it is driven until it first has to wait
-    (the statement is sent, the answer not yet read), and on to its end by
-    `wait()`. Until then the lock stays held and Django queries on the
-    connection raise (`_busy`)."""
+def _pipelined_after(before: _InFlight | None, work: UnitOfWork) -> UUID | None:
+    """The tool call row `work`'s fence may require of the unit still in
+    flight (`STEP_FENCE_AFTER`), if `work` may be sent behind it: that unit
+    inserted one, and `work`'s checkpoint is a delta (a full one names that
+    unit's events by the sequences its answer brings)."""
+    if before is None or before.answered or not before.work.invocation_inserts:
+        return None
+    if work.checkpoint is not None and work.checkpoint.full:
+        return None
+    return before.work.invocation_inserts[0].id
 
-    def __init__(
-        self, store: DjangoRunStore, db: Any, work: UnitOfWork, starts: int | None, sql: str, params: list[Any]
-    ):
-        self.store, self.db, self.work, self.starts = store, db, work, starts
-        self.seqs: list[int] | None = None
-        self.error: BaseException | None = None
-        self._on_answer: list[Callable[[], None]] = []
-        self._cursor = statement_cursor()
-        raw = self._cursor.cursor
-        self._conn = raw.connection
-        self._conn.lock.acquire()
+
+class _Pipe:
+    """This thread's connection in libpq's pipeline mode while units are in
+    flight on it. Each unit is followed by a Sync, so it is a transaction of
+    its own, and PostgreSQL runs the units in the order they were sent; a
+    unit can be sent before the one ahead of it is answered. From the first
+    unit sent until the last is answered the connection's lock is held and
+    Django queries on the connection raise (`_busy`) instead of waiting on
+    themselves; then the connection leaves pipeline mode."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.conn = db.connection
+        self.queued = 0  # psycopg result-queue items appended by the units sent
+        self.fetched = 0  # ... and read back
+        self.open = 0  # units sent and not yet answered
+        self.conn.lock.acquire()
         db.execute_wrappers.append(_busy)
         try:
             with db.wrap_database_errors:
-                self._gen = raw._execute_gen(sql, params)
-                try:
-                    self._state = next(self._gen)
-                except StopIteration:  # answered already
-                    self._state = None
+                self.pipeline = Pipeline(self.conn, _no_lock=True)  # the lock is ours already
+                self.conn._pipeline = self.pipeline
+                self.conn.wait(self.pipeline._enter_gen())
         except BaseException:
             self._release()
+            raise
+
+    def send(self, cursor: Any, sql: str, params: list[Any]) -> int:
+        """Send one statement and a Sync without reading anything; return
+        the count of result-queue items read once its answer is in."""
+        raw = cursor.cursor
+        queue = self.pipeline.result_queue
+        size = len(queue)  # nothing is read from the queue but by `read_through`
+        self.open += 1
+        with self.db.wrap_database_errors:
+            self.conn.wait(raw._start_query(sql))
+            query = raw._convert_query(sql, params)
+            self.conn.wait(raw._maybe_prepare_gen(query))  # in pipeline mode: queued, not sent
+            raw._last_query = sql
+            self.pipeline._enqueue_sync()
+            self.queued += len(queue) - size
+            commands = self.pipeline.command_queue
+            while commands:
+                commands.popleft()()
+            self.conn.wait(send_pending(self.conn.pgconn))
+        return self.queued
+
+    def read_through(self, upto: int) -> None:
+        """Read the answers, in order, up to the `upto`th result-queue item;
+        raise the first error among them (after reading all of them)."""
+        first: BaseException | None = None
+        queue = self.pipeline.result_queue
+        while self.fetched < upto:
+            results = self.conn.wait(fetch_many(self.conn.pgconn))
+            if not results:
+                raise psycopg.OperationalError("the pipeline ended before its answers")
+            queued = queue.popleft()
+            self.fetched += 1
+            try:
+                self.pipeline._process_results(queued, results)
+            except psycopg.Error as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def answered(self) -> None:
+        """One unit answered (or failed); after the last, leave pipeline mode."""
+        self.open -= 1
+        if self.open > 0:
+            return
+        try:
+            if self.fetched == self.queued:
+                with self.db.wrap_database_errors:
+                    self.pipeline._exit(None)  # left alone on a broken connection
+            else:  # answers left unread: the connection cannot be used again
+                self.conn.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self.conn._pipeline is getattr(self, "pipeline", None):
+            self.conn._pipeline = None
+        self.db.execute_wrappers.remove(_busy)
+        self.conn.lock.release()
+
+
+class _InFlight:
+    """A unit's statement sent on this thread's connection (`_Pipe`) and not
+    yet answered; `wait()` reads its answer."""
+
+    def __init__(
+        self, store: DjangoRunStore, pipe: _Pipe, work: UnitOfWork, starts: int | None, sql: str, params: list[Any]
+    ):
+        self.store, self.pipe, self.work, self.starts = store, pipe, work, starts
+        self.seqs: list[int] | None = None
+        self.error: BaseException | None = None
+        self.answered = False
+        self._on_answer: list[Callable[[], None]] = []
+        self._cursor = statement_cursor()
+        try:
+            self._upto = pipe.send(self._cursor, sql, params)
+        except BaseException:
+            self.answered = True
+            self._cursor.close()
+            pipe.answered()
             raise
 
     def on_answer(self, fn: Callable[[], None]) -> None:
         """Call `fn` once the answer is in (or now): ops.instrument times and
         traces a unit in flight with it."""
-        if self._gen is None:
+        if self.answered:
             fn()
         else:
             self._on_answer.append(fn)
 
-    def _release(self) -> None:
-        self.db.execute_wrappers.remove(_busy)
-        self._conn.lock.release()
-        self._cursor.close()
-
     def wait(self) -> list[int]:
         """The unit's sequences once PostgreSQL has answered; raise what
         `commit` would have (every later call raises it again)."""
-        if self._gen is None:
+        if self.answered:
             if self.error is not None:
                 raise self.error
             return self.seqs or []
         try:
             try:
-                with self.db.wrap_database_errors:
-                    if self._state is not None:
-                        self._conn.wait(_resumed(self._gen, self._state))
+                with self.pipe.db.wrap_database_errors:
+                    self.pipe.read_through(self._upto)
                     fenced_rows, seqs, floor = self._cursor.cursor.fetchone()
             finally:
-                self._gen = None
+                self.answered = True
                 if self.store._in_flight is self:
                     self.store._in_flight = None
-                self._release()
+                self._cursor.close()
+                self.pipe.answered()
                 for fn in self._on_answer:
                     fn()
             if fenced_rows != 1:
@@ -699,16 +811,6 @@ class _InFlight:
             raise
         self.seqs = self.store._record_committed(self.work, list(seqs or []), floor, self.starts)
         return self.seqs
-
-
-def _resumed(gen: Generator[Any, Any, Any], state: Any) -> Generator[Any, Any, Any]:
-    """psycopg's waiting loop starts a generator with next(); this one
-    starts where `gen` stopped, at its pending `state`."""
-    try:
-        while True:
-            state = gen.send((yield state))
-    except StopIteration as stop:
-        return stop.value
 
 
 def _committed(work: UnitOfWork, seqs: list[int]) -> None:

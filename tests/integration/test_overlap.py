@@ -197,3 +197,113 @@ def test_the_model_is_called_only_once_commit_2_has_its_answer(load_agent, submi
 
     assert outcome is not None and outcome.kind.value == "completed", outcome
     assert state["seen"] == 1  # step 2's `started` row was committed before its model call
+
+
+# -- commit 2 sent behind commit 1 (libpq pipeline mode) ----------------------
+
+
+@pytest.fixture
+def order(monkeypatch):
+    """What the connection carried, in order: ("send", n) when a unit is sent
+    and ("answer", n) when its answer is read, n counting the units sent."""
+    from runs.store import repository
+
+    seen: list[tuple[str, int]] = []
+    numbers: dict[int, int] = {}
+    send, wait = repository._InFlight.__init__, repository._InFlight.wait
+
+    def spy_send(self, *args, **kwargs):
+        send(self, *args, **kwargs)
+        numbers[id(self)] = len(numbers) + 1
+        seen.append(("send", numbers[id(self)]))
+
+    def spy_wait(self):
+        pending = not self.answered
+        try:
+            return wait(self)
+        finally:
+            if pending:
+                seen.append(("answer", numbers[id(self)]))
+
+    monkeypatch.setattr(repository._InFlight, "__init__", spy_send)
+    monkeypatch.setattr(repository._InFlight, "wait", spy_wait)
+    return seen
+
+
+def test_commit_2_is_sent_before_commit_1_is_answered(order, load_agent, submit):
+    """Each unit of a read-only step is its own transaction, and commit 2 is
+    on the wire behind commit 1 before commit 1's answer is read: PostgreSQL
+    starts it as soon as commit 1 has committed."""
+    load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "one"}}]}, {"text": "done"}])
+    run = submit()
+
+    outcome = run_drive(run_id=run.id)
+
+    assert outcome is not None and outcome.kind.value == "completed", outcome
+    assert order[:4] == [("send", 1), ("send", 2), ("answer", 1), ("answer", 2)]
+    assert ToolInvocation.objects.get(run_id=run.id, step_number=1).status == "completed"
+    assert connection.execute_wrappers == []
+
+
+@pytest.fixture
+def doomed_insert():
+    """A trigger that fails any insert of a `doomed` tool call: commit 1 of
+    the step that proposes one fails inside PostgreSQL (after its read-only
+    call ran and commit 2 was sent behind it)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION doomed_insert() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN IF NEW.tool_name = 'doomed' THEN RAISE EXCEPTION 'doomed insert'; END IF; RETURN NEW; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER doomed_insert BEFORE INSERT ON tool_invocations"
+            " FOR EACH ROW EXECUTE FUNCTION doomed_insert()"
+        )
+    ran: list[int] = []
+
+    @register(name="doomed", read_only=True, parameters={"type": "object"})
+    def doomed(args, ctx):
+        ran.append(ctx.step_number)
+        return {"ok": True}
+
+    yield ran
+    REGISTRY.unregister("doomed")
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER doomed_insert ON tool_invocations")
+        cursor.execute("DROP FUNCTION doomed_insert()")
+
+
+def test_commit_2_writes_nothing_when_commit_1_fails(doomed_insert, order, load_agent, submit):
+    """Commit 2 is sent before commit 1's answer; when commit 1 fails (here
+    an error inside PostgreSQL, not a fence), commit 2's fence finds no tool
+    call row of commit 1 and matches nothing: none of the step's results, no
+    checkpoint of it and no `started` row of the next model call exist, and
+    the connection is usable again."""
+    load_agent(
+        turns=[
+            {"tool_calls": [{"name": "echo", "arguments": {"text": "one"}}]},
+            {"tool_calls": [{"name": "doomed", "arguments": {}}]},
+            {"text": "done"},
+        ],
+        tools=("echo", "doomed"),
+    )
+    run = submit()
+    checkpoints = connection.cursor()
+
+    outcome = run_drive(run_id=run.id)
+
+    assert outcome is not None and outcome.kind.value == "failed", outcome  # the error fails the run
+    assert outcome.failure is not None and outcome.failure.error_class == "ProgrammingError"
+    assert doomed_insert == [2]  # it ran, while commit 1 was in flight
+    assert order.index(("send", 4)) < order.index(("answer", 3))  # commit 2 went out behind commit 1
+    assert not ToolInvocation.objects.filter(run_id=run.id, step_number=2).exists()
+    assert not ModelCall.objects.filter(run_id=run.id, step_number=3).exists()
+    types = list(Event.objects.filter(run_id=run.id).order_by("sequence").values_list("type", flat=True))
+    assert types.count("model.request.started") == 2, types  # steps 1 and 2, not 3
+    assert "tool.call.completed" not in types[types.index("model.request.started", 4) :], types
+    checkpoints.execute("SELECT trigger FROM checkpoints WHERE run_id = %s ORDER BY version", [run.id])
+    # Step 1's three, then finalize's: nothing of step 2's units.
+    assert [t for (t,) in checkpoints.fetchall()] == ["seed", "model_response", "tool_batch", "terminal"]
+    checkpoints.close()
+    assert connection.execute_wrappers == []
+    assert Run.objects.filter(id=run.id).count() == 1  # the connection answers again
