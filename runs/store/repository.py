@@ -702,7 +702,6 @@ class _Pipe:
         raw = cursor.cursor
         queue = self.pipeline.result_queue
         size = len(queue)  # nothing is read from the queue but by `read_through`
-        self.open += 1
         with self.db.wrap_database_errors:
             self.conn.wait(raw._start_query(sql))
             query = raw._convert_query(sql, params)
@@ -735,16 +734,22 @@ class _Pipe:
             raise first
 
     def answered(self) -> None:
-        """One unit answered (or failed); after the last, leave pipeline mode."""
+        """One unit answered (or failed); after the last, leave pipeline mode.
+        A connection left with unread answers or unsent commands (a unit that
+        failed half-sent) cannot be used again: it is closed."""
         self.open -= 1
         if self.open > 0:
             return
+        pipeline = self.pipeline
         try:
-            if self.fetched == self.queued:
+            if self.fetched == self.queued and not pipeline.result_queue and not pipeline.command_queue:
                 with self.db.wrap_database_errors:
-                    self.pipeline._exit(None)  # left alone on a broken connection
-            else:  # answers left unread: the connection cannot be used again
+                    pipeline._exit(None)  # left alone on a broken connection
+            else:
                 self.conn.close()
+        except BaseException:
+            self.conn.close()
+            raise
         finally:
             self._release()
 
@@ -767,12 +772,15 @@ class _InFlight:
         self.error: BaseException | None = None
         self.answered = False
         self._on_answer: list[Callable[[], None]] = []
-        self._cursor = statement_cursor()
+        self._cursor: Cursor = None
+        pipe.open += 1
         try:
+            self._cursor = statement_cursor()
             self._upto = pipe.send(self._cursor, sql, params)
         except BaseException:
             self.answered = True
-            self._cursor.close()
+            if self._cursor is not None:
+                self._cursor.close()
             pipe.answered()
             raise
 
