@@ -288,7 +288,6 @@ def test_commit_2_writes_nothing_when_commit_1_fails(doomed_insert, order, load_
         tools=("echo", "doomed"),
     )
     run = submit()
-    checkpoints = connection.cursor()
 
     outcome = run_drive(run_id=run.id)
 
@@ -301,9 +300,9 @@ def test_commit_2_writes_nothing_when_commit_1_fails(doomed_insert, order, load_
     types = list(Event.objects.filter(run_id=run.id).order_by("sequence").values_list("type", flat=True))
     assert types.count("model.request.started") == 2, types  # steps 1 and 2, not 3
     assert "tool.call.completed" not in types[types.index("model.request.started", 4) :], types
-    checkpoints.execute("SELECT trigger FROM checkpoints WHERE run_id = %s ORDER BY version", [run.id])
-    # Step 1's three, then finalize's: nothing of step 2's units.
-    assert [t for (t,) in checkpoints.fetchall()] == ["seed", "model_response", "tool_batch", "terminal"]
-    checkpoints.close()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT trigger FROM checkpoints WHERE run_id = %s ORDER BY version", [run.id])
+        triggers = [t for (t,) in cursor.fetchall()]
+    assert triggers == ["seed", "model_response", "tool_batch", "terminal"]  # step 1's three, then finalize's
     assert connection.execute_wrappers == []
     assert Run.objects.filter(id=run.id).count() == 1  # the connection answers again
