@@ -204,9 +204,7 @@ def _after_batch_body(ctx: RunContext, batch: BatchResult, next_step: int | None
     denied = _count_denials(ctx, batch)
     if denied is not None:
         return denied
-    if batch.sent is not None and ctx.state.next_is_full("tool_batch"):
-        batch.sent.wait()  # a full row names the turn's events by the sequences commit 1 gives them
-    checkpoint(ctx, "tool_batch")
+    checkpoint(ctx, "tool_batch")  # a full row may name commit 1's events while it is in flight (pg.Prior)
     if next_step is not None:
         _prepare_next_step(ctx, next_step)
         ctx.fault("checkpoint.before_write")

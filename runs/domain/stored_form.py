@@ -27,7 +27,11 @@ of parts, in conversation order:
   however long it gets;
 - `{"u": [k, ...]}`: the k-th events of the row's own unit of work, whose
   sequences the database hands out in the statement that writes the row; the
-  row records the sequence before its first event as `events_from`.
+  row records the sequence before its first event as `events_from`;
+- `{"p": [k, ...]}`: the k-th events of the unit just before the row's own,
+  still in flight when the row was built (a step's commit 2, sent behind its
+  commit 1); the statement copies that unit's `events_from` from its
+  checkpoint row into this row as `prior_from`.
 
 Identical-call counts are not stored: the repository counts them from the
 invocation rows (a call that ran), so a full row does not grow with every
@@ -213,50 +217,75 @@ def decode_refs(text: str) -> list[int]:
 # -- a row: materialised form -> stored form --------------------------------
 
 
-def encode(row: CheckpointInsert, unit_events: list[EventWrite]) -> tuple[dict[str, Any], bool]:
+def encode(
+    row: CheckpointInsert, unit_events: list[EventWrite], prior_events: list[EventWrite] | None = None
+) -> tuple[dict[str, Any], bool]:
     """The stored form of `row`, written in the unit whose events are
     `unit_events`; and whether it names events of that unit (the writer then
-    adds `events_from`). `row.prefix` is the stored form of the items a full
-    row starts with (`CheckpointState` keeps it up to date); `row.sources`
-    run beside the items after them. Items whose event is neither committed
-    nor in the unit stay inline."""
+    adds `events_from`). `prior_events`: the events of the unit sent just
+    before this one and not answered yet; the row names them by ordinal too
+    (`{"p": ...}`: the writer then adds `prior_from`, see `names_prior`).
+    `row.prefix` is the stored form of the items a full row starts with
+    (`CheckpointState` keeps it up to date); `row.sources` run beside the
+    items after them. Items whose event is neither committed nor in either
+    unit stay inline."""
     key = "conversation" if "conversation" in row.state else "items"
     head, covered = row.prefix if row.prefix is not None else ([], 0)
     items = (row.state.get(key) or [])[covered:]
     sources = row.sources if row.sources is not None else [None] * len(items)
-    own = {id(e): k for k, e in enumerate(unit_events, start=1)}
+    ordinals = {id(e): ("u", k) for k, e in enumerate(unit_events, start=1)}
+    ordinals.update({id(e): ("p", k) for k, e in enumerate(prior_events or (), start=1)})
     parts: list[Any] = list(head)
     run: list[int] = []  # committed sequences not yet written as a part
-    unit: list[int] = []
+    unit: tuple[str, list[int]] | None = None  # ("u" or "p", ordinals) not yet written as a part
+
+    def close(keep_unit: str | None = None) -> None:
+        nonlocal run, unit
+        if run:
+            parts.append(encode_refs(run))
+            run = []
+        if unit is not None and unit[0] != keep_unit:
+            parts.append({unit[0]: unit[1]})
+            unit = None
+
     for item, source in zip(items, sources, strict=True):
         seq = source if isinstance(source, int) else getattr(source, "sequence", None)
-        ordinal = own.get(id(source)) if seq is None and source is not None else None
+        ordinal = ordinals.get(id(source)) if seq is None and source is not None else None
         if seq is not None:
-            if unit:
-                parts.append({"u": unit})
-                unit = []
+            if unit is not None:
+                parts.append({unit[0]: unit[1]})
+                unit = None
             run.append(seq)
         elif ordinal is not None:
-            if run:
-                parts.append(encode_refs(run))
-                run = []
-            unit.append(ordinal)
+            close(keep_unit=ordinal[0])
+            if unit is None:
+                unit = (ordinal[0], [])
+            unit[1].append(ordinal[1])
         else:
-            if run:
-                parts.append(encode_refs(run))
-                run = []
-            if unit:
-                parts.append({"u": unit})
-                unit = []
+            close()
             parts.append(item)
-    if run:
-        parts.append(encode_refs(run))
-    if unit:
-        parts.append({"u": unit})
+    close()
     stored = {k: v for k, v in row.state.items() if k not in _NOT_STORED and k != key}
     stored["form"] = FORM
     stored[key] = parts
     return stored, any(isinstance(p, dict) and "u" in p and "role" not in p for p in parts)
+
+
+def names_prior(stored: dict[str, Any]) -> bool:
+    """Whether a stored row names events of the unit before its own (`{"p": ...}`)."""
+    parts = stored.get("conversation", stored.get("items")) or []
+    return any(isinstance(p, dict) and "p" in p and "role" not in p for p in parts)
+
+
+def _unit_part(part: dict[str, Any], state: dict[str, Any]) -> list[int] | None:
+    """The sequences a `{"u": ...}` or `{"p": ...}` part names (None: unreadable)."""
+    for key, base_key in (("u", "events_from"), ("p", "prior_from")):
+        if key in part:
+            base = state.get(base_key)
+            if not isinstance(base, int) or isinstance(base, bool):
+                return None
+            return [base + k for k in part[key]]
+    return None
 
 
 # -- a row: stored form -> materialised form ---------------------------------
@@ -268,13 +297,12 @@ def is_stored(state: Any) -> bool:
 
 def referenced(state: dict[str, Any]) -> list[int]:
     """Every sequence a stored row names."""
-    base = state.get("events_from")
     seqs: list[int] = []
     for part in state.get("conversation", state.get("items")) or []:
         if isinstance(part, str):
             seqs.extend(decode_refs(part))
-        elif isinstance(part, dict) and "role" not in part and base is not None:
-            seqs.extend(base + k for k in part.get("u", []))
+        elif isinstance(part, dict) and "role" not in part:
+            seqs.extend(_unit_part(part, state) or [])
     return seqs
 
 
@@ -286,7 +314,6 @@ def materialised(
     None when a named event is missing or holds no item (the chain is then
     unusable and the repository rebuilds from the log)."""
     key = "conversation" if "conversation" in state else "items"
-    base = state.get("events_from")
     items: list[dict[str, Any]] = []
     linked: list[tuple[dict[str, Any], int]] = []
     for part in state.get(key) or []:
@@ -295,8 +322,8 @@ def materialised(
             continue
         if isinstance(part, str):
             seqs = decode_refs(part)
-        elif isinstance(part, dict) and base is not None:
-            seqs = [base + k for k in part.get("u", [])]
+        elif isinstance(part, dict) and (named := _unit_part(part, state)) is not None:
+            seqs = named
         else:
             return None
         for seq in seqs:
@@ -306,6 +333,6 @@ def materialised(
                 return None
             items.append(item)
             linked.append((item, seq))
-    plain = {k: v for k, v in state.items() if k not in ("form", "events_from", key)}
+    plain = {k: v for k, v in state.items() if k not in ("form", "events_from", "prior_from", key)}
     plain[key] = items
     return plain, linked

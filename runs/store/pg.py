@@ -12,12 +12,13 @@ further and sends no BEGIN and no COMMIT.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from runs.domain import stored_form
-from runs.domain.writes import UnitOfWork
+from runs.domain.writes import EventWrite, UnitOfWork
 from runs.store.json_text import compact as _j
 
 
@@ -60,6 +61,16 @@ def can_batch(work: UnitOfWork) -> bool:
 Cte = tuple[str, list[Any]]
 
 
+@dataclass(frozen=True)
+class Prior:
+    """The unit sent just before this one and not answered yet: its events
+    (which this unit's checkpoint may name by ordinal) and the version of
+    the checkpoint it writes (whose `events_from` locates them)."""
+
+    events: list[EventWrite]
+    checkpoint_version: int
+
+
 def unit_statement(
     work: UnitOfWork,
     *,
@@ -72,6 +83,7 @@ def unit_statement(
     checkpoint_id: UUID | None,
     fence: tuple[str, list[Any]],
     read_floor: bool = False,
+    prior: Prior | None = None,
 ) -> tuple[str, list[Any]]:
     """The statement and its parameters; it returns (fence rows, sequences,
     the tenant's policy floor or NULL). `fence` is the fenced UPDATE of the
@@ -80,7 +92,9 @@ def unit_statement(
     named here for the caller's sake. With `read_floor` the statement also
     reads the tenant's policy floor, in the same transaction: the floor a step
     is decided under comes with the commit that starts its model request,
-    not from a transaction of its own."""
+    not from a transaction of its own. `prior`: the unit sent just before
+    this one on the same connection and not answered yet, whose events the
+    checkpoint may name (`_new_checkpoint`)."""
     fence_sql, fence_params = fence
     ctes: list[Cte] = [("fenced_run AS (" + fence_sql + " RETURNING id)", list(fence_params))]
     if work.model_call_finishes:
@@ -98,7 +112,12 @@ def unit_statement(
     if work.checkpoint is not None:
         ctes.append(
             _new_checkpoint(
-                work, checkpoint_id=checkpoint_id, tenant_id=tenant_id, epoch=epoch, code_version=code_version
+                work,
+                checkpoint_id=checkpoint_id,
+                tenant_id=tenant_id,
+                epoch=epoch,
+                code_version=code_version,
+                prior=prior,
             )
         )
     if work.events:
@@ -294,19 +313,38 @@ def _new_approvals(work: UnitOfWork, *, tenant_id: UUID) -> Cte:
 
 
 def _new_checkpoint(
-    work: UnitOfWork, *, checkpoint_id: UUID | None, tenant_id: UUID, epoch: int, code_version: str
+    work: UnitOfWork,
+    *,
+    checkpoint_id: UUID | None,
+    tenant_id: UUID,
+    epoch: int,
+    code_version: str,
+    prior: Prior | None = None,
 ) -> Cte:
     """The row in its stored form (runs.domain.stored_form). When it names
     events of its own unit, `events_from` — the sequence before the unit's
-    first event — comes from the session counter this statement moved."""
+    first event — comes from the session counter this statement moved. When
+    it names events of the unit before (`prior`, in flight when this one was
+    built: a full row of commit 2), `prior_from` is that unit's own
+    `events_from`, read from the checkpoint row it wrote: PostgreSQL runs
+    this statement after that unit committed (the fence requires it)."""
     checkpoint = work.checkpoint
     assert checkpoint is not None
-    state, names_own = stored_form.encode(checkpoint, work.events)
+    if prior is not None:
+        state, names_own = stored_form.encode(checkpoint, work.events, prior.events)
+    else:
+        state, names_own = stored_form.encode(checkpoint, work.events)
     value = "%s::jsonb"
     params: list[Any] = [_j(state)]
     if names_own:
         value = "%s::jsonb || jsonb_build_object('events_from', (SELECT event_seq FROM session_counter) - %s)"
         params.append(len(work.events))
+    if prior is not None and stored_form.names_prior(state):
+        value += (
+            " || jsonb_build_object('prior_from', (SELECT (prior.state ->> 'events_from')::bigint"
+            " FROM checkpoints AS prior WHERE prior.run_id = fenced_run.id AND prior.version = %s))"
+        )
+        params.append(prior.checkpoint_version)
     sql = (
         'new_checkpoint AS (INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger",'
         f" state, code_version, lease_epoch, created_at)"

@@ -34,7 +34,7 @@ from runs.models import ToolInvocation
 from runs.runtime.wake import waker
 from runs.store.fence import Transition, fence_statement
 from runs.store.json_text import compact_or_null
-from runs.store.pg import can_batch, unit_statement, watermark_statement
+from runs.store.pg import Prior, can_batch, unit_statement, watermark_statement
 
 # A database cursor (Django's CursorWrapper; the project has no Django stubs).
 Cursor = Any
@@ -283,6 +283,7 @@ class DjangoRunStore:
         transition: Transition | None,
         starts: int | None,
         after: UUID | None = None,
+        prior: Prior | None = None,
     ) -> tuple[str, list[Any]]:
         return unit_statement(
             work,
@@ -297,6 +298,7 @@ class DjangoRunStore:
                 work, at, transition, run_id=self.run_id, owner=self.owner, epoch=self.epoch, after=after
             ),
             read_floor=starts is not None,
+            prior=prior,
         )
 
     def _commit_one_statement(
@@ -369,8 +371,12 @@ class DjangoRunStore:
         after = _pipelined_after(before, work)
         if before is not None and after is not None:
             # Sent behind the unit still in flight, before its answer: its
-            # fence requires a row that unit inserted (STEP_FENCE_AFTER).
-            sql, params = self._unit_sql(work, at or _latest(work), None, starts, after=after)
+            # fence requires a row that unit inserted (STEP_FENCE_AFTER), and
+            # its checkpoint names that unit's events by ordinal (`Prior`).
+            prior = None
+            if before.work.checkpoint is not None:
+                prior = Prior(events=before.work.events, checkpoint_version=before.work.checkpoint.version)
+            sql, params = self._unit_sql(work, at or _latest(work), None, starts, after=after, prior=prior)
             unit = _InFlight(self, before.pipe, work, starts, sql, params)
             try:
                 before.wait()
@@ -661,11 +667,12 @@ def _busy(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
 def _pipelined_after(before: _InFlight | None, work: UnitOfWork) -> UUID | None:
     """The tool call row `work`'s fence may require of the unit still in
     flight (`STEP_FENCE_AFTER`), if `work` may be sent behind it: that unit
-    inserted one, and `work`'s checkpoint is a delta (a full one names that
-    unit's events by the sequences its answer brings)."""
+    inserted one, and, when `work`'s checkpoint is full (it may name that
+    unit's events), that unit wrote a checkpoint too (whose `events_from`
+    locates them: `Prior`)."""
     if before is None or before.answered or not before.work.invocation_inserts:
         return None
-    if work.checkpoint is not None and work.checkpoint.full:
+    if work.checkpoint is not None and work.checkpoint.full and before.work.checkpoint is None:
         return None
     return before.work.invocation_inserts[0].id
 

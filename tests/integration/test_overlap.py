@@ -12,6 +12,7 @@ old, sequential path the commit waits on the lock until the connection's
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from unittest.mock import patch
@@ -20,6 +21,7 @@ import psycopg
 import pytest
 from django.db import connection
 
+from checkpoints.repository import checkpoint_latest
 from runs.models import Event, ModelCall, Run, ToolInvocation
 from runs.runtime import faults
 from runs.runtime.executor import run_drive
@@ -209,13 +211,16 @@ def order(monkeypatch):
     from runs.store import repository
 
     seen: list[tuple[str, int]] = []
-    numbers: dict[int, int] = {}
+    sent: list[object] = []  # kept alive: a unit is numbered by its place here
     send, wait = repository._InFlight.__init__, repository._InFlight.wait
+
+    def number(unit) -> int:
+        return next(n for n, known in enumerate(sent, start=1) if known is unit)
 
     def spy_send(self, *args, **kwargs):
         send(self, *args, **kwargs)
-        numbers[id(self)] = len(numbers) + 1
-        seen.append(("send", numbers[id(self)]))
+        sent.append(self)
+        seen.append(("send", len(sent)))
 
     def spy_wait(self):
         pending = not self.answered
@@ -223,7 +228,7 @@ def order(monkeypatch):
             return wait(self)
         finally:
             if pending:
-                seen.append(("answer", numbers[id(self)]))
+                seen.append(("answer", number(self)))
 
     monkeypatch.setattr(repository._InFlight, "__init__", spy_send)
     monkeypatch.setattr(repository._InFlight, "wait", spy_wait)
@@ -306,3 +311,54 @@ def test_commit_2_writes_nothing_when_commit_1_fails(doomed_insert, order, load_
     assert triggers == ["seed", "model_response", "tool_batch", "terminal"]  # step 1's three, then finalize's
     assert connection.execute_wrappers == []
     assert Run.objects.filter(id=run.id).count() == 1  # the connection answers again
+
+
+def test_a_full_checkpoint_commit_2_goes_behind_commit_1_too(order, load_agent, submit):
+    """Step 4's commit 2 carries a full checkpoint (version 9); it is sent
+    before step 4's commit 1 is answered, and names that commit's turn event
+    by ordinal, located by commit 1's own checkpoint (`prior_from`)."""
+    load_agent(
+        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": f"s{i}"}}]} for i in range(1, 5)]
+        + [{"text": "done"}]
+    )
+    run = submit()
+
+    outcome = run_drive(run_id=run.id)
+
+    assert outcome is not None and outcome.kind.value == "completed", outcome
+    assert order.index(("send", 8)) < order.index(("answer", 7))  # step 4: commit 2 out before commit 1's answer
+    with connection.cursor() as cursor:
+        cursor.execute('SELECT "full", "trigger", state FROM checkpoints WHERE run_id = %s AND version = 9', [run.id])
+        full, trigger, state = cursor.fetchone()
+    assert (full, trigger) == (True, "tool_batch")
+    state = state if isinstance(state, dict) else json.loads(state)
+    turn = Event.objects.get(run_id=run.id, type="model.response.completed", payload__step=4)
+    assert {"p": [1]} in state["conversation"] and state["prior_from"] + 1 == turn.sequence
+    final = checkpoint_latest(run.id)
+    assert final is not None and len(final.conversation) == 1 + 2 * 4 + 1
+
+
+def test_a_full_checkpoint_commit_2_writes_nothing_when_commit_1_fails(doomed_insert, order, load_agent, submit):
+    """As above with step 4's commit 1 failing inside PostgreSQL after its
+    full-checkpoint commit 2 went out behind it: commit 2 writes nothing (no
+    version 8 or 9, no result of step 4, no `started` row of step 5)."""
+    load_agent(
+        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": f"s{i}"}}]} for i in range(1, 4)]
+        + [{"tool_calls": [{"name": "doomed", "arguments": {}}]}, {"text": "done"}],
+        tools=("echo", "doomed"),
+    )
+    run = submit()
+
+    outcome = run_drive(run_id=run.id)
+
+    assert outcome is not None and outcome.kind.value == "failed", outcome
+    assert doomed_insert == [4]
+    assert order.index(("send", 8)) < order.index(("answer", 7)), order
+    assert not ToolInvocation.objects.filter(run_id=run.id, step_number=4).exists()
+    assert not ModelCall.objects.filter(run_id=run.id, step_number=5).exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT version, trigger FROM checkpoints WHERE run_id = %s ORDER BY version", [run.id])
+        versions = cursor.fetchall()
+    assert [v for v, _ in versions][:-1] == list(range(1, 8)) and versions[-1][1] == "terminal", versions
+    assert connection.execute_wrappers == []
+    assert Run.objects.filter(id=run.id).count() == 1

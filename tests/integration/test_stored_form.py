@@ -55,9 +55,9 @@ def written(monkeypatch):
     rows: dict[int, dict] = {}
     encode = stored_form.encode
 
-    def keep(row, unit_events):
+    def keep(row, unit_events, *prior):
         rows[row.version] = copy.deepcopy(row.state)
-        return encode(row, unit_events)
+        return encode(row, unit_events, *prior)
 
     monkeypatch.setattr(stored_form, "encode", keep)
     return rows
@@ -131,7 +131,12 @@ def test_an_echo_run_round_trips_and_its_full_rows_keep_only_the_input_inline(lo
     fulls = [state for v, full, state in rows if full and v > 1]
     assert len(fulls) >= 4
     assert all(inline_items(state) == [{"role": "user", "content": "go"}] for state in fulls)
-    sizes = [len(json.dumps(state)) for state in fulls]
+    # Each full row after a batch was sent behind its step's commit 1 and
+    # names that commit's turn event by ordinal ({"p": ...}, `prior_from`).
+    batch = [state for v, full, state in rows if full and v > 1 and state_trigger(run.id, v) == "tool_batch"]
+    assert len(batch) >= 4 and all(stored_form.names_prior(state) for state in batch)
+    assert all(isinstance(state["prior_from"], int) for state in batch)
+    sizes = [len(json.dumps(state)) for state in batch]
     assert max(sizes) - min(sizes) <= 8, sizes  # the same shape of step: the references do not grow
     final = checkpoint_latest(run.id)
     assert final is not None and len(final.conversation) == 1 + 2 * 30 + 1

@@ -90,6 +90,48 @@ def test_a_row_names_committed_events_by_sequence_its_own_by_ordinal_and_keeps_t
     assert "identical_calls" not in stored and stored["form"] == sf.FORM
 
 
+def test_a_row_names_the_events_of_the_unit_in_flight_before_its_own_by_ordinal():
+    """Commit 2's full row, built while commit 1 is in flight: the turn
+    commit 1 holds is `{"p": [k]}` (located by `prior_from`), the results
+    this unit holds `{"u": [k]}`; without the unit before, the turn would
+    stay inline."""
+    state = CheckpointState(conversation=[{"role": "user", "content": "hi"}])
+    done = EventWrite("x", {}, AT, sequence=5)
+    first = {"role": "tool", "content": "5"}
+    state.conversation.append(first)
+    state.backed_by(first, done)
+    prior = [EventWrite("model.response.completed", {}, AT), EventWrite("run.checkpointed", {}, AT)]
+    turn = {"role": "assistant", "content": None, "tool_calls": []}
+    state.conversation.append(turn)
+    state.backed_by(turn, prior[0])
+    unit = [EventWrite("tool.call.completed", {}, AT), EventWrite("tool.call.completed", {}, AT)]
+    results = [{"role": "tool", "content": "a"}, {"role": "tool", "content": "b"}]
+    for item, event in zip(results, unit, strict=True):
+        state.conversation.append(item)
+        state.backed_by(item, event)
+
+    row = state.next_checkpoint("suspension", AT)
+    stored, names_own = sf.encode(row, unit, prior)
+    assert names_own and sf.names_prior(stored)
+    assert stored["conversation"] == [{"role": "user", "content": "hi"}, "5", {"p": [1]}, {"u": [1, 2]}]
+    stored = {**stored, "events_from": 30, "prior_from": 20}
+    assert sf.referenced(stored) == [5, 21, 31, 32]
+    events = {
+        5: ("tool.call.completed", {"call_id": None, "tool": None, "result": "5"}),
+        21: ("model.response.completed", {"text": None, "tool_calls": []}),
+        31: ("tool.call.completed", {"call_id": None, "tool": None, "result": "a"}),
+        32: ("tool.call.completed", {"call_id": None, "tool": None, "result": "b"}),
+    }
+    materialised = sf.materialised(stored, events)
+    assert materialised is not None
+    assert [i["content"] for i in materialised[0]["conversation"]] == ["hi", "5", None, "a", "b"]
+    assert "prior_from" not in materialised[0]
+    assert sf.materialised({**stored, "prior_from": None}, events) is None  # unlocated: the chain is not used
+
+    inline, _ = sf.encode(row, unit)  # no unit before: the turn is kept as it is
+    assert inline["conversation"][2] == turn and not sf.names_prior(inline)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_a_run_of_references_built_one_at_a_time_decodes_to_what_was_added(seed):
     rnd = random.Random(1000 + seed)
