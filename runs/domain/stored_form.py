@@ -26,8 +26,9 @@ of parts, in conversation order:
   over), so the references of a run whose steps look alike stay a few bytes
   however long it gets;
 - `{"u": [k, ...]}`: the k-th events of the row's own unit of work, whose
-  sequences the database hands out in the statement that writes the row; the
-  row records the sequence before its first event as `events_from`;
+  sequences the database hands out in the statement that writes the row; a
+  row written with events records the sequence before the first as
+  `events_from` (whether it names them or not);
 - `{"p": [k, ...]}`: the k-th events of the unit just before the row's own,
   still in flight when the row was built (a step's commit 2, sent behind its
   commit 1); the statement copies that unit's `events_from` from its
@@ -221,8 +222,8 @@ def encode(
     row: CheckpointInsert, unit_events: list[EventWrite], prior_events: list[EventWrite] | None = None
 ) -> tuple[dict[str, Any], bool]:
     """The stored form of `row`, written in the unit whose events are
-    `unit_events`; and whether it names events of that unit (the writer then
-    adds `events_from`). `prior_events`: the events of the unit sent just
+    `unit_events`; and whether it names events of that unit (the writer adds
+    `events_from` for any unit with events). `prior_events`: the events of the unit sent just
     before this one and not answered yet; the row names them by ordinal too
     (`{"p": ...}`: the writer then adds `prior_from`, see `names_prior`).
     `row.prefix` is the stored form of the items a full row starts with

@@ -321,9 +321,11 @@ def _new_checkpoint(
     code_version: str,
     prior: Prior | None = None,
 ) -> Cte:
-    """The row in its stored form (runs.domain.stored_form). When it names
-    events of its own unit, `events_from` — the sequence before the unit's
-    first event — comes from the session counter this statement moved. When
+    """The row in its stored form (runs.domain.stored_form). When its unit
+    has events, `events_from` — the sequence before the unit's first event,
+    which its `{"u": ...}` references count from — comes from the session
+    counter this statement moved (written whether or not this row names them:
+    the unit after this one may, through `prior_from`). When
     it names events of the unit before (`prior`, in flight when this one was
     built: a full row of commit 2), `prior_from` is that unit's own
     `events_from`, read from the checkpoint row it wrote: PostgreSQL runs
@@ -331,12 +333,12 @@ def _new_checkpoint(
     checkpoint = work.checkpoint
     assert checkpoint is not None
     if prior is not None:
-        state, names_own = stored_form.encode(checkpoint, work.events, prior.events)
+        state, _ = stored_form.encode(checkpoint, work.events, prior.events)
     else:
-        state, names_own = stored_form.encode(checkpoint, work.events)
+        state, _ = stored_form.encode(checkpoint, work.events)
     value = "%s::jsonb"
     params: list[Any] = [_j(state)]
-    if names_own:
+    if work.events:
         value = "%s::jsonb || jsonb_build_object('events_from', (SELECT event_seq FROM session_counter) - %s)"
         params.append(len(work.events))
     if prior is not None and stored_form.names_prior(state):

@@ -618,8 +618,8 @@ class DjangoRunStore:
         sequences it may name: `events_from` is the one before the first)."""
         c = work.checkpoint
         assert c is not None
-        state, names_own = stored_form.encode(c, work.events)
-        if names_own:
+        state, _ = stored_form.encode(c, work.events)
+        if seqs:  # as the one-statement path: always, so the unit after may name these events (pg.Prior)
             state["events_from"] = seqs[0] - 1
         cursor.execute(
             'INSERT INTO checkpoints (id, tenant_id, run_id, version, "full", base_version, "trigger", state,'

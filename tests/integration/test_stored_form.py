@@ -136,6 +136,9 @@ def test_an_echo_run_round_trips_and_its_full_rows_keep_only_the_input_inline(lo
     batch = [state for v, full, state in rows if full and v > 1 and state_trigger(run.id, v) == "tool_batch"]
     assert len(batch) >= 4 and all(stored_form.names_prior(state) for state in batch)
     assert all(isinstance(state["prior_from"], int) for state in batch)
+    # Every row written with events records where they start, named or not:
+    # the unit after it may name them (`prior_from` is read from this).
+    assert all(isinstance(state.get("events_from"), int) for v, _, state in rows if v > 1)
     sizes = [len(json.dumps(state)) for state in batch]
     assert max(sizes) - min(sizes) <= 8, sizes  # the same shape of step: the references do not grow
     final = checkpoint_latest(run.id)
