@@ -145,6 +145,28 @@ def test_an_echo_run_round_trips_and_its_full_rows_keep_only_the_input_inline(lo
     assert final is not None and len(final.conversation) == 1 + 2 * 30 + 1
 
 
+def test_a_refused_call_in_a_pipelined_step_is_named_in_commit_1_by_commit_2s_row(load_agent, submit, written):
+    """An unknown tool is refused in commit 1 (its result is commit 1's
+    event); the echo beside it runs while commit 1 is in flight, and commit 2
+    goes out behind it: commit 2's row names the refused result by its
+    ordinal in commit 1 (`{"p": ...}`) and reads back as the same item."""
+    load_agent(
+        turns=[
+            {"tool_calls": [{"name": "nope", "arguments": {}}, {"name": "echo", "arguments": {"text": "x"}}]},
+            {"text": "done"},
+        ]
+    )
+    run = submit()
+    assert drive(run) == "completed"
+
+    rows = assert_round_trip(run.id, written)
+    batch = [state for v, _, state in rows if state_trigger(run.id, v) == "tool_batch"]
+    assert len(batch) == 1 and stored_form.names_prior(batch[0]), batch
+    final = checkpoint_latest(run.id)
+    tools = [m for m in final.conversation if m["role"] == "tool"]
+    assert [(t["name"], t["is_error"]) for t in tools] == [("nope", True), ("echo", False)]
+
+
 def test_a_mixed_batch_round_trips_refused_failed_and_reordered_results(load_agent, submit, written, odd_results):
     load_agent(
         turns=[
