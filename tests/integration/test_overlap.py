@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from checkpoints.repository import checkpoint_latest
+from checkpoints.repository import checkpoint_latest, materialise_rows
 from runs.models import Event, ModelCall, Run, ToolInvocation
 from runs.runtime import faults
 from runs.runtime.executor import run_drive
@@ -334,6 +334,9 @@ def test_a_full_checkpoint_commit_2_goes_behind_commit_1_too(order, load_agent, 
     state = state if isinstance(state, dict) else json.loads(state)
     turn = Event.objects.get(run_id=run.id, type="model.response.completed", payload__step=4)
     assert {"p": [1]} in state["conversation"] and state["prior_from"] + 1 == turn.sequence
+    rebuilt = materialise_rows(run.id, [(9, True, state)])  # the full row alone reads back step 4's conversation
+    assert rebuilt is not None and [m["role"] for m in rebuilt.conversation] == ["user"] + ["assistant", "tool"] * 4
+    assert rebuilt.conversation[-2]["tool_calls"][0]["arguments"] == '{"text": "s4"}'
     final = checkpoint_latest(run.id)
     assert final is not None and len(final.conversation) == 1 + 2 * 4 + 1
 
