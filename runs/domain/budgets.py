@@ -49,7 +49,7 @@ class Ledger:
             )
 
     def record_model_usage(self, usage: RunUsage, model_usage: ModelUsage) -> RunUsage:
-        new = usage.add_model(model_usage).model_copy(update={"model_calls": usage.model_calls + 1})
+        new = usage.add_model(model_usage, calls=1)
         if over := self._over(new):
             exc = BudgetExceeded(FailureReason.BUDGET_EXCEEDED, f"the {over} limit was exceeded", dimension=over)
             exc.usage = new

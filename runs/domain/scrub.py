@@ -31,9 +31,21 @@ SECRET_PATTERNS = [
     re.compile(r"eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),
 ]
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# What a text must contain for `scrub_text` to change it: NUL, a lone
+# surrogate, or the literal each secret pattern starts with. Most strings a
+# step scrubs (names, arguments, results) contain none, and one search of them
+# replaces eight passes. A pattern added above needs its literal here
+# (tests/unit/test_scrub_prefilter.py checks each pattern's canary).
+_MAY_CHANGE = re.compile(r"[\x00\ud800-\udfff]|sk-|AKIA|gh[pousr]_|xox[bpas]-|-----BEGIN |eyJ")
 
 
 def scrub_text(text: str) -> str:
+    if _MAY_CHANGE.search(text) is None:
+        return text
+    return _scrub_all(text)
+
+
+def _scrub_all(text: str) -> str:
     text = text.replace("\x00", "\ufffd")
     text = _LONE_SURROGATE.sub("\ufffd", text)
     for pattern in SECRET_PATTERNS:
@@ -46,11 +58,17 @@ def scrub_turn(turn: ModelTurn) -> ModelTurn:
 
     Raw arguments stay JSON text: a redaction replaces characters inside a
     JSON string with `[REDACTED]`, which is valid in the same place."""
-    calls = [
-        c.model_copy(update={"name": scrub_text(c.name), "raw_arguments": scrub_text(c.raw_arguments)})
-        for c in turn.tool_calls
-    ]
+    calls = []
+    changed = False
+    for c in turn.tool_calls:
+        name, raw = scrub_text(c.name), scrub_text(c.raw_arguments)
+        if name != c.name or raw != c.raw_arguments:
+            c = c.model_copy(update={"name": name, "raw_arguments": raw})
+            changed = True
+        calls.append(c)
     text = scrub_text(turn.text) if turn.text is not None else None
+    if not changed and text == turn.text:
+        return turn  # nothing to redact (frozen models: the same turn is the scrubbed one)
     return turn.model_copy(update={"text": text, "tool_calls": calls})
 
 

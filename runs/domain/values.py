@@ -154,9 +154,11 @@ class RunUsage(Frozen):
     tool_calls: int = 0
     steps: int = 0
 
-    def add_model(self, usage: ModelUsage) -> RunUsage:
+    def add_model(self, usage: ModelUsage, *, calls: int = 0) -> RunUsage:
+        """This usage plus a model call's tokens and cost (and `calls` more model calls)."""
         return self.model_copy(
             update={
+                "model_calls": self.model_calls + calls,
                 "input_tokens": self.input_tokens + usage.input_tokens,
                 "output_tokens": self.output_tokens + usage.output_tokens,
                 "cache_read_input_tokens": self.cache_read_input_tokens + usage.cache_read_input_tokens,

@@ -703,10 +703,19 @@ class _Pipe:
             self._release()
             raise
 
-    def send(self, cursor: Any, sql: str, params: list[Any]) -> int:
-        """Send one statement and a Sync without reading anything; return
-        the count of result-queue items read once its answer is in."""
-        raw = cursor.cursor
+    def cursor(self) -> Any:
+        """A psycopg cursor of the connection for one unit (its answer lands
+        in it): server-binding, as `statement_cursor`'s, without Django's
+        wrapper — the pipe does the error translation, and nothing else may
+        use the connection while a unit is in flight."""
+        if self.conn.prepare_threshold is None:
+            return self.conn.cursor()
+        return ServerBindingCursor(self.conn)
+
+    def send(self, raw: Any, sql: str, params: list[Any]) -> int:
+        """Send one statement and a Sync on `raw` (a cursor from `cursor()`)
+        without reading anything; return the count of result-queue items
+        read once its answer is in."""
         queue = self.pipeline.result_queue
         size = len(queue)  # nothing is read from the queue but by `read_through`
         with self.db.wrap_database_errors:
@@ -779,10 +788,10 @@ class _InFlight:
         self.error: BaseException | None = None
         self.answered = False
         self._on_answer: list[Callable[[], None]] = []
-        self._cursor: Cursor = None
+        self._cursor: Any = None
         pipe.open += 1
         try:
-            self._cursor = statement_cursor()
+            self._cursor = pipe.cursor()
             self._upto = pipe.send(self._cursor, sql, params)
         except BaseException:
             self.answered = True
@@ -810,7 +819,7 @@ class _InFlight:
             try:
                 with self.pipe.db.wrap_database_errors:
                     self.pipe.read_through(self._upto)
-                    fenced_rows, seqs, floor = self._cursor.cursor.fetchone()
+                    fenced_rows, seqs, floor = self._cursor.fetchone()
             finally:
                 self.answered = True
                 if self.store._in_flight is self:
