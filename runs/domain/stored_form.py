@@ -220,16 +220,15 @@ def decode_refs(text: str) -> list[int]:
 
 def encode(
     row: CheckpointInsert, unit_events: list[EventWrite], prior_events: list[EventWrite] | None = None
-) -> tuple[dict[str, Any], bool]:
+) -> dict[str, Any]:
     """The stored form of `row`, written in the unit whose events are
-    `unit_events`; and whether it names events of that unit (the writer adds
-    `events_from` for any unit with events). `prior_events`: the events of the unit sent just
-    before this one and not answered yet; the row names them by ordinal too
-    (`{"p": ...}`: the writer then adds `prior_from`, see `names_prior`).
-    `row.prefix` is the stored form of the items a full row starts with
-    (`CheckpointState` keeps it up to date); `row.sources` run beside the
-    items after them. Items whose event is neither committed nor in either
-    unit stay inline."""
+    `unit_events` (named `{"u": ...}`; the writer adds `events_from`).
+    `prior_events`: the events of the unit sent just before this one and not
+    answered yet (named `{"p": ...}`; the writer then adds `prior_from`, see
+    `names_prior`). `row.prefix` is the stored form of the items a full row
+    starts with (`CheckpointState` keeps it up to date); `row.sources` run
+    beside the items after them. Items whose event is neither committed nor
+    in either unit stay inline."""
     key = "conversation" if "conversation" in row.state else "items"
     head, covered = row.prefix if row.prefix is not None else ([], 0)
     items = (row.state.get(key) or [])[covered:]
@@ -240,12 +239,15 @@ def encode(
     run: list[int] = []  # committed sequences not yet written as a part
     unit: tuple[str, list[int]] | None = None  # ("u" or "p", ordinals) not yet written as a part
 
-    def close(keep_unit: str | None = None) -> None:
-        nonlocal run, unit
+    def end_run() -> None:
+        nonlocal run
         if run:
             parts.append(encode_refs(run))
             run = []
-        if unit is not None and unit[0] != keep_unit:
+
+    def end_unit(unless: str | None = None) -> None:
+        nonlocal unit
+        if unit is not None and unit[0] != unless:
             parts.append({unit[0]: unit[1]})
             unit = None
 
@@ -253,23 +255,24 @@ def encode(
         seq = source if isinstance(source, int) else getattr(source, "sequence", None)
         ordinal = ordinals.get(id(source)) if seq is None and source is not None else None
         if seq is not None:
-            if unit is not None:
-                parts.append({unit[0]: unit[1]})
-                unit = None
+            end_unit()
             run.append(seq)
         elif ordinal is not None:
-            close(keep_unit=ordinal[0])
+            end_run()
+            end_unit(unless=ordinal[0])
             if unit is None:
                 unit = (ordinal[0], [])
             unit[1].append(ordinal[1])
         else:
-            close()
+            end_run()
+            end_unit()
             parts.append(item)
-    close()
+    end_run()
+    end_unit()
     stored = {k: v for k, v in row.state.items() if k not in _NOT_STORED and k != key}
     stored["form"] = FORM
     stored[key] = parts
-    return stored, any(isinstance(p, dict) and "u" in p and "role" not in p for p in parts)
+    return stored
 
 
 def names_prior(stored: dict[str, Any]) -> bool:

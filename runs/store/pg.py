@@ -332,10 +332,7 @@ def _new_checkpoint(
     this statement after that unit committed (the fence requires it)."""
     checkpoint = work.checkpoint
     assert checkpoint is not None
-    if prior is not None:
-        state, _ = stored_form.encode(checkpoint, work.events, prior.events)
-    else:
-        state, _ = stored_form.encode(checkpoint, work.events)
+    state = stored_form.encode(checkpoint, work.events, prior.events if prior is not None else None)
     value = "%s::jsonb"
     params: list[Any] = [_j(state)]
     if work.events:

@@ -618,7 +618,7 @@ class DjangoRunStore:
         sequences it may name: `events_from` is the one before the first)."""
         c = work.checkpoint
         assert c is not None
-        state, _ = stored_form.encode(c, work.events)
+        state = stored_form.encode(c, work.events)
         if seqs:  # as the one-statement path: always, so the unit after may name these events (pg.Prior)
             state["events_from"] = seqs[0] - 1
         cursor.execute(

@@ -83,8 +83,7 @@ def test_a_row_names_committed_events_by_sequence_its_own_by_ordinal_and_keeps_t
     state.backed_by(lost, EventWrite("z", {}, AT))
 
     row = state.next_checkpoint("suspension", AT)
-    stored, names_own = sf.encode(row, unit)
-    assert names_own
+    stored = sf.encode(row, unit)
     assert stored["conversation"] == [{"role": "user", "content": "hi"}, "10 4 3 4", summary, {"u": [2]}, lost]
     assert sf.referenced({**stored, "events_from": 40}) == [10, 14, 17, 21, 42]
     assert "identical_calls" not in stored and stored["form"] == sf.FORM
@@ -111,8 +110,8 @@ def test_a_row_names_the_events_of_the_unit_in_flight_before_its_own_by_ordinal(
         state.backed_by(item, event)
 
     row = state.next_checkpoint("suspension", AT)
-    stored, names_own = sf.encode(row, unit, prior)
-    assert names_own and sf.names_prior(stored)
+    stored = sf.encode(row, unit, prior)
+    assert sf.names_prior(stored)
     assert stored["conversation"] == [{"role": "user", "content": "hi"}, "5", {"p": [1]}, {"u": [1, 2]}]
     stored = {**stored, "events_from": 30, "prior_from": 20}
     assert sf.referenced(stored) == [5, 21, 31, 32]
@@ -128,7 +127,7 @@ def test_a_row_names_the_events_of_the_unit_in_flight_before_its_own_by_ordinal(
     assert "prior_from" not in materialised[0]
     assert sf.materialised({**stored, "prior_from": None}, events) is None  # unlocated: the chain is not used
 
-    inline, _ = sf.encode(row, unit)  # no unit before: the turn is kept as it is
+    inline = sf.encode(row, unit)  # no unit before: the turn is kept as it is
     assert inline["conversation"][2] == turn and not sf.names_prior(inline)
 
 
@@ -167,5 +166,5 @@ def test_full_rows_carry_the_settled_head_on_without_looking_at_it_again():
     second = state.next_checkpoint("suspension", AT)
     assert second.prefix == ([{"role": "user", "content": "hi"}, "5 4*39"], 41) and second.sources == [fresh]
     assert looked == [item, item]  # the new item only: once for the head, once for the tail
-    stored, names_own = sf.encode(second, [fresh])
-    assert stored["conversation"][-1] == {"u": [1]} and names_own
+    stored = sf.encode(second, [fresh])
+    assert stored["conversation"][-1] == {"u": [1]}
