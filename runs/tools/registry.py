@@ -40,6 +40,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from runs.domain.errors import OutcomeUnknown, ToolFailure
 from runs.domain.values import ToolSpec
+from runs.tools.fastcheck import compile_accept
 
 # The suspensions a control tool may declare — ask the user, or start child
 # runs (seed 002, M6) — and the arguments the runtime reads from its call.
@@ -122,6 +123,9 @@ class ToolRegistry:
         # name -> (spec, fn, JSON Schema validator): the shape tests and callers rely on.
         self._tools: dict[str, tuple[ToolSpec, Callable, Draft202012Validator]] = {}
         self._typed: dict[str, _Typed] = {}
+        # name -> (the validator it was compiled beside, a compiled accept-check of
+        # a raw tool's schema: runs.tools.fastcheck); used only beside that validator.
+        self._accept: dict[str, tuple[Draft202012Validator, Callable[[Any], bool]]] = {}
         self._lock = threading.RLock()
 
     def register(
@@ -149,19 +153,26 @@ class ToolRegistry:
                 )
         found = _inspect(fn)  # `model` is explicit: a typed function given a raw schema receives a dict
         typed = _Typed(model, found.takes_context, found.is_async, found.origin, reconciler)
+        accept = compile_accept(spec.parameters) if model is None else None
         with self._lock:
             held = self._typed.get(spec.name)
             if not replace and spec.name in self._tools and held is not None and held.origin != typed.origin:
                 raise DuplicateTool(
                     f"two tools are named {spec.name!r}: {held.origin} and {typed.origin} (tool names are unique)"
                 )
-            self._tools[spec.name] = (spec, fn, Draft202012Validator(spec.parameters))
+            validator = Draft202012Validator(spec.parameters)
+            self._tools[spec.name] = (spec, fn, validator)
             self._typed[spec.name] = typed
+            if accept is None:
+                self._accept.pop(spec.name, None)
+            else:
+                self._accept[spec.name] = (validator, accept)
 
     def unregister(self, name: str) -> None:
         with self._lock:
             self._tools.pop(name, None)
             self._typed.pop(name, None)
+            self._accept.pop(name, None)
 
     def names(self) -> list[str]:
         return sorted(self._tools)
@@ -178,13 +189,13 @@ class ToolRegistry:
         typed = self._typed.get(name)
         return typed.reconciler if typed else None
 
-    def snapshot(self) -> tuple[dict, dict]:
+    def snapshot(self) -> tuple[dict, dict, dict]:
         with self._lock:
-            return dict(self._tools), dict(self._typed)
+            return dict(self._tools), dict(self._typed), dict(self._accept)
 
-    def restore(self, snapshot: tuple[dict, dict]) -> None:
+    def restore(self, snapshot: tuple[dict, dict, dict]) -> None:
         with self._lock:
-            self._tools, self._typed = dict(snapshot[0]), dict(snapshot[1])
+            self._tools, self._typed, self._accept = dict(snapshot[0]), dict(snapshot[1]), dict(snapshot[2])
 
     def validate(self, name: str, arguments: Any) -> list[str]:
         entry = self._tools.get(name)
@@ -197,6 +208,9 @@ class ToolRegistry:
             except ValidationError as exc:
                 return _field_errors(exc)
             return []
+        fast = self._accept.get(name)
+        if fast is not None and fast[0] is entry[2] and fast[1](arguments):
+            return []  # valid under 2020-12 too (runs.tools.fastcheck); jsonschema decides otherwise
         errors = []
         for err in sorted(entry[2].iter_errors(arguments), key=lambda e: list(e.absolute_path)):
             where = ".".join(str(p) for p in err.absolute_path) or "(arguments)"
