@@ -2,6 +2,8 @@
 # Peers and agentrt interleaved, for a machine whose speed drifts: ROUNDS x
 # (DBOS -> agentrt --single -> LangGraph -> agentrt --single), then one batch
 # run and the in-process split. Never run anything else meanwhile (2 cores).
+# Each slot reports the same statistic: over BENCH_REPEATS loops of 200 steps,
+# the median of each loop's median step (agentrt: --single --repeats).
 # Usage: bash bench/interleave.sh [outdir]     (env: ROUNDS=3, BENCH_PY, PEERS)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,9 +24,9 @@ with psycopg.connect(make_conninfo(os.environ['BENCH_DSN'], dbname='postgres'), 
 ours() { (cd "$ROOT" && .venv/bin/python bench/steps.py "$@"); }
 for r in $(seq "$ROUNDS"); do
   fresh; ckpt; (cd "$PEERS" && "$PY" dbos_steps.py > "$OUT/dbos_$r.json" 2> "$OUT/dbos_$r.log")
-  ckpt; ours --single > "$OUT/ours_a_$r.txt" 2>&1
+  ckpt; ours --single --repeats "$BENCH_REPEATS" > "$OUT/ours_a_$r.txt" 2>&1
   fresh; ckpt; (cd "$PEERS" && "$PY" langgraph_steps.py > "$OUT/lg_$r.json" 2> "$OUT/lg_$r.log")
-  ckpt; ours --single > "$OUT/ours_b_$r.txt" 2>&1
+  ckpt; ours --single --repeats "$BENCH_REPEATS" > "$OUT/ours_b_$r.txt" 2>&1
 done
 ckpt; ours --runs 20 --steps 50 > "$OUT/ours_batch.txt" 2>&1
 ckpt; (cd "$ROOT" && .venv/bin/python bench/profile_run.py --steps 200 --no-cprofile > "$OUT/ours_profile.txt" 2>&1)
@@ -34,7 +36,8 @@ out, rounds = sys.argv[1], int(sys.argv[2])
 def ours(path):
     for line in open(path):
         if line.startswith("{"):
-            return json.loads(line)["results"]["per_step_ms"]["median"]
+            res = json.loads(line)["results"]
+            return (res.get("per_run_step_ms") or res["per_step_ms"])["median"]
 dbos, lg, mine = [], [], []
 for r in range(1, rounds + 1):
     d = json.load(open(f"{out}/dbos_{r}.json"))["results"]["loop_wf"]["median_step_ms"]["median"]

@@ -3,6 +3,7 @@
 
     python bench/steps.py [--runs K] [--steps N] [--workers W] [--database-url URL]
     python bench/steps.py --single          # 1 run x 200 steps, 1 worker (the peers' scenario)
+    python bench/steps.py --single --repeats 5   # ... five times, one after another (as the peers' BENCH_REPEATS)
     python bench/steps.py ... --trace       # + an untimed pass with log_statement=all
     python bench/steps.py --long            # 1 run x 400 steps with 8 KiB results vs 10-step runs, per 50-step bucket
 
@@ -83,6 +84,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--single", action="store_true", help="1 run x 200 steps with 1 worker (overrides --runs/--steps/--workers)"
     )
     p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="submit the K runs R times, each time once the previous ones completed; per_run_step_ms is then the "
+        "median over all runs of each run's median step, the statistic the peers' scripts report over BENCH_REPEATS "
+        "(default 1)",
+    )
+    p.add_argument(
         "--idle-seconds", type=float, default=10.0, help="window for the idle cluster's commit rate (default 10)"
     )
     p.add_argument(
@@ -113,8 +122,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.single:
         a.runs, a.steps, a.workers = 1, 200, 1
-    if a.runs < 1 or a.steps < 2 or a.workers < 1:
-        p.error("need --runs >= 1, --steps >= 2, --workers >= 1")
+    if a.runs < 1 or a.steps < 2 or a.workers < 1 or a.repeats < 1:
+        p.error("need --runs >= 1, --steps >= 2, --workers >= 1, --repeats >= 1")
     return a
 
 
@@ -467,9 +476,13 @@ def event_figures(url: str, ids: list, steps: int) -> dict:
     for run_id, typ, at in rows:
         per_run.setdefault(run_id, []).append((typ, at.timestamp()))
     gaps, queue, startup, finish, e2e, created, completed = [], [], [], [], [], [], []
+    run_medians = []  # each run's median step
     for evs in per_run.values():
         starts = [t for typ, t in evs if typ == "model.request.started"]
-        gaps += [(b - a) * 1e3 for a, b in itertools.pairwise(starts)]
+        mine = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)]
+        gaps += mine
+        if mine:
+            run_medians.append(statistics.median(mine))
         first = {typ: t for typ, t in reversed(evs)}  # first occurrence of each type
         last = {typ: t for typ, t in evs}
         if {"run.created", "run.claimed", "run.completed"} <= first.keys() and starts:
@@ -495,6 +508,7 @@ def event_figures(url: str, ids: list, steps: int) -> dict:
 
     return {
         "step_gap_ms": s(gaps),
+        "run_step_median_ms": s(run_medians),  # over runs: each run's median step
         "run_queue_wait_ms": s(queue),  # run.created -> run.claimed (doorbell + waiting for a free worker)
         "run_startup_ms": s(
             startup
@@ -754,9 +768,13 @@ def main(argv=None) -> dict:
         m0 = i1
         poller = Poller(url)
         t0 = time.time()
-        ids = submit(tenant, agents["main"], args.runs, "bench")
-        t_submitted = time.time()
-        poller.wait(ids, args.timeout, cluster)
+        ids: list = []
+        for r in range(args.repeats):
+            batch = submit(tenant, agents["main"], args.runs, f"bench {r}")
+            if r == 0:
+                t_submitted = time.time()
+            poller.wait(batch, args.timeout, cluster)
+            ids += batch
         poller.close()
         close_django()
         t_term = time.time()
@@ -771,7 +789,7 @@ def main(argv=None) -> dict:
     ev = event_figures(url, ids, args.steps)
     if not ev["step_counts_ok"]:
         log("WARNING: some runs did not take exactly N steps")
-    steps_total = args.runs * args.steps
+    steps_total = args.runs * args.steps * args.repeats
     wall = ev["last_completed"] - t0
     window = t_term - m0["t"]  # the idle pollers ran this long inside the window (then SIGTERM)
     commits_raw = dm["xact_commit"] - counters.overhead - poller.queries
@@ -800,6 +818,7 @@ def main(argv=None) -> dict:
         "params": {
             "K": args.runs,
             "N": args.steps,
+            "repeats": args.repeats,
             "W": args.workers,
             "database": db_name(url),
             "poll_s": float(os.environ.get("AGENTRT_Q_POLL", "0.02")),
@@ -813,6 +832,7 @@ def main(argv=None) -> dict:
             "steps_per_sec": round(steps_total / wall, 1),
             "wall_ms_per_step": round(wall * 1e3 / steps_total, 3),
             "per_step_ms": ev["step_gap_ms"],
+            "per_run_step_ms": ev["run_step_median_ms"],
             "per_run_ms": {
                 "queue_wait": ev["run_queue_wait_ms"],
                 "startup": ev["run_startup_ms"],
@@ -882,7 +902,11 @@ def print_table(r: dict) -> None:
     c = res["commits_per_step"]
     cd = res["commits_detail"]
     rows = [
-        ("mode", f"{r['mode']}: K={p['K']} runs x N={p['N']} steps, W={p['W']} workers (db {p['database']})"),
+        (
+            "mode",
+            f"{r['mode']}: K={p['K']} runs x N={p['N']} steps, W={p['W']} workers, {p['repeats']} time(s) "
+            f"(db {p['database']})",
+        ),
         ("total steps", f"{res['total_steps']}"),
         ("wall time", f"{res['wall_s']:.2f} s  (first run_submit -> last run.completed)"),
         ("steps/s", f"{res['steps_per_sec']:.1f}   ({res['wall_ms_per_step']:.2f} ms/step wall)"),
@@ -890,6 +914,13 @@ def print_table(r: dict) -> None:
             "per-step ms",
             f"median {g.get('median', float('nan')):.2f}   p90 {g.get('p90', float('nan')):.2f}   "
             f"(gaps between model.request.started, n={g.get('n', 0)})",
+        ),
+        (
+            "per-run step ms",
+            "median {:.2f}   min {:.2f}   max {:.2f}   (each run's median step, n={})".format(
+                *((res["per_run_step_ms"] or {}).get(k, float("nan")) for k in ("median", "min", "max")),
+                (res["per_run_step_ms"] or {}).get("n", 0),
+            ),
         ),
         (
             "per-run ms",
