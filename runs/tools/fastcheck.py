@@ -10,11 +10,11 @@ for the built-in tools), but it implements draft-07 and older.
 So the compiled function is used only to *accept*: when it passes, the
 arguments are valid under 2020-12 too, because the schema is made only of
 keywords whose meaning is the same in draft-07 and 2020-12 (`_SAME`, checked
-recursively; `format` is left out, since fastjsonschema asserts formats and
-jsonschema does not by default, and so is a `pattern` with a `$`, which
-fastjsonschema rewrites to an end-of-text anchor: stricter in general, but not inside a
-negative lookahead such as `^a(?!$)`). When it rejects, or the schema uses any
-other keyword, `jsonschema` runs as before. A schema is trusted code (tools
+recursively). `format` is left out, since fastjsonschema asserts formats and
+jsonschema does not by default; so is a `pattern` with a `$`, which
+fastjsonschema rewrites to an end-of-text anchor: stricter in general, but
+not inside a negative lookahead such as `^a(?!$)`. When it rejects, or the
+schema uses any other keyword, `jsonschema` runs as before. A schema is trusted code (tools
 are registered in code, never by a tenant): compiling it generates Python.
 tests/unit/test_tool_fastcheck.py checks the two verdicts agree on generated
 schemas and arguments.
