@@ -793,9 +793,9 @@ def main(argv=None) -> dict:
     wall = ev["last_completed"] - t0
     window = t_term - m0["t"]  # the idle pollers ran this long inside the window (then SIGTERM)
     commits_raw = dm["xact_commit"] - counters.overhead - poller.queries
-    commits_adj = commits_raw - idle_rate * window - submit_commits * args.runs
+    commits_adj = commits_raw - idle_rate * window - submit_commits * len(ids)
     xids_raw = dm["next_xid"]
-    xids_adj = xids_raw - submit_xids * args.runs - idle_xid_rate * window
+    xids_adj = xids_raw - submit_xids * len(ids) - idle_xid_rate * window
 
     stmts = None
     if counters.pgss and "pgss_calls" in dm:
