@@ -241,13 +241,32 @@ CONTENT_SECURITY_POLICY = {
 }
 
 # --- Channels -------------------------------------------------------------
-if os.environ.get("REDIS_URL"):
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [os.environ["REDIS_URL"]]},
-        }
+# The Redis layer's receive is a blocking BZPOPMIN of up to 5 s
+# (channels_redis's brpop_timeout). redis-py 8 reads with a 5 s socket timeout
+# unless told otherwise, so an idle socket's consumer died with "Timeout
+# reading" about every 5 s. The read timeout is set above the pop's: a Redis
+# that stops answering is still noticed, after this many seconds.
+AGENTRT_REDIS_SOCKET_TIMEOUT = env_float("AGENTRT_REDIS_SOCKET_TIMEOUT", 15)
+
+
+def redis_channel_layer(url: str, socket_timeout: float = AGENTRT_REDIS_SOCKET_TIMEOUT) -> dict:
+    """The channel layer on Redis at `url`, its reads bounded above the layer's blocking receive."""
+    from channels_redis.core import RedisChannelLayer
+    from django.core.exceptions import ImproperlyConfigured
+
+    if not socket_timeout > RedisChannelLayer.brpop_timeout:
+        raise ImproperlyConfigured(
+            f"AGENTRT_REDIS_SOCKET_TIMEOUT must be longer than the channel layer's blocking receive"
+            f" ({RedisChannelLayer.brpop_timeout} s), else every idle live socket is dropped"
+        )
+    return {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [{"address": url, "socket_timeout": socket_timeout, "socket_connect_timeout": 5}]},
     }
+
+
+if os.environ.get("REDIS_URL"):
+    CHANNEL_LAYERS = {"default": redis_channel_layer(os.environ["REDIS_URL"])}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 # Shared cache (DRF throttles count across processes only with Redis).

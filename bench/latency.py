@@ -508,6 +508,7 @@ def _commit_marker(run, i: int) -> tuple[int, float]:
 def part_ws(args, url: str, tenant, token: str, logs: Path) -> dict:
     from django.test import override_settings
 
+    from agentrt_site.settings import redis_channel_layer
     from runs.models import Run
     from runs.services import run_submit
 
@@ -517,7 +518,7 @@ def part_ws(args, url: str, tenant, token: str, logs: Path) -> dict:
         dep = Deployment(url, logs, redis=redis, workers=args.workers)
         db = DB(url)
         layers = (
-            {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS]}}}
+            {"default": redis_channel_layer(REDIS)}
             if redis
             else {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
         )

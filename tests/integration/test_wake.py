@@ -10,6 +10,7 @@ import threading
 import pytest
 from django.test import override_settings
 
+from agentrt_site.settings import redis_channel_layer
 from runs.models import Run
 from runs.runtime.executor import run_drive
 from runs.runtime.wake import run_group, tenant_group, waker
@@ -17,9 +18,7 @@ from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REDIS = {
-    "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:6379/0"]}}
-}
+REDIS = {"default": redis_channel_layer("redis://127.0.0.1:6379/0")}
 GATE = threading.Event()
 SENT: list[str] = []
 

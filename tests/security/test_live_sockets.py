@@ -1,7 +1,8 @@
 """Issue 10 item 8 against real servers: two daphne processes sharing Redis
 (REDIS_URL) hold at most AGENTRT_WS_MAX_PER_USER sockets of one user between
 them; a logout closes a live socket; a deep JSON frame is answered and closed
-with no traceback in the server's log."""
+with no traceback in the server's log; a socket left quiet longer than the
+Redis layer's blocking receive stays open and still gets the next event."""
 
 from __future__ import annotations
 
@@ -125,3 +126,36 @@ def test_deep_json_gets_an_error_frame_and_no_traceback(servers, session):
             ws.recv(timeout=1)
     log = server.output()
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
+def test_a_quiet_socket_outlives_the_redis_layers_blocking_receive(servers, session, load_agent, submit):
+    """The consumer waits on the channel layer's receive, a BZPOPMIN of up to
+    5 s; redis-py 8 reads with a 5 s socket timeout unless told otherwise, and
+    the consumer died with "Timeout reading from 127.0.0.1:6379" after 5–7 s of
+    quiet, closing the socket (reproduced against the plain-URL layer)."""
+    from channels_redis.core import RedisChannelLayer
+    from django.db import transaction
+
+    from runs.clock import CLOCK
+    from runs.domain.writes import EventWrite
+    from runs.store.repository import record_events
+
+    (server,) = servers(1)
+    _, cookie = session
+    load_agent(turns=[{"text": "done"}])
+    run = submit()  # queued: nothing drives it, so the socket sees only what this test commits
+    with server.socket(cookie, f"/ws/runs/{run.id}/") as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "run.created"  # the replay
+        with pytest.raises(TimeoutError):  # quiet for a whole blocking receive and more, and still open
+            ws.recv(timeout=RedisChannelLayer.brpop_timeout + 3)
+        with transaction.atomic(durable=True):
+            (seq,) = record_events(
+                tenant_id=run.tenant_id,
+                session_id=run.session_id,
+                run_id=run.id,
+                epoch=run.lease_epoch,
+                events=[EventWrite("test.marker", {}, CLOCK.now())],
+            )
+        frame = json.loads(ws.recv(timeout=10))
+    assert (frame["type"], frame["sequence"]) == ("test.marker", seq)
+    assert "Timeout reading" not in server.output(), server.output()[-3000:]

@@ -22,3 +22,28 @@ def test_every_database_timeout_is_shorter_than_the_heartbeat_interval(monkeypat
     assert all(0 < ms < heartbeat_ms for ms in timeouts.values()), timeouts
     assert max(2, options["connect_timeout"]) * 1000 < heartbeat_ms  # libpq treats anything under 2 s as 2 s
     assert options["keepalives"] == 1 and options["keepalives_idle"] * 1000 < lease * 1000
+
+
+def test_the_redis_channel_layer_reads_longer_than_its_blocking_receive(monkeypatch):
+    """redis-py 8 reads with a 5 s socket timeout by default; the layer's
+    receive blocks up to `brpop_timeout` (5 s) on BZPOPMIN, so with the default
+    every quiet live socket was dropped (tests/security/test_live_sockets.py
+    shows it against real daphne and Redis)."""
+    from channels_redis.core import RedisChannelLayer
+    from channels_redis.utils import create_pool
+
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6379/3")
+    conf = runpy.run_path(str(SETTINGS))
+    (host,) = conf["CHANNEL_LAYERS"]["default"]["CONFIG"]["hosts"]
+    pool = create_pool(host)  # what channels_redis builds from the host
+    assert pool.connection_kwargs["socket_timeout"] > RedisChannelLayer.brpop_timeout
+    assert pool.connection_kwargs["db"] == 3  # the URL is still the address
+
+
+def test_a_redis_read_timeout_inside_the_blocking_receive_is_refused(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6379/0")
+    monkeypatch.setenv("AGENTRT_REDIS_SOCKET_TIMEOUT", "5")
+    with pytest.raises(ImproperlyConfigured, match="AGENTRT_REDIS_SOCKET_TIMEOUT"):
+        runpy.run_path(str(SETTINGS))
