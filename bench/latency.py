@@ -277,10 +277,13 @@ class Deployment:
 
 def agents() -> dict:
     limits = {"max_steps": 50, "max_model_calls": 60, "max_tool_calls": 60, "deadline_seconds": 3600}
-    echo = {"name": "echo", "arguments": {"text": "hi"}}
     return {
         # part 2a: a model that takes 150 ms a step, so commits are spread out
-        "ticker": [{"tool_calls": [echo], "delay_ms": 150} for _ in range(12)] + [{"text": "done"}],
+        # (each step's arguments differ: identical calls would trip the tool-loop breaker at the third)
+        "ticker": [
+            {"tool_calls": [{"name": "echo", "arguments": {"text": f"tick {i}"}}], "delay_ms": 150} for i in range(12)
+        ]
+        + [{"text": "done"}],
         # part 3: the first attempt of the first call hangs (the worker is killed in it); the retry answers
         "hang": [{"attempts": [{"text": "never", "delay_ms": 600_000}, {"text": "done"}]}],
     }, limits
