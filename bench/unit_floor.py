@@ -72,7 +72,7 @@ def inserted_rows(params: list) -> list[tuple[str, list]]:
     """DELETEs of the rows a captured unit inserts (it is replayed after them)."""
     out = []
     for p in params:
-        if isinstance(p, uuid.UUID) and p.version == 5:  # the checkpoint id (uuid5 of run and version)
+        if isinstance(p, uuid.UUID) and p.version == 8:  # the checkpoint id (runs.store.repository._checkpoint_id)
             out.append(("DELETE FROM checkpoints WHERE id = %s", [p]))
         if isinstance(p, str) and p.startswith("[{") and '"call_index"' in p:
             out += [("DELETE FROM tool_invocations WHERE id = %s", [r["id"]]) for r in json.loads(p)]

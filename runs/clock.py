@@ -10,6 +10,8 @@ import time
 import uuid
 from datetime import UTC, datetime
 
+import uuid6
+
 
 class SystemClock:
     def now(self) -> datetime:
@@ -24,7 +26,15 @@ class SystemClock:
 
 class SystemIdFactory:
     def new_id(self) -> uuid.UUID:
-        return uuid.uuid4()
+        """A UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, then 74 random
+        bits (monotonic within the process). Rows inserted in time order land
+        at the right edge of their primary-key index: with random (v4) ids,
+        each step's model call and tool call rows went to a random leaf of a
+        large table's index, read from disk and written to the WAL whole once
+        per checkpoint cycle (bench/RESULTS.md, session 12). Still not
+        guessable (74 random bits); it shows when the row was made, which
+        every such row's `created_at` shows too."""
+        return uuid.UUID(int=uuid6.uuid7().int)
 
 
 CLOCK = SystemClock()
