@@ -159,7 +159,10 @@ AMBIENT_TIME = frozenset(
         "django.utils.timezone.now",
     }
 )
-AMBIENT_IDENTITY = frozenset({"uuid.uuid4", "uuid.uuid1"})
+# Random or time-based id generators: the stdlib's (3.14 adds uuid6/7/8) and the uuid6 package's (runs.clock's uuid7).
+AMBIENT_IDENTITY = frozenset(
+    {"uuid.uuid4", "uuid.uuid1", "uuid.uuid6", "uuid.uuid7", "uuid.uuid8", "uuid6.uuid6", "uuid6.uuid7", "uuid6.uuid8"}
+)
 CLOCK_ADAPTER = frozenset({"runs/clock.py"})
 
 
@@ -214,8 +217,8 @@ def ambient_time_violations(
 def ambient_identity_violations(
     paths: Iterable[Path], root: Path = ROOT, exempt: frozenset[str] = CLOCK_ADAPTER
 ) -> list[Violation]:
-    """No `uuid.uuid4` / `uuid.uuid1` (called or referenced) outside the
-    IdFactory adapter, however imported."""
+    """No `uuid.uuid4` / `uuid.uuid1` / `uuid6.uuid7` (or kin: AMBIENT_IDENTITY),
+    called or referenced, outside the IdFactory adapter, however imported."""
     return _banned_references(paths, AMBIENT_IDENTITY, "ambient-identity", exempt, root)
 
 

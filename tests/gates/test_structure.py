@@ -138,7 +138,7 @@ def test_the_clock_adapter_is_the_one_exemption_and_it_is_seen():
     id_reads = ambient_identity_violations(clock, exempt=frozenset())
 
     assert {v.message.split()[1].rstrip(";") for v in time_reads} == {"datetime.datetime.now", "time.monotonic"}
-    assert [v.message.split()[1].rstrip(";") for v in id_reads] == ["uuid.uuid4"]
+    assert [v.message.split()[1].rstrip(";") for v in id_reads] == ["uuid6.uuid7"]
 
 
 def test_the_domain_core_imports_only_stdlib_pydantic_and_itself():
