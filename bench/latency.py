@@ -409,6 +409,10 @@ def part_first_call(args, url: str, tenant, token: str, logs: Path, model: Model
             via = "rest" if i % 2 == 0 else "python"
             text = f"sample {tag} {i}"
             time.sleep(random.uniform(0.2, 0.8))  # a random phase of the pusher's fallback wait
+            if via == "python":  # a caller in a Django process holds its connection (CONN_MAX_AGE): not timed
+                from django.db import connection
+
+                connection.ensure_connection()
             t0 = time.time()
             if via == "rest":
                 rid, t_answer = rest_submit(dep.port, token, "first", text)

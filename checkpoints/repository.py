@@ -103,11 +103,21 @@ def seed_state(run) -> CheckpointState:
     return catch_up(run, base, always=True)
 
 
-def checkpoint_current(run) -> CheckpointState:
+def checkpoint_current(run, *, first_lease: bool = False) -> CheckpointState:
     """The state to continue from: the newest checkpoint, caught up with the
     log when it is older than the run's committed events, else seeded; its
-    identical-call counts are the calls of the run that ran."""
+    identical-call counts are the calls of the run that ran.
+
+    `first_lease`: the run's first claim (epoch 1), so no worker has written
+    anything of it yet: its newest checkpoint is the submit's seed and
+    nothing in the log is newer than it but `run.created` and `run.claimed`;
+    the catch-up and the count of calls that ran, which would read the log
+    and the run's tool calls to find nothing, are skipped (two reads fewer
+    between a submit and its first model call)."""
     state = checkpoint_latest(run.id)
+    if first_lease and state is not None and state.version == 1:
+        state.identical_calls = CallCounts(Counter())
+        return state
     state = seed_state(run) if state is None else catch_up(run, state)
     state.identical_calls = CallCounts(calls_that_ran(run.id))
     return state

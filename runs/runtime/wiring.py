@@ -89,9 +89,12 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
     version = pinned_version(run)
     definition = version.definition
     limits = RunLimits(**run.limits)
-    state = checkpoint_current(run)
+    first_lease = claim.epoch == 1  # every claim and takeover moves the epoch: no worker has run it before
+    state = checkpoint_current(run, first_lease=first_lease)
     last_attempt = (
-        ModelCall.objects.filter(run_id=run.id, step_number=state.step + 1)
+        None
+        if first_lease
+        else ModelCall.objects.filter(run_id=run.id, step_number=state.step + 1)
         .order_by("-attempt_number")
         .values_list("attempt_number", flat=True)
         .first()

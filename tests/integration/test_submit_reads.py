@@ -49,3 +49,50 @@ def test_an_unknown_agent_is_refused_naming_the_field(load_agent, submit):
     with pytest.raises(AgentNotFound) as caught:
         submit(agent="ghost")
     assert caught.value.fields == {"agent": ["unknown agent"]}
+
+
+def _reads_until_the_first_model_call(run_id) -> list[str]:
+    """The SELECTs a worker makes from its claim up to the run's first model call."""
+    from runs.providers import scripted
+
+    seen: list[str] = []
+    original = scripted.ScriptedProvider.complete
+
+    def complete(self, *args, **kwargs):
+        if not seen:
+            seen.extend(reads(q.captured_queries))
+        return original(self, *args, **kwargs)
+
+    scripted.ScriptedProvider.complete = complete
+    try:
+        with CaptureQueriesContext(connection) as q:
+            assert run_drive(run_id=run_id).kind.value == "completed"
+    finally:
+        scripted.ScriptedProvider.complete = original
+    return seen
+
+
+def test_a_runs_first_lease_reads_neither_its_log_nor_its_calls_before_the_model(load_agent, submit):
+    """On the first claim (epoch 1) nothing but the submit has written the run:
+    the worker reads its seed checkpoint and goes on, with no catch-up over the
+    log, no count of calls that ran and no earlier attempt to look for."""
+    load_agent(turns=[{"text": "hi"}])
+    run = submit(text="hello")
+    selects = _reads_until_the_first_model_call(run.id)
+    assert any('FROM "checkpoints"' in s for s in selects), selects
+    for table in ('"events"', '"tool_invocations"', '"model_calls"'):
+        assert not any(f"FROM {table}" in s for s in selects), (table, selects)
+
+
+def test_a_run_taken_over_still_catches_up_with_its_log_and_counts_its_calls(load_agent, submit):
+    """Epoch 2 or later: a worker may have written the run, so the state is
+    caught up with the log and the calls that ran are counted, as before."""
+    from runs.models import Run
+
+    echo = {"tool_calls": [{"name": "echo", "arguments": {"text": "a"}}]}
+    load_agent(turns=[echo, {"text": "done"}])
+    run = submit(text="hello")
+    Run.objects.filter(id=run.id).update(lease_epoch=1)  # as if an earlier lease had been taken over
+    selects = _reads_until_the_first_model_call(run.id)
+    assert any('FROM "tool_invocations"' in s for s in selects), selects
+    assert any('FROM "model_calls"' in s for s in selects), selects
