@@ -657,6 +657,7 @@ def _rss_in_process(args, tenant) -> dict:
         if outcome is None or outcome.kind.value != "completed":
             raise SystemExit(f"run {run.id} ended {outcome}")
         if n % args.every == 0 or n == 1:
+            gc.collect()  # count what is alive, not the cyclic garbage the oldest generation has not collected yet
             samples.append(
                 {
                     "runs": n,
