@@ -5,6 +5,8 @@ a session is still seeded with what the session said before."""
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -53,22 +55,18 @@ def test_an_unknown_agent_is_refused_naming_the_field(load_agent, submit):
 
 def _reads_until_the_first_model_call(run_id) -> list[str]:
     """The SELECTs a worker makes from its claim up to the run's first model call."""
-    from runs.providers import scripted
+    from runs.providers.scripted import ScriptedProvider
 
     seen: list[str] = []
-    original = scripted.ScriptedProvider.complete
+    original = ScriptedProvider.complete
 
     def complete(self, *args, **kwargs):
         if not seen:
             seen.extend(reads(q.captured_queries))
         return original(self, *args, **kwargs)
 
-    scripted.ScriptedProvider.complete = complete
-    try:
-        with CaptureQueriesContext(connection) as q:
-            assert run_drive(run_id=run_id).kind.value == "completed"
-    finally:
-        scripted.ScriptedProvider.complete = original
+    with patch.object(ScriptedProvider, "complete", complete), CaptureQueriesContext(connection) as q:
+        assert run_drive(run_id=run_id).kind.value == "completed"
     return seen
 
 
