@@ -8,6 +8,9 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from agentrt_site import serving
+
+serving.ASGI = True  # before the settings load: this process's PostgreSQL connections come from a pool
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
 django_asgi_app = get_asgi_application()
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from agentrt_site import serving
 from runs.domain.limits import default_limits  # Django-free: the one limits table
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -156,6 +157,9 @@ TEMPLATES = [
 # Persistent connections: django-q2's ORM broker opens a connection per query
 # with Django's default of 0 and drops from ~280 to ~24 tasks/s (DESIGN §5).
 CONN_MAX_AGE = env_int("AGENTRT_CONN_MAX_AGE", 600)
+# The web server's pool (PostgreSQL under ASGI only; 0: no pool, a connection per request).
+AGENTRT_DB_POOL_SIZE = env_int("AGENTRT_DB_POOL_SIZE", 8)
+AGENTRT_DB_POOL_TIMEOUT = env_float("AGENTRT_DB_POOL_TIMEOUT", 10)  # seconds a request waits for a free connection
 AGENTRT_LEASE_SECONDS = env_float("AGENTRT_LEASE_SECONDS", 30)
 
 if os.environ.get("DATABASE_URL"):
@@ -189,6 +193,19 @@ if os.environ.get("DATABASE_URL"):
         )
         # Off by default: with it django-q2's broker pings before every poll (~2x idle commits).
         _db["CONN_HEALTH_CHECKS"] = os.environ.get("AGENTRT_CONN_HEALTH_CHECKS", "0") == "1"
+        if serving.ASGI and AGENTRT_DB_POOL_SIZE > 0:
+            # The web server (agentrt_site/serving.py): persistent connections are never reused
+            # under ASGI, so every request paid for a new server connection. A pool keeps them;
+            # Django requires CONN_MAX_AGE 0 with it (a request's connection goes back to the
+            # pool when the request finishes). The pool checks a connection before lending it
+            # (CONN_HEALTH_CHECKS: one empty round trip), so a server restart costs no request an error.
+            _db["CONN_MAX_AGE"] = 0
+            _db["CONN_HEALTH_CHECKS"] = True
+            _db["OPTIONS"]["pool"] = {
+                "min_size": 1,
+                "max_size": AGENTRT_DB_POOL_SIZE,
+                "timeout": AGENTRT_DB_POOL_TIMEOUT,
+            }
     DATABASES = {"default": _db}
 else:
     DATABASES = {
@@ -273,7 +290,7 @@ else:
 if os.environ.get("REDIS_URL"):
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "agentrt_site.redis_cache.SharedRedisCache",
             "LOCATION": os.environ["REDIS_URL"],
             # Deployments (or test databases) sharing one Redis keep their counters apart.
             "KEY_PREFIX": os.environ.get("AGENTRT_CACHE_PREFIX", f"agentrt:{DATABASES['default']['NAME']}"),
