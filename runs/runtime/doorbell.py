@@ -16,6 +16,7 @@ every `AGENTRT_Q_POLL` seconds.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -23,6 +24,7 @@ from django.conf import settings
 from django.db import connections
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
+from django_q.models import OrmQ
 
 from runs.clock import CLOCK
 from runs.runtime.backoff import Backoff
@@ -84,13 +86,22 @@ class DoorbellORM(ORM):
         return None
 
     def _take(self):
-        """The stock dequeue without its sleep: claim up to BULK due tasks."""
-        due = self.get_connection().filter(key=self.list_key, lock__lt=CLOCK.now())[0 : Conf.BULK]
-        taken = []
-        for task in due:
-            if self.get_connection().filter(id=task.id, lock=task.lock).update(lock=self.timeout(task)):
-                taken.append((task.pk, task.payload))
-        return taken
+        """Claim up to BULK due tasks in one statement: what the stock dequeue
+        does in a read and an update per task (a round trip and a commit
+        each, between a run's submit and its claim). A task is due when its
+        lock has lapsed; taking it moves the lock `retry` seconds ahead.
+        SKIP LOCKED and the re-check of `lock < now` on the row it locks
+        give each task to one pusher, however many clusters read the queue."""
+        self.get_connection()  # the stock broker's close_old_connections before it reads
+        now = CLOCK.now()
+        with connections[Conf.ORM].cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {OrmQ._meta.db_table} SET lock = %s WHERE id IN ("
+                f"SELECT id FROM {OrmQ._meta.db_table} WHERE key = %s AND lock < %s"
+                " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING id, payload",
+                [now + timedelta(seconds=Conf.RETRY), self.list_key, now, Conf.BULK],
+            )
+            return sorted(cursor.fetchall())
 
     @staticmethod
     def _drop_connection() -> None:

@@ -28,14 +28,14 @@ from runs.domain.pipeline import MAX_DELEGATION_DEPTH
 from runs.domain.scrub import scrub_stream
 from runs.domain.values import CancelReason, RunLimits, RunUsage
 from runs.domain.writes import UnitOfWork
-from runs.models import Agent, AgentVersion, ModelCall, Run, Tenant
+from runs.models import Agent, ModelCall, Run, Tenant
 from runs.providers import provider_for, provider_streams
 from runs.runtime import drain, qheal
 from runs.runtime.drain import draining
 from runs.runtime.faults import hook_for
 from runs.runtime.principals import Revalidation, principal_for
 from runs.runtime.queue import Claim
-from runs.store.repository import DjangoRunStore
+from runs.store.repository import DjangoRunStore, claimed_run
 from runs.tools import REGISTRY
 
 log = logging.getLogger("agentrt.executor")
@@ -85,9 +85,10 @@ def delegation_depth(parent_id) -> int:
 
 
 def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) -> RunContext:
-    run = Run.objects.select_related("agent").get(id=claim.run_id)
-    version = pinned_version(run)
-    definition = version.definition
+    run = claimed_run(claim.run_id)
+    definition = run.pinned_definition  # the version the run is pinned to, never the latest
+    if definition is None:  # its row is gone: the run fails `agent_version_missing` (seed 002: loudly, no fallback)
+        raise AgentVersionMissing(run.agent_name, run.agent_version)
     limits = RunLimits(**run.limits)
     first_lease = claim.epoch == 1  # every claim and takeover moves the epoch: no worker has run it before
     state = checkpoint_current(run, first_lease=first_lease)
@@ -103,7 +104,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         id=run.id,
         tenant_id=run.tenant_id,
         session_id=run.session_id,
-        agent_name=run.agent.name,
+        agent_name=run.agent_name,
         agent_version=run.agent_version,
         input=run.input,
         deadline_at=run.deadline_at,
@@ -111,14 +112,14 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         lease_epoch=claim.epoch,
         parent_id=run.parent_id,
         depth=delegation_depth(run.parent_id),
-        principal=principal_for(run),  # once per execution (seed 002)
+        principal=principal_for(run, username=run.principal_username),  # once per execution (seed 002)
     )
     delegates = tuple(definition.get("delegates") or ())
     policy = PolicyEngine(definition.get("policy"), read_only_of=_read_only_of)
     ctx = RunContext(
         run=snapshot,
         agent=AgentSpec(
-            name=run.agent.name,
+            name=run.agent_name,
             version=run.agent_version,
             instructions=definition.get("instructions", ""),
             model=definition["model"],
@@ -162,15 +163,6 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
     if provider_streams(definition["model"]):
         ctx = replace(ctx, provider=provider_for(definition["model"], on_delta=DeltaBatcher(ctx)))
     return ctx
-
-
-def pinned_version(run: Run) -> AgentVersion:
-    """The agent version the run is pinned to, never the latest: a missing one
-    fails the run `agent_version_missing` (seed 002: fail loudly, no fallback)."""
-    version = AgentVersion.objects.filter(agent_id=run.agent_id, version=run.agent_version).first()
-    if version is None:
-        raise AgentVersionMissing(run.agent.name, run.agent_version)
-    return version
 
 
 class DeltaBatcher:

@@ -6,8 +6,13 @@ tests/e2e/test_doorbell.py."""
 
 from __future__ import annotations
 
+import threading
+from datetime import timedelta
+
 import psycopg
 import pytest
+from django.utils import timezone
+from django_q.conf import Conf
 
 from runs.runtime.doorbell import DoorbellORM
 
@@ -32,3 +37,53 @@ def test_without_a_listener_the_broker_polls_and_retries_listen_only_after_a_pau
     broker.enqueue("second")
     assert [payload for _, payload in broker.dequeue()] == ["second"]
     assert len(attempts) == 1  # LISTEN was tried once, then left alone for LISTEN_RETRY_SECONDS
+
+
+def _racing_dequeues(brokers: list[DoorbellORM]) -> list[list[str]]:
+    """Each broker dequeues once on its own thread (so its own connection), all behind one barrier."""
+    from django.db import connections
+
+    barrier = threading.Barrier(len(brokers))
+    taken: list[list[str]] = [[] for _ in brokers]
+
+    def take(i: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            taken[i] = [payload for _, payload in brokers[i]._take()]
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(len(brokers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return taken
+
+
+def test_racing_pushers_take_each_task_once():
+    """Two clusters' pushers reading the queue at the same moment: each task
+    goes to exactly one of them (the take is one UPDATE over rows locked
+    with SKIP LOCKED and re-checked as due)."""
+    brokers = [DoorbellORM(list_key="doorbell-race") for _ in range(2)]
+    for round_ in range(20):
+        brokers[0].enqueue(f"task {round_}")
+        taken = _racing_dequeues(brokers)
+        assert sorted(len(t) for t in taken) == [0, 1], taken
+        assert taken[0] + taken[1] == [f"task {round_}"]
+
+
+def test_a_taken_task_is_due_again_only_after_its_lock_lapses():
+    from django_q.models import OrmQ
+
+    broker = DoorbellORM(list_key="doorbell-lock")
+    broker.enqueue("one")
+    broker.enqueue("two")
+    assert [payload for _, payload in broker._take()] == ["one"]  # Q_CLUSTER bulk 1, oldest first
+    assert [payload for _, payload in broker._take()] == ["two"]
+    assert broker._take() == []  # both locked `retry` seconds ahead
+    row = OrmQ.objects.get(key="doorbell-lock", payload="one")
+    assert row.lock > timezone.now() + timedelta(seconds=Conf.RETRY - 60)
+    OrmQ.objects.filter(pk=row.pk).update(lock=timezone.now() - timedelta(seconds=1))  # its worker died
+    assert [payload for _, payload in broker._take()] == ["one"]
+    assert [payload for _, payload in DoorbellORM(list_key="another-cluster")._take()] == []  # keys apart

@@ -94,3 +94,23 @@ def test_a_run_taken_over_still_catches_up_with_its_log_and_counts_its_calls(loa
     selects = _reads_until_the_first_model_call(run.id)
     assert any('FROM "tool_invocations"' in s for s in selects), selects
     assert any('FROM "model_calls"' in s for s in selects), selects
+
+
+def test_the_claimed_run_its_pinned_definition_and_its_principal_are_one_read(load_agent, submit):
+    """From the claim to the first model call the worker reads the run, its
+    agent, the version it is pinned to and its principal's name in one
+    statement (four ORM reads before), then its seed checkpoint: nothing else."""
+    from django.contrib.auth import get_user_model
+
+    from runs.store.repository import claimed_run
+
+    load_agent(turns=[{"text": "hi"}])
+    user = get_user_model().objects.get(username="alice")
+    run = submit(text="hello", principal=user)
+    load_agent(turns=[{"text": "a later version"}])  # the run stays pinned to the version it was submitted on
+    row = claimed_run(run.id)
+    assert (row.agent_name, row.principal_username) == ("bot", "alice")
+    assert row.pinned_definition["model"]["turns"] == [{"text": "hi"}]
+    selects = _reads_until_the_first_model_call(run.id)
+    assert len(selects) == 2, selects
+    assert "AS pinned_definition" in selects[0] and 'FROM "checkpoints"' in selects[1], selects
