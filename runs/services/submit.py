@@ -26,7 +26,7 @@ from runs.runtime.finalize import enqueue_drive
 from runs.services.agent_schema import Limits, resolve_limits
 from runs.services.inputs import run_input
 from runs.services.validation import check_text, pydantic_fields
-from runs.store.repository import append_events
+from runs.store.repository import append_events, pipelined
 
 
 def _request_hash(agent: str, text: str, session: Any, limits: Any) -> str:
@@ -64,6 +64,7 @@ def run_submit(
     version = _latest_version(tenant, agent)
     agent_row = version.agent
     run_limits = resolve_limits(settings.AGENTRT_DEFAULT_LIMITS, version.definition.get("limits") or {}, requested)
+    stamp = _principal_stamp(principal)  # its reads need no lock: before the transaction
     now = CLOCK.now()
     try:
         with transaction.atomic(durable=True):
@@ -71,27 +72,30 @@ def run_submit(
             if session_row is None or not Run.objects.filter(session=session_row).exclude(status__in=TERMINAL).exists():
                 _check_quota(tenant)  # (text for a busy session is routed below, not counted)
             new_session = session_row is None
-            if session_row is None:
-                session_row = Session.objects.create(id=IDS.new_id(), tenant=tenant, agent=agent_row, created_at=now)
-            run = Run.objects.create(
-                id=IDS.new_id(),
-                tenant=tenant,
-                session=session_row,
-                agent=agent_row,
-                agent_version=version.version,
-                input=input,
-                limits=run_limits.model_dump(mode="json"),
-                deadline_at=now + timedelta(seconds=run_limits.deadline_seconds)
-                if run_limits.deadline_seconds
-                else None,
-                usage={},
-                idempotency_key=idempotency_key or None,
-                request_hash=request_hash,
-                **_principal_stamp(principal),
-                created_at=now,
-                updated_at=now,
-            )
-            _seed_checkpoint(run, now, new_session=new_session)
+            with pipelined():  # the three inserts answer nothing the submit reads: one round trip
+                if session_row is None:
+                    session_row = Session.objects.create(
+                        id=IDS.new_id(), tenant=tenant, agent=agent_row, created_at=now
+                    )
+                run = Run.objects.create(
+                    id=IDS.new_id(),
+                    tenant=tenant,
+                    session=session_row,
+                    agent=agent_row,
+                    agent_version=version.version,
+                    input=input,
+                    limits=run_limits.model_dump(mode="json"),
+                    deadline_at=now + timedelta(seconds=run_limits.deadline_seconds)
+                    if run_limits.deadline_seconds
+                    else None,
+                    usage={},
+                    idempotency_key=idempotency_key or None,
+                    request_hash=request_hash,
+                    **stamp,
+                    created_at=now,
+                    updated_at=now,
+                )
+                _seed_checkpoint(run, now, new_session=new_session)
             _record_created(run, agent, now)
             enqueue_drive(run.id)
     except IntegrityError as exc:

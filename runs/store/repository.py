@@ -108,6 +108,25 @@ def statement_cursor() -> Cursor:
     return db.cursor()
 
 
+@contextlib.contextmanager
+def pipelined() -> Any:
+    """Statements whose results nobody reads (INSERTs without RETURNING, the
+    ORM's `create` of a model whose key the caller set) are sent without
+    waiting for each answer; the answers are read together when the block
+    ends (psycopg's pipeline mode). Inside the caller's transaction: a failed
+    statement raises by the block's end at the latest, as Django's own error
+    class (an IntegrityError stays one), the server skips the rest of the
+    block, and the transaction rolls back as usual. Elsewhere than
+    PostgreSQL, a plain block."""
+    db = _db()
+    if db.vendor != "postgresql":
+        yield
+        return
+    db.ensure_connection()
+    with db.wrap_database_errors, db.connection.pipeline():
+        yield
+
+
 def _notify(run_id: UUID | None, tenant_id: UUID) -> None:
     """Wake live sockets after commit (a hint only: consumers read the table);
     sent by runs.runtime.wake's thread, never on the step's path."""

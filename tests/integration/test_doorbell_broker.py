@@ -87,3 +87,35 @@ def test_a_taken_task_is_due_again_only_after_its_lock_lapses():
     OrmQ.objects.filter(pk=row.pk).update(lock=timezone.now() - timedelta(seconds=1))  # its worker died
     assert [payload for _, payload in broker._take()] == ["one"]
     assert [payload for _, payload in DoorbellORM(list_key="another-cluster")._take()] == []  # keys apart
+
+
+def test_an_enqueue_rings_once_when_its_transaction_commits_and_not_before():
+    """The row and the NOTIFY are one statement in the caller's transaction:
+    a listener hears nothing while it is open, one notification at commit,
+    and a rolled-back enqueue leaves neither a row nor a ring."""
+    from django.db import connection, transaction
+    from django_q.models import OrmQ
+
+    from runs.runtime.doorbell import CHANNEL
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("prepare_threshold", None)
+    broker = DoorbellORM(list_key="doorbell-ring")
+    with psycopg.connect(**params, autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+        with transaction.atomic():
+            pk = broker.enqueue("rung")
+            assert list(listener.notifies(timeout=0.2)) == []  # not while the transaction is open
+        heard = list(listener.notifies(timeout=5, stop_after=1)) + list(listener.notifies(timeout=0.2))
+        assert [n.channel for n in heard] == [CHANNEL]
+        assert OrmQ.objects.get(pk=pk).payload == "rung"
+
+        class Abandon(Exception):
+            pass
+
+        with pytest.raises(Abandon), transaction.atomic():
+            broker.enqueue("abandoned")
+            raise Abandon
+        assert list(listener.notifies(timeout=0.5)) == []
+        assert not OrmQ.objects.filter(key="doorbell-ring", payload="abandoned").exists()
