@@ -72,30 +72,32 @@ def run_submit(
             if session_row is None or not Run.objects.filter(session=session_row).exclude(status__in=TERMINAL).exists():
                 _check_quota(tenant)  # (text for a busy session is routed below, not counted)
             new_session = session_row is None
-            with pipelined():  # the three inserts answer nothing the submit reads: one round trip
-                if session_row is None:
-                    session_row = Session.objects.create(
-                        id=IDS.new_id(), tenant=tenant, agent=agent_row, created_at=now
-                    )
-                run = Run.objects.create(
-                    id=IDS.new_id(),
-                    tenant=tenant,
-                    session=session_row,
-                    agent=agent_row,
-                    agent_version=version.version,
-                    input=input,
-                    limits=run_limits.model_dump(mode="json"),
-                    deadline_at=now + timedelta(seconds=run_limits.deadline_seconds)
-                    if run_limits.deadline_seconds
-                    else None,
-                    usage={},
-                    idempotency_key=idempotency_key or None,
-                    request_hash=request_hash,
-                    **stamp,
-                    created_at=now,
-                    updated_at=now,
-                )
-                _seed_checkpoint(run, now, new_session=new_session)
+            if session_row is None:
+                session_row = Session(id=IDS.new_id(), tenant=tenant, agent=agent_row, created_at=now)
+            run = Run(
+                id=IDS.new_id(),
+                tenant=tenant,
+                session=session_row,
+                agent=agent_row,
+                agent_version=version.version,
+                input=input,
+                limits=run_limits.model_dump(mode="json"),
+                deadline_at=now + timedelta(seconds=run_limits.deadline_seconds)
+                if run_limits.deadline_seconds
+                else None,
+                usage={},
+                idempotency_key=idempotency_key or None,
+                request_hash=request_hash,
+                **stamp,
+                created_at=now,
+                updated_at=now,
+            )
+            history = [] if new_session else session_history(run)  # a new session has none: no read
+            with pipelined():  # the inserts answer nothing the submit reads: one round trip for the three
+                if new_session:  # built above, not yet written
+                    session_row.save(force_insert=True)
+                run.save(force_insert=True)
+                _seed_checkpoint(run, history, now)
             _record_created(run, agent, now)
             enqueue_drive(run.id)
     except IntegrityError as exc:
@@ -232,10 +234,8 @@ def _check_quota(tenant: Tenant) -> None:
         raise QuotaExceeded(f"the tenant has {active} active runs and its quota is {limit}; wait for some to finish")
 
 
-def _seed_checkpoint(run: Run, now, *, new_session: bool) -> None:
-    """Version 1 of the run: the session's history (none in a session this
-    submit created: no read) and the new input."""
-    history = [] if new_session else session_history(run)
+def _seed_checkpoint(run: Run, history: list[dict], now) -> None:
+    """Version 1 of the run: the session's history and the new input."""
     state = CheckpointState(conversation=history + [{"role": "user", "content": run.input}])
     row = state.next_checkpoint("seed", now)
     Checkpoint.objects.create(
