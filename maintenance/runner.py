@@ -12,6 +12,7 @@ from maintenance.sweeps.deliveries import sweep_deliveries
 from maintenance.sweeps.expiry import sweep_expiry
 from maintenance.sweeps.prune import sweep_prune
 from maintenance.sweeps.reclaim import sweep_reclaim
+from maintenance.sweeps.tokens import sweep_tokens
 from runs.clock import CLOCK
 from runs.runtime.backoff import Backoff
 
@@ -25,6 +26,7 @@ def cadences() -> list[tuple[str, float, Callable[[], dict]]]:
         ("expiry", min(5.0, lease / 3), sweep_expiry),
         ("prune", 300.0, sweep_prune),
         ("deliveries", float(settings.AGENTRT_DELIVERY_SWEEP_SECONDS), sweep_deliveries),
+        ("tokens", 300.0, sweep_tokens),
     ]
 
 

@@ -18,10 +18,10 @@ from django.conf import settings
 from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.auth.models import AnonymousUser
 from django.utils.crypto import constant_time_compare
-from knox.auth import TokenAuthentication
 from knox.models import AuthToken
 from rest_framework.exceptions import AuthenticationFailed
 
+from runs.api.auth import TokenAuthentication
 from runs.clock import CLOCK
 
 

@@ -123,3 +123,63 @@ def test_old_plaintext_authtoken_rows_become_knox_tokens_and_the_table_is_droppe
     assert old_key not in all_token_columns()
     assert api(old_key).get("/api/runs/").status_code == 200  # clients keep working until the TTL
     assert AuthToken.objects.get(user=alice).expiry is not None
+
+
+@pytest.mark.django_db
+def test_a_request_reads_its_own_token_only_however_many_the_user_holds(alice):
+    """knox read every token of the user on each request (to delete expired
+    ones): one more round trip per request, growing with the user's tokens.
+    Now one read finds the request's token; an expired token of the same
+    user is left to the maintenance sweep."""
+    from django.test.utils import CaptureQueriesContext
+
+    for _ in range(30):
+        AuthToken.objects.create(user=alice)
+    stale, _ = AuthToken.objects.create(user=alice)
+    AuthToken.objects.filter(pk=stale.pk).update(expiry=timezone.now() - timedelta(seconds=1))
+    _, token = AuthToken.objects.create(user=alice)
+    with CaptureQueriesContext(connection) as q:
+        assert api(token).get("/api/runs/").status_code == 200
+    token_reads = [x["sql"] for x in q.captured_queries if "knox_authtoken" in x["sql"]]
+    assert len(token_reads) == 1 and "token_key" in token_reads[0], token_reads
+    assert AuthToken.objects.filter(pk=stale.pk).exists()  # not this request's business
+
+
+@pytest.mark.django_db
+def test_an_expired_token_used_is_deleted_and_the_sweep_deletes_the_others(alice, tenant):
+    from django.dispatch import receiver
+    from knox.signals import token_expired
+
+    from maintenance.sweeps.tokens import sweep_tokens
+
+    heard: list[str] = []
+
+    @receiver(token_expired)
+    def note(sender, username, source, **kwargs):
+        heard.append(f"{username}:{source}")
+
+    try:
+        used, used_token = AuthToken.objects.create(user=alice)
+        stale, _ = AuthToken.objects.create(user=alice)
+        live, _ = AuthToken.objects.create(user=alice)
+        forever, _ = AuthToken.objects.create(user=alice, expiry=None)
+        past = timezone.now() - timedelta(seconds=1)
+        AuthToken.objects.filter(pk__in=[used.pk, stale.pk]).update(expiry=past)
+        assert api(used_token).get("/api/runs/").status_code == 401
+        assert not AuthToken.objects.filter(pk=used.pk).exists()  # refused and deleted, as knox does
+        assert heard == ["alice:auth_token"]
+        assert sweep_tokens() == {"deleted_tokens": 1}
+        assert set(AuthToken.objects.filter(user=alice).values_list("pk", flat=True)) == {live.pk, forever.pk}
+        assert heard == ["alice:auth_token", "alice:other_token"]
+        assert sweep_tokens() == {"deleted_tokens": 0}
+    finally:
+        token_expired.disconnect(note)
+
+
+@pytest.mark.django_db
+def test_the_schema_still_declares_the_token_scheme(operator):
+    client = APIClient()
+    client.force_authenticate(operator)
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    assert "knoxApiToken" in schema["components"]["securitySchemes"]
+    assert {"knoxApiToken": []} in schema["paths"]["/api/runs/"]["post"]["security"]
