@@ -66,7 +66,9 @@ class T(SimpleRateThrottle):
     def get_cache_key(self, request, view):
         return "throttle_security_test_{key}"
 from django.core.cache import caches
-print(type(caches["default"]).__name__, T().allow_request(None, None))
+from django.core.cache.backends.redis import RedisCache
+cache = caches["default"]
+print("RedisCache" if isinstance(cache, RedisCache) else type(cache).__name__, T().allow_request(None, None))
 """
 
 
