@@ -18,6 +18,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import urllib.request
 from collections.abc import Callable, Sequence
 
 from runs.clock import CLOCK
@@ -46,6 +47,17 @@ def start_child(args: Sequence[str], env: dict, *, stdout=None, cwd=None) -> sub
         start_new_session=True,
         preexec_fn=_stop_with_parent,
     )
+
+
+def answers(port: int, path: str) -> bool:
+    """Whether the web server on this host's `port` answers `path` with 200:
+    it is past its start-up (a daphne that has bound its port may not be
+    handling signals yet) and serving."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
+            return resp.status == 200
+    except Exception:
+        return False
 
 
 def session_alive(sid: int) -> bool:

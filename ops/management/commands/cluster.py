@@ -36,7 +36,6 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import BinaryIO
 
@@ -45,7 +44,16 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from ops.supervise import STOP_GRACE_SECONDS, STOP_SIGNALS, comm, descendants, session_alive, start_child, stop_children
+from ops.supervise import (
+    STOP_GRACE_SECONDS,
+    STOP_SIGNALS,
+    answers,
+    comm,
+    descendants,
+    session_alive,
+    start_child,
+    stop_children,
+)
 from runs.clock import CLOCK
 
 WORKER_ROLES = ("qc-sentinel", "qc-pusher", "qc-monitor")
@@ -89,7 +97,7 @@ class Node:
         if self.proc is None or self.started_at is None:
             return False
         if self.role == "web":
-            ok = self.port is not None and _answers_ready(self.port)
+            ok = self.port is not None and answers(self.port, "/readyz")
         elif self.role == "worker":
             names = [comm(p) for p in descendants(self.proc.pid)]
             ok = all(r in names for r in WORKER_ROLES) and names.count("qc-worker") >= self.workers
@@ -115,14 +123,6 @@ class Node:
             "last_exit": self.last_exit,
             "log": str(self.log_path) if self.log_path else None,
         }
-
-
-def _answers_ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
-            return resp.status == 200
-    except Exception:
-        return False
 
 
 class Command(BaseCommand):

@@ -21,7 +21,7 @@ from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from ops.supervise import STOP_SIGNALS, start_child, stop_children
+from ops.supervise import STOP_SIGNALS, answers, start_child, stop_children
 from runs.clock import CLOCK
 from runs.services import agent_load, run_submit, tenant_create
 
@@ -98,6 +98,7 @@ class Command(BaseCommand):
             )
             procs.append(start_child(manage + ["qcluster"], env))
             procs.append(start_child(manage + ["run_maintenance"], env))
+            self._wait_for_web(port, procs[0])
             self._submit_and_print(tenant, port)
             while all(p.poll() is None for p in procs):
                 CLOCK.sleep(0.5)
@@ -112,6 +113,14 @@ class Command(BaseCommand):
         if reason:
             self.stderr.write(f"{reason}; stopped the rest")
             sys.exit(1)
+
+    def _wait_for_web(self, port, web, timeout: float = 60.0) -> None:
+        """Announce the URLs once they answer: a web server that has bound its
+        port may still be starting (and not yet handling a stop signal). Gives
+        up after `timeout` (the supervision loop then reports a dead server)."""
+        deadline = CLOCK.monotonic() + timeout
+        while web.poll() is None and not answers(port, "/healthz") and CLOCK.monotonic() < deadline:
+            CLOCK.sleep(0.1)
 
     def _submit_and_print(self, tenant, port):
         reader, _ = run_submit(tenant=tenant, agent="reader", input="Check that the service is healthy.")
