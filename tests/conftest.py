@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -254,6 +255,32 @@ def operator(tenant):
     _, user = tenant_create(name=tenant.name, username="op", password="pw", operator=True)
     user.user_permissions.add(Permission.objects.get(codename="publish_agent"))
     return type(user).objects.get(pk=user.pk)
+
+
+def race(*fns):
+    """Call each of `fns` on a thread of its own (so on its own database
+    connection), all released at once by a barrier; return what each returned
+    or raised, in order."""
+    barrier = threading.Barrier(len(fns))
+    results: list = [None] * len(fns)
+
+    def go(i, fn):
+        barrier.wait()
+        try:
+            results[i] = fn()
+        except Exception as exc:  # the loser's answer
+            results[i] = exc
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+
+    threads = [threading.Thread(target=go, args=(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
 
 
 def free_port() -> int:

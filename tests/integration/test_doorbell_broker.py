@@ -6,7 +6,6 @@ tests/e2e/test_doorbell.py."""
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import psycopg
@@ -15,6 +14,7 @@ from django.utils import timezone
 from django_q.conf import Conf
 
 from runs.runtime.doorbell import DoorbellORM
+from tests.conftest import race
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,28 +39,6 @@ def test_without_a_listener_the_broker_polls_and_retries_listen_only_after_a_pau
     assert len(attempts) == 1  # LISTEN was tried once, then left alone for LISTEN_RETRY_SECONDS
 
 
-def _racing_dequeues(brokers: list[DoorbellORM]) -> list[list[str]]:
-    """Each broker dequeues once on its own thread (so its own connection), all behind one barrier."""
-    from django.db import connections
-
-    barrier = threading.Barrier(len(brokers))
-    taken: list[list[str]] = [[] for _ in brokers]
-
-    def take(i: int) -> None:
-        try:
-            barrier.wait(timeout=10)
-            taken[i] = [payload for _, payload in brokers[i]._take()]
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=take, args=(i,)) for i in range(len(brokers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    return taken
-
-
 def test_racing_pushers_take_each_task_once():
     """Two clusters' pushers reading the queue at the same moment: each task
     goes to exactly one of them (the take is one UPDATE over rows locked
@@ -68,7 +46,7 @@ def test_racing_pushers_take_each_task_once():
     brokers = [DoorbellORM(list_key="doorbell-race") for _ in range(2)]
     for round_ in range(20):
         brokers[0].enqueue(f"task {round_}")
-        taken = _racing_dequeues(brokers)
+        taken = [[payload for _, payload in took] for took in race(*[b._take for b in brokers])]
         assert sorted(len(t) for t in taken) == [0, 1], taken
         assert taken[0] + taken[1] == [f"task {round_}"]
 

@@ -3,36 +3,17 @@
 from __future__ import annotations
 
 import functools
-import threading
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
 from approvals.errors import ApprovalDecided
 from approvals.models import Approval
 from approvals.services import approval_decide
 from runs.models import Event
+from tests.conftest import race
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def race(*fns):
-    barrier = threading.Barrier(len(fns))
-    results = [None] * len(fns)
-
-    def go(i, fn):
-        barrier.wait()
-        try:
-            results[i] = fn()
-        except Exception as exc:  # the loser's answer
-            results[i] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=go, args=(i, fn)) for i, fn in enumerate(fns)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    return results
 
 
 def test_approve_and_reject_racing_have_exactly_one_winner_and_one_requeue(load_agent, submit, operator):

@@ -8,44 +8,21 @@ busy session."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
 from checkpoints.models import Checkpoint
 from runs.errors import ActiveRunExists
 from runs.models import Event, Run, Session
 from runs.runtime.executor import run_drive
 from runs.services import run_submit
+from tests.conftest import race
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _race(n: int, call) -> list:
-    barrier = threading.Barrier(n)
-    results: list = [None] * n
-
-    def go(i: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[i] = call(i)
-        except Exception as exc:  # the outcome under test
-            results[i] = exc
-        finally:
-            connection.close()  # each thread had its own connection
-
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results
-
-
 def test_racing_submits_with_one_idempotency_key_make_one_run_and_both_get_it(tenant, load_agent):
     load_agent()
-    results = _race(4, lambda i: run_submit(tenant=tenant, agent="bot", input="pay once", idempotency_key="k-1"))
+    results = race(*[lambda: run_submit(tenant=tenant, agent="bot", input="pay once", idempotency_key="k-1")] * 4)
     assert all(isinstance(r, tuple) for r in results), results
     assert len({run.id for run, _ in results}) == 1
     assert sorted(created for _, created in results) == [False, False, False, True]
@@ -60,7 +37,11 @@ def test_racing_submits_to_one_session_start_one_run_and_the_others_are_refused(
     first = submit(text="start")
     assert run_drive(run_id=first.id).kind.value == "completed"
     checkpoints_before = Checkpoint.objects.filter(run__session_id=first.session_id).count()
-    results = _race(3, lambda i: run_submit(tenant=tenant, agent="bot", input=f"next {i}", session=first.session_id)[0])
+
+    def send(i: int):
+        return lambda: run_submit(tenant=tenant, agent="bot", input=f"next {i}", session=first.session_id)[0]
+
+    results = race(*[send(i) for i in range(3)])
     started = [r for r in results if isinstance(r, Run)]
     refused = [r for r in results if isinstance(r, ActiveRunExists)]
     assert len(started) == 1 and len(refused) == 2, results
