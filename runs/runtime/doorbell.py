@@ -39,6 +39,16 @@ def enabled() -> bool:
     return settings.AGENTRT_Q_DOORBELL and connections[Conf.ORM].vendor == "postgresql"
 
 
+def listen_connection() -> psycopg.Connection:
+    """A connection of its own (autocommit, outside Django's), listening on the doorbell's channel."""
+    params = connections[Conf.ORM].get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("prepare_threshold", None)
+    listener = psycopg.connect(**params, autocommit=True)
+    listener.execute(f"LISTEN {CHANNEL}")
+    return listener
+
+
 class DoorbellORM(ORM):
     clock = CLOCK  # the Clock port (runs/clock.py); a test injects a fake one
 
@@ -124,11 +134,7 @@ class DoorbellORM(ORM):
         if CLOCK.monotonic() < self._retry_at:
             return None
         try:
-            params = connections[Conf.ORM].get_connection_params()
-            params.pop("cursor_factory", None)
-            params.pop("prepare_threshold", None)
-            self._listener = psycopg.connect(**params, autocommit=True)
-            self._listener.execute(f"LISTEN {CHANNEL}")
+            self._listener = listen_connection()
         except Exception as exc:
             log.warning("doorbell: cannot LISTEN (%s); polling for %.0f s", exc, LISTEN_RETRY_SECONDS)
             self._close()

@@ -16,13 +16,11 @@ from runs.domain.values import Principal
 from runs.models import Membership, Run
 
 
-def principal_for(run: Run, *, username: str | None = None) -> Principal:
-    """`username`: the principal's, when the caller read it with the run (else one query here)."""
+def principal_for(run: Run, *, username: str | None) -> Principal:
+    """`username`: the principal's, read with the run (`claimed_run`); None when that user is gone."""
     scopes = frozenset(run.principal_scopes or [])
     if run.principal_user_id is None:
         return Principal(kind="system", tenant_id=run.tenant_id, scopes=scopes)
-    if username is None:
-        username = get_user_model().objects.filter(pk=run.principal_user_id).values_list("username", flat=True).first()
     return Principal(
         kind="user", tenant_id=run.tenant_id, user_id=run.principal_user_id, username=username, scopes=scopes
     )

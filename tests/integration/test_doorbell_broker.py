@@ -71,17 +71,13 @@ def test_an_enqueue_rings_once_when_its_transaction_commits_and_not_before():
     """The row and the NOTIFY are one statement in the caller's transaction:
     a listener hears nothing while it is open, one notification at commit,
     and a rolled-back enqueue leaves neither a row nor a ring."""
-    from django.db import connection, transaction
+    from django.db import transaction
     from django_q.models import OrmQ
 
-    from runs.runtime.doorbell import CHANNEL
+    from runs.runtime.doorbell import CHANNEL, listen_connection
 
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("prepare_threshold", None)
     broker = DoorbellORM(list_key="doorbell-ring")
-    with psycopg.connect(**params, autocommit=True) as listener:
-        listener.execute(f"LISTEN {CHANNEL}")
+    with listen_connection() as listener:
         with transaction.atomic():
             pk = broker.enqueue("rung")
             assert list(listener.notifies(timeout=0.2)) == []  # not while the transaction is open
