@@ -3,7 +3,7 @@
 A read-only step's first commit (the model's answer and the decisions) is
 sent, and its read-only calls run while PostgreSQL executes and flushes it;
 commit 2 waits for its answer. Shown on the real schema with a second
-connection that holds the run row's lock from step 2's model call on:
+connection that holds the run row's lock from step 2's model answer on:
 commit 1 of step 2 cannot finish until the step's own read-only call lets
 the lock go, so the call must run while the commit is in flight (on the
 old, sequential path the commit waits on the lock until the connection's
@@ -36,8 +36,13 @@ def _dsn() -> str:
 
 
 class Holder:
-    """A second connection that locks the run row at step 2's model call and
-    lets go when the step's read-only `release` call runs."""
+    """A second connection that locks the run row once step 2's model has
+    answered and lets go when the step's read-only `release` call runs.
+
+    Not at `model.before_call`: that point comes before the store settles,
+    so step 1's commit 2 may still be in flight there; locked first, the
+    row would hold commit 2 (not step 2's commit 1) until the statement
+    timeout, and the step would never reach its call."""
 
     def __init__(self, take_over: bool):
         self.take_over = take_over
@@ -47,10 +52,10 @@ class Holder:
         self.model_calls = 0
 
     def fire(self, point: str, run_id) -> None:
-        if point != "model.before_call":
+        if point != "model.after_call":
             return
         self.model_calls += 1
-        if self.model_calls == 2:  # step 2: step 1's commit 2 is in, step 2's commit 1 not yet sent
+        if self.model_calls == 2:  # step 2: every earlier unit answered (settled), step 2's commit 1 not yet sent
             self.run_id = run_id
             self.conn = psycopg.connect(_dsn())
             self.conn.execute("SELECT 1 FROM runs WHERE id = %s FOR UPDATE", [run_id])
