@@ -360,6 +360,10 @@ SPECTACULAR_SETTINGS = {
 # --- agentrt runtime --------------------------------------------------------
 AGENTRT_SLICE_SECONDS = env_float("AGENTRT_SLICE_SECONDS", 120)
 AGENTRT_MAX_CALL_SECONDS = env_float("AGENTRT_MAX_CALL_SECONDS", 300)
+# Idle connections to model servers are kept this long for the next attempt (0: a new one per attempt).
+AGENTRT_MODEL_KEEPALIVE_SECONDS = env_float("AGENTRT_MODEL_KEEPALIVE_SECONDS", 15)
+if AGENTRT_MODEL_KEEPALIVE_SECONDS < 0:
+    raise ValueError("AGENTRT_MODEL_KEEPALIVE_SECONDS must be 0 or more")
 AGENTRT_RECONCILER = os.environ.get("AGENTRT_RECONCILER", "")
 # A project's tools and providers (issue 13): comma-separated dotted module
 # paths imported by every process at startup (runs.extensions), in addition

@@ -111,7 +111,11 @@ def text_stream(*pieces: str, finish: str = "stop", usage: tuple[int, int] | Non
 
 
 class FakeOpenAI:
-    def __init__(self):
+    def __init__(self, *, keep_alive: bool = False, drop_after: bool = False):
+        self.keep_alive = keep_alive  # answer as HTTP/1.1 servers do: the connection stays open for the next request
+        self.drop_after = drop_after  # ... but close it once the answer is sent, as an idle timeout would
+        self.connections = 0  # TCP connections accepted
+        self.closed = 0  # ... and closed by the server
         self.requests: list[dict] = []
         self.script: list[dict] = []
         self.aborted: list[int] = []  # request numbers whose client went away mid-answer
@@ -121,9 +125,15 @@ class FakeOpenAI:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # as production servers do: no write waits for the client's delayed ACK
 
             def log_message(self, *args):  # quiet
                 pass
+
+            def setup(self):
+                with fake._lock:
+                    fake.connections += 1
+                super().setup()
 
             def do_POST(self):
                 length = int(self.headers.get("content-length") or 0)
@@ -146,7 +156,7 @@ class FakeOpenAI:
                         plan = answer(500, {"error": {"message": "nothing scripted"}})
                     else:
                         plan = fake.script[min(number, len(fake.script) - 1)]
-                self.close_connection = True
+                self.close_connection = not fake.keep_alive or fake.drop_after
                 try:
                     getattr(self, "_" + plan["kind"])(plan)
                 except (BrokenPipeError, ConnectionResetError, OSError):
@@ -163,7 +173,8 @@ class FakeOpenAI:
                 for k, v in headers.items():
                     self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
-                self.send_header("Connection", "close")
+                if not fake.keep_alive:
+                    self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -179,7 +190,8 @@ class FakeOpenAI:
                 self.send_response(200)
                 self.send_header("Content-Type", plan["content_type"])
                 self.send_header("Transfer-Encoding", "chunked")
-                self.send_header("Connection", "close")
+                if not fake.keep_alive:
+                    self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.flush()
                 events = list(plan["events"]) + (["data: [DONE]\n\n"] if plan["done"] else [])
@@ -203,6 +215,11 @@ class FakeOpenAI:
 
             def handle_error(self, request, client_address):  # a client that left is not an error
                 pass
+
+            def shutdown_request(self, request):
+                super().shutdown_request(request)
+                with fake._lock:
+                    fake.closed += 1
 
         self.server = Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)

@@ -17,12 +17,10 @@ that had output.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 import random
-import ssl
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,21 +32,25 @@ from runs.domain.errors import ModelError
 from runs.domain.values import ModelRequest, ModelTurn, ModelUsage, StopReason
 from runs.providers import prices
 from runs.providers.endpoints import Endpoint
+from runs.providers.wire import pool
 from runs.providers.wire.retry import Retry as _Retry
 from runs.providers.wire.retry import default_max_call_seconds
 from runs.providers.wire.turn import Turn as _Turn
 from runs.providers.wire.watchdog import Watchdog
 
+_DRAIN_LIMIT = 64 * 1024
 
-@functools.cache
-def tls_context() -> ssl.SSLContext:
-    """The process's one TLS client context for model calls. `httpx.Client()`
-    builds a new one unless it is given one, loading the whole CA bundle each
-    time: 20-50 ms of CPU before every model attempt. A client context can be
-    shared by every connection and thread; each connection still verifies its
-    server's certificate. Built as httpx builds it (SSL_CERT_FILE /
-    SSL_CERT_DIR, else certifi), once, at the first call."""
-    return httpx.create_ssl_context()
+
+def _drain(lines) -> None:
+    """Read the rest of a finished stream (its closing chunk, a trailing
+    blank line) so that its connection is whole and can be kept for the next
+    attempt; a server that goes on talking past the end is not waited for
+    beyond `_DRAIN_LIMIT` characters (the connection is then closed)."""
+    left = _DRAIN_LIMIT
+    for line in lines:
+        left -= len(line) + 1
+        if left < 0:
+            return
 
 
 class HTTPModelProvider:
@@ -236,30 +238,26 @@ class HTTPModelProvider:
 
     def _attempt_on(self, turn: _Turn, request, body, payload, headers, token, price, deadline) -> ModelTurn:
         watchdog = Watchdog(token, deadline, self.watchdog_poll, name=f"agentrt-{self.name}-watchdog")
-        client = httpx.Client(
-            verify=tls_context(),
-            timeout=self.timeout,
-            limits=httpx.Limits(max_keepalive_connections=0),  # a fresh socket per attempt, for the watchdog
-            follow_redirects=False,
-        )
         watchdog.start()
         try:
-            with client.stream(
-                "POST",
-                self.url(),
-                content=payload,
-                headers=headers,
-                extensions={"trace": watchdog.trace},
-            ) as response:
-                if response.status_code != 200:
-                    self.raise_status(response)
-                content_type = response.headers.get("content-type", "").lower()
-                if self.stream and "text/event-stream" in content_type:
-                    self._read_stream(response, turn, token)
-                elif not self.stream or "json" in content_type:  # a server that ignored `stream`
-                    self.read_json(response, turn)
-                else:
-                    raise self._malformed(turn, "an answer that is neither an event stream nor JSON")
+            with (
+                pool.attached(watchdog),
+                pool.client().stream(
+                    "POST", self.url(), content=payload, headers=headers, timeout=self.timeout
+                ) as response,
+            ):
+                try:
+                    if response.status_code != 200:
+                        self.raise_status(response)
+                    content_type = response.headers.get("content-type", "").lower()
+                    if self.stream and "text/event-stream" in content_type:
+                        self._read_stream(response, turn, token)
+                    elif not self.stream or "json" in content_type:  # a server that ignored `stream`
+                        self.read_json(response, turn)
+                    else:
+                        raise self._malformed(turn, "an answer that is neither an event stream nor JSON")
+                finally:
+                    watchdog.stop()  # before the response closes: its connection may be lent to the next attempt
         except (_Retry, ModelError):
             if token.reason is not None:
                 return self.finish(request, body, turn, price, cancelled=True)
@@ -297,7 +295,6 @@ class HTTPModelProvider:
                 raise _Retry("ConnectionFailed", "could not reach the model server") from None
         finally:
             watchdog.stop()
-            client.close()
         if token.reason is not None:
             return self.finish(request, body, turn, price, cancelled=True)
         if watchdog.fired == "deadline":
@@ -329,7 +326,8 @@ class HTTPModelProvider:
         # `data:` line, so each data line is handled as it comes (a server that
         # omits the blank line between events still works). Comments
         # (`: ping`) and other fields (`event:`, `id:`) are ignored.
-        for line in response.iter_lines():
+        lines = response.iter_lines()
+        for line in lines:
             if token.reason is not None:
                 return
             if not line or line.startswith(":"):
@@ -339,6 +337,7 @@ class HTTPModelProvider:
                 continue
             self.on_event(value[1:] if value.startswith(" ") else value, turn)
             if turn.done:
+                _drain(lines)
                 return
 
     def _emit(self, text: str) -> None:

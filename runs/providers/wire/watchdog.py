@@ -14,9 +14,10 @@ class Watchdog:
     """Shuts the attempt's socket down when the token is set or the call's
     deadline passes, so a read blocked on a silent server returns at once.
 
-    The socket is learnt from httpcore's `trace` extension. `stop()` is called
-    before the client closes the socket, under the same lock as a shutdown, so
-    a shutdown never reaches a closed (or reused) descriptor.
+    The socket is learnt from the connection's reads and writes (`learn`).
+    `stop()` is called before the attempt's response is closed (and its
+    connection closed or lent again), under the same lock as a shutdown, so
+    a shutdown never reaches a connection another attempt may be using.
     """
 
     def __init__(self, token, deadline: float | None, poll: float = 0.05, name: str = "agentrt-model-watchdog"):
@@ -29,12 +30,11 @@ class Watchdog:
         self._finished = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def trace(self, name: str, info: dict) -> None:
-        if not (name.endswith("connect_tcp.complete") or name.endswith("start_tls.complete")):
-            return
-        stream = (info or {}).get("return_value")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if sock is None:
+    def learn(self, sock: socket.socket | None) -> None:
+        """The socket the attempt is reading or writing now (`pool._Watched`
+        calls this before each read and write, on a new connection or a
+        reused one)."""
+        if sock is None or sock is self._sock:
             return
         with self._lock:
             if self._finished.is_set():
