@@ -8,8 +8,10 @@ Creates tenant `bench`, RUNS runs through the normal submit service, then adds
 EVENTS_PER_RUN events to each (the hot path's mix, with the rare types the
 counters read at roughly their real share: a requeue, a wait and its end, a
 takeover every tenth run, a compaction every fifth), ends most runs, and
-scrapes `/metrics` in-process REPEATS times. Prints the median and worst
-scrape and the scrape's SQL statement count. Run it on a scratch database:
+scrapes `/metrics` in-process REPEATS times; then (PostgreSQL) folds every
+ended run into the metric totals, as the `metrics` sweep does, and scrapes
+again. Prints the median and worst scrape and the scrape's SQL statement
+count, before and after the fold. Run it on a scratch database:
 it adds rows and does not remove them.
 """
 
@@ -24,6 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
+os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")  # the in-process test client
+os.environ.setdefault("AGENTRT_MAX_ACTIVE_RUNS", "0")  # the seeded runs stay QUEUED until ended by hand
+os.environ.setdefault("AGENTRT_LOG_LEVEL", "WARNING")
 
 import django
 
@@ -45,7 +50,7 @@ HOT = [
 ]
 
 
-def seed(runs: int, per_run: int) -> None:
+def seed(runs: int, per_run: int, live_every: int = 10) -> None:
     from runs.models import Run
     from runs.services import agent_load, run_submit, tenant_create
 
@@ -94,7 +99,7 @@ def seed(runs: int, per_run: int) -> None:
             )
             cur.execute(
                 "UPDATE runs SET status = %s, step_count = %s WHERE id = %s",
-                ["CANCELLED" if i % 7 == 0 else ("COMPLETED" if i % 10 else "QUEUED"), 1 + i % 12, run_id],
+                ["QUEUED" if i % live_every == 0 else ("CANCELLED" if i % 7 == 0 else "COMPLETED"), 1 + i % 12, run_id],
             )
 
 
@@ -103,11 +108,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--events-per-run", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--live-every", type=int, default=10, help="every Nth seeded run stays QUEUED (live)")
     parser.add_argument("--no-seed", action="store_true")
+    parser.add_argument("--no-fold", action="store_true", help="scrape only as the runs are (no fold first)")
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     if not args.no_seed:
-        seed(args.runs, args.events_per_run)
+        seed(args.runs, args.events_per_run, args.live_every)
     with connection.cursor() as cur:
         cur.execute("ANALYZE events; ANALYZE runs; ANALYZE approvals")
         cur.execute("SELECT COUNT(*) FROM events")
@@ -116,17 +123,39 @@ def main() -> None:
         runs = cur.fetchone()[0]
     client = Client()
     client.get("/metrics")  # warm: connection, imports
-    times = []
-    for _ in range(args.repeats):
+
+    def scrape(label: str) -> None:
+        times = []
+        for _ in range(args.repeats):
+            started = time.perf_counter()
+            with CaptureQueriesContext(connection) as q:
+                response = client.get("/metrics")
+            times.append((time.perf_counter() - started) * 1000)
+            assert response.status_code == 200
+        unfolded = runs
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cur:
+                cur.execute("SELECT COUNT(*) FROM metric_unfolded_runs")
+                unfolded = cur.fetchone()[0]
+        print(
+            f"{label}: events={events} runs={runs} unfolded_runs={unfolded} scrapes={args.repeats}"
+            f" statements/scrape={len(q.captured_queries)}"
+            f" median={statistics.median(times):.1f} ms worst={max(times):.1f} ms bytes={len(response.content)}"
+        )
+
+    scrape("before the fold")
+    if connection.vendor == "postgresql" and not args.no_fold:
+        from ops import fleet
+
         started = time.perf_counter()
-        with CaptureQueriesContext(connection) as q:
-            response = client.get("/metrics")
-        times.append((time.perf_counter() - started) * 1000)
-        assert response.status_code == 200
-    print(
-        f"events={events} runs={runs} scrapes={args.repeats} statements/scrape={len(q.captured_queries)}"
-        f" median={statistics.median(times):.1f} ms worst={max(times):.1f} ms bytes={len(response.content)}"
-    )
+        folded = 0
+        while n := fleet.fold(batch=2000, settled_seconds=0):
+            folded += n
+        print(f"fold: {folded} runs in {time.perf_counter() - started:.1f} s")
+        # What autovacuum does after such a burst (the seed's updates, the fold's deletes).
+        with connection.cursor() as cur:
+            cur.execute("VACUUM ANALYZE runs, events, metric_unfolded_runs")
+        scrape("after the fold")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from django.db import close_old_connections
 
 from maintenance.sweeps.deliveries import sweep_deliveries
 from maintenance.sweeps.expiry import sweep_expiry
+from maintenance.sweeps.metrics import sweep_metrics
 from maintenance.sweeps.prune import sweep_prune
 from maintenance.sweeps.reclaim import sweep_reclaim
 from maintenance.sweeps.tokens import sweep_tokens
@@ -27,6 +28,7 @@ def cadences() -> list[tuple[str, float, Callable[[], dict]]]:
         ("prune", 300.0, sweep_prune),
         ("deliveries", float(settings.AGENTRT_DELIVERY_SWEEP_SECONDS), sweep_deliveries),
         ("tokens", 300.0, sweep_tokens),
+        ("metrics", 10.0, sweep_metrics),
     ]
 
 

@@ -31,7 +31,7 @@ class DeploymentCollector(Collector):
     """Seed 002's seven series plus the fleet gauges."""
 
     def collect(self):
-        c = fleet.fleet_counters()
+        c = fleet.deployment_counters()
         yield _histogram("agent_run_steps", "Steps per finished run, by terminal outcome.", "outcome", c["run_steps"])
         yield _counter("agent_runs_cancelled", "Runs that ended CANCELLED, by reason.", "reason", c["cancelled"])
         yield _counter(
