@@ -227,30 +227,9 @@ def fleet_counters(scope: Scope | None = None) -> dict[str, dict]:
     return _figures(_rows(*contributions(scope)))
 
 
-def fleet_run_steps(scope: Scope | None = None) -> dict[str, Histogram]:
-    """Steps per run by terminal outcome (`completed`, `failed`, `cancelled`)."""
-    return _figures(_rows(*contributions(scope)), zeros=False)["run_steps"]
-
-
-def fleet_leases_lost(scope: Scope | None = None) -> dict[str, int]:
-    """One per takeover (`lease.taken_over`), labelled by the worst thing it
-    interrupted: the `step.interrupted` events the takeover wrote in its own
-    transaction (same run, same new epoch)."""
-    return _figures(_rows(*contributions(scope)), zeros=False)["leases_lost"]
-
-
-def fleet_tool_uncertain(scope: Scope | None = None) -> dict[str, int]:
-    """Tool calls whose outcome is unknown, by tool: `tool.call.failed` with
-    `outcome: "uncertain"`."""
-    return _figures(_rows(*contributions(scope)), zeros=False)["tool_uncertain"]
-
-
-def fleet_waiting_seconds(scope: Scope | None = None) -> dict[str, Histogram]:
-    """Time runs spent waiting, by suspension kind (`approval`, `user`,
-    `child_run`): each `run.waiting_*` event to the next event that ends the
-    wait in the same run (requeued by a decision or input, cancelled,
-    failed). Observed when the wait ends; open waits are the pending gauges."""
-    return _figures(_rows(*contributions(scope)), zeros=False)["waiting"]
+def fleet_series(name: str, scope: Scope | None = None) -> dict:
+    """One series of `fleet_counters`, only the labels the runs gave."""
+    return _figures(_rows(*contributions(scope)), zeros=False)[name]
 
 
 # -- folded totals (PostgreSQL) ---------------------------------------------

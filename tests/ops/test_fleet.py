@@ -51,7 +51,7 @@ def test_a_takeover_is_labelled_by_the_worst_step_it_interrupted(run):
         ev("step.interrupted", step=3, phase="executing", read_only=False, outcome="unknown"),
         epoch=5,
     )
-    assert fleet.fleet_leases_lost() == {"idle": 1, "deciding": 1, "executing": 1, "side_effect": 1}
+    assert fleet.fleet_series("leases_lost") == {"idle": 1, "deciding": 1, "executing": 1, "side_effect": 1}
 
 
 def test_waiting_seconds_pair_each_wait_with_what_ended_it(run):
@@ -67,7 +67,7 @@ def test_waiting_seconds_pair_each_wait_with_what_ended_it(run):
         ev("run.cancelled", t0 + timedelta(seconds=53), by="alice", direct=True),
     )
     append(run, ev("run.waiting_for_approval", t0 + timedelta(seconds=60), kind="approval"))  # still open: not observed
-    waits = fleet.fleet_waiting_seconds()
+    waits = fleet.fleet_series("waiting")
     assert set(waits) == {"approval", "user"}
     assert waits["approval"].count == 1 and waits["approval"].total == pytest.approx(40)
     assert dict(waits["approval"].buckets)[30.0] == 0 and dict(waits["approval"].buckets)[60.0] == 1
@@ -83,7 +83,7 @@ def test_uncertain_tool_calls_count_by_tool_and_nothing_else(run):
         ev("tool.call.failed", tool="http_post", outcome="failed"),
         ev("tool.call.failed", tool="echo"),
     )
-    assert fleet.fleet_tool_uncertain() == {"http_post": 2, "http_get": 1}
+    assert fleet.fleet_series("tool_uncertain") == {"http_post": 2, "http_get": 1}
 
 
 def test_counters_read_their_reasons_and_known_labels_start_at_zero(run):
