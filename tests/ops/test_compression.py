@@ -6,12 +6,10 @@ cost a step whose tool returns 8 KiB about a third of a millisecond more
 from __future__ import annotations
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
-from runs.clock import CLOCK
-from runs.domain.writes import EventWrite
 from runs.models import Event
-from runs.store.repository import append_events
+from tests.ops.test_fleet import append, ev
 
 pytestmark = pytest.mark.django_db
 
@@ -39,15 +37,7 @@ def test_a_large_payload_reads_back_as_written(load_agent, submit):
     load_agent(name="bot")
     run = submit(agent="bot")
     text = " ".join(f"word{i}" for i in range(3000))  # ~26 KB: compressed and stored out of line
-    with transaction.atomic(), connection.cursor() as cursor:
-        append_events(
-            cursor,
-            tenant_id=run.tenant_id,
-            session_id=run.session_id,
-            run_id=run.id,
-            epoch=1,
-            events=[EventWrite("tool.call.completed", {"result": text}, CLOCK.now())],
-        )
+    append(run, ev("tool.call.completed", result=text))
     assert Event.objects.get(run_id=run.id, type="tool.call.completed").payload == {"result": text}
     with connection.cursor() as cur:
         cur.execute(
