@@ -8,6 +8,7 @@ one repeats) and is recorded (`method`, `path`, lower-cased `headers`, parsed
   is sent as `data: <json>`, a str event verbatim; `delay` between events;
   `cut_after=n` drops the connection after n events (no final chunk);
   `stall_after=n` goes silent after n events for `stall_for` seconds (60) or until the server stops;
+  `stall_at_end` goes silent likewise after the last event, before the closing chunk;
   `done` appends `data: [DONE]`.
 * `answer(status, body, headers)`: a plain response (JSON or text body).
 * `hang(seconds)`: reads the request and sends nothing for `seconds`.
@@ -29,6 +30,7 @@ def stream(
     cut_after: int | None = None,
     stall_after: int | None = None,
     stall_for: float = 60.0,
+    stall_at_end: bool = False,
     done: bool = True,
     content_type: str = "text/event-stream",
 ) -> dict:
@@ -39,6 +41,7 @@ def stream(
         "cut_after": cut_after,
         "stall_after": stall_after,
         "stall_for": stall_for,
+        "stall_at_end": stall_at_end,
         "done": done,
         "content_type": content_type,
     }
@@ -207,6 +210,9 @@ class FakeOpenAI:
                             return
                     text = f"data: {json.dumps(event)}\n\n" if isinstance(event, dict) else event
                     self._write_chunk(text)
+                if plan["stall_at_end"]:  # every event sent, the closing chunk held back
+                    fake.stopping.wait(plan["stall_for"])
+                    return
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
 

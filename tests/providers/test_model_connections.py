@@ -60,6 +60,20 @@ def test_a_kept_connection_the_server_closed_is_not_lent(make_provider):
         server.close()
 
 
+def test_a_server_that_stalls_after_a_whole_answer_costs_the_attempt_neither_its_answer_nor_its_time(
+    fake, make_provider
+):
+    """The end of a finished stream is read so the connection can be kept;
+    a server that holds that end back gets a second of it, and the turn
+    stands (before keep-alive the attempt returned at the turn's last event)."""
+    fake.push(text_stream("whole", stall_at_end=True, stall_for=3600), text_stream("next"))
+    provider = make_provider(read_timeout=3600)  # no read timeout to fall back on
+    turn = complete_or_hang(provider, RecordingToken())
+    assert turn.text == "whole" and turn.stop_reason is not StopReason.CANCELLED
+    assert provider.complete(make_request(), RecordingToken()).text == "next"
+    assert fake.connections == 2  # the held-back connection was not kept
+
+
 def test_no_keepalive_opens_a_connection_per_attempt(fake, make_provider, settings):
     settings.AGENTRT_MODEL_KEEPALIVE_SECONDS = 0
     fake.push(text_stream("one"), text_stream("two"))

@@ -39,6 +39,7 @@ from runs.providers.wire.turn import Turn as _Turn
 from runs.providers.wire.watchdog import Watchdog
 
 _DRAIN_LIMIT = 64 * 1024
+_DRAIN_SECONDS = 1.0
 
 
 def _drain(lines) -> None:
@@ -251,7 +252,7 @@ class HTTPModelProvider:
                         self.raise_status(response)
                     content_type = response.headers.get("content-type", "").lower()
                     if self.stream and "text/event-stream" in content_type:
-                        self._read_stream(response, turn, token)
+                        self._read_stream(response, turn, token, watchdog)
                     elif not self.stream or "json" in content_type:  # a server that ignored `stream`
                         self.read_json(response, turn)
                     else:
@@ -321,7 +322,7 @@ class HTTPModelProvider:
             "MalformedResponse", f"the model server sent {what}", transient=True, stream_had_output=turn.had_output
         )
 
-    def _read_stream(self, response: httpx.Response, turn: _Turn, token) -> None:
+    def _read_stream(self, response: httpx.Response, turn: _Turn, token, watchdog: Watchdog) -> None:
         # Server-sent events: every protocol here sends one JSON object per
         # `data:` line, so each data line is handled as it comes (a server that
         # omits the blank line between events still works). Comments
@@ -337,7 +338,14 @@ class HTTPModelProvider:
                 continue
             self.on_event(value[1:] if value.startswith(" ") else value, turn)
             if turn.done:
-                _drain(lines)
+                # The turn is whole: read the stream's end so the connection
+                # can be kept, but never let a server that stalls there (or
+                # breaks off) hold the attempt up or cost it its answer.
+                watchdog.wind_down(_DRAIN_SECONDS)
+                try:
+                    _drain(lines)
+                except (httpx.TransportError, httpx.StreamError):
+                    pass
                 return
 
     def _emit(self, text: str) -> None:

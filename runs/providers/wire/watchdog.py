@@ -24,7 +24,8 @@ class Watchdog:
         self.token = token
         self.deadline = deadline
         self.poll = poll
-        self.fired: str | None = None  # "cancel" | "deadline"
+        self.fired: str | None = None  # "cancel" | "deadline" | "wind_down"
+        self._ends_as = "deadline"
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self._finished = threading.Event()
@@ -52,7 +53,7 @@ class Watchdog:
                 self._fire("cancel")
                 return
             if self.deadline is not None and CLOCK.monotonic() >= self.deadline:
-                self._fire("deadline")
+                self._fire(self._ends_as)
                 return
 
     def _fire(self, why: str) -> None:
@@ -69,6 +70,15 @@ class Watchdog:
             socket.socket.shutdown(sock, socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def wind_down(self, seconds: float) -> None:
+        """The answer is whole; what is left (reading its end so the
+        connection can be kept) may take `seconds` at most, after which the
+        socket is shut as `wind_down`, not as the call's deadline."""
+        with self._lock:
+            ends = CLOCK.monotonic() + seconds
+            if self.deadline is None or ends < self.deadline:
+                self.deadline, self._ends_as = ends, "wind_down"
 
     def stop(self) -> None:
         with self._lock:
