@@ -12,6 +12,7 @@ import socket
 
 import pytest
 
+from runs.domain.errors import ModelError
 from runs.domain.values import StopReason
 from runs.providers.wire import pool
 from tests.conftest import wait_for
@@ -102,9 +103,9 @@ def test_the_call_limit_ends_a_stalled_stream_on_a_kept_connection(fake, make_pr
     provider = make_provider(read_timeout=3600)
     provider.complete(make_request(), RecordingToken())
     limited = make_provider(read_timeout=3600, max_call_seconds=1.0)
-    with pytest.raises(Exception) as info:
+    with pytest.raises(ModelError) as info:
         complete_or_hang(limited, RecordingToken())
-    assert getattr(info.value, "error_class", None) == "ModelCallTimeout"
+    assert info.value.error_class == "ModelCallTimeout"
     assert fake.connections == 1
 
 
