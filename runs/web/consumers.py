@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -28,6 +29,7 @@ from runs.services.selectors import event_to_dict
 from runs.web.ws_auth import credential_of, credential_still_valid
 from runs.web.ws_limits import RENEW_EVERY_SECONDS, ws_admit, ws_release, ws_renew
 
+log = logging.getLogger("agentrt.live")
 POLL_SECONDS = 0.5
 BATCH = 200
 MAX_FRAME_CHARS = 4096  # clients send at most a ping
@@ -86,12 +88,17 @@ class _Streaming(AsyncJsonWebsocketConsumer):
         slots (refused with 4429 at the cap) and remember the credential and
         the access to re-check on every poll."""
         if not await ws_admit(user.pk, self.channel_name):
-            await self.close(code=4429)
+            await self.refuse(4429, "user %s is at the cap of open sockets", user.pk)
             return False
         self._slot = (user.pk, self.channel_name)
         self._access = (*credential_of(self.scope), user.pk, tenant_id)
         self._checked = self._renewed = CLOCK.monotonic()
         return True
+
+    async def refuse(self, code: int, why: str, *args) -> None:
+        """Close before accepting (the client sees HTTP 403) and say why in the log."""
+        log.info("websocket refused (%s): " + why, code, *args)
+        await self.close(code=code)
 
     async def start_streaming(self):
         self._wake = asyncio.Event()
@@ -164,8 +171,11 @@ class RunEventsConsumer(_Streaming):
         except ValueError:
             self.cursor = -1
         run = await self._run(user, run_id)
-        if run is None or self.cursor < 0:
-            await self.close(code=4404 if run is None else 4400)  # before any frame: the handshake is refused
+        if run is None:  # before any frame: the handshake is refused
+            await self.refuse(4404, "no run the user can see")
+            return
+        if self.cursor < 0:
+            await self.refuse(4400, "`after` is not a number")
             return
         # What keeps the socket open is what let it open: membership of the
         # run's tenant, or else being a superuser (tenant None in the re-check).
@@ -206,7 +216,7 @@ class RunsConsumer(_Streaming):
         user = self.scope.get("user")
         tenant_id = await _tenant_of(user)
         if tenant_id is None:
-            await self.close(code=4403)
+            await self.refuse(4403, "not signed in, or a member of no tenant")
             return
         if not await self.admit(user, tenant_id):
             return

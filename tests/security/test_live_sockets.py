@@ -29,12 +29,16 @@ class Daphne:
         self.port, self.proc = start_daphne(env, self.log)
 
     def socket(self, cookie: str, path: str = "/ws/runs/"):
-        return connect(
-            f"ws://127.0.0.1:{self.port}{path}",
-            origin=f"http://127.0.0.1:{self.port}",
-            additional_headers={"Cookie": cookie},
-            open_timeout=10,
-        )
+        try:
+            return connect(
+                f"ws://127.0.0.1:{self.port}{path}",
+                origin=f"http://127.0.0.1:{self.port}",
+                additional_headers={"Cookie": cookie},
+                open_timeout=10,
+            )
+        except InvalidStatus as refusal:  # a refusal the test did not expect shows why
+            refusal.add_note(f"daphne on {self.port}, the end of its log:\n{self.output()[-4000:]}")
+            raise
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -87,6 +91,10 @@ def test_two_web_processes_share_one_cap_of_20_sockets_per_user(servers, session
             stack.enter_context(server.socket(cookie))
         assert refused(a, cookie) == 403  # the 21st, on either process
         assert refused(b, cookie) == 403
+        for server in (a, b):  # refused for the cap, not for anything else a 403 could mean
+            wait_for(
+                lambda s=server: "websocket refused (4429)" in s.output(), timeout=10, message="the refusal logged"
+            )
         first.close()  # one closed on A frees a slot for B
         wait_for(lambda: _opens(stack, b, cookie), timeout=10, message="a freed slot")
 
