@@ -79,7 +79,7 @@ mutants: dev
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m tests.mutants.run $(MUTANTS_ARGS)
 
 smoke: dev
-	$(PY) -m pytest tests/smoke -p no:cacheprovider
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest tests/smoke -p no:cacheprovider
 
 bench: venv
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) bench/steps.py $(BENCH_ARGS)

@@ -9,7 +9,6 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
 from pydantic import ValidationError
 
 from checkpoints.models import Checkpoint
@@ -26,7 +25,7 @@ from runs.runtime.finalize import enqueue_drive
 from runs.services.agent_schema import Limits, resolve_limits
 from runs.services.inputs import run_input
 from runs.services.validation import check_text, pydantic_fields
-from runs.store.repository import append_events, pipelined
+from runs.store.repository import active_runs_and_quota, append_events, latest_version, pipelined
 
 
 def _request_hash(agent: str, text: str, session: Any, limits: Any) -> str:
@@ -62,23 +61,23 @@ def run_submit(
     if replayed is not None:
         return replayed, False
     version = _latest_version(tenant, agent)
-    agent_row = version.agent
+    agent_id = version.agent_id
     run_limits = resolve_limits(settings.AGENTRT_DEFAULT_LIMITS, version.definition.get("limits") or {}, requested)
     stamp = _principal_stamp(principal)  # its reads need no lock: before the transaction
     now = CLOCK.now()
     try:
         with transaction.atomic(durable=True):
-            session_row = _session_for(tenant, agent_row, session)
+            session_row = _session_for(tenant, agent_id, session)
             if session_row is None or not Run.objects.filter(session=session_row).exclude(status__in=TERMINAL).exists():
                 _check_quota(tenant)  # (text for a busy session is routed below, not counted)
             new_session = session_row is None
             if session_row is None:
-                session_row = Session(id=IDS.new_id(), tenant=tenant, agent=agent_row, created_at=now)
+                session_row = Session(id=IDS.new_id(), tenant=tenant, agent_id=agent_id, created_at=now)
             run = Run(
                 id=IDS.new_id(),
                 tenant=tenant,
                 session=session_row,
-                agent=agent_row,
+                agent_id=agent_id,
                 agent_version=version.version,
                 input=input,
                 limits=run_limits.model_dump(mode="json"),
@@ -114,13 +113,9 @@ def _principal_stamp(user: Any) -> dict[str, Any]:
 
 
 def _latest_version(tenant: Tenant, agent: str) -> AgentVersion:
-    """The agent's latest version, with the agent, in one read (submit latency: every read before
+    """The agent's latest version, in one read (submit latency: every read before
     the transaction is a round trip between the caller and its first model call)."""
-    version = (
-        AgentVersion.objects.select_related("agent")
-        .filter(agent__tenant=tenant, agent__name=agent, version=F("agent__latest_version"))
-        .first()
-    )
+    version = latest_version(tenant.id, agent)
     if version is None:
         if Agent.objects.filter(tenant=tenant, name=agent).exists():
             raise AgentVersion.DoesNotExist(f"agent {agent!r} has no row for its latest version")
@@ -156,7 +151,7 @@ def _replay(tenant: Tenant, idempotency_key: str | None, request_hash: str) -> R
     return existing
 
 
-def _session_for(tenant: Tenant, agent_row: Agent, session: UUID | str | None) -> Session | None:
+def _session_for(tenant: Tenant, agent_id: UUID, session: UUID | str | None) -> Session | None:
     """The tenant's session the run continues (it must belong to the same agent), or None for a new one."""
     if session is None:
         return None
@@ -167,7 +162,7 @@ def _session_for(tenant: Tenant, agent_row: Agent, session: UUID | str | None) -
     session_row = Session.objects.filter(id=session_id, tenant=tenant).first()
     if session_row is None:
         raise InvalidInput("unknown session", fields={"session": ["unknown session"]})
-    if session_row.agent_id != agent_row.id:
+    if session_row.agent_id != agent_id:
         raise InvalidInput("the session belongs to another agent", fields={"session": ["belongs to another agent"]})
     return session_row
 
@@ -219,18 +214,10 @@ def _check_quota(tenant: Tenant) -> None:
     transaction: the tenant row lock serializes concurrent submits of one tenant,
     so two cannot both pass at the limit. FOR NO KEY UPDATE: it does not block
     the FOR KEY SHARE that inserts referencing the tenant take."""
-    limit = (
-        Tenant.objects.select_for_update(no_key=True)
-        .filter(id=tenant.id)
-        .values_list("max_active_runs", flat=True)
-        .first()
-    )
+    active, limit = active_runs_and_quota(tenant.id)
     if limit is None:
         limit = settings.AGENTRT_MAX_ACTIVE_RUNS or None  # the setting's 0 means no limit
-    if limit is None:
-        return
-    active = Run.objects.filter(tenant_id=tenant.id).exclude(status__in=TERMINAL).count()
-    if active >= limit:
+    if limit is not None and active >= limit:
         raise QuotaExceeded(f"the tenant has {active} active runs and its quota is {limit}; wait for some to finish")
 
 

@@ -31,7 +31,7 @@ from runs.domain import stored_form
 from runs.domain.errors import WorkerFenced
 from runs.domain.records import InvocationRecord
 from runs.domain.writes import EventWrite, UnitOfWork
-from runs.models import Run, ToolInvocation
+from runs.models import TERMINAL, AgentVersion, Run, ToolInvocation
 from runs.runtime.wake import waker
 from runs.store.fence import Transition, fence_statement
 from runs.store.json_text import compact_or_null
@@ -227,6 +227,43 @@ def claimed_run(run_id: UUID) -> Run:
     if isinstance(row.pinned_definition, str | bytes):  # jsonb/JSON text: no field converts an extra column
         row.pinned_definition = json.loads(row.pinned_definition)
     return row
+
+
+def latest_version(tenant_id: UUID, agent_name: str) -> AgentVersion | None:
+    """The latest version of the tenant's agent `agent_name` (None: no such
+    agent, or its latest version's row is gone), in one hand-written read:
+    the ORM's joined read cost about 2 ms of query building on the submit's
+    path, before its transaction."""
+    rows = list(
+        AgentVersion.objects.raw(
+            "SELECT v.* FROM agents a"
+            " JOIN agent_versions v ON v.agent_id = a.id AND v.version = a.latest_version"
+            " WHERE a.tenant_id = %s AND a.name = %s",
+            [sql_uuid(tenant_id), agent_name],
+        )
+    )
+    return rows[0] if rows else None
+
+
+def active_runs_and_quota(tenant_id: UUID) -> tuple[int, int | None]:
+    """Inside the submit's transaction: lock the tenant's row, then count its
+    active runs; returns (active, the tenant's own quota or None). The row
+    lock serializes concurrent submits of one tenant, and the count is a
+    statement of its own so that it sees (READ COMMITTED: a snapshot taken
+    after the lock is granted) the runs of the submit it waited for. FOR NO
+    KEY UPDATE: it does not block the FOR KEY SHARE that inserts referencing
+    the tenant take. Hand-written: two ORM reads cost about 3 ms of query
+    building per submit."""
+    tenant = sql_uuid(tenant_id)
+    terminal = ", ".join(f"'{status}'" for status in sorted(TERMINAL))
+    with _db().cursor() as cursor:
+        cursor.execute(
+            "SELECT max_active_runs FROM tenants WHERE id = %s" + (" FOR NO KEY UPDATE" if is_pg() else ""),
+            [tenant],
+        )
+        row = cursor.fetchone()
+        cursor.execute(f"SELECT count(*) FROM runs WHERE tenant_id = %s AND status NOT IN ({terminal})", [tenant])
+        return cursor.fetchone()[0], row[0] if row else None
 
 
 class DjangoRunStore:
