@@ -8,7 +8,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from pydantic import ValidationError
 
 from checkpoints.models import Checkpoint
@@ -25,7 +25,14 @@ from runs.runtime.finalize import enqueue_drive
 from runs.services.agent_schema import Limits, resolve_limits
 from runs.services.inputs import run_input
 from runs.services.validation import check_text, pydantic_fields
-from runs.store.repository import active_runs_and_quota, append_events, latest_version, pipelined
+from runs.store.repository import (
+    LatestVersion,
+    active_runs_and_quota,
+    append_events,
+    latest_version,
+    pipelined,
+    statement_cursor,
+)
 
 
 def _request_hash(agent: str, text: str, session: Any, limits: Any) -> str:
@@ -112,7 +119,7 @@ def _principal_stamp(user: Any) -> dict[str, Any]:
     return {"principal_user_id": user.pk, "principal_scopes": sorted(user.get_all_permissions())}
 
 
-def _latest_version(tenant: Tenant, agent: str) -> AgentVersion:
+def _latest_version(tenant: Tenant, agent: str) -> LatestVersion:
     """The agent's latest version, in one read (submit latency: every read before
     the transaction is a round trip between the caller and its first model call)."""
     version = latest_version(tenant.id, agent)
@@ -174,7 +181,7 @@ def _record_created(run: Run, agent: str, now) -> None:
         {"agent": agent, "agent_version": run.agent_version, "input": run.input[:2000], **submit_context(run.id)},
         now,
     )
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:  # prepared once per connection
         append_events(
             cursor, tenant_id=run.tenant_id, session_id=run.session_id, run_id=run.id, epoch=0, events=[event]
         )

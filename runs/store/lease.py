@@ -20,7 +20,7 @@ from django.db import connection, transaction
 
 from runs.clock import CLOCK
 from runs.domain.writes import EventWrite
-from runs.store.repository import append_events, is_pg, sql_dt, sql_json, sql_uuid
+from runs.store.repository import append_events, is_pg, sql_dt, sql_json, sql_uuid, statement_cursor
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def claim(*, run_id: UUID | None, owner: str, lease_seconds: float) -> Leased | 
     else:
         sql, params = _claim_next_sql(), _claim_params(owner, lease_seconds)
     with transaction.atomic(durable=True):
-        with connection.cursor() as cursor:
+        with statement_cursor() as cursor:  # prepared once per connection: no planning per claim
             cursor.execute(sql, params)
             row = cursor.fetchone()
             if row is None:
