@@ -29,6 +29,7 @@ from runs.store.repository import (
     LatestVersion,
     active_runs_and_quota,
     append_events,
+    granted_permissions,
     latest_version,
     pipelined,
     statement_cursor,
@@ -116,7 +117,7 @@ def _principal_stamp(user: Any) -> dict[str, Any]:
     worker reads at each execution instead of a credential (seed 002)."""
     if user is None or not getattr(user, "is_authenticated", False):
         return {"principal_user_id": None, "principal_scopes": []}
-    return {"principal_user_id": user.pk, "principal_scopes": sorted(user.get_all_permissions())}
+    return {"principal_user_id": user.pk, "principal_scopes": granted_permissions(user)}
 
 
 def _latest_version(tenant: Tenant, agent: str) -> LatestVersion:

@@ -22,6 +22,7 @@ from uuid import UUID
 import psycopg
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.contenttypes.models import ContentType
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.backends.postgresql.base import ServerBindingCursor
 from psycopg import Pipeline
@@ -228,6 +229,45 @@ def claimed_run(run_id: UUID) -> Run:
     if isinstance(row.pinned_definition, str | bytes):  # jsonb/JSON text: no field converts an extra column
         row.pinned_definition = json.loads(row.pinned_definition)
     return row
+
+
+def granted_permissions(user: Any) -> list[str]:
+    """`user.get_all_permissions()`, sorted. When Django's ModelBackend is the
+    one configured backend that grants permissions (the default), in one
+    hand-written, prepared read instead of its two ORM queries (about 4 ms
+    of a REST submit, which stamps the principal's permissions on the run);
+    any other configuration asks the backends."""
+    from django.contrib.auth import get_backends
+    from django.contrib.auth.backends import ModelBackend
+    from django.contrib.auth.models import Group, Permission
+
+    granting = [b for b in get_backends() if hasattr(b, "get_all_permissions")]
+    if len(granting) != 1 or type(granting[0]) is not ModelBackend:
+        return sorted(user.get_all_permissions())
+    if not user.is_active or user.is_anonymous:
+        return []
+    quote = connection.ops.quote_name
+    perms, groups = (type(user)._meta.get_field(name) for name in ("user_permissions", "groups"))
+    group_perms = Group._meta.get_field("permissions")
+    # (m2m_column_name: the through table's column naming the owner; m2m_reverse_name: the other side)
+    sql = (
+        f"SELECT ct.app_label, p.codename FROM {quote(Permission._meta.db_table)} p"
+        f" JOIN {quote(ContentType._meta.db_table)} ct ON ct.id = p.content_type_id"
+    )
+    params: list[Any] = []
+    if not user.is_superuser:  # a superuser has every permission
+        sql += (
+            f" WHERE p.id IN (SELECT {quote(perms.m2m_reverse_name())} FROM {quote(perms.m2m_db_table())}"
+            f" WHERE {quote(perms.m2m_column_name())} = %s"
+            f" UNION SELECT gp.{quote(group_perms.m2m_reverse_name())} FROM {quote(group_perms.m2m_db_table())} gp"
+            f" JOIN {quote(groups.m2m_db_table())} ug"
+            f" ON ug.{quote(groups.m2m_reverse_name())} = gp.{quote(group_perms.m2m_column_name())}"
+            f" WHERE ug.{quote(groups.m2m_column_name())} = %s)"
+        )
+        params = [user.pk, user.pk]
+    with statement_cursor() as cursor:
+        cursor.execute(sql, params)
+        return sorted({f"{app_label}.{codename}" for app_label, codename in cursor.fetchall()})
 
 
 @dataclass(frozen=True)

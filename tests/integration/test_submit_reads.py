@@ -5,11 +5,12 @@ a session is still seeded with what the session said before."""
 
 from __future__ import annotations
 
+import contextlib
+import re
 from unittest.mock import patch
 
 import pytest
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
 from checkpoints.repository import checkpoint_latest
 from runs.errors import AgentNotFound
@@ -18,18 +19,32 @@ from runs.runtime.executor import run_drive
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def reads(queries) -> list[str]:
-    return [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("SELECT")]
+@contextlib.contextmanager
+def statements():
+    """The SQL this thread's connection is sent, as written (Django's query log
+    has no text for the prepared statements of the store's statement cursor)."""
+    sent: list[str] = []
+
+    def record(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield sent
+
+
+def reads(sent) -> list[str]:
+    return [sql for sql in sent if sql.lstrip().upper().startswith("SELECT")]
 
 
 def test_a_submit_reads_the_agent_once_and_no_history_for_a_new_session(load_agent, submit):
     load_agent(turns=[{"text": "hi"}])
     submit(text="warm")  # the tenant's first submit
-    with CaptureQueriesContext(connection) as q:
+    with statements() as sent:
         submit(text="hello")
-    selects = reads(q.captured_queries)
-    agent_reads = [s for s in selects if '"agents"' in s or '"agent_versions"' in s]
-    assert len(agent_reads) == 1 and 'FROM "agent_versions" INNER JOIN "agents"' in agent_reads[0], agent_reads
+    selects = reads(sent)
+    agent_reads = [s for s in selects if re.search(r"\bagent(s|_versions)\b", s.replace('"', ""))]
+    assert len(agent_reads) == 1 and "JOIN agent_versions" in agent_reads[0], agent_reads
     history = [s for s in selects if 'FROM "runs"' in s and '"runs"."session_id"' in s]
     assert history == [], history
 
@@ -44,6 +59,56 @@ def test_a_run_that_continues_a_session_is_seeded_with_the_sessions_history(load
         ("assistant", "first answer"),
         ("user", "second question"),
     ]
+
+
+def test_the_principals_permissions_read_in_one_statement_are_djangos(tenant, settings):
+    """The permissions stamped on a run (seed 002's scope set) are read in one
+    hand-written statement: the same set as Django's two queries for a user
+    with permissions of their own and through groups (overlapping), for a
+    superuser (every permission), an inactive user (none) and a user with
+    none; with another backend granting permissions, the backends are asked."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group, Permission
+
+    from runs.store.repository import granted_permissions
+
+    User = get_user_model()
+    publish, resolve, view_run = (
+        Permission.objects.get(codename=c) for c in ("publish_agent", "resolve_approval", "view_run")
+    )
+    group, other = Group.objects.create(name="ops"), Group.objects.create(name="viewers")
+    group.permissions.add(publish, resolve)
+    other.permissions.add(view_run)
+    mixed = User.objects.create_user("mixed")
+    mixed.user_permissions.add(publish)  # also through the group
+    mixed.groups.add(group, other)
+    boss = User.objects.create_superuser("boss", password="x")
+    gone = User.objects.create_user("gone", is_active=False)
+    gone.groups.add(group)
+    nobody = User.objects.create_user("nobody")
+
+    for user in (mixed, boss, gone, nobody):
+        fresh = User.objects.get(pk=user.pk)  # Django caches permissions on the instance
+        with statements() as sent:
+            mine = granted_permissions(fresh)
+        assert mine == sorted(User.objects.get(pk=user.pk).get_all_permissions()), user.username
+        assert len(sent) <= 1
+    assert {"runs.publish_agent", "approvals.resolve_approval", "runs.view_run"} <= set(granted_permissions(mixed))
+    assert len(granted_permissions(boss)) == Permission.objects.count()
+    assert granted_permissions(gone) == [] and granted_permissions(nobody) == []
+
+    settings.AUTHENTICATION_BACKENDS = [*settings.AUTHENTICATION_BACKENDS, "tests.integration.test_submit_reads.Grants"]
+    assert granted_permissions(User.objects.get(pk=nobody.pk)) == ["runs.granted_elsewhere"]
+
+
+class Grants:
+    """An authentication backend that grants one permission to everyone."""
+
+    def authenticate(self, request, **credentials):
+        return None
+
+    def get_all_permissions(self, user_obj, obj=None):
+        return {"runs.granted_elsewhere"}
 
 
 def test_an_unknown_agent_is_refused_naming_the_field(load_agent, submit):
@@ -62,10 +127,10 @@ def _reads_until_the_first_model_call(run_id) -> list[str]:
 
     def complete(self, *args, **kwargs):
         if not seen:
-            seen.extend(reads(q.captured_queries))
+            seen.extend(reads(sent))
         return original(self, *args, **kwargs)
 
-    with patch.object(ScriptedProvider, "complete", complete), CaptureQueriesContext(connection) as q:
+    with patch.object(ScriptedProvider, "complete", complete), statements() as sent:
         assert run_drive(run_id=run_id).kind.value == "completed"
     return seen
 
