@@ -28,6 +28,7 @@ from django_q.models import OrmQ
 
 from runs.clock import CLOCK
 from runs.runtime.backoff import Backoff
+from runs.store.repository import statement_cursor
 
 log = logging.getLogger("agentrt.doorbell")
 
@@ -112,7 +113,7 @@ class DoorbellORM(ORM):
         give each task to one pusher, however many clusters read the queue."""
         self.get_connection()  # the stock broker's close_old_connections before it reads
         now = CLOCK.now()
-        with connections[Conf.ORM].cursor() as cursor:
+        with statement_cursor(Conf.ORM) as cursor:  # prepared once per connection: no planning per take
             cursor.execute(
                 f"UPDATE {OrmQ._meta.db_table} SET lock = %s WHERE id IN ("
                 f"SELECT id FROM {OrmQ._meta.db_table} WHERE key = %s AND lock < %s"

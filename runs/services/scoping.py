@@ -23,6 +23,7 @@ from django.db.models import QuerySet
 from approvals.models import Approval
 from runs.errors import RunNotFound
 from runs.models import AgentVersion, Event, Membership, Run, Tenant
+from runs.store.repository import member_tenant
 
 
 def _authenticated(user) -> bool:
@@ -33,8 +34,7 @@ def tenant_for(user) -> Tenant | None:
     """The tenant `user` belongs to and acts in, or None."""
     if not _authenticated(user):
         return None
-    membership = Membership.objects.select_related("tenant").filter(user=user).first()
-    return membership.tenant if membership else None
+    return member_tenant(user.pk)  # one prepared read (runs.store), not the ORM's: asked on every request
 
 
 def sees_every_tenant(user) -> bool:

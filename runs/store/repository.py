@@ -90,7 +90,7 @@ def _announces(work: UnitOfWork) -> bool:
     return outbox.wants(work.events)
 
 
-def statement_cursor() -> Cursor:
+def statement_cursor(alias: str = DEFAULT_DB_ALIAS) -> Cursor:
     """A cursor for the runtime's own single-statement transactions.
 
     Django's cursor binds parameters on the client, so PostgreSQL plans every
@@ -100,7 +100,7 @@ def statement_cursor() -> Cursor:
     a server-binding cursor, and psycopg prepares each shape once per
     connection. It goes through Django's wrappers (error translation,
     execute_wrapper, query logging) like any other cursor."""
-    db = _db()
+    db = connections[alias]
     if db.vendor == "postgresql":
         db.ensure_connection()
         raw = db.connection
@@ -229,6 +229,40 @@ def claimed_run(run_id: UUID) -> Run:
     if isinstance(row.pinned_definition, str | bytes):  # jsonb/JSON text: no field converts an extra column
         row.pinned_definition = json.loads(row.pinned_definition)
     return row
+
+
+def model_from_row(model: Any, values: Iterable[Any], alias: str = DEFAULT_DB_ALIAS) -> Any:
+    """An instance of `model` from a hand-written read of its concrete
+    columns, in their order (`columns_of`), converted as the ORM converts
+    them (JSON text, SQLite's UUIDs and booleans)."""
+    db = connections[alias]
+    fields = model._meta.concrete_fields
+    converted = []
+    for field, value in zip(fields, values, strict=True):
+        col = field.get_col(model._meta.db_table)
+        for convert in db.ops.get_db_converters(col) + field.get_db_converters(db):
+            value = convert(value, col, db)
+        converted.append(value)
+    return model.from_db(alias, [f.attname for f in fields], converted)
+
+
+def columns_of(model: Any, prefix: str) -> str:
+    return ", ".join(f"{prefix}.{connection.ops.quote_name(f.column)}" for f in model._meta.concrete_fields)
+
+
+def member_tenant(user_id: Any) -> Any:
+    """The tenant the user is a member of (a Tenant), or None: one prepared
+    read, asked on every API request (the permission check) and every page."""
+    from runs.models import Tenant
+
+    with statement_cursor() as cursor:
+        cursor.execute(
+            f"SELECT {columns_of(Tenant, 't')} FROM tenants t JOIN memberships m ON m.tenant_id = t.id"
+            " WHERE m.user_id = %s",
+            [user_id],
+        )
+        row = cursor.fetchone()
+    return None if row is None else model_from_row(Tenant, row)
 
 
 def granted_permissions(user: Any) -> list[str]:

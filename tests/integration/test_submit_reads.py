@@ -34,7 +34,8 @@ def statements():
 
 
 def reads(sent) -> list[str]:
-    return [sql for sql in sent if sql.lstrip().upper().startswith("SELECT")]
+    """The SELECTs, with identifiers unquoted (the ORM quotes them, hand-written SQL may not)."""
+    return [sql.replace('"', "") for sql in sent if sql.lstrip().upper().startswith("SELECT")]
 
 
 def test_a_submit_reads_the_agent_once_and_no_history_for_a_new_session(load_agent, submit):
@@ -43,9 +44,9 @@ def test_a_submit_reads_the_agent_once_and_no_history_for_a_new_session(load_age
     with statements() as sent:
         submit(text="hello")
     selects = reads(sent)
-    agent_reads = [s for s in selects if re.search(r"\bagent(s|_versions)\b", s.replace('"', ""))]
+    agent_reads = [s for s in selects if re.search(r"\bagent(s|_versions)\b", s)]
     assert len(agent_reads) == 1 and "JOIN agent_versions" in agent_reads[0], agent_reads
-    history = [s for s in selects if 'FROM "runs"' in s and '"runs"."session_id"' in s]
+    history = [s for s in selects if "FROM runs" in s and "runs.session_id" in s]
     assert history == [], history
 
 
@@ -101,6 +102,34 @@ def test_the_principals_permissions_read_in_one_statement_are_djangos(tenant, se
     assert granted_permissions(User.objects.get(pk=nobody.pk)) == ["runs.granted_elsewhere"]
 
 
+def test_the_members_tenant_read_by_hand_is_the_orms(tenant):
+    """tenant_for (every API request's permission check) reads the member's
+    tenant in one prepared statement: the same instance the ORM reads, JSON
+    policy floor and quota included; no membership, no tenant."""
+    from django.contrib.auth import get_user_model
+
+    from runs.models import Tenant
+    from runs.services import scoping
+    from runs.services.tenants import tenant_configure
+
+    floor = {"default": "allow", "rules": [{"tool": "http_post", "decision": "require_approval"}]}
+    tenant_configure(tenant=tenant, policy_floor=floor, max_active_runs=7)
+    alice = get_user_model().objects.get(username="alice")
+    with statements() as sent:
+        mine = scoping.tenant_for(alice)
+    assert len(sent) == 1
+    orm = Tenant.objects.get(id=tenant.id)
+    assert [getattr(mine, f.attname) for f in Tenant._meta.concrete_fields] == [
+        getattr(orm, f.attname) for f in Tenant._meta.concrete_fields
+    ]
+    assert mine.policy_floor["rules"][0]["decision"] == "require_approval" and mine.max_active_runs == 7
+    assert (mine._state.adding, mine._state.db) == (False, "default")  # as the ORM's: saving updates the row
+    mine.name = "renamed"
+    mine.save(update_fields=["name"])
+    assert Tenant.objects.get(id=tenant.id).name == "renamed"
+    assert scoping.tenant_for(get_user_model().objects.create_user("loner")) is None
+
+
 class Grants:
     """An authentication backend that grants one permission to everyone."""
 
@@ -142,8 +171,8 @@ def test_a_runs_first_lease_reads_neither_its_log_nor_its_calls_before_the_model
     load_agent(turns=[{"text": "hi"}])
     run = submit(text="hello")
     selects = _reads_until_the_first_model_call(run.id)
-    assert any('FROM "checkpoints"' in s for s in selects), selects
-    for table in ('"events"', '"tool_invocations"', '"model_calls"'):
+    assert any("FROM checkpoints" in s for s in selects), selects
+    for table in ("events", "tool_invocations", "model_calls"):
         assert not any(f"FROM {table}" in s for s in selects), (table, selects)
 
 
@@ -157,8 +186,8 @@ def test_a_run_taken_over_still_catches_up_with_its_log_and_counts_its_calls(loa
     run = submit(text="hello")
     Run.objects.filter(id=run.id).update(lease_epoch=1)  # as if an earlier lease had been taken over
     selects = _reads_until_the_first_model_call(run.id)
-    assert any('FROM "tool_invocations"' in s for s in selects), selects
-    assert any('FROM "model_calls"' in s for s in selects), selects
+    assert any("FROM tool_invocations" in s for s in selects), selects
+    assert any("FROM model_calls" in s for s in selects), selects
 
 
 def test_the_claimed_run_its_pinned_definition_and_its_principal_are_one_read(load_agent, submit):
@@ -178,4 +207,4 @@ def test_the_claimed_run_its_pinned_definition_and_its_principal_are_one_read(lo
     assert row.pinned_definition["model"]["turns"] == [{"text": "hi"}]
     selects = _reads_until_the_first_model_call(run.id)
     assert len(selects) == 2, selects
-    assert "AS pinned_definition" in selects[0] and 'FROM "checkpoints"' in selects[1], selects
+    assert "AS pinned_definition" in selects[0] and "FROM checkpoints" in selects[1], selects
