@@ -99,9 +99,11 @@ def statement_cursor(alias: str = DEFAULT_DB_ALIAS) -> Cursor:
     `prepare_threshold` set (settings: on unless AGENTRT_PG_PREPARE=0) this is
     a server-binding cursor, and psycopg prepares each shape once per
     connection. It goes through Django's wrappers (error translation,
-    execute_wrapper, query logging) like any other cursor."""
+    execute_wrapper, query logging) like any other cursor. With the query log
+    on (DEBUG, or a test capturing queries) it is Django's own cursor, so the
+    log shows each statement's text: psycopg keeps none for a prepared one."""
     db = connections[alias]
-    if db.vendor == "postgresql":
+    if db.vendor == "postgresql" and not db.queries_logged:
         db.ensure_connection()
         raw = db.connection
         if raw.prepare_threshold is not None:
