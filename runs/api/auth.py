@@ -10,14 +10,43 @@ and the maintenance sweep `tokens` deletes the other expired tokens
 
 from __future__ import annotations
 
+import binascii
+from hmac import compare_digest
+
+from django.utils.translation import gettext_lazy as _
 from drf_spectacular.contrib.knox_auth_token import KnoxTokenScheme
 from knox import auth as knox_auth
+from knox.crypto import hash_token
+from knox.settings import CONSTANTS, knox_settings
 from knox.signals import token_expired
+from rest_framework import exceptions
 
 from runs.clock import CLOCK
+from runs.store.repository import tokens_with_key
 
 
 class TokenAuthentication(knox_auth.TokenAuthentication):
+    def authenticate_credentials(self, token: bytes):
+        """knox's check, with the candidate tokens and their users read in one
+        prepared statement (runs.store) instead of the ORM's joined read:
+        about 1.5 ms of every authenticated request. The same steps: skip
+        (and delete) an expired candidate, compare digests in constant time,
+        refuse an inactive user."""
+        refused = exceptions.AuthenticationFailed(_("Invalid token."))
+        text = token.decode("utf-8")
+        for auth_token in tokens_with_key(text[: CONSTANTS.TOKEN_KEY_LENGTH]):
+            if self._cleanup_token(auth_token):
+                continue
+            try:
+                digest = hash_token(text)
+            except (TypeError, binascii.Error):
+                raise refused from None
+            if compare_digest(digest, auth_token.digest):
+                if knox_settings.AUTO_REFRESH and auth_token.expiry:
+                    self.renew_token(auth_token)
+                return self.validate_user(auth_token)
+        raise refused
+
     def _cleanup_token(self, auth_token) -> bool:
         """True (and the token deleted) when this token has expired."""
         if auth_token.expiry is not None and auth_token.expiry < CLOCK.now():

@@ -267,6 +267,32 @@ def member_tenant(user_id: Any) -> Any:
     return None if row is None else model_from_row(Tenant, row)
 
 
+def tokens_with_key(token_key: str) -> list[Any]:
+    """knox's tokens whose key is `token_key`, each with its user loaded, in
+    one prepared read (what knox's authentication reads through the ORM)."""
+    from knox.models import get_token_model
+
+    token_model, user_model = get_token_model(), get_user_model()
+    fk = token_model._meta.get_field("user")
+    quote = connection.ops.quote_name
+    with statement_cursor() as cursor:
+        cursor.execute(
+            f"SELECT {columns_of(token_model, 't')}, {columns_of(user_model, 'u')}"
+            f" FROM {quote(token_model._meta.db_table)} t"
+            f" JOIN {quote(user_model._meta.db_table)} u ON u.{quote(fk.target_field.column)} = t.{quote(fk.column)}"
+            f" WHERE t.{quote(token_model._meta.get_field('token_key').column)} = %s",
+            [token_key],
+        )
+        rows = cursor.fetchall()
+    width = len(token_model._meta.concrete_fields)
+    tokens = []
+    for row in rows:
+        token = model_from_row(token_model, row[:width])
+        token.user = model_from_row(user_model, row[width:])
+        tokens.append(token)
+    return tokens
+
+
 def granted_permissions(user: Any) -> list[str]:
     """`user.get_all_permissions()`, sorted. When Django's ModelBackend is the
     one configured backend that grants permissions (the default), in one
@@ -283,7 +309,7 @@ def granted_permissions(user: Any) -> list[str]:
     if not user.is_active or user.is_anonymous:
         return []
     quote = connection.ops.quote_name
-    perms, groups = (type(user)._meta.get_field(name) for name in ("user_permissions", "groups"))
+    perms, groups = (user._meta.get_field(name) for name in ("user_permissions", "groups"))  # (user may be lazy)
     group_perms = Group._meta.get_field("permissions")
     # (m2m_column_name: the through table's column naming the owner; m2m_reverse_name: the other side)
     sql = (

@@ -70,6 +70,7 @@ def test_the_principals_permissions_read_in_one_statement_are_djangos(tenant, se
     none; with another backend granting permissions, the backends are asked."""
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group, Permission
+    from django.utils.functional import SimpleLazyObject
 
     from runs.store.repository import granted_permissions
 
@@ -97,6 +98,8 @@ def test_the_principals_permissions_read_in_one_statement_are_djangos(tenant, se
     assert {"runs.publish_agent", "approvals.resolve_approval", "runs.view_run"} <= set(granted_permissions(mixed))
     assert len(granted_permissions(boss)) == Permission.objects.count()
     assert granted_permissions(gone) == [] and granted_permissions(nobody) == []
+    # a session's request.user is a lazy object (the REST submit's case)
+    assert granted_permissions(SimpleLazyObject(lambda: User.objects.get(pk=mixed.pk))) == granted_permissions(mixed)
 
     settings.AUTHENTICATION_BACKENDS = [*settings.AUTHENTICATION_BACKENDS, "tests.integration.test_submit_reads.Grants"]
     assert granted_permissions(User.objects.get(pk=nobody.pk)) == ["runs.granted_elsewhere"]
