@@ -31,9 +31,12 @@ class TokenAuthentication(knox_auth.TokenAuthentication):
         prepared statement (runs.store) instead of the ORM's joined read:
         about 1.5 ms of every authenticated request. The same steps: skip
         (and delete) an expired candidate, compare digests in constant time,
-        refuse an inactive user."""
+        refuse an inactive user; a token that is not UTF-8 is refused too."""
         refused = exceptions.AuthenticationFailed(_("Invalid token."))
-        text = token.decode("utf-8")
+        try:
+            text = token.decode("utf-8")
+        except UnicodeDecodeError:  # a header byte that is not UTF-8: knox answered 500
+            raise refused from None
         for auth_token in tokens_with_key(text[: CONSTANTS.TOKEN_KEY_LENGTH]):
             if self._cleanup_token(auth_token):
                 continue

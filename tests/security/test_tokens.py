@@ -69,6 +69,21 @@ def test_an_expired_token_is_refused(alice):
 
 
 @pytest.mark.django_db
+def test_a_forged_token_with_a_real_key_and_an_inactive_users_token_are_refused(alice):
+    """The token's first characters only select candidates: the rest must
+    match the stored digest; a deactivated user's valid token is refused."""
+    _, token = AuthToken.objects.create(user=alice)
+    assert api(token).get("/api/runs/").status_code == 200
+    flipped = "0" if token[-1] != "0" else "1"
+    for forged in (token[:-1] + flipped, token[:8], token + "00", token[:8] + "\u00e9" * 10):
+        response = api(forged).get("/api/runs/")
+        assert response.status_code == 401 and response.json()["code"] == "authentication_failed", forged
+    get_user_model().objects.filter(pk=alice.pk).update(is_active=False)
+    response = api(token).get("/api/runs/")
+    assert response.status_code == 401 and response.json()["code"] == "authentication_failed"
+
+
+@pytest.mark.django_db
 def test_a_token_revoked_in_the_admin_is_refused(alice):
     row, token = AuthToken.objects.create(user=alice)
     assert api(token).get("/api/runs/").status_code == 200
