@@ -21,10 +21,13 @@ from uuid import UUID
 
 import psycopg
 from django.conf import settings
-from django.contrib.auth import get_user_model
+from django.contrib.auth import get_backends, get_user_model
+from django.contrib.auth.backends import ModelBackend
+from django.contrib.auth.models import Group, Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.backends.postgresql.base import ServerBindingCursor
+from knox.models import get_token_model
 from psycopg import Pipeline
 from psycopg.generators import fetch_many
 from psycopg.generators import send as send_pending
@@ -33,7 +36,7 @@ from runs.domain import stored_form
 from runs.domain.errors import WorkerFenced
 from runs.domain.records import InvocationRecord
 from runs.domain.writes import EventWrite, UnitOfWork
-from runs.models import TERMINAL, Run, ToolInvocation
+from runs.models import TERMINAL, Run, Tenant, ToolInvocation
 from runs.runtime.wake import waker
 from runs.store.fence import Transition, fence_statement
 from runs.store.json_text import compact_or_null
@@ -255,8 +258,6 @@ def columns_of(model: Any, prefix: str) -> str:
 def member_tenant(user_id: Any) -> Any:
     """The tenant the user is a member of (a Tenant), or None: one prepared
     read, asked on every API request (the permission check) and every page."""
-    from runs.models import Tenant
-
     with statement_cursor() as cursor:
         cursor.execute(
             f"SELECT {columns_of(Tenant, 't')} FROM tenants t JOIN memberships m ON m.tenant_id = t.id"
@@ -270,8 +271,6 @@ def member_tenant(user_id: Any) -> Any:
 def tokens_with_key(token_key: str) -> list[Any]:
     """knox's tokens whose key is `token_key`, each with its user loaded, in
     one prepared read (what knox's authentication reads through the ORM)."""
-    from knox.models import get_token_model
-
     token_model, user_model = get_token_model(), get_user_model()
     fk = token_model._meta.get_field("user")
     quote = connection.ops.quote_name
@@ -299,10 +298,6 @@ def granted_permissions(user: Any) -> list[str]:
     hand-written, prepared read instead of its two ORM queries (about 4 ms
     of a REST submit, which stamps the principal's permissions on the run);
     any other configuration asks the backends."""
-    from django.contrib.auth import get_backends
-    from django.contrib.auth.backends import ModelBackend
-    from django.contrib.auth.models import Group, Permission
-
     granting = [b for b in get_backends() if hasattr(b, "get_all_permissions")]
     if len(granting) != 1 or type(granting[0]) is not ModelBackend:
         return sorted(user.get_all_permissions())
