@@ -14,7 +14,6 @@ end. Identical-call counts are counted from the invocation rows.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from uuid import UUID
 
@@ -27,11 +26,8 @@ from runs.domain.pipeline import ANSWERED, _call_fingerprint
 from runs.domain.stored_form import assistant_item, is_stored, item_from_event, materialised, referenced, tool_item
 from runs.domain.values import InvocationStatus
 from runs.models import Event, Run, ToolInvocation
+from runs.store.json_text import parsed
 from runs.store.repository import sql_uuid, statement_cursor
-
-
-def _json(value):
-    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 def checkpoint_latest(run_id) -> CheckpointState | None:
@@ -50,7 +46,7 @@ def checkpoint_latest(run_id) -> CheckpointState | None:
         return None
     version, full, base, state = newest
     if full:
-        rows = [(version, True, _json(state))]
+        rows = [(version, True, parsed(state))]
     else:
         if base is None:
             return None
@@ -77,7 +73,7 @@ def materialise_rows(run_id, rows: list[tuple[int, bool, dict]]) -> CheckpointSt
                 + ")",
                 [sql_uuid(UUID(str(run_id))), *wanted],
             )
-            events = {seq: (type_, _json(payload)) for seq, type_, payload in cursor.fetchall()}
+            events = {seq: (type_, parsed(payload)) for seq, type_, payload in cursor.fetchall()}
     plain: list[tuple[int, bool, dict]] = []
     links: list[tuple[dict, int]] = []
     for version, full, state in rows:

@@ -31,6 +31,13 @@ def compact(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
+def parsed(value: Any) -> Any:
+    """A JSON column's value as read by hand: text (jsonb through Django's
+    connection, which loads it as text; SQLite's JSON) is parsed, anything
+    already parsed is returned as it is."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
 def compact_or_null(value: Any) -> str | None:
     """`compact`, with None kept as SQL NULL (a column left unset, not JSON `null`)."""
     return None if value is None else compact(value)

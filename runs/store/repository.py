@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,7 +38,7 @@ from runs.domain.writes import EventWrite, UnitOfWork
 from runs.models import TERMINAL, Run, Tenant, ToolInvocation
 from runs.runtime.wake import waker
 from runs.store.fence import Transition, fence_statement
-from runs.store.json_text import compact_or_null
+from runs.store.json_text import compact_or_null, parsed
 from runs.store.pg import Prior, can_batch, unit_statement, watermark_statement
 
 # A database cursor (Django's CursorWrapper; the project has no Django stubs).
@@ -231,8 +230,7 @@ def claimed_run(run_id: UUID) -> Run:
     if not rows:
         raise Run.DoesNotExist(f"no run {run_id}")
     row = rows[0]
-    if isinstance(row.pinned_definition, str | bytes):  # jsonb/JSON text: no field converts an extra column
-        row.pinned_definition = json.loads(row.pinned_definition)
+    row.pinned_definition = parsed(row.pinned_definition)  # no field converts an extra column
     return row
 
 
@@ -349,7 +347,7 @@ def latest_version(tenant_id: UUID, agent_name: str) -> LatestVersion | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    definition = json.loads(row[2]) if isinstance(row[2], str | bytes) else row[2]
+    definition = parsed(row[2])
     agent_id = row[0] if isinstance(row[0], UUID) else UUID(str(row[0]))  # SQLite: hex text
     return LatestVersion(agent_id=agent_id, version=row[1], definition=definition)
 
@@ -465,9 +463,7 @@ class DjangoRunStore:
     def _saw_floor(self, step: int | None, floor: Any) -> None:
         if step is None:
             return
-        if isinstance(floor, str | bytes):  # SQLite hands JSON back as text
-            floor = json.loads(floor)
-        self.floor_seen = (step, floor or {})
+        self.floor_seen = (step, parsed(floor) or {})
 
     def _unit_sql(
         self,
