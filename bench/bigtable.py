@@ -24,7 +24,9 @@ WAITING_FOR_APPROVAL with a pending approval (in the tenant the measured runs
 use; its quota raised). Completed runs are spread over four tenants; one in
 ten keeps its whole checkpoint chain (the prune sweep's work). Secondary
 indexes of the cloned tables are dropped during the load and rebuilt after
-it (same definitions), then the tables are ANALYZEd.
+it (same definitions); the ended runs are folded into `metric_totals` (the
+`metrics` sweep, until nothing is left, as a deployment's maintenance would
+have done as they ended), then the tables are ANALYZEd.
 
 `steps` measures what `bench/steps.py --single` does — one run of `--steps`
 echo steps on a real `qcluster` with one worker, per-step time from the gaps
@@ -335,6 +337,11 @@ def fill(args, url: str) -> dict:
             c.execute(f'ALTER TABLE {table} ADD CONSTRAINT "{constraint}" UNIQUE USING INDEX "{name}"')
         else:
             c.execute(ddl)
+    # A deployment's maintenance folds each ended run into metric_totals once it has settled (the `metrics`
+    # sweep); the clones were written behind its back, so they are folded here, as the sweep would have.
+    t_fold = time.time()
+    folded = fold_history()
+    log(f"folded {folded} ended runs into metric_totals ({time.time() - t_fold:.0f} s)")
     c.execute("VACUUM ANALYZE")
     counts = {t: c.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in CLONED}
     counts["waiting_runs"] = c.execute("SELECT count(*) FROM runs WHERE status = 'WAITING_FOR_APPROVAL'").fetchone()[0]
@@ -527,6 +534,16 @@ def explain(args, big: str) -> dict:
             c.execute(f'DROP DATABASE IF EXISTS "{bench.db_name(copy)}" WITH (FORCE)')
 
 
+def fold_history() -> int:
+    """The `metrics` sweep, again and again, until it folds nothing more."""
+    from maintenance.sweeps.metrics import sweep_metrics
+
+    total = 0
+    while n := sweep_metrics().get("folded_runs", 0):
+        total += n
+    return total
+
+
 def _explain(url: str) -> dict:
     bench.django_setup(url)
     from asgiref.sync import async_to_sync
@@ -536,6 +553,7 @@ def _explain(url: str) -> dict:
 
     from maintenance.sweeps.deliveries import sweep_deliveries
     from maintenance.sweeps.expiry import sweep_expiry
+    from maintenance.sweeps.metrics import sweep_metrics
     from maintenance.sweeps.prune import sweep_prune
     from maintenance.sweeps.reclaim import sweep_reclaim
     from runs.models import Event, Run, Tenant
@@ -594,6 +612,7 @@ def _explain(url: str) -> dict:
     run("sweep: expiry", sweep_expiry)
     run("sweep: prune", sweep_prune)
     run("sweep: deliveries", sweep_deliveries)
+    run("sweep: metrics (fold)", sweep_metrics)
     run("GET /metrics", lambda: client.get("/metrics"))
     scans = [r for r in cap.rows if r["seq_scans"]]
     out = {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """`bench/steps.py --long`: does a step cost the same at step 400 as at step 10?
 
-    python bench/steps.py --long [--long-steps 400] [--result-bytes 8192] [--short-runs 20] [--database-url URL]
+    python bench/steps.py --long [--long-steps 400] [--result-bytes 8192] [--short-runs 20] [--repeats R]
+                                 [--database-url URL]
 
 Through a real `manage.py qcluster` with one worker (the path users take:
 runs.services.run_submit, the doorbell, the executor), on a bench database
@@ -10,7 +11,12 @@ that is dropped and re-created, in this order:
 1. one run of `--long-steps` steps, each a `bench_blob` call (bench/bench_tools.py,
    loaded with AGENTRT_TOOL_MODULES) returning `--result-bytes` of text;
 2. `--short-runs` runs of 10 steps with a small `echo` result each (the
-   reference: the agent of `bench/steps.py`).
+   reference: the agent of `bench/steps.py`);
+3. with `--repeats R`, (1) and (2) again, R times in all, in the same
+   cluster: every figure below is then the median over the repeats (per
+   bucket for the long runs), and each repeat's ratios are given too. The
+   host drifts over minutes; a long run set beside short runs measured just
+   after it, repeated, is less at the mercy of one slow minute.
 
 For the long run, per bucket of 50 steps (`--bucket`):
 
@@ -241,6 +247,31 @@ def short_figures(url: str, ids: list, records: list[tuple]) -> dict:
     }
 
 
+def merge_buckets(runs: list[list[dict]]) -> list[dict]:
+    """Per bucket, the median of each figure over the repeats (one repeat: itself)."""
+    out = []
+    for same in zip(*runs, strict=True):
+        merged = dict(same[0])
+        for key, value in same[0].items():
+            if key != "steps" and isinstance(value, (int, float)):
+                values = [b[key] for b in same if b[key] is not None]
+                merged[key] = round(statistics.median(values), 3) if values else None
+        merged["ms_per_step_each_repeat"] = [b["ms_per_step_median"] for b in same]
+        out.append(merged)
+    return out
+
+
+def merge_short(runs: list[dict]) -> dict:
+    """The short runs of every repeat: medians of their figures."""
+    merged = dict(runs[0])
+    for key in ("ms_per_step_median", "ms_per_step_p90", "wal_bytes_per_step_all_in"):
+        merged[key] = round(statistics.median(r[key] for r in runs), 3)
+    merged["runs"] = sum(r["runs"] for r in runs)
+    merged["steps"] = sum(r["steps"] for r in runs)
+    merged["ms_per_step_each_repeat"] = [r["ms_per_step_median"] for r in runs]
+    return merged
+
+
 def main(args) -> dict:
     url = bench.bench_url(args.database_url)
     os.environ["AGENTRT_TOOL_MODULES"] = ",".join(
@@ -270,13 +301,19 @@ def main(args) -> dict:
         poller.wait(warm, 120, cluster)
         time.sleep(args.settle_seconds)
         c0 = counters.read()
-        l0 = wal.collect()
-        long_ids = bench.submit(tenant, "long", 1, "long")
-        wait_reading_wal(poller, wal, long_ids, args.timeout, cluster)
-        l1 = wal.collect()
-        short_ids = bench.submit(tenant, "short", args.short_runs, "short")
-        wait_reading_wal(poller, wal, short_ids, args.timeout, cluster)
-        l2 = wal.collect()
+        # Long run, then the short runs, `--repeats` times: the host drifts
+        # over minutes, so each long run is set beside short runs measured
+        # right after it, and a bucket's figure is its median over repeats.
+        rounds = []
+        for _ in range(args.repeats):
+            l0 = wal.collect()
+            long_ids = bench.submit(tenant, "long", 1, "long")
+            wait_reading_wal(poller, wal, long_ids, args.timeout, cluster)
+            l1 = wal.collect()
+            short_ids = bench.submit(tenant, "short", args.short_runs, "short")
+            wait_reading_wal(poller, wal, short_ids, args.timeout, cluster)
+            l2 = wal.collect()
+            rounds.append((long_ids[0], short_ids, l0, l1, l2))
         bench.close_django()
     finally:
         cluster.stop()
@@ -286,10 +323,23 @@ def main(args) -> dict:
     c1 = counters.read()
     d = bench.delta(c0, c1)
     long_steps, short_steps = args.long_steps, args.short_runs * SHORT_STEPS
-
-    per_bucket = buckets(url, long_ids[0], wal.between(l0, l1), args.bucket)
-    short = short_figures(url, short_ids, wal.between(l1, l2))
+    repeats = [
+        (buckets(url, long_id, wal.between(l0, l1), args.bucket), short_figures(url, short_ids, wal.between(l1, l2)))
+        for long_id, short_ids, l0, l1, l2 in rounds
+    ]
+    per_bucket = merge_buckets([b for b, _ in repeats])
+    short = merge_short([s for _, s in repeats])
     long_gaps = [b["ms_per_step_median"] for b in per_bucket if b["ms_per_step_median"] is not None]
+    per_repeat = [
+        {
+            "median_of_buckets": round(
+                statistics.median(x["ms_per_step_median"] for x in b) / s["ms_per_step_median"], 3
+            ),
+            "worst_bucket": round(max(x["ms_per_step_median"] for x in b) / s["ms_per_step_median"], 3),
+            "short_ms_per_step_median": s["ms_per_step_median"],
+        }
+        for b, s in repeats
+    ]
     result = {
         "bench": "agentrt_long_run",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -299,6 +349,7 @@ def main(args) -> dict:
             "short_runs": args.short_runs,
             "short_steps": SHORT_STEPS,
             "bucket": args.bucket,
+            "repeats": args.repeats,
             "database": bench.db_name(url),
         },
         "floor_probe_before": probe,
@@ -309,8 +360,11 @@ def main(args) -> dict:
             "median_of_buckets": round(statistics.median(long_gaps) / short["ms_per_step_median"], 3),
             "worst_bucket": round(max(long_gaps) / short["ms_per_step_median"], 3),
         },
+        "ratio_per_repeat": per_repeat,
         "commits_per_step_pg_stat_database": {
-            "both_runs": round((d["xact_commit"] - counters.overhead - poller.queries) / (long_steps + short_steps), 3),
+            "both_runs": round(
+                (d["xact_commit"] - counters.overhead - poller.queries) / ((long_steps + short_steps) * args.repeats), 3
+            ),
             "note": "the long run and the short runs together, with the bench's polls, idle polling and each run's "
             "submit, claim and finalize; pg_stat_database publishes a busy backend's counts at most once a second",
         },
@@ -360,5 +414,8 @@ def print_table(r: dict) -> None:
     )
     q = r["ratio_long_to_short_ms"]
     bench.log(f"  long/short ms per step: {q['median_of_buckets']} (median bucket), {q['worst_bucket']} (worst bucket)")
+    if p["repeats"] > 1:
+        each = ", ".join(f"{x['median_of_buckets']} / {x['worst_bucket']}" for x in r["ratio_per_repeat"])
+        bench.log(f"  (buckets: medians over {p['repeats']} repeats; each repeat alone, median / worst: {each})")
     bench.log(f"  commits/step (pg_stat_database, both runs): {r['commits_per_step_pg_stat_database']['both_runs']}")
     bench.log(f"  load average {r['loadavg_1m']['before']} before, {r['loadavg_1m']['after']} after (shared machine)\n")

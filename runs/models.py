@@ -103,7 +103,8 @@ class Run(models.Model):
     STATUS_CHOICES = choices(RunStatus)
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+    # No index of its own: runs_tenant_created_idx (tenant, -created_at) starts with it and serves every lookup.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="runs")
     agent = models.ForeignKey(Agent, on_delete=models.PROTECT)
     agent_version = models.CharField(max_length=64)
@@ -126,8 +127,15 @@ class Run(models.Model):
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     # A child run (seed 002, M6): the run whose `delegate_run` call started it, and
     # that call's invocation, whose result the child's terminal transition writes.
+    # Indexed only where set (runs_parent_idx): most runs have no parent.
     parent = models.ForeignKey(
-        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="children", editable=False
+        "self",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="children",
+        editable=False,
+        db_index=False,
     )
     parent_invocation = models.UUIDField(null=True, blank=True, editable=False)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
@@ -155,8 +163,10 @@ class Run(models.Model):
         ]
         indexes = [
             models.Index(fields=["deadline_at"], condition=Q(status__in=LIVE), name="runs_live_deadline_idx"),
-            models.Index(fields=["status", "lease_expires_at"], name="runs_status_lease_idx"),
+            # Not on lease_expires_at: a heartbeat, which sets only that, stays a HOT update (no index entry).
+            models.Index(fields=["status", "priority", "created_at"], name="runs_status_queue_idx"),
             models.Index(fields=["tenant", "-created_at"], name="runs_tenant_created_idx"),
+            models.Index(fields=["parent"], condition=Q(parent__isnull=False), name="runs_parent_idx"),
         ]
 
     def __str__(self):

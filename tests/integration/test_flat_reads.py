@@ -20,6 +20,7 @@ from django.test import Client
 from checkpoints.models import Checkpoint
 from maintenance.sweeps import prune
 from maintenance.sweeps.expiry import sweep_expiry
+from ops import fleet
 from runs.domain.events import STATUS_EVENTS
 from runs.models import Run
 from runs.runtime.executor import run_drive
@@ -197,6 +198,39 @@ def test_the_prune_walks_the_endings_index(history, monkeypatch):
 
 def test_the_expiry_sweep_reads_pending_approvals_by_expiry(history):
     assert_index_bound(reads_of(sweep_expiry), uses="approvals_pending_expiry_idx")
+
+
+def test_a_scrape_reads_the_live_runs_from_their_partial_index_alone(history, submit):
+    """`/metrics` and the fleet page count the runs not ended by status and
+    read their ids (ops.fleet): from `runs_active_tenant_idx` alone, whose
+    entries are the live runs, not by walking `runs_status_lease_idx`, whose
+    entries are every run ever made (ops migration 0006)."""
+    submit(text="one live run")
+    assert fleet.fold(10_000, 0) == FINISHED + 1  # the history folded, as the metrics sweep keeps it
+    with connection.cursor() as cur:  # what autovacuum keeps: the visibility map, the tables' statistics
+        cur.execute("VACUUM ANALYZE runs")
+        cur.execute("VACUUM ANALYZE metric_unfolded_runs")
+    reads = reads_of(fleet.fleet_snapshot) + reads_of(fleet.deployment_counters)
+    assert_index_bound(reads)
+    live = [(sql, plan) for sql, plan in reads if re.search(r"FROM runs WHERE status NOT IN", sql)]
+    assert len(live) == 2, [sql for sql, _ in reads]  # the count by status and the ids not folded yet
+    for sql, plan in live:
+        assert "Index Only Scan using runs_active_tenant_idx" in plan, f"{sql[:300]}\n{plan}"
+
+
+def test_a_runs_children_are_found_through_the_partial_parent_index(history):
+    """Only child runs have an entry in `runs_parent_idx` (runs migration 0010);
+    the lookups of a run's children, the children's join and the cascade of a
+    deletion, still go through it."""
+    child_of = Run.objects.filter(parent_id=history.id)
+    reads = reads_of(lambda: (child_of.exclude(status__in=("COMPLETED",)).exists(), list(child_of.values("id"))))
+    assert_index_bound(reads, uses="runs_parent_idx")
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM runs")
+        (runs,) = cur.fetchone()
+        cur.execute("SELECT pg_relation_size('runs_parent_idx'), pg_relation_size('runs_tenant_created_idx')")
+        parent_size, tenant_size = cur.fetchone()
+    assert runs > FINISHED and parent_size < tenant_size / 4  # the runs without a parent are not in it
 
 
 def test_the_partial_indexes_name_the_types_the_code_reads():
