@@ -30,6 +30,7 @@ from runs.runtime.queue import Claim, db_now, run_claim, worker_identity
 from runs.runtime.resume import RunLeased, RunNotRunning, run_resume, settle_unknown
 from runs.runtime.supervisor import Supervisor
 from runs.runtime.wiring import DeltaBatcher, build_context
+from runs.store.repository import keyed_plans
 
 log = logging.getLogger("agentrt.executor")
 
@@ -71,6 +72,7 @@ def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
     with (
         log_context(run=str(claim.run_id), tenant=str(claim.tenant_id), epoch=claim.epoch, worker=claim.owner),
         run_span(claim),
+        keyed_plans(),
     ):
         try:
             ctx = build_context(claim, token=token, lease=supervisor, clock=clock, ids=ids)

@@ -115,6 +115,38 @@ def statement_cursor(alias: str = DEFAULT_DB_ALIAS) -> Cursor:
 
 
 @contextlib.contextmanager
+def keyed_plans() -> Any:
+    """A run's slice with the sequential scan off on this connection
+    (PostgreSQL; elsewhere a plain block).
+
+    Every statement of a slice finds its rows by a key, and the fenced
+    statements are prepared once per connection, so each keeps the plan it
+    got when first prepared. On a table whose statistics say it is nearly
+    empty (a new database, analyzed while it was), that plan can be a
+    sequential scan, which then reads the whole table at every step as it
+    grows, until the next ANALYZE: in bench/RESULTS.md (session 16), runs
+    driven one after another went from 1.07 to 1.45 ms a step, then 1.44 to
+    2.08, reading 2.5 M tool-call rows for 1,600 steps. With the sequential
+    scan off, a key's index is used whatever the statistics say; a statement
+    no index serves still scans. Set back when the slice ends, so a caller
+    driving a run in-process gets its connection back as it was."""
+    db = _db()
+    if db.vendor != "postgresql":
+        yield
+        return
+    with db.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+    try:
+        yield
+    finally:
+        raw = db.connection
+        # A transaction that failed inside (a caller's, in-process) undoes the SET when it rolls back.
+        if raw is not None and not raw.closed and raw.info.transaction_status != psycopg.pq.TransactionStatus.INERROR:
+            with db.cursor() as cursor:
+                cursor.execute("RESET enable_seqscan")
+
+
+@contextlib.contextmanager
 def pipelined() -> Any:
     """Statements whose results nobody reads (INSERTs without RETURNING, the
     ORM's `create` of a model whose key the caller set) are sent without
