@@ -24,7 +24,7 @@ from django.contrib.auth import get_backends, get_user_model
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.models import Group, Permission
 from django.contrib.contenttypes.models import ContentType
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, transaction
 from django.db.backends.postgresql.base import ServerBindingCursor
 from knox.models import get_token_model
 from psycopg import Pipeline
@@ -142,8 +142,13 @@ def keyed_plans() -> Any:
         raw = db.connection
         # A transaction that failed inside (a caller's, in-process) undoes the SET when it rolls back.
         if raw is not None and not raw.closed and raw.info.transaction_status != psycopg.pq.TransactionStatus.INERROR:
-            with db.cursor() as cursor:
-                cursor.execute("RESET enable_seqscan")
+            try:
+                with db.cursor() as cursor:
+                    cursor.execute("RESET enable_seqscan")
+            except DatabaseError:
+                # The slice's outcome is already written; a connection that cannot take the RESET is not kept
+                # with the setting on: the next statement opens another (and meets whatever broke this one).
+                db.close()
 
 
 @contextlib.contextmanager

@@ -7,10 +7,12 @@ over runs of two lengths, driven in-process on the real write path."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from django.db import connection
 
 from runs.runtime.executor import run_drive
+from runs.store.repository import keyed_plans
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -95,3 +97,28 @@ def test_a_slice_finds_its_rows_by_key_even_when_the_statistics_say_the_tables_a
     with connection.cursor() as cursor:
         cursor.execute("SHOW enable_seqscan")
         assert cursor.fetchone()[0] == "on"
+
+
+def test_a_slice_whose_connection_broke_does_not_fail_on_giving_the_setting_back():
+    """The server ends the connection during the slice (a restart, a
+    terminated backend): the slice's own statements have met that already;
+    giving the setting back does not raise a second time, and the next
+    statement runs on a new connection with the default setting."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    with keyed_plans():
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW enable_seqscan")
+            assert cursor.fetchone()[0] == "off"
+        with psycopg.connect(_dsn(), autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid(), current_setting('enable_seqscan')")
+        new_pid, setting = cursor.fetchone()
+    assert new_pid != pid and setting == "on"
+
+
+def _dsn() -> str:
+    s = connection.settings_dict
+    return f"host={s['HOST'] or '127.0.0.1'} port={s['PORT'] or 5432} user={s['USER']} dbname={s['NAME']}"
