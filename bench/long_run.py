@@ -272,6 +272,15 @@ def merge_short(runs: list[dict]) -> dict:
     return merged
 
 
+def ratios(per_bucket: list[dict], short: dict) -> dict:
+    """The long run's step against the short runs': its median bucket and its worst."""
+    gaps = [b["ms_per_step_median"] for b in per_bucket if b["ms_per_step_median"] is not None]
+    return {
+        "median_of_buckets": round(statistics.median(gaps) / short["ms_per_step_median"], 3),
+        "worst_bucket": round(max(gaps) / short["ms_per_step_median"], 3),
+    }
+
+
 def main(args) -> dict:
     url = bench.bench_url(args.database_url)
     os.environ["AGENTRT_TOOL_MODULES"] = ",".join(
@@ -329,17 +338,7 @@ def main(args) -> dict:
     ]
     per_bucket = merge_buckets([b for b, _ in repeats])
     short = merge_short([s for _, s in repeats])
-    long_gaps = [b["ms_per_step_median"] for b in per_bucket if b["ms_per_step_median"] is not None]
-    per_repeat = [
-        {
-            "median_of_buckets": round(
-                statistics.median(x["ms_per_step_median"] for x in b) / s["ms_per_step_median"], 3
-            ),
-            "worst_bucket": round(max(x["ms_per_step_median"] for x in b) / s["ms_per_step_median"], 3),
-            "short_ms_per_step_median": s["ms_per_step_median"],
-        }
-        for b, s in repeats
-    ]
+    per_repeat = [{**ratios(b, s), "short_ms_per_step_median": s["ms_per_step_median"]} for b, s in repeats]
     result = {
         "bench": "agentrt_long_run",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -356,10 +355,7 @@ def main(args) -> dict:
         "loadavg_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
         "long_run_buckets": per_bucket,
         "short_runs": short,
-        "ratio_long_to_short_ms": {
-            "median_of_buckets": round(statistics.median(long_gaps) / short["ms_per_step_median"], 3),
-            "worst_bucket": round(max(long_gaps) / short["ms_per_step_median"], 3),
-        },
+        "ratio_long_to_short_ms": ratios(per_bucket, short),
         "ratio_per_repeat": per_repeat,
         "commits_per_step_pg_stat_database": {
             "both_runs": round(

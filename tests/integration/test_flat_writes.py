@@ -13,6 +13,7 @@ from django.db import connection
 
 from runs.runtime.executor import run_drive
 from runs.store.repository import keyed_plans
+from tests.conftest import subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -111,14 +112,9 @@ def test_a_slice_whose_connection_broke_does_not_fail_on_giving_the_setting_back
         with connection.cursor() as cursor:
             cursor.execute("SHOW enable_seqscan")
             assert cursor.fetchone()[0] == "off"
-        with psycopg.connect(_dsn(), autocommit=True) as other:
+        with psycopg.connect(subprocess_env()["DATABASE_URL"], autocommit=True) as other:
             other.execute("SELECT pg_terminate_backend(%s)", [pid])
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid(), current_setting('enable_seqscan')")
         new_pid, setting = cursor.fetchone()
     assert new_pid != pid and setting == "on"
-
-
-def _dsn() -> str:
-    s = connection.settings_dict
-    return f"host={s['HOST'] or '127.0.0.1'} port={s['PORT'] or 5432} user={s['USER']} dbname={s['NAME']}"
