@@ -12,6 +12,17 @@ PostgreSQL prepares each shape once per connection.
 
 JSON parameters are plain `%s`: PostgreSQL infers `jsonb` from the column
 (an untyped literal or an `unknown` parameter), SQLite stores the text.
+
+A statement that names its run by id checks the run's status as
+`(status || '') = 'RUNNING'`, a form no index serves, so the primary key is
+the only index the planner can take (here, and in the watermark, the
+heartbeat, the claim by id and the take-over). With `status = 'RUNNING'` it
+may take an index that holds the status (`runs_active_tenant_idx`, over the
+live runs, or `runs_status_queue_idx`) when the statistics say few runs have
+that status — a table analyzed before they did, or never analyzed — and then
+read every run with that status at each statement until the next ANALYZE: a
+step's cost grew with the number of running runs (2,265 index entries read
+for a 6-step run among 150 running ones; tests/integration/test_run_row_plans.py).
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ from runs.store.json_text import compact_or_null as _json
 # A worker that lost its lease matches no row and writes nothing.
 STEP_FENCE = (
     "UPDATE runs SET updated_at = %s, usage = COALESCE(%s, usage), step_count = COALESCE(%s, step_count)"
-    " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'"
+    " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND (status || '') = 'RUNNING'"
 )
 
 # The step fence of a unit sent while the unit before it is still in flight
@@ -51,7 +62,7 @@ def transition_fence() -> str:
         " lease_owner = CASE WHEN %s THEN NULL ELSE lease_owner END,"
         " lease_expires_at = CASE WHEN %s THEN NULL ELSE lease_expires_at END,"
         " final_message = COALESCE(%s, final_message), failure = COALESCE(%s, failure), result = COALESCE(%s, result)"
-        " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'"
+        " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND (status || '') = 'RUNNING'"
     )
 
 

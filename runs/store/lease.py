@@ -50,13 +50,13 @@ def _claim_queued_sql() -> str:
         return (
             "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
             " lease_expires_at = now() + make_interval(secs => %s), attempts = attempts + 1, updated_at = now()"
-            " WHERE id = %s AND status = 'QUEUED'"
+            " WHERE id = %s AND (status || '') = 'QUEUED'"
             " RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id"
         )
     return (
         "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
         " lease_expires_at = %s, attempts = attempts + 1, updated_at = %s"
-        " WHERE id = %s AND status = 'QUEUED'"
+        " WHERE id = %s AND (status || '') = 'QUEUED'"
         " RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id"
     )
 
@@ -119,7 +119,7 @@ def renew(*, run_id: UUID, owner: str, epoch: int, lease_seconds: float) -> Beat
     if is_pg():
         sql = (
             "UPDATE runs SET lease_expires_at = now() + make_interval(secs => %s)"
-            " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'"
+            " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND (status || '') = 'RUNNING'"
             " RETURNING cancel_requested_at IS NOT NULL, deadline_at IS NOT NULL AND deadline_at <= now()"
         )
         params: list[Any] = [lease_seconds, run_id, owner, epoch]
@@ -127,7 +127,7 @@ def renew(*, run_id: UUID, owner: str, epoch: int, lease_seconds: float) -> Beat
         now = CLOCK.now()
         sql = (
             "UPDATE runs SET lease_expires_at = %s"
-            " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND status = 'RUNNING'"
+            " WHERE id = %s AND lease_owner = %s AND lease_epoch = %s AND (status || '') = 'RUNNING'"
             " RETURNING cancel_requested_at IS NOT NULL, deadline_at IS NOT NULL AND deadline_at <= %s"
         )
         params = [sql_dt(now + timedelta(seconds=lease_seconds)), run_id.hex, owner, epoch, sql_dt(now)]
@@ -180,14 +180,14 @@ def _take_over_sql() -> str:
             "UPDATE runs SET lease_owner = %s, lease_epoch = lease_epoch + 1,"
             " lease_expires_at = now() + make_interval(secs => %s),"
             " attempts = attempts + 1, lease_expirations = lease_expirations + 1, updated_at = now()"
-            " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s"
+            " WHERE id = %s AND (status || '') = 'RUNNING' AND lease_epoch = %s"
             " AND (lease_expires_at IS NULL OR lease_expires_at < now())"
             " RETURNING lease_epoch, tenant_id, session_id, lease_expirations"
         )
     return (
         "UPDATE runs SET lease_owner = %s, lease_epoch = lease_epoch + 1, lease_expires_at = %s,"
         " attempts = attempts + 1, lease_expirations = lease_expirations + 1, updated_at = %s"
-        " WHERE id = %s AND status = 'RUNNING' AND lease_epoch = %s AND (lease_expires_at IS NULL OR"
+        " WHERE id = %s AND (status || '') = 'RUNNING' AND lease_epoch = %s AND (lease_expires_at IS NULL OR"
         " lease_expires_at < %s)"
         " RETURNING lease_epoch, tenant_id, session_id, lease_expirations"
     )

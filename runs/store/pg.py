@@ -401,7 +401,7 @@ def watermark_statement(
     """The watermark, alone: the fence, `effect_sent_at`, `tool.call.started`."""
     sql = (
         "WITH fenced_run AS (UPDATE runs SET updated_at = %s WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
-        " AND status = 'RUNNING' RETURNING id),"
+        " AND (status || '') = 'RUNNING' RETURNING id),"
         " watermarked AS (UPDATE tool_invocations AS invocation SET effect_sent_at = %s, status = 'executing',"
         " attempt = %s, updated_at = %s, lease_epoch = %s"
         " FROM fenced_run WHERE invocation.id = %s AND invocation.run_id IS NOT DISTINCT FROM fenced_run.id"

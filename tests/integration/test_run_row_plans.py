@@ -1,0 +1,172 @@
+"""The statements that name one run by its id read the run through the
+primary key whatever the statistics say about the statuses (runs.store.fence):
+a step's fence (both forms, and finalize's), the watermark, the heartbeat,
+the claim by id and the take-over. With `status = 'RUNNING'` in their guard,
+a `runs` table analyzed while no run was running let the planner walk
+`runs_active_tenant_idx` (tenant, status over the live runs) instead, and
+read every running run at each of them until the next ANALYZE. Counted by the
+server: index entries read (pg_stat_user_indexes.idx_tup_read), by index."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+from runs.clock import CLOCK
+from runs.models import Run, Session
+from runs.runtime.executor import run_drive
+from runs.store import lease
+from runs.store.fence import Transition, fence_statement
+from runs.store.pg import watermark_statement
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CROWD = 150  # runs RUNNING, and as many QUEUED, that the statistics do not know of
+
+
+def entries_read() -> dict[str, int]:
+    """Index entries of `runs` read so far, by index (this backend's pending
+    counts flushed first: PostgreSQL 15 reports them when it goes idle)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'runs'")
+        return dict(cursor.fetchall())
+
+
+def read_during(fn) -> dict[str, int]:
+    before = entries_read()
+    fn()
+    after = entries_read()
+    return {name: n - before.get(name, 0) for name, n in after.items() if n - before.get(name, 0)}
+
+
+def crowd(template: Run, status: str) -> list[Run]:
+    """CROWD runs of `status` beside `template`, each in a session of its own
+    (one live run per session), under a lease for the RUNNING ones."""
+    sessions = Session.objects.bulk_create(
+        [Session(tenant_id=template.tenant_id, agent_id=template.agent_id) for _ in range(CROWD)]
+    )
+    leased = status == "RUNNING"
+    return Run.objects.bulk_create(
+        [
+            Run(
+                tenant_id=template.tenant_id,
+                session=session,
+                agent_id=template.agent_id,
+                agent_version=template.agent_version,
+                status=status,
+                input="crowd",
+                deadline_at=CLOCK.now() + timedelta(hours=1),
+                lease_owner="crowd" if leased else None,
+                lease_epoch=1 if leased else 0,
+                lease_expires_at=CLOCK.now() + timedelta(minutes=5) if leased else None,
+            )
+            for session in sessions
+        ]
+    )
+
+
+@pytest.fixture
+def crowded(load_agent, submit):
+    """A `runs` table analyzed while it held no RUNNING or QUEUED run, then
+    CROWD of each."""
+    load_agent(
+        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": f"{i}"}}]} for i in range(6)] + [{"text": "done"}]
+    )
+    template = submit(text="template")
+    Run.objects.filter(id=template.id).update(status="COMPLETED")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE runs")
+    return template, crowd(template, "RUNNING"), crowd(template, "QUEUED")
+
+
+def by_status(read: dict[str, int]) -> int:
+    """Entries read in any index of `runs` but its primary key."""
+    return sum(n for name, n in read.items() if name != "runs_pkey")
+
+
+def test_a_runs_steps_read_their_run_by_key_among_many_running_runs(crowded, submit):
+    """A run driven in-process (claim by id, six steps' fenced units,
+    finalize): no index of `runs` is read but its primary key."""
+    run = submit(text="among the crowd")
+    read = read_during(lambda: run_drive(run_id=run.id))
+    assert Run.objects.get(id=run.id).step_count >= 6
+    assert by_status(read) == 0, read  # before: 2,265 entries of runs_active_tenant_idx, 150 a statement
+    assert read.get("runs_pkey", 0) > 0, read
+
+
+def test_the_fences_and_the_watermark_read_their_run_by_key(crowded):
+    """Each fenced statement, sent against a running run of the crowd with the
+    owner it holds, matches by key (and the wrong epoch, so nothing is written)."""
+    _, running, _ = crowded
+    target = running[CROWD // 2]
+    now = CLOCK.now()
+    statements = [
+        fence_statement(None, now, None, run_id=target.id, owner="crowd", epoch=7),
+        fence_statement(None, now, None, run_id=target.id, owner="crowd", epoch=7, after=uuid.uuid4()),
+        fence_statement(
+            None, now, Transition(status="COMPLETED", release_lease=True), run_id=target.id, owner="crowd", epoch=7
+        ),
+        watermark_statement(
+            run_id=target.id,
+            session_id=target.session_id,
+            tenant_id=target.tenant_id,
+            owner="crowd",
+            epoch=7,
+            invocation_id=uuid.uuid4(),
+            attempt=1,
+            at=now,
+            event_payload={},
+        ),
+    ]
+    for sql, params in statements:
+
+        def send(sql=sql, params=params):
+            with connection.cursor() as cursor:
+                for _ in range(6):  # past the point where a prepared statement takes its generic plan
+                    cursor.execute(sql, params)
+
+        read = read_during(send)
+        assert by_status(read) == 0, (sql[:60], read)
+    target.refresh_from_db()
+    assert target.status == "RUNNING" and target.lease_epoch == 1  # the wrong epoch wrote nothing
+
+
+def _heartbeats(running, queued) -> None:
+    for _ in range(6):
+        assert lease.renew(run_id=running[3].id, owner="crowd", epoch=1, lease_seconds=30) is not None
+
+
+def _claims(running, queued) -> None:
+    for run in queued[:6]:
+        assert lease.claim(run_id=run.id, owner="w1", lease_seconds=30) is not None
+
+
+def _take_overs(running, queued) -> None:
+    stale = running[5:11]
+    Run.objects.filter(id__in=[r.id for r in stale]).update(lease_expires_at=CLOCK.now() - timedelta(seconds=1))
+    for run in stale:
+        taken = lease.take_over(
+            run_id=run.id,
+            owner="w2",
+            seen_epoch=1,
+            lease_seconds=30,
+            now=CLOCK.now(),
+            read_observation={},
+            unknown_outcome={},
+            events=lambda t: [],
+        )
+        assert taken is not None and taken.leased.epoch == 2
+
+
+@pytest.mark.parametrize("statement", [_heartbeats, _claims, _take_overs], ids=["heartbeat", "claim", "take_over"])
+def test_the_lease_statements_read_their_run_by_key(crowded, statement):
+    """Six heartbeats of one running run, six claims of queued runs by id, six
+    take-overs of expired leases."""
+    _, running, queued = crowded
+    read = read_during(lambda: statement(running, queued))
+    assert by_status(read) == 0, read
