@@ -247,14 +247,17 @@ def _decidable(approval: Approval, request_hash: str, now):
         id=approval.id,
         status="pending",
         request_hash=request_hash,
-        run_id__in=Run.objects.filter(status="WAITING_FOR_APPROVAL").values("id"),
+        run_id__in=Run.objects.filter(id=approval.run_id, status__unindexed="WAITING_FOR_APPROVAL").values("id"),
     )
 
 
 def _requeue_if_last(run: Run, now, events: list) -> None:
     if Approval.objects.filter(run_id=run.id, status="pending").exists():
         return
-    if Run.objects.filter(id=run.id, status="WAITING_FOR_APPROVAL").update(status="QUEUED", updated_at=now) == 1:
+    if (
+        Run.objects.filter(id=run.id, status__unindexed="WAITING_FOR_APPROVAL").update(status="QUEUED", updated_at=now)
+        == 1
+    ):
         events.append(EventWrite("run.requeued", {"reason": "approval"}, now))
 
         enqueue_drive(run.id)

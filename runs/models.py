@@ -173,6 +173,25 @@ class Run(models.Model):
         return f"{self.id} ({self.status})"
 
 
+class Unindexed(models.Transform):
+    """`status__unindexed="QUEUED"` (or `__unindexed__in=[...]`): the status
+    compared in a form no index serves, `(status || '')`, for a statement that
+    names its run by id. Only the primary key is then left to the planner;
+    with a plain `status = ...` it may walk an index that holds the status
+    (runs_status_queue_idx, runs_active_tenant_idx) and read every run with
+    that status, when the statistics were taken before those runs had it
+    (runs.store.fence says the same of the hand-written statements)."""
+
+    lookup_name = "unindexed"
+
+    def as_sql(self, compiler, connection):
+        lhs, params = compiler.compile(self.lhs)
+        return f"({lhs} || '')", params
+
+
+Run._meta.get_field("status").register_lookup(Unindexed)
+
+
 class ModelCall(models.Model):
     """One row per model attempt: every step's persisted identity.
 

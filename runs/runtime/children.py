@@ -279,7 +279,7 @@ def _answer(
 def _requeue(parent_id: UUID, now: datetime) -> list[EventWrite]:
     """The parent back to the queue (its children all ended) and its doorbell,
     in this transaction; guarded by its waiting status and no lease."""
-    moved = Run.objects.filter(id=parent_id, status=WAITING_FOR_CHILDREN, lease_owner__isnull=True).update(
+    moved = Run.objects.filter(id=parent_id, status__unindexed=WAITING_FOR_CHILDREN, lease_owner__isnull=True).update(
         status=RunStatus.QUEUED.value, updated_at=now
     )
     if moved != 1:
@@ -299,7 +299,7 @@ def _fail_parent(parent_id: UUID, exc: BudgetExceeded, child_id: UUID, now: date
         details={**exc.details, "child_run": str(child_id)},
     ).as_json()
     usage = exc.usage.model_dump(mode="json") if exc.usage is not None else F("usage")
-    failed = Run.objects.filter(id=parent_id, status=WAITING_FOR_CHILDREN, lease_owner__isnull=True).update(
+    failed = Run.objects.filter(id=parent_id, status__unindexed=WAITING_FOR_CHILDREN, lease_owner__isnull=True).update(
         status=RunStatus.FAILED.value, failure=failure, usage=usage, updated_at=now
     )
     if failed != 1:
@@ -318,7 +318,7 @@ def run_end_leaseless(*, run_id: UUID, now: datetime, by: str, parent: UUID | No
     first attempt's record (outcome unknown, I6), and its own children are
     cancelled. True when the transition landed."""
     requested = Coalesce(F("cancel_requested_at"), Value(now, output_field=DateTimeField()))
-    cancelled = Run.objects.filter(id=run_id, status__in=LEASELESS, lease_owner__isnull=True).update(
+    cancelled = Run.objects.filter(id=run_id, status__unindexed__in=LEASELESS, lease_owner__isnull=True).update(
         status=RunStatus.CANCELLED.value, cancel_requested_at=requested, updated_at=now
     )
     if cancelled != 1:
@@ -356,7 +356,7 @@ def children_cancel(*, parent_id: UUID, now: datetime, by: str) -> None:
     for child_id, status in live.values_list("id", "status"):
         if status in LEASELESS and run_end_leaseless(run_id=child_id, now=now, by=by, parent=parent_id):
             continue
-        Run.objects.filter(id=child_id, status=RunStatus.RUNNING.value).update(
+        Run.objects.filter(id=child_id, status__unindexed=RunStatus.RUNNING.value).update(
             cancel_requested_at=requested, updated_at=now
         )
     ToolInvocation.objects.filter(

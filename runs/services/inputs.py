@@ -26,7 +26,7 @@ def run_input(*, run: Run, text: str, by: str = "") -> Run:
         .first()
     )
     with transaction.atomic(durable=True):
-        requeued = Run.objects.filter(id=run.id, status="WAITING_FOR_USER", lease_owner__isnull=True).update(
+        requeued = Run.objects.filter(id=run.id, status__unindexed="WAITING_FOR_USER", lease_owner__isnull=True).update(
             status="QUEUED", updated_at=now
         )
         if requeued != 1:

@@ -38,7 +38,12 @@ def run_cancel(*, run: Run, by: str = "") -> str:
             if parent is not None:
                 child_ended(run_id=run.id, now=now)
             return "CANCELLED"
-        if Run.objects.filter(id=run.id, status="RUNNING").update(cancel_requested_at=requested, updated_at=now) == 1:
+        if (
+            Run.objects.filter(id=run.id, status__unindexed="RUNNING").update(
+                cancel_requested_at=requested, updated_at=now
+            )
+            == 1
+        ):
             return "RUNNING"
     raise RunTerminal("the run has already ended")
 
@@ -59,7 +64,7 @@ def fail_waiting(*, run_id: Any, failure: dict[str, Any], now: Any) -> bool:
     rid = UUID(str(run_id))
     with connection.cursor() as cursor:
         parent = lock_parent(cursor, rid)  # ancestor before descendant: the join's lock order
-    failed = Run.objects.filter(id=rid, status__in=WAITING, lease_owner__isnull=True).update(
+    failed = Run.objects.filter(id=rid, status__unindexed__in=WAITING, lease_owner__isnull=True).update(
         status="FAILED", failure=failure, updated_at=now
     )
     if failed != 1:

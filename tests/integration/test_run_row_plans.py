@@ -1,7 +1,8 @@
 """The statements that name one run by its id read the run through the
 primary key whatever the statistics say about the statuses (runs.store.fence):
 a step's fence (both forms, and finalize's), the watermark, the heartbeat,
-the claim by id and the take-over. With `status = 'RUNNING'` in their guard,
+the claim by id and the take-over; and an approval decision's guard and
+requeue (the ORM's `status__unindexed`). With `status = 'RUNNING'` in their guard,
 a `runs` table analyzed while no run was running let the planner walk
 `runs_active_tenant_idx` (tenant, status over the live runs) instead, and
 read every running run at each of them until the next ANALYZE. Counted by the
@@ -15,6 +16,8 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
+from approvals.models import Approval
+from approvals.services import approval_decide
 from runs.clock import CLOCK
 from runs.models import Run, Session
 from runs.runtime.executor import run_drive
@@ -28,13 +31,17 @@ CROWD = 150  # runs RUNNING, and as many QUEUED, that the statistics do not know
 
 
 def entries_read() -> dict[str, int]:
-    """Index entries of `runs` read so far, by index (this backend's pending
-    counts flushed first: PostgreSQL 15 reports them when it goes idle)."""
+    """Index entries of `runs` read so far, by index, and rows read by
+    sequential scans (this backend's pending counts flushed first:
+    PostgreSQL 15 reports them when it goes idle)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_force_next_flush()")
     with connection.cursor() as cursor:
         cursor.execute("SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'runs'")
-        return dict(cursor.fetchall())
+        read = dict(cursor.fetchall())
+        cursor.execute("SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = 'runs'")
+        read["(sequential)"] = cursor.fetchone()[0]
+        return read
 
 
 def read_during(fn) -> dict[str, int]:
@@ -44,11 +51,11 @@ def read_during(fn) -> dict[str, int]:
     return {name: n - before.get(name, 0) for name, n in after.items() if n - before.get(name, 0)}
 
 
-def crowd(template: Run, status: str) -> list[Run]:
+def crowd(template: Run, status: str, n: int = CROWD) -> list[Run]:
     """CROWD runs of `status` beside `template`, each in a session of its own
     (one live run per session), under a lease for the RUNNING ones."""
     sessions = Session.objects.bulk_create(
-        [Session(tenant_id=template.tenant_id, agent_id=template.agent_id) for _ in range(CROWD)]
+        [Session(tenant_id=template.tenant_id, agent_id=template.agent_id) for _ in range(n)]
     )
     leased = status == "RUNNING"
     return Run.objects.bulk_create(
@@ -84,9 +91,12 @@ def crowded(load_agent, submit):
     return template, crowd(template, "RUNNING"), crowd(template, "QUEUED")
 
 
-def by_status(read: dict[str, int]) -> int:
-    """Entries read in any index of `runs` but its primary key."""
-    return sum(n for name, n in read.items() if name != "runs_pkey")
+def by_status(read: dict[str, int], *, scans: bool = False) -> int:
+    """Entries read in any index of `runs` but its primary key (and, with
+    `scans`, rows read by sequential scans: on a table of a few hundred rows
+    the planner may rightly prefer one, so only a test with a history of
+    thousands counts them)."""
+    return sum(n for name, n in read.items() if name != "runs_pkey" and (scans or name != "(sequential)"))
 
 
 def test_a_runs_steps_read_their_run_by_key_among_many_running_runs(crowded, submit):
@@ -170,3 +180,42 @@ def test_the_lease_statements_read_their_run_by_key(crowded, statement):
     _, running, queued = crowded
     read = read_during(lambda: statement(running, queued))
     assert by_status(read) == 0, read
+
+
+APPROVE_POSTS = {
+    "default": "allow",
+    "rules": [{"tool": "http_post", "decision": "require_approval"}],
+}
+
+
+@pytest.mark.parametrize("statistics", ["taken before they waited", "taken while they wait"])
+def test_an_approval_decision_reads_its_run_by_key_among_many_waiting_runs(
+    load_agent, submit, sink, operator, statistics
+):
+    """Issue 16 item 5's crowd: many runs waiting on approvals, beside a
+    history of ended ones. Deciding one approval reads that run (and its
+    family) by key, not every waiting run: the decision's guard and the
+    requeue name the run by id (`status__unindexed`, runs.models)."""
+    load_agent(
+        turns=[{"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {}}}]}, {"text": "done"}],
+        tools=("http_post",),
+        policy=APPROVE_POSTS,
+    )
+    run = submit(text="waits")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE runs")
+    crowd(Run.objects.get(id=run.id), "WAITING_FOR_APPROVAL")
+    crowd(Run.objects.get(id=run.id), "COMPLETED", 3000)  # a history: a table a scan of which costs
+    if statistics == "taken while they wait":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE runs")
+    assert run_drive(run_id=run.id).kind.value == "suspended"
+    approval = Approval.objects.get(run_id=run.id)
+    read = read_during(
+        lambda: approval_decide(
+            user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash, via="api"
+        )
+    )
+    assert Run.objects.get(id=run.id).status == "QUEUED"
+    assert by_status(read, scans=True) == 0, read  # before: 152 of runs_status_queue_idx (statistics taken before)
+    assert read.get("runs_pkey", 0) > 0, read
