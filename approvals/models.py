@@ -7,6 +7,7 @@ from django.db import models
 from runs.clock import new_uuid, utcnow
 from runs.domain.pipeline import RERUN_KINDS as _DOMAIN_RERUN_KINDS
 from runs.domain.values import ApprovalStatus, choices
+from runs.models import Unindexed
 
 # Approval kinds (DESIGN §8, §17). A "re-run grant" is an approval whose
 # approve runs the same invocation again with the same idempotency key; a
@@ -45,3 +46,10 @@ class Approval(models.Model):
         db_table = "approvals"
         permissions = [("resolve_approval", "Can approve or reject a paused tool call")]
         indexes = [models.Index(fields=["tenant", "status", "-created_at"], name="approvals_pending_idx")]
+
+
+# `status__unindexed="pending"`: a statement that names its approval (or its
+# run's approvals) keeps to that key; with `status = 'pending'` the planner may
+# walk a partial index of the pending approvals and read all of them, when
+# the statistics were taken before they were pending (runs.models.Unindexed).
+Approval._meta.get_field("status").register_lookup(Unindexed)

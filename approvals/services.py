@@ -245,14 +245,14 @@ def _decidable(approval: Approval, request_hash: str, now):
     return Approval.objects.filter(
         Q(expires_at__isnull=True) | Q(expires_at__gt=now),
         id=approval.id,
-        status="pending",
+        status__unindexed="pending",
         request_hash=request_hash,
         run_id__in=Run.objects.filter(id=approval.run_id, status__unindexed="WAITING_FOR_APPROVAL").values("id"),
     )
 
 
 def _requeue_if_last(run: Run, now, events: list) -> None:
-    if Approval.objects.filter(run_id=run.id, status="pending").exists():
+    if Approval.objects.filter(run_id=run.id, status__unindexed="pending").exists():
         return
     if (
         Run.objects.filter(id=run.id, status__unindexed="WAITING_FOR_APPROVAL").update(status="QUEUED", updated_at=now)

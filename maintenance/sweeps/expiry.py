@@ -40,7 +40,12 @@ def _fail(run: Run, reason: FailureReason, message: str, *, approval=None) -> bo
         hold_run(run.id)  # the run before its approval, as a cancel locks them
         events = []
         if approval is not None:
-            if Approval.objects.filter(id=approval.id, status="pending").update(status="expired", decided_at=now) != 1:
+            if (
+                Approval.objects.filter(id=approval.id, status__unindexed="pending").update(
+                    status="expired", decided_at=now
+                )
+                != 1
+            ):
                 return False
             events.append(
                 EventWrite(

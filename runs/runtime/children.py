@@ -323,7 +323,7 @@ def run_end_leaseless(*, run_id: UUID, now: datetime, by: str, parent: UUID | No
     )
     if cancelled != 1:
         return False
-    Approval.objects.filter(run_id=run_id, status="pending").update(status="cancelled", decided_at=now)
+    Approval.objects.filter(run_id=run_id, status__unindexed="pending").update(status="cancelled", decided_at=now)
     ToolInvocation.objects.filter(
         run_id=run_id, effect_sent_at__isnull=False, result__isnull=True, status__in=("authorized", "executing")
     ).update(status="interrupted", error=UNKNOWN_OUTCOME, updated_at=now)

@@ -69,7 +69,7 @@ def fail_waiting(*, run_id: Any, failure: dict[str, Any], now: Any) -> bool:
     )
     if failed != 1:
         return False
-    Approval.objects.filter(run_id=rid, status="pending").update(status="cancelled", decided_at=now)
+    Approval.objects.filter(run_id=rid, status__unindexed="pending").update(status="cancelled", decided_at=now)
     children_cancel(parent_id=rid, now=now, by="parent failed")
     if parent is not None:
         child_ended(run_id=rid, now=now)

@@ -57,7 +57,7 @@ def runs_list(request):
 def run_detail(request, run_id):
     run = _run_or_404(request.user, run_id)
     pending = list(
-        Approval.objects.filter(run=run, status=ApprovalStatus.PENDING).values(
+        Approval.objects.filter(run=run, status__unindexed=ApprovalStatus.PENDING).values(
             "id", "kind", "request_hash", "presentation", "expires_at"
         )
     )

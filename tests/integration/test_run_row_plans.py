@@ -30,24 +30,24 @@ pytestmark = pytest.mark.django_db(transaction=True)
 CROWD = 150  # runs RUNNING, and as many QUEUED, that the statistics do not know of
 
 
-def entries_read() -> dict[str, int]:
-    """Index entries of `runs` read so far, by index, and rows read by
+def entries_read(table: str = "runs") -> dict[str, int]:
+    """Index entries of `table` read so far, by index, and rows read by
     sequential scans (this backend's pending counts flushed first:
     PostgreSQL 15 reports them when it goes idle)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_force_next_flush()")
     with connection.cursor() as cursor:
-        cursor.execute("SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'runs'")
+        cursor.execute("SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = %s", [table])
         read = dict(cursor.fetchall())
-        cursor.execute("SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = 'runs'")
+        cursor.execute("SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = %s", [table])
         read["(sequential)"] = cursor.fetchone()[0]
         return read
 
 
-def read_during(fn) -> dict[str, int]:
-    before = entries_read()
+def read_during(fn, table: str = "runs") -> dict[str, int]:
+    before = entries_read(table)
     fn()
-    after = entries_read()
+    after = entries_read(table)
     return {name: n - before.get(name, 0) for name, n in after.items() if n - before.get(name, 0)}
 
 
@@ -204,18 +204,45 @@ def test_an_approval_decision_reads_its_run_by_key_among_many_waiting_runs(
     run = submit(text="waits")
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE runs")
-    crowd(Run.objects.get(id=run.id), "WAITING_FOR_APPROVAL")
-    crowd(Run.objects.get(id=run.id), "COMPLETED", 3000)  # a history: a table a scan of which costs
+        cursor.execute("ANALYZE approvals")
+    waiting = crowd(Run.objects.get(id=run.id), "WAITING_FOR_APPROVAL")
+    Approval.objects.bulk_create(
+        [
+            Approval(tenant_id=r.tenant_id, run=r, kind="policy", request_hash="0" * 64, expires_at=r.deadline_at)
+            for r in waiting
+        ]
+    )
+    history = crowd(Run.objects.get(id=run.id), "COMPLETED", 3000)  # tables a scan of which costs
+    Approval.objects.bulk_create(
+        [
+            Approval(tenant_id=r.tenant_id, run=r, kind="policy", request_hash="0" * 64, status="approved")
+            for r in history
+        ]
+    )
     if statistics == "taken while they wait":
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE runs")
+            cursor.execute("ANALYZE approvals")
     assert run_drive(run_id=run.id).kind.value == "suspended"
     approval = Approval.objects.get(run_id=run.id)
-    read = read_during(
-        lambda: approval_decide(
-            user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash, via="api"
+    approvals: dict[str, int] = {}
+
+    def decide():
+        approvals.update(
+            read_during(
+                lambda: approval_decide(
+                    user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash, via="api"
+                ),
+                "approvals",
+            )
         )
-    )
+
+    read = read_during(decide)
     assert Run.objects.get(id=run.id).status == "QUEUED"
     assert by_status(read, scans=True) == 0, read  # before: 152 of runs_status_queue_idx (statistics taken before)
     assert read.get("runs_pkey", 0) > 0, read
+    # The approval by its key, the run's approvals by the run's index: not every pending approval.
+    assert {name for name in approvals if name != "(sequential)"} <= {"approvals_pkey", "approvals_run_id_869787cd"}, (
+        approvals
+    )
+    assert "(sequential)" not in approvals, approvals
