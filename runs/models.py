@@ -176,11 +176,13 @@ class Run(models.Model):
 class Unindexed(models.Transform):
     """`status__unindexed="QUEUED"` (or `__unindexed__in=[...]`): the status
     compared in a form no index serves, `(status || '')`, for a statement that
-    names its run by id. Only the primary key is then left to the planner;
+    names its row by key (a run by id; approvals by id or by run, on
+    Approval.status too). Only the key's index is then left to the planner;
     with a plain `status = ...` it may walk an index that holds the status
-    (runs_status_queue_idx, runs_active_tenant_idx) and read every run with
-    that status, when the statistics were taken before those runs had it
-    (runs.store.fence says the same of the hand-written statements)."""
+    (runs_status_queue_idx, runs_active_tenant_idx, the pending approvals'
+    partial indexes) and read every row with that status, when the
+    statistics were taken before those rows had it (runs.store.fence says the
+    same of the hand-written statements)."""
 
     lookup_name = "unindexed"
 
