@@ -14,6 +14,7 @@ from django.db import connection
 from runs.runtime.executor import run_drive
 from runs.store.repository import keyed_plans
 from tests.conftest import subprocess_env
+from tests.pgstats import counts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,16 +29,13 @@ def echo_steps(n: int) -> list[dict]:
 
 
 def index_entries_read() -> dict[str, int]:
-    """Index entries read so far, this backend's included (its pending counts
-    are flushed first: PostgreSQL 15 reports them when the backend goes idle)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_force_next_flush()")
-    with connection.cursor() as cursor:
-        cursor.execute(
+    """Index entries read so far, this backend's included."""
+    return dict(
+        counts(
             "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = ANY(%s)",
             [list(RUN_INDEXES + KEYS)],
         )
-        return dict(cursor.fetchall())
+    )
 
 
 def reads_of_one_run(load_agent, submit, steps: int) -> dict[str, int]:
@@ -66,14 +64,12 @@ def test_a_steps_updates_read_one_index_entry_each_whatever_the_runs_length(load
 
 
 def sequential_scans() -> dict[str, int]:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_force_next_flush()")
-    with connection.cursor() as cursor:
-        cursor.execute(
+    return dict(
+        counts(
             "SELECT relname, seq_scan FROM pg_stat_user_tables"
             " WHERE relname IN ('runs', 'sessions', 'model_calls', 'tool_invocations', 'checkpoints', 'events')"
         )
-        return dict(cursor.fetchall())
+    )
 
 
 def test_a_slice_finds_its_rows_by_key_even_when_the_statistics_say_the_tables_are_empty(load_agent, submit):

@@ -24,6 +24,7 @@ from runs.runtime.executor import run_drive
 from runs.store import lease
 from runs.store.fence import Transition, fence_statement
 from runs.store.pg import watermark_statement
+from tests.pgstats import counts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,16 +33,14 @@ CROWD = 150  # runs RUNNING, and as many QUEUED, that the statistics do not know
 
 def entries_read(table: str = "runs") -> dict[str, int]:
     """Index entries of `table` read so far, by index, and rows read by
-    sequential scans (this backend's pending counts flushed first:
-    PostgreSQL 15 reports them when it goes idle)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_force_next_flush()")
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = %s", [table])
-        read = dict(cursor.fetchall())
-        cursor.execute("SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = %s", [table])
-        read["(sequential)"] = cursor.fetchone()[0]
-        return read
+    sequential scans (as "(sequential)")."""
+    return dict(
+        counts(
+            "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = %s"
+            " UNION ALL SELECT '(sequential)', seq_tup_read FROM pg_stat_user_tables WHERE relname = %s",
+            [table, table],
+        )
+    )
 
 
 def read_during(fn, table: str = "runs") -> dict[str, int]:
@@ -52,7 +51,7 @@ def read_during(fn, table: str = "runs") -> dict[str, int]:
 
 
 def crowd(template: Run, status: str, n: int = CROWD) -> list[Run]:
-    """CROWD runs of `status` beside `template`, each in a session of its own
+    """`n` runs of `status` beside `template`, each in a session of its own
     (one live run per session), under a lease for the RUNNING ones."""
     sessions = Session.objects.bulk_create(
         [Session(tenant_id=template.tenant_id, agent_id=template.agent_id) for _ in range(n)]
