@@ -23,7 +23,7 @@ from approvals.models import CONFIRMABLE_KINDS, Approval
 from approvals.services import approval_confirm, approval_decide, can_resolve
 from runs.admin import TenantScoped
 from runs.clock import CLOCK
-from runs.services.scoping import approvals_actionable_by, as_uuid
+from runs.services.scoping import in_scope
 
 
 class PendingFirst(admin.SimpleListFilter):
@@ -255,7 +255,7 @@ class ApprovalAdmin(TenantScoped):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         obj = self.get_object(request, object_id)
-        if obj is None or not approvals_actionable_by(request.user).filter(id=obj.id).exists():
+        if obj is None or not in_scope(request.user, obj.tenant_id, acting=True):
             raise Http404("no such approval")  # a superuser sees every tenant but decides only in its own
         if not can_resolve(request.user):
             raise PermissionDenied
@@ -268,8 +268,8 @@ class ApprovalAdmin(TenantScoped):
         return HttpResponseRedirect(reverse("admin:approvals_approval_change", args=[obj.id]))
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        acting = approvals_actionable_by(request.user).filter(pk=object_id).exists() if as_uuid(object_id) else False
         obj = self.get_object(request, object_id)
+        acting = obj is not None and in_scope(request.user, obj.tenant_id, acting=True)
         extra_context = {
             **(extra_context or {}),
             "can_resolve": can_resolve(request.user) and acting,

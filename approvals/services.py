@@ -31,7 +31,7 @@ from runs.errors import InvalidInput
 from runs.models import Run, ToolInvocation
 from runs.runtime.finalize import enqueue_drive
 from runs.services.lifecycle import fail_waiting, hold_run
-from runs.services.scoping import approvals_actionable_by, approvals_visible_to, as_uuid
+from runs.services.scoping import as_uuid, scoped_one
 from runs.store.repository import record_events
 
 SURFACES = ("admin", "api", "live")
@@ -43,9 +43,9 @@ def can_resolve(user) -> bool:
 
 def approval_for(*, user, approval_id: Any, acting: bool = False) -> Approval:
     """The approval, if `user` may see it (with `acting`: act on it — its own tenant only, a superuser too)."""
-    aid = as_uuid(approval_id)
-    qs = approvals_actionable_by(user) if acting else approvals_visible_to(user)
-    approval = qs.filter(id=aid).first() if aid else None
+    approval = scoped_one(
+        Approval.objects.select_related("run", "invocation", "decided_by"), user, as_uuid(approval_id), acting=acting
+    )
     if approval is None:
         raise ApprovalNotFound("no such approval")
     return approval

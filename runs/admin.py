@@ -9,7 +9,7 @@ approval actions. The auth, django-q2, knox and axes admins are superuser-only.
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -22,11 +22,32 @@ from runs.services import policy_floor_check, scoping, tenant_configure
 from runs.services.lifecycle import run_cancel
 
 
-class TenantScoped(admin.ModelAdmin):
-    """Staff see only their own tenant's rows (another tenant's is 404); a superuser sees all."""
+class ScopedAdmin(admin.ModelAdmin):
+    """Lists narrowed by runs.services.scoping.scope; one object (the change,
+    history and action pages) read by its key alone and its tenant checked
+    on the row (scoping.scoped_one: a plan that does not depend on the
+    statistics). Subclasses add their joins in `unscoped_queryset`."""
+
+    scope_field = "tenant_id"
+
+    def unscoped_queryset(self, request):
+        return super().get_queryset(request)
 
     def get_queryset(self, request):
-        return scoping.scope(super().get_queryset(request), request.user)
+        return scoping.scope(self.unscoped_queryset(request), request.user, field=self.scope_field)
+
+    def get_object(self, request, object_id, from_field=None):
+        if from_field is not None:
+            return super().get_object(request, object_id, from_field)
+        try:
+            key = self.model._meta.pk.to_python(object_id)
+        except (ValidationError, ValueError):
+            return None
+        return scoping.scoped_one(self.unscoped_queryset(request), request.user, key, field=self.scope_field)
+
+
+class TenantScoped(ScopedAdmin):
+    """Staff see only their own tenant's rows (another tenant's is 404); a superuser sees all."""
 
     def has_add_permission(self, request):
         return False
@@ -44,9 +65,8 @@ class TenantScoped(admin.ModelAdmin):
 
     def acting_only(self, request, queryset):
         """The selection, if every row is in the user's own tenant; 404 otherwise (a superuser acts only in its own)."""
-        ids = list(queryset.values_list("pk", flat=True))
-        allowed = scoping.scope(self.model.objects.filter(pk__in=ids), request.user, acting=True)
-        if allowed.count() != len(ids):
+        allowed = scoping.scoped_all(self.model.objects.all(), request.user, queryset.values_list("pk", flat=True))
+        if allowed is None:
             raise Http404("not found")
         return allowed
 
@@ -106,8 +126,8 @@ class RunAdmin(TenantScoped):
     readonly_fields = [f.name for f in Run._meta.fields] + ["parent_link", "children_links"]
     inlines = [InvocationInline, EventInline]
 
-    def get_queryset(self, request):
-        return super().get_queryset(request).select_related("agent")
+    def unscoped_queryset(self, request):
+        return super().unscoped_queryset(request).select_related("agent")
 
     @admin.display(description="parent run")
     def parent_link(self, obj):
@@ -223,14 +243,12 @@ class TenantForm(forms.ModelForm):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(ScopedAdmin):
     """Superusers manage tenants; a user with runs.change_tenant edits its own tenant's policy floor."""
 
     form = TenantForm
     list_display = ("name", "max_active_runs", "created_at")
-
-    def get_queryset(self, request):
-        return scoping.scope(super().get_queryset(request), request.user, field="id")
+    scope_field = "id"
 
     def has_module_permission(self, request):
         return request.user.is_superuser or self.has_change_permission(request) or self.has_view_permission(request)

@@ -17,7 +17,7 @@ from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from runs.admin import TenantScoped
+from runs.admin import ScopedAdmin, TenantScoped
 from runs.errors import RunError
 from runs.services import scoping
 
@@ -52,15 +52,12 @@ class SubscriptionForm(forms.ModelForm):
 
 
 @admin.register(WebhookSubscription)
-class SubscriptionAdmin(admin.ModelAdmin):
+class SubscriptionAdmin(ScopedAdmin):
     form = SubscriptionForm
     list_display = ("url", "tenant", "events", "active", "created_at")
     list_filter = ("active",)
     actions = ["send_test_event"]
     change_form_template = "admin/webhooks/webhooksubscription/change_form.html"
-
-    def get_queryset(self, request):
-        return scoping.scope(super().get_queryset(request), request.user)
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change=change, **kwargs)

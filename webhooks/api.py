@@ -230,6 +230,6 @@ class WebhookDeliveries(ApiListView):
     def get(self, request, id):
         row = services.subscription_for(user=request.user, subscription_id=id)
         return self.page(
-            services.deliveries_visible_to(request.user).filter(subscription=row).order_by("-created_at", "id"),
+            services.deliveries_of(row).order_by("-created_at", "id"),
             DeliveryOut,
         )

@@ -53,6 +53,51 @@ def scope(queryset: QuerySet, user, *, acting: bool = False, field: str = "tenan
     return queryset.filter(**{field: tenant.id})
 
 
+def in_scope(user, tenant_id: Any, *, acting: bool = False) -> bool:
+    """Whether `user` may see (with `acting`: act on) a row of tenant `tenant_id`:
+    the same rule as `scope`, asked of a row already read."""
+    if not _authenticated(user):
+        return False
+    if not acting and sees_every_tenant(user):
+        return True
+    tenant = tenant_for(user)
+    return tenant is not None and tenant.id == tenant_id
+
+
+def scoped_one(queryset: QuerySet, user, key: Any, *, acting: bool = False, field: str = "tenant_id") -> Any:
+    """The row of `queryset` whose primary key is `key`, if `user` may see it
+    (with `acting`: act on it); None otherwise — another tenant's row exactly
+    as a missing one.
+
+    Read by the key alone, the scope then checked on the row. Narrowed first
+    (`WHERE tenant_id = T AND id = X`), the lookup leaves the planner two
+    indexes that each claim one row when the statistics predate the tenant's
+    rows (a tenant that grew since the last ANALYZE), and the tenant's index
+    reads every row of the tenant to find one. `WHERE id = X` has one
+    candidate, the primary key, whatever the statistics say."""
+    if key is None or not _authenticated(user):
+        return None
+    row = queryset.filter(pk=key).first()
+    if row is None or not in_scope(user, getattr(row, field), acting=acting):
+        return None
+    return row
+
+
+def scoped_all(queryset: QuerySet, user, keys, *, field: str = "tenant_id") -> QuerySet | None:
+    """`queryset` narrowed to the rows whose primary keys are `keys` if each
+    exists and `user` may act on every one (its own tenant's only); None
+    otherwise. Read by the keys alone, like `scoped_one`."""
+    keys = set(keys)
+    tenant = tenant_for(user)
+    if tenant is None:
+        return None
+    rows = queryset.filter(pk__in=keys)
+    found = list(rows.values_list(field, flat=True))
+    if len(found) != len(keys) or any(tenant_id != tenant.id for tenant_id in found):
+        return None
+    return rows
+
+
 def user_with_access(user_id: Any, tenant_id: Any):
     """The re-check of a long-lived connection (the run sockets): the user if it
     is still a member of `tenant_id`, or — with no tenant — still a superuser
@@ -102,17 +147,16 @@ def as_uuid(value: Any) -> UUID | None:
 
 def run_visible(user, run_id: Any) -> Run:
     """The run if `user` may see it; RunNotFound (404) otherwise."""
-    return _one(runs_visible_to(user), run_id)
+    return _one(run_id, user, acting=False)
 
 
 def run_actionable(user, run_id: Any) -> Run:
     """The run if `user` may act on it (its own tenant only); RunNotFound (404) otherwise."""
-    return _one(runs_actionable_by(user), run_id)
+    return _one(run_id, user, acting=True)
 
 
-def _one(queryset: QuerySet, run_id: Any) -> Run:
-    rid = as_uuid(run_id)
-    run = queryset.filter(id=rid).first() if rid else None
+def _one(run_id: Any, user, *, acting: bool) -> Run:
+    run = scoped_one(Run.objects.select_related("agent"), user, as_uuid(run_id), acting=acting)
     if run is None:
         raise RunNotFound("no such run")
     return run

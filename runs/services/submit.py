@@ -167,8 +167,9 @@ def _session_for(tenant: Tenant, agent_id: UUID, session: UUID | str | None) -> 
         session_id = UUID(str(session))
     except ValueError:
         raise InvalidInput("session must be a session id", fields={"session": ["not a valid id"]}) from None
-    session_row = Session.objects.filter(id=session_id, tenant=tenant).first()
-    if session_row is None:
+    # By its key alone, the tenant checked on the row (as runs.services.scoping.scoped_one does, and why).
+    session_row = Session.objects.filter(id=session_id).first()
+    if session_row is None or session_row.tenant_id != tenant.id:
         raise InvalidInput("unknown session", fields={"session": ["unknown session"]})
     if session_row.agent_id != agent_id:
         raise InvalidInput("the session belongs to another agent", fields={"session": ["belongs to another agent"]})

@@ -191,7 +191,7 @@ class RunEventsConsumer(_Streaming):
     @database_sync_to_async
     def _run(self, user, run_id):
         # Reading a run's events is a view: a superuser may watch any tenant's run.
-        return scoping.runs_visible_to(user).select_related(None).filter(id=run_id).only("id").first()
+        return scoping.scoped_one(Run.objects.only("id", "tenant_id"), user, run_id)
 
     @database_sync_to_async
     def _fetch(self):

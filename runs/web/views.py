@@ -20,7 +20,7 @@ from runs.domain.values import ApprovalStatus
 from runs.errors import RunError, RunNotFound
 from runs.models import Run
 from runs.services.lifecycle import run_cancel
-from runs.services.scoping import as_uuid, run_actionable, run_visible, runs_actionable_by, runs_visible_to
+from runs.services.scoping import as_uuid, in_scope, run_actionable, run_visible, runs_visible_to, scoped_one
 from runs.services.selectors import run_to_dict, with_children
 
 # The live pages' own scripts build nodes and set text only, so the browser may refuse every string-to-markup
@@ -71,7 +71,7 @@ def run_detail(request, run_id):
                 {**p, "id": str(p["id"]), "expires_at": p["expires_at"].isoformat() if p["expires_at"] else None}
                 for p in pending
             ],
-            "can_resolve": can_resolve(request.user) and runs_actionable_by(request.user).filter(id=run.id).exists(),
+            "can_resolve": can_resolve(request.user) and in_scope(request.user, run.tenant_id, acting=True),
             "event_types": page_vocabulary(),
             "ancestors": _ancestors(request.user, run),
             "tree": _descendants(request.user, run),
@@ -98,7 +98,7 @@ def _ancestors(user, run: Run) -> list[dict]:
     chain: list[dict] = []
     parent_id = run.parent_id
     while parent_id is not None and len(chain) < TREE_LEVELS:
-        parent = runs_visible_to(user).filter(id=parent_id).first()
+        parent = scoped_one(Run.objects.select_related("agent"), user, parent_id)
         if parent is None:
             break
         chain.insert(0, _node(parent, 0))
