@@ -14,13 +14,15 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from approvals.models import Approval
 from approvals.services import approval_decide
 from runs.clock import CLOCK
 from runs.models import Run, Session
 from runs.runtime.executor import run_drive
+from runs.services.inputs import run_input
+from runs.services.lifecycle import fail_waiting, run_cancel
 from runs.store import lease
 from runs.store.fence import Transition, fence_statement
 from runs.store.pg import watermark_statement
@@ -248,3 +250,35 @@ def test_an_approval_decision_reads_its_run_by_key_among_many_waiting_runs(
     pending_only = {"approvals_pending_kind_idx", "approvals_pending_expiry_idx"}
     assert not pending_only & set(approvals), approvals
     assert "(sequential)" not in approvals, approvals
+
+
+def test_a_cancel_reads_its_run_by_key(crowded):
+    """A cancel of a running run (a request its worker sees) and of a queued
+    one (ended at once): the run's status guard names it by key."""
+    _, running, queued = crowded
+    read = read_during(lambda: run_cancel(run=running[10], by="op"))
+    assert Run.objects.get(id=running[10].id).cancel_requested_at is not None
+    assert by_status(read) == 0, read
+    read = read_during(lambda: run_cancel(run=queued[10], by="op"))
+    assert Run.objects.get(id=queued[10].id).status == "CANCELLED"
+    assert by_status(read) == 0, read
+
+
+def test_an_answer_and_a_failed_wait_read_their_run_by_key(crowded):
+    """Many runs waiting for a person (statistics taken before they waited):
+    an answer requeues its run, and a waiting run failed (an expiry, a passed
+    deadline) ends it, each by key."""
+    template, _, _ = crowded
+    for_user = crowd(template, "WAITING_FOR_USER")
+    for_approval = crowd(template, "WAITING_FOR_APPROVAL")
+    read = read_during(lambda: run_input(run=for_user[7], text="yes"))
+    assert Run.objects.get(id=for_user[7].id).status == "QUEUED"
+    assert by_status(read) == 0, read
+
+    def fail():
+        with transaction.atomic():
+            assert fail_waiting(run_id=for_approval[7].id, failure={"kind": "deadline"}, now=CLOCK.now())
+
+    read = read_during(fail)
+    assert Run.objects.get(id=for_approval[7].id).status == "FAILED"
+    assert by_status(read) == 0, read
