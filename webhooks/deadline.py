@@ -10,15 +10,18 @@ write gets as timeout what is left of one deadline taken when the attempt
 starts, and fails with httpcore's own timeout error once nothing is left.
 Each of those calls waits at most the time left (a write is split into
 pieces a socket accepts in one send), so the attempt ends by the deadline.
-Only name resolution (getaddrinfo) is not bounded: it has no timeout in the
-standard library, which is one reason the claim must be longer than the
-timeout, with room to spare.
+Name resolution has no timeout in the standard library (getaddrinfo waits as
+long as the system's resolver does: tens of seconds for a name server that
+does not answer); it runs on a daemon thread of its own, and the attempt
+waits for it only as long as the deadline leaves (`resolve`). The claim is
+still longer than the timeout, with room to spare.
 """
 
 from __future__ import annotations
 
 import socket
 import ssl
+import threading
 from typing import Any
 
 import httpcore
@@ -51,6 +54,30 @@ class Deadline:
         """httpcore's per-request timeouts: none larger than what is left."""
         left = self.left(httpcore.PoolTimeout)
         return {"connect": left, "read": left, "write": left, "pool": left}
+
+
+def resolve(host: str, port: int, deadline: Deadline, asked: float | None = None) -> list:
+    """getaddrinfo(host, port) for TCP, waited for at most what `deadline`
+    leaves: httpcore's ConnectTimeout after that (the lookup goes on, on its
+    daemon thread, until the system's resolver gives up; nothing waits for it
+    and it holds no connection), ConnectError when the name does not resolve."""
+    done = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def lookup() -> None:
+        try:
+            outcome["addresses"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=lookup, name="webhook-resolve", daemon=True).start()
+    if not done.wait(deadline.left(httpcore.ConnectTimeout, asked)):
+        raise httpcore.ConnectTimeout(f"resolving {host!r} took longer than the attempt's {deadline.seconds:g} s")
+    if "error" in outcome:
+        raise httpcore.ConnectError(f"cannot resolve {host!r}: {outcome['error']}") from outcome["error"]
+    return outcome["addresses"]
 
 
 class DeadlineStream(httpcore.NetworkStream):
@@ -97,10 +124,7 @@ class DeadlineBackend(httpcore.NetworkBackend):
         socket_options: Any = None,
     ) -> httpcore.NetworkStream:
         # socket.create_connection would give each resolved address the whole timeout; here they share the deadline.
-        try:
-            addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
+        addresses = resolve(host, port, self._deadline, timeout)
         last: Exception | None = None
         for *_, address in addresses:  # each address a literal: create_connection resolves nothing more
             left = self._deadline.left(httpcore.ConnectTimeout, timeout)
