@@ -11,6 +11,7 @@ import http.server
 import json
 import select
 import socket
+import ssl
 import threading
 import time
 
@@ -27,7 +28,7 @@ def verify(secret: str, header: str, body: bytes, tolerance: float | None = 300)
 
 
 class Receiver:
-    def __init__(self, secret: str | None = None):
+    def __init__(self, secret: str | None = None, tls: ssl.SSLContext | None = None):
         self.secret = secret
         self.requests: list[dict] = []
         self.processed: dict[str, dict] = {}  # delivery id -> the event, once (the receiver's dedupe)
@@ -109,9 +110,11 @@ class Receiver:
                 pass  # a sender killed mid-request: expected here
 
         self.server = Server(("127.0.0.1", 0), Handler)
+        if tls is not None:  # HTTPS: each accepted connection's handshake (a failed one drops the connection)
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
         self.host = f"127.0.0.1:{self.port}"
-        self.url = f"http://{self.host}/hook"
+        self.url = f"{'https' if tls else 'http'}://{self.host}/hook"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
 
