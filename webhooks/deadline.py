@@ -19,14 +19,13 @@ still longer than the timeout, with room to spare.
 
 from __future__ import annotations
 
-import socket
 import ssl
-import threading
 from typing import Any
 
 import httpcore
 
 from runs.clock import CLOCK
+from runs.net import resolve_within
 
 # At most this many bytes per send(): a socket reported writable has at least this much room (Linux: half its
 # send buffer, whose minimum is 4608 bytes), so each send() completes in the one wait the time left allows.
@@ -58,26 +57,16 @@ class Deadline:
 
 def resolve(host: str, port: int, deadline: Deadline, asked: float | None = None) -> list:
     """getaddrinfo(host, port) for TCP, waited for at most what `deadline`
-    leaves: httpcore's ConnectTimeout after that (the lookup goes on, on its
-    daemon thread, until the system's resolver gives up; nothing waits for it
-    and it holds no connection), ConnectError when the name does not resolve."""
-    done = threading.Event()
-    outcome: dict[str, Any] = {}
-
-    def lookup() -> None:
-        try:
-            outcome["addresses"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            outcome["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=lookup, name="webhook-resolve", daemon=True).start()
-    if not done.wait(deadline.left(httpcore.ConnectTimeout, asked)):
-        raise httpcore.ConnectTimeout(f"resolving {host!r} took longer than the attempt's {deadline.seconds:g} s")
-    if "error" in outcome:
-        raise httpcore.ConnectError(f"cannot resolve {host!r}: {outcome['error']}") from outcome["error"]
-    return outcome["addresses"]
+    leaves (runs.net): httpcore's ConnectTimeout after that, ConnectError
+    when the name does not resolve."""
+    try:
+        return resolve_within(host, port, deadline.left(httpcore.ConnectTimeout, asked))
+    except OSError as exc:
+        if deadline.passed():
+            raise httpcore.ConnectTimeout(
+                f"resolving {host!r} took longer than the attempt's {deadline.seconds:g} s"
+            ) from exc
+        raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
 
 
 class DeadlineStream(httpcore.NetworkStream):

@@ -11,6 +11,7 @@ classified (failed before the request left, uncertain after).
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
 import socket
@@ -19,10 +20,12 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from runs import net
 from runs.domain.errors import OutcomeUnknown, ToolFailure
 from runs.tools.registry import register
 
 MAX_BODY = 256 * 1024
+RESOLVE_SHARE = 0.5  # of a call's timeout, at most, for resolving its host
 # A call may ask for a shorter timeout than the tool's (never a longer one).
 TIMEOUT_ARG = {"type": "number", "exclusiveMinimum": 0, "maximum": 20}
 
@@ -147,6 +150,11 @@ def _request(method: str, url: str, headers: dict, body: bytes | None, timeout: 
     if not parts.hostname:  # _check_url refuses these; never let an empty host mean localhost
         raise ToolFailure("url_not_allowed", "only http and https URLs with a host are allowed")
     conn = conn_class(parts.hostname, parts.port, timeout=timeout)
+    # The lookup gets at most half the call's time (runs.net): a name server that does not answer fails the
+    # call as `dns_failed` — nothing sent — well before the runtime's own timeout would make it an unknown outcome.
+    conn._create_connection = functools.partial(  # type: ignore[attr-defined]
+        net.create_connection, resolve_for=timeout * RESOLVE_SHARE
+    )
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
         try:
