@@ -24,6 +24,7 @@ import functools
 import os
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,7 +32,10 @@ import httpcore
 import httpx
 from django.conf import settings
 
+from runs.net import resolve_within
+
 MAX_IDLE = 8  # idle connections kept per process, across every model server
+RESOLVE_WITHOUT_TIMEOUT = 30.0  # the lookup's bound when a connection is opened with no connect timeout
 
 _here = threading.local()
 _lock = threading.Lock()
@@ -98,7 +102,29 @@ class _WatchedBackend(httpcore.NetworkBackend):
         self._inner = inner
 
     def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        return _Watched(self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
+        """The lookup shares the connect timeout (runs.net: getaddrinfo has
+        none, and no socket exists yet for the watchdog to shut); each
+        resolved address is then connected to as a literal, with what is left."""
+        bound = RESOLVE_WITHOUT_TIMEOUT if timeout is None else timeout
+        started = time.monotonic()
+        try:
+            addresses = resolve_within(host, port, bound)
+        except OSError as exc:
+            if time.monotonic() - started >= bound:
+                raise httpcore.ConnectTimeout(f"resolving {host!r} took longer than {bound:g} s") from exc
+            raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
+        last: Exception | None = None
+        for *_, address in addresses:
+            left = None if timeout is None else timeout - (time.monotonic() - started)
+            if left is not None and left <= 0:
+                raise httpcore.ConnectTimeout(f"connecting to {host!r} took longer than {timeout:g} s")
+            try:
+                inner = self._inner.connect_tcp(str(address[0]), port, left, local_address, socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                last = exc
+            else:
+                return _Watched(inner)
+        raise last or httpcore.ConnectError(f"no address for {host!r}")
 
     def connect_unix_socket(self, path, timeout=None, socket_options=None):
         return _Watched(self._inner.connect_unix_socket(path, timeout, socket_options))
