@@ -110,3 +110,8 @@ class RunWaitTimeout(RunError):
 
     code = "run_wait_timeout"
     status = 408
+
+
+class AddressRefused(OSError):
+    """A host given by name resolved only to addresses an outbound request is
+    never sent to (runs.net.routable): raised before any connection opens."""

@@ -25,7 +25,8 @@ from typing import Any
 import httpcore
 
 from runs.clock import CLOCK
-from runs.net import resolve_within
+from runs.errors import AddressRefused
+from runs.net import resolve_within, routable
 
 # At most this many bytes per send(): a socket reported writable has at least this much room (Linux: half its
 # send buffer, whose minimum is 4608 bytes), so each send() completes in the one wait the time left allows.
@@ -57,10 +58,13 @@ class Deadline:
 
 def resolve(host: str, port: int, deadline: Deadline, asked: float | None = None) -> list:
     """getaddrinfo(host, port) for TCP, waited for at most what `deadline`
-    leaves (runs.net): httpcore's ConnectTimeout after that, ConnectError
-    when the name does not resolve."""
+    leaves, and only the addresses a request may go to (runs.net.routable):
+    httpcore's ConnectTimeout after that, ConnectError when the name does not
+    resolve or only to addresses it may not go to."""
     try:
-        return resolve_within(host, port, deadline.left(httpcore.ConnectTimeout, asked))
+        return routable(host, resolve_within(host, port, deadline.left(httpcore.ConnectTimeout, asked)))
+    except AddressRefused as exc:
+        raise httpcore.ConnectError(str(exc)) from exc
     except OSError as exc:
         if deadline.passed():
             raise httpcore.ConnectTimeout(

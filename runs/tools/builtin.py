@@ -22,6 +22,7 @@ from django.conf import settings
 
 from runs import net
 from runs.domain.errors import OutcomeUnknown, ToolFailure
+from runs.errors import AddressRefused
 from runs.tools.registry import register
 
 MAX_BODY = 256 * 1024
@@ -161,6 +162,8 @@ def _request(method: str, url: str, headers: dict, body: bytes | None, timeout: 
             conn.connect()
         except socket.gaierror as exc:
             raise ToolFailure("dns_failed", f"could not resolve {parts.hostname!r}; the request was not sent") from exc
+        except AddressRefused as exc:
+            raise ToolFailure("address_not_allowed", f"{exc}; the request was not sent") from exc
         except TimeoutError as exc:
             raise ToolFailure("connect_timeout", "the connection timed out; the request was not sent") from exc
         except OSError as exc:
