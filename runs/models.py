@@ -53,7 +53,8 @@ class Membership(models.Model):
 
 class Agent(models.Model):
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="agents")
+    # No index of its own: agent_name_unique_per_tenant leads with the tenant (one index to pick, and to write).
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="agents", db_index=False)
     name = models.CharField(max_length=100)
     latest_version = models.CharField(max_length=64)
     created_at = models.DateTimeField(default=utcnow, editable=False)
@@ -73,7 +74,8 @@ class AgentVersion(models.Model):
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
-    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="versions")
+    # No index of its own: agent_version_unique leads with the agent.
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="versions", db_index=False)
     version = models.CharField(max_length=64)
     definition = models.JSONField()
     policy_version = models.CharField(max_length=64, default="")

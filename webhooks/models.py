@@ -32,7 +32,10 @@ TERMINAL_EVENTS = ("run.completed", "run.failed", "run.cancelled")
 
 class WebhookSubscription(models.Model):
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
-    tenant = models.ForeignKey("runs.Tenant", on_delete=models.CASCADE, related_name="webhook_subscriptions")
+    # No index of its own: webhook_subs_tenant_idx leads with the tenant.
+    tenant = models.ForeignKey(
+        "runs.Tenant", on_delete=models.CASCADE, related_name="webhook_subscriptions", db_index=False
+    )
     url = models.URLField(max_length=2000)
     event_types = models.JSONField(default=list)
     active = models.BooleanField(default=True)
@@ -60,12 +63,16 @@ class Delivery(models.Model):
     STATUSES = [(s, s) for s in ("pending", "succeeded", "failed", "cancelled")]
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
-    tenant = models.ForeignKey("runs.Tenant", on_delete=models.CASCADE, related_name="+")
-    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    # The three keys have no index of their own: deliveries_tenant_idx, deliveries_run_idx and
+    # deliveries_sub_idx lead with them (deliveries_run_idx was an exact copy of the run key's).
+    tenant = models.ForeignKey("runs.Tenant", on_delete=models.CASCADE, related_name="+", db_index=False)
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.CASCADE, null=True, blank=True, related_name="+", db_index=False
+    )
     kind = models.CharField(max_length=8, choices=KINDS)
     hook = models.CharField(max_length=200, blank=True, default="")
     subscription = models.ForeignKey(
-        WebhookSubscription, on_delete=models.SET_NULL, null=True, blank=True, related_name="deliveries"
+        WebhookSubscription, on_delete=models.SET_NULL, null=True, blank=True, related_name="deliveries", db_index=False
     )
     event_type = models.CharField(max_length=64)
     event_sequence = models.BigIntegerField(null=True, blank=True)
