@@ -26,30 +26,11 @@ from runs.services.lifecycle import fail_waiting, run_cancel
 from runs.store import lease
 from runs.store.fence import Transition, fence_statement
 from runs.store.pg import watermark_statement
-from tests.pgstats import counts
+from tests.pgstats import read_during
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CROWD = 150  # runs RUNNING, and as many QUEUED, that the statistics do not know of
-
-
-def entries_read(table: str = "runs") -> dict[str, int]:
-    """Index entries of `table` read so far, by index, and rows read by
-    sequential scans (as "(sequential)")."""
-    return dict(
-        counts(
-            "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = %s"
-            " UNION ALL SELECT '(sequential)', seq_tup_read FROM pg_stat_user_tables WHERE relname = %s",
-            [table, table],
-        )
-    )
-
-
-def read_during(fn, table: str = "runs") -> dict[str, int]:
-    before = entries_read(table)
-    fn()
-    after = entries_read(table)
-    return {name: n - before.get(name, 0) for name, n in after.items() if n - before.get(name, 0)}
 
 
 def crowd(template: Run, status: str, n: int = CROWD) -> list[Run]:

@@ -25,7 +25,7 @@ from approvals.services import approval_for
 from runs.errors import InvalidInput, RunNotFound
 from runs.models import Run, Session
 from runs.services import agent_load, run_submit, scoping, tenant_create
-from tests.pgstats import counts
+from tests.pgstats import counts, read_during
 from webhooks.models import WebhookSubscription
 from webhooks.services import SubscriptionNotFound, subscription_for
 
@@ -33,16 +33,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 CROWD = 300
 TABLES = ("runs", "approvals", "sessions", "webhook_subscriptions")
-
-
-def index_reads(table: str) -> dict[str, int]:
-    return dict(
-        counts(
-            "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = %s"
-            " UNION ALL SELECT '(sequential)', seq_tup_read FROM pg_stat_user_tables WHERE relname = %s",
-            [table, table],
-        )
-    )
 
 
 def tenant_indexes(table: str) -> set[str]:
@@ -57,13 +47,6 @@ def tenant_indexes(table: str) -> set[str]:
     }
     assert found, f"{table} has no index that leads with the tenant: this test would prove nothing"
     return found
-
-
-def read_during(fn, table: str) -> dict[str, int]:
-    before = index_reads(table)
-    fn()
-    after = index_reads(table)
-    return {name: n - before.get(name, 0) for name, n in after.items() if n - before.get(name, 0)}
 
 
 def fill(tenant, agent, n: int) -> dict[str, list]:
