@@ -24,7 +24,6 @@ import functools
 import os
 import ssl
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +31,7 @@ import httpcore
 import httpx
 from django.conf import settings
 
+from runs.clock import CLOCK
 from runs.net import resolve_within
 
 MAX_IDLE = 8  # idle connections kept per process, across every model server
@@ -106,16 +106,16 @@ class _WatchedBackend(httpcore.NetworkBackend):
         none, and no socket exists yet for the watchdog to shut); each
         resolved address is then connected to as a literal, with what is left."""
         bound = RESOLVE_WITHOUT_TIMEOUT if timeout is None else timeout
-        started = time.monotonic()
+        started = CLOCK.monotonic()
         try:
             addresses = resolve_within(host, port, bound)
         except OSError as exc:
-            if time.monotonic() - started >= bound:
+            if CLOCK.monotonic() - started >= bound:
                 raise httpcore.ConnectTimeout(f"resolving {host!r} took longer than {bound:g} s") from exc
             raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
         last: Exception | None = None
         for *_, address in addresses:
-            left = None if timeout is None else timeout - (time.monotonic() - started)
+            left = None if timeout is None else timeout - (CLOCK.monotonic() - started)
             if left is not None and left <= 0:
                 raise httpcore.ConnectTimeout(f"connecting to {host!r} took longer than {timeout:g} s")
             try:
