@@ -50,10 +50,6 @@ def subscriptions_visible_to(user) -> QuerySet:
     return scoping.scope(WebhookSubscription.objects.all(), user)
 
 
-def deliveries_visible_to(user) -> QuerySet:
-    return scoping.scope(Delivery.objects.all(), user)
-
-
 def deliveries_of(subscription: WebhookSubscription) -> QuerySet:
     """The deliveries of a subscription the caller already found in its scope
     (`subscription_for`): they are its tenant's. Not narrowed by tenant again,

@@ -7,9 +7,10 @@ cancel, resume, input, approve and reject on another tenant's object are
 WebSocket consumers and the services all ask here; nothing else filters by
 tenant on a user's behalf.
 
-`*_visible_to(user)` are for reads; `*_actionable_by(user)` for writes.
-Anonymous or inactive users, and users without a tenant (other than a
-superuser's reads), get an empty queryset.
+`*_visible_to(user)` narrow the lists; one object is read by its key and
+checked with `scoped_one` (`acting=True` for writes: `run_actionable`,
+`approval_for(acting=True)`). Anonymous or inactive users, and users without
+a tenant (other than a superuser's reads), see nothing.
 """
 
 from __future__ import annotations
@@ -121,20 +122,12 @@ def runs_visible_to(user) -> QuerySet:
     return scope(Run.objects.select_related("agent"), user)
 
 
-def runs_actionable_by(user) -> QuerySet:
-    return scope(Run.objects.select_related("agent"), user, acting=True)
-
-
 def agent_versions_visible_to(user) -> QuerySet:
     return scope(AgentVersion.objects.select_related("agent"), user)
 
 
 def approvals_visible_to(user) -> QuerySet:
     return scope(Approval.objects.select_related("run", "invocation", "decided_by"), user)
-
-
-def approvals_actionable_by(user) -> QuerySet:
-    return scope(Approval.objects.select_related("run", "invocation", "decided_by"), user, acting=True)
 
 
 def as_uuid(value: Any) -> UUID | None:
