@@ -5,6 +5,7 @@ its own named smoke test, tests/smoke)."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -283,11 +284,50 @@ def race(*fns):
     return results
 
 
-def free_port() -> int:
-    """A local TCP port nothing listens on (now)."""
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _port_band() -> range:
+    """This test process's ports: below the kernel's ephemeral range (so no
+    outgoing connection of any process is handed one of them between the
+    moment a test picks it and the moment its server binds it), one band per
+    xdist worker (so two workers never pick the same one)."""
+    low, _ = _ephemeral_range()
+    base = 10000 if low > 12000 else 1024
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), index + 1)
+    width = (low - base) // count
+    return range(base + index * width, base + (index + 1) * width)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(count: int = 1) -> int:
+    """The first of `count` consecutive local TCP ports nothing holds (now),
+    from this process's band (see `_port_band`): a port taken from the
+    ephemeral range could be handed to another process's outgoing connection
+    before the server meant for it listens (CI saw `Address already in use`
+    for the second port of a two-node cluster)."""
+    band = _port_band()
+    rng = random.Random()
+    for _ in range(1000):
+        first = rng.randrange(band.start, band.stop - count + 1)
+        if all(_bindable(first + i) for i in range(count)):
+            return first
+    raise RuntimeError(f"no {count} free consecutive ports in {band}")
 
 
 def start_daphne(env: dict, log) -> tuple[int, subprocess.Popen]:

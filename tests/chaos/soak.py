@@ -92,11 +92,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tests import secret_env  # noqa: F401  (a throw-away DJANGO_SECRET_KEY for this and its processes)
 from tests.chaos.fleet import DEFAULT_MIX, WebSubmitter, node_roles, parse_mix
-from tests.chaos.pgcluster import PrivatePostgres, free_port
+from tests.chaos.pgcluster import PrivatePostgres
 from tests.chaos.plans import PLAN_NAMES, PLANS, POINTS, POST_TIMEOUT, RunSpec, agent_definition
 from tests.chaos.procs import ROOT, Proc, descendants, proc_state, proc_table, recreate_database
 from tests.chaos.report import render_markdown
 from tests.chaos.snapshot import take_snapshot
+from tests.conftest import free_port
 
 LEASE = 2.0
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")

@@ -26,17 +26,6 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def two_free_ports() -> int:
-    while True:
-        p = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p + 1))
-            except OSError:
-                continue
-        return p
-
-
 class ClusterCommand:
     def __init__(self, tmp_path, *args: str, env: dict | None = None):
         self.state = tmp_path / "state.json"
@@ -120,7 +109,7 @@ def test_a_node_that_cannot_start_stops_the_cluster_with_exit_1(transactional_db
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_the_cluster_restarts_a_node_that_dies_and_a_signal_stops_every_node(sig, transactional_db, tmp_path):
-    port = two_free_ports()
+    port = free_port(2)
     c = ClusterCommand(tmp_path, "--workers", "2", "--web", "2", "--port", str(port), "--restart-delay", "0.2")
     try:
         wait_for(
