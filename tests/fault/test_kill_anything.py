@@ -18,7 +18,7 @@ import pytest
 from django.db import connection
 
 from runs.models import Event, Run
-from tests.conftest import ROOT, subprocess_env, wait_for
+from tests.conftest import ROOT, free_port, subprocess_env, wait_for
 from tests.procfs import children, comm, in_sessions
 
 pytestmark = [pytest.mark.fault, pytest.mark.django_db(transaction=True)]
@@ -316,14 +316,6 @@ def test_run_maintenance_sigkilled_is_restarted_and_reclaims_a_dead_workers_run(
     wait_or_dump(lambda: status(run.id) == "COMPLETED", BOUND + 30, "the run to complete", node, maintenance)
     assert maintenance.exits == [-signal.SIGKILL]  # restarted once by its supervisor
     assert Event.objects.filter(run=run, type="lease.taken_over").exists()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_redis_going_away_under_load_and_every_run_completes(deployment, load_agent, submit, tmp_path):

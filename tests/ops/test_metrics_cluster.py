@@ -18,18 +18,12 @@ from approvals.models import Approval
 from approvals.services import approval_decide
 from runs.models import Event, Run
 from runs.services.lifecycle import run_cancel
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 LEASE = 2.0
 TOKEN = "s3cret-scrape-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def listening(port: int) -> bool:
