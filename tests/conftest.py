@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -313,6 +314,34 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+@pytest.fixture
+def silent_name_server(monkeypatch):
+    """The system's resolver — outside the project, the one thing these tests
+    replace — gives no answer for the names a test silences until the test
+    ends (then it fails them EAI_NONAME); other names resolve as usual.
+    `silent_name_server(*names)` silences them and returns the record:
+    `.asked` the silenced lookups made, `.answered` those that returned."""
+    release = threading.Event()
+    record = SimpleNamespace(names=set(), asked=[], answered=[])
+    system_resolver = socket.getaddrinfo
+
+    def resolver(host, *args, **kwargs):
+        if host not in record.names:
+            return system_resolver(host, *args, **kwargs)
+        record.asked.append(host)
+        release.wait(30)
+        record.answered.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    def silence(*names: str) -> SimpleNamespace:
+        record.names.update(names)
+        return record
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    yield silence
+    release.set()
 
 
 def free_port(count: int = 1) -> int:

@@ -6,7 +6,6 @@ uncertain calls in a run, the reconciler's view of an uncertain call, and the
 from __future__ import annotations
 
 import re
-import socket
 import threading
 from datetime import timedelta
 
@@ -80,40 +79,19 @@ def test_a_dns_failure_is_failed(settings):
     assert err.value.code == "dns_failed" and err.value.uncertain is False
 
 
-@pytest.fixture
-def silent_name_server(monkeypatch):
-    """The system's resolver (outside the project, the one thing replaced)
-    never answers for `slow-name.example`; other names resolve as usual.
-    Yields the names asked and the names answered (on release)."""
-    answer_now = threading.Event()
-    seen: dict[str, list[str]] = {"asked": [], "answered": []}
-    system_resolver = socket.getaddrinfo
-
-    def resolver(host, *args, **kwargs):
-        if host == "slow-name.example":
-            seen["asked"].append(host)
-            answer_now.wait(30)
-            seen["answered"].append(host)
-            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-        return system_resolver(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", resolver)
-    yield seen
-    answer_now.set()
-
-
 def test_a_name_server_that_does_not_answer_fails_the_call_and_nothing_is_sent(settings, silent_name_server):
     """getaddrinfo has no timeout: a side-effect call whose host never
     resolved used to outlive the runtime's timeout and become an unknown
     outcome (an operator's decision for a request that never left). Its
     lookup now gets half the call's time, and the call fails as `dns_failed`."""
     settings.AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = ["slow-name.example"]
+    lookups = silent_name_server("slow-name.example")
     assert REGISTRY.spec("http_post").side_effect == "external_write"
     with pytest.raises(ToolFailure) as err:  # through the runtime, its own timeout 1 s
         REGISTRY.execute("http_post", {"url": "http://slow-name.example/x", "json": {}}, context(timeout=1.0))
     assert err.value.code == "dns_failed" and err.value.uncertain is False, err.value
-    assert silent_name_server["asked"] == ["slow-name.example"]
-    assert silent_name_server["answered"] == []  # the call ended while the lookup still waited
+    assert lookups.asked == ["slow-name.example"]
+    assert lookups.answered == []  # the call ended while the lookup still waited
 
 
 def test_a_closed_connection_after_the_request_was_sent_is_uncertain(sink):

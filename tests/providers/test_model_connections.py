@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import multiprocessing
 import socket
-import threading
 
 import pytest
 
@@ -186,33 +185,17 @@ def test_a_watched_stream_names_its_socket_before_each_read_and_write_and_sends_
 
 
 def test_a_model_server_whose_name_never_resolves_fails_the_attempt_within_its_connect_timeout(
-    make_provider, monkeypatch
+    make_provider, silent_name_server
 ):
     """getaddrinfo has no timeout and, before a socket exists, the attempt's
     watchdog has nothing to shut: a name server that never answered held the
-    model call as long as the system's resolver waited. The lookup now shares
-    the connect timeout (pool._WatchedBackend). The system's resolver is
-    outside the project: it is the one thing replaced."""
-    answer_now = threading.Event()
-    asked: list[str] = []
-    answered: list[str] = []
-    system_resolver = socket.getaddrinfo
-
-    def silent_name_server(host, *args, **kwargs):
-        if host != "slow-model.example":
-            return system_resolver(host, *args, **kwargs)
-        asked.append(host)
-        answer_now.wait(30)  # (before: the attempt ended only once this gave up)
-        answered.append(host)
-        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-
-    monkeypatch.setattr(socket, "getaddrinfo", silent_name_server)
+    model call as long as the system's resolver waited (before: the attempt
+    ended only once the lookup gave up). The lookup now shares the connect
+    timeout (pool._WatchedBackend)."""
+    lookups = silent_name_server("slow-model.example")
     provider = make_provider(base_url="http://slow-model.example:8080/v1", connect_timeout=0.5, max_tries=1)
-    try:
-        with pytest.raises(ModelError) as err:
-            provider.complete(make_request(), RecordingToken())
-        assert answered == []  # the attempt ended while the lookup still waited for its name server
-    finally:
-        answer_now.set()
-    assert asked == ["slow-model.example"]
+    with pytest.raises(ModelError) as err:
+        provider.complete(make_request(), RecordingToken())
+    assert lookups.answered == []  # the attempt ended while the lookup still waited for its name server
+    assert lookups.asked == ["slow-model.example"]
     assert "could not reach the model server" in str(err.value), err.value  # before anything was sent: retryable

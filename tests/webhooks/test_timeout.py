@@ -8,8 +8,6 @@ are asserted, not durations."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from urllib.parse import urlsplit
 
 import pytest
@@ -70,37 +68,22 @@ def test_a_prompt_answer_with_a_body_is_delivered(tenant, load_agent, submit, ma
 
 
 def test_a_name_server_that_does_not_answer_fails_the_attempt_within_its_timeout(
-    tenant, load_agent, submit, manager, receiver, settings, monkeypatch
+    tenant, load_agent, submit, manager, receiver, settings, silent_name_server
 ):
     """getaddrinfo has no timeout of its own: a resolver that never answers
     held the attempt (and its worker) for as long as the system's resolver
     waited, past the delivery's claim. The lookup is now waited for only as
-    long as the attempt's deadline leaves (webhooks.deadline.resolve). The
-    system's resolver is outside the project: it is the one thing replaced."""
+    long as the attempt's deadline leaves (webhooks.deadline.resolve)."""
     settings.AGENTRT_WEBHOOK_TIMEOUT_SECONDS = 1
     settings.AGENTRT_DELIVERY_BACKOFF_SECONDS = 60
     subscribe(manager, receiver.url, ["run.completed"])
     run, d = completed_delivery(load_agent, submit)
-    answer_now = threading.Event()
-    asked: list[str] = []
-    answered: list[str] = []
-    system_resolver = socket.getaddrinfo
-
-    def silent_name_server(host, *args, **kwargs):
-        asked.append(host)
-        answer_now.wait(30)  # (before: the attempt ended only once this gave up)
-        answered.append(host)
-        return system_resolver(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", silent_name_server)
-    try:
-        outcome = deliver(d.id)
-        assert answered == []  # the attempt ended while the lookup was still waiting for its name server
-    finally:
-        answer_now.set()
+    lookups = silent_name_server(urlsplit(receiver.url).hostname)
+    outcome = deliver(d.id)
+    assert lookups.answered == []  # the attempt ended while the lookup was still waiting for its name server
     assert outcome == "retry"
     row = Delivery.objects.get(id=d.id)
     assert (row.status, row.attempts, row.last_status_code) == ("pending", 1, None)
     assert row.last_error.startswith("timeout: the attempt took longer than 1s (ConnectTimeout)"), row.last_error
-    assert asked == [urlsplit(receiver.url).hostname]
+    assert lookups.asked == [urlsplit(receiver.url).hostname]
     assert receiver.requests == []  # nothing was sent
