@@ -136,3 +136,94 @@ def test_a_stale_epoch_watermark_writes_zero_rows_and_raises_worker_fenced(load_
         store.mark_effect_sent(inv, 1, {"invocation": str(inv)}, CLOCK.now())
     assert snapshot(run.id) == before
     assert ToolInvocation.objects.get(id=inv).effect_sent_at is None
+
+
+# -- the terminal transition ----------------------------------------------------------
+
+
+def fenced_events(run_id):
+    return list(Event.objects.filter(run_id=run_id, type="run.fenced").values_list("payload", flat=True))
+
+
+@pytest.mark.parametrize("path", ["one statement", "statement by statement"])
+def test_a_stale_epoch_finalize_neither_completes_the_run_nor_releases_the_new_holders_lease(load_agent, submit, path):
+    """finalize's own fenced UPDATE (`transition_fence`, the only statement
+    that ends a leased run and releases its lease) checks owner and epoch: a
+    worker whose lease was taken over, committed on another connection, that
+    goes on to finalize COMPLETED changes nothing but `run.fenced` — the run
+    stays RUNNING under the new holder, whose lease is neither cleared nor
+    moved (tests/mutants/transition_fence_unguarded.toml)."""
+    from runs.domain.values import OutcomeKind, RunOutcome
+    from runs.runtime.finalize import finalize_detached
+
+    load_agent()
+    run = submit()
+    claim = run_claim(run_id=run.id, owner="worker-a")
+    new_epoch = take_over_elsewhere(run.id)
+    held = Run.objects.filter(id=run.id).values().get()
+    assert (held["status"], held["lease_owner"], held["lease_epoch"]) == ("RUNNING", "worker-b", new_epoch)
+    before = snapshot(run.id)
+    # A unit no key can collide with: only the fence can refuse it (with `finish`, the statement-by-statement path).
+    work = model_call_unit(step=99, finish=path != "one statement")
+    outcome = finalize_detached(claim, RunOutcome(kind=OutcomeKind.COMPLETED, final_message="stolen"), work)
+    assert outcome.kind is OutcomeKind.FENCED
+    row, events, model_calls, invocations = snapshot(run.id)
+    assert row == before[0]  # still RUNNING, worker-b's owner, epoch and expiry; no final message
+    assert (row["status"], row["lease_owner"], row["lease_expires_at"]) == (
+        "RUNNING",
+        "worker-b",
+        held["lease_expires_at"],
+    )
+    assert (model_calls, invocations) == before[2:]
+    assert [t for _, t in events] == [t for _, t in before[1]] + ["run.fenced"]
+    assert fenced_events(run.id) == [{"lease_owner": "worker-a", "lease_epoch": claim.epoch}]
+
+
+# -- the heartbeat --------------------------------------------------------------------
+
+
+class _Token:
+    def __init__(self):
+        self.reasons = []
+
+    def cancel(self, reason):
+        self.reasons.append(reason)
+
+
+def test_a_resumed_zombies_heartbeat_neither_extends_the_new_lease_nor_passes_its_pre_send_check(load_agent, submit):
+    """A worker frozen past its lease (SIGSTOP) whose run was taken over,
+    committed on another connection, resumes: its heartbeat thread (the real
+    `Supervisor`, renewing on a connection of its own through the real
+    `lease.renew`) beats once and finds the lease gone. The renew's owner and
+    epoch guard must match no row: the new holder's expiry is not moved, the
+    zombie's token is cancelled as fenced, and its pre-send check
+    (`may_start_effect`, what the pipeline asks right before a watermark and
+    a send) refuses. The zombie's clock is a fake only to say how long it was
+    frozen (tests/mutants/renew_unguarded.toml)."""
+    from runs.domain.values import CancelReason
+    from runs.runtime.supervisor import Supervisor
+    from tests.conftest import wait_for
+    from tests.unit.fakes import FakeClock
+
+    load_agent()
+    run = submit()
+    claim = run_claim(run_id=run.id, owner="worker-a")
+    clock, token = FakeClock(), _Token()
+    lease = 0.3  # the zombie's beat interval: lease / 3 of real time
+    zombie = Supervisor(
+        run_id=run.id, owner="worker-a", epoch=claim.epoch, token=token, clock=clock, lease_seconds=lease
+    )
+    new_epoch = take_over_elsewhere(run.id)
+    held = Run.objects.filter(id=run.id).values("lease_owner", "lease_epoch", "lease_expires_at").get()
+    clock.advance(10 * lease)  # it was frozen well past its lease: its last good beat is that old
+    zombie.start()  # SIGCONT: its heartbeat thread goes on
+    try:
+        wait_for(lambda: token.reasons or zombie.beats, timeout=10, message="the zombie's first heartbeat")
+        assert (zombie.beats, token.reasons) == (0, [CancelReason.FENCED])
+        assert not zombie.may_start_effect()
+        wait_for(lambda: not zombie._thread.is_alive(), timeout=10, message="the zombie to stop renewing")
+        assert not zombie.may_start_effect()
+    finally:
+        zombie.stop()
+    assert Run.objects.filter(id=run.id).values("lease_owner", "lease_epoch", "lease_expires_at").get() == held
+    assert held["lease_owner"] == "worker-b" and held["lease_epoch"] == new_epoch
