@@ -29,6 +29,7 @@ from approvals.services import approval_decide
 from runs.models import Event, ModelCall, Run, ToolInvocation
 from runs.services.lifecycle import run_cancel
 from tests.conftest import ROOT, subprocess_env, wait_for
+from tests.procfs import stat
 
 pytestmark = [pytest.mark.fault, pytest.mark.django_db(transaction=True)]
 
@@ -168,6 +169,37 @@ def test_sigkill_after_the_watermark_parks_the_run_and_approval_sends_once(
     wait_for(lambda: status(run) == "COMPLETED", timeout=60, message="completion after approval")
     inv = ToolInvocation.objects.get(run=run, tool_name="http_post")
     assert sink.count() == 1 and sink.sends[0]["key"] == inv.idempotency_key and sink.sends[0]["attempt"] == "2"
+
+
+def test_the_watermark_commits_strictly_before_the_send_a_sigkill_between_them_sent_nothing(
+    stack, load_agent, submit, sink, tmp_path
+):
+    """A real SIGKILL of the qcluster worker at `tool.after_watermark`, after
+    the watermark's transaction committed and before the request is made:
+    when the worker is dead the sink has received nothing, and the watermark
+    is in the database (`effect_sent_at`); the takeover then finds the call
+    executing and marks it interrupted, and nothing is sent while the run
+    waits for an operator. With the send ahead of the watermark
+    (tests/mutants/send_before_the_watermark.toml) the sink already holds
+    the request when the worker dies."""
+    post_agent(load_agent, sink, before=0)
+    stack("tool.after_watermark=kill")
+    run = submit()
+    fired = marker(tmp_path, "tool.after_watermark", run)
+    wait_for(fired.exists, timeout=60, message="the worker to reach the point after the watermark")
+    wait_for(lambda: fired.read_text().strip(), timeout=10, message="the marker to name its worker")
+    worker = int(fired.read_text())
+    wait_for(
+        lambda: (s := stat(worker)) is None or s[0] == "Z", timeout=30, message=f"worker {worker} to die of SIGKILL"
+    )
+    assert sink.count() == 0, sink.sends  # nothing left before the kill
+    inv = ToolInvocation.objects.get(run=run, tool_name="http_post")
+    assert inv.effect_sent_at is not None and inv.attempt == 1  # the watermark committed before it
+    park_or_end(run)
+    inv = ToolInvocation.objects.get(id=inv.id)
+    assert inv.status == "interrupted" and inv.effect_sent_at is not None and inv.attempt == 1
+    assert Approval.objects.get(run=run, status="pending").kind == "interrupted_side_effect"
+    assert sink.count() == 0
 
 
 def test_sigkill_after_the_call_parks_the_run_and_rejection_sends_nothing_more(
