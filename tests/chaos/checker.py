@@ -277,6 +277,10 @@ def _judge_outcomes(
     uncertain call the operator confirmed goes on to COMPLETED; one rejected
     ends FAILED operator_rejected, like an interrupted one. Anything else — `internal_error`, a
     reason no fault explains, a run left RUNNING / QUEUED — is a violation.
+    COMPLETED is judged like any other end (`_cannot_complete`): a run that
+    completed although the recorded decisions and faults say it cannot — the
+    operator rejected one of its side effects, nobody decided one of its
+    unknown outcomes, a cancel ended it on the spot — is a violation.
     Every end is listed with its count, explained or not."""
     cancelled = {f.get("run") for f in faults if f.get("kind") == "cancel" and f.get("run")}
     rejected = defaultdict(list)
@@ -290,6 +294,7 @@ def _judge_outcomes(
         if a["status"] == "pending":
             pending[a["run_id"]].append(a["kind"])
     max_exp = meta.get("max_lease_expirations", 3)
+    blocked = _cannot_complete(approvals, faults, decisions)
     ends: dict[str, dict] = {}
 
     def note(end: str, ok: bool, run_id: str, why: str) -> None:
@@ -310,7 +315,8 @@ def _judge_outcomes(
     for run_id, r in runs.items():
         status = r["status"]
         if status == "COMPLETED":
-            note("COMPLETED", True, run_id, "completed")
+            why_not = blocked.get(run_id)
+            note("COMPLETED", not why_not, run_id, why_not or "completed")
         elif status == "CANCELLED":
             if run_id in cancelled:
                 note("CANCELLED", True, run_id, "the operator cancelled it")
@@ -362,6 +368,38 @@ def _judge_outcomes(
     for e in ends.values():
         e["why"] = dict(e["why"])
     return dict(sorted(ends.items()))
+
+
+def _cannot_complete(approvals: list[dict], faults: list[dict], decisions: list[dict]) -> dict[str, str]:
+    """The runs the recorded decisions and faults say cannot end COMPLETED,
+    each with why: the operator rejected one of its side effects whose
+    outcome was unknown (an interrupted_side_effect, uncertain_side_effect or
+    reconcile approval; the rejection ends the run FAILED operator_rejected,
+    so the effect its plan needs never happens), by the approval's row or by
+    an acknowledged `reject` in the operator's log; such an approval of it is
+    still pending (nobody decided the unknown outcome); or a cancel ended it
+    CANCELLED on the spot (it was QUEUED or waiting). A cancel that only
+    noted a RUNNING run may come after its last observation point, and a
+    policy approval's rejection is a denial the model sees and the run may
+    go on: neither says anything here."""
+    kind_of = {a["id"]: a["kind"] for a in approvals}
+    run_of = {a["id"]: a["run_id"] for a in approvals}
+    why: dict[str, str] = {}
+    for a in approvals:
+        if a["kind"] not in RERUN_KINDS:
+            continue
+        if a["status"] == "rejected":
+            why.setdefault(a["run_id"], f"the operator rejected its {a['kind']} approval {a['id']}")
+        elif a["status"] == "pending":
+            why.setdefault(a["run_id"], f"its {a['kind']} approval {a['id']} was never decided")
+    for d in decisions:
+        if d.get("ok") and d.get("decision") == "reject" and kind_of.get(d["approval"], d.get("kind")) in RERUN_KINDS:
+            run = run_of.get(d["approval"], d.get("run"))
+            why.setdefault(run, f"the operator rejected its {d.get('kind')} approval {d['approval']} (its log says)")
+    for f in faults:
+        if f.get("kind") == "cancel" and f.get("run") and f.get("status_after") == "CANCELLED":
+            why.setdefault(f["run"], f"a cancel at {f.get('t')} ended it CANCELLED on the spot")
+    return why
 
 
 # -- I2: effects by content, ordered against the decisions that permit a re-send ---------

@@ -207,6 +207,71 @@ def test_i1_operator_rejected_only_after_an_operator_rejection():
     }
 
 
+def completed_violations(report):
+    return [v for v in report["violations"] if v["invariant"] == "I1" and "ended COMPLETED" in v["detail"]]
+
+
+@pytest.mark.parametrize("recorded", ["approval row and operator log", "approval row only", "operator log only"])
+def test_i1_completed_is_judged_a_run_whose_side_effect_the_operator_rejected_cannot_complete(recorded):
+    """The operator rejected the interrupted side effect the run's plan needs
+    (a rejection ends the run FAILED operator_rejected): that it COMPLETED
+    anyway is a violation, not an end "explained" by completing
+    (tests/mutants/checker_explains_every_completion.toml)."""
+    snapshot, sink, faults, decisions = history()
+    if recorded != "operator log only":
+        snapshot["approvals"][0]["status"] = "rejected"
+    if recorded == "approval row only":
+        decisions = []  # a report made without the operator's log
+    else:
+        decisions[0]["decision"] = "reject"
+    report = run_check(snapshot, sink[:1], faults, decisions)  # the approved re-send never happened
+    [violation] = completed_violations(report)
+    assert violation["run"] == RUN and "rejected" in violation["detail"] and APPROVAL in violation["detail"]
+    assert report["outcomes"]["COMPLETED"]["unexplained"] == 1
+    assert report["outcomes"]["COMPLETED"]["explained"] == 0
+
+
+def test_i1_completed_is_judged_an_unknown_outcome_nobody_decided_cannot_complete():
+    snapshot, sink, faults, _ = history()
+    snapshot["approvals"][0].update(status="pending", decided_at=None)
+    report = run_check(snapshot, sink[:1], faults, [])
+    [violation] = completed_violations(report)
+    assert "never decided" in violation["detail"]
+    assert report["outcomes"]["COMPLETED"]["unexplained"] == 1
+
+
+def test_i1_completed_is_judged_a_run_a_cancel_ended_on_the_spot_cannot_complete():
+    snapshot, sink, faults, decisions = history()
+    cancel = {"id": 2, "kind": "cancel", "source": "random", "run": RUN, "t": 133.0, "status_after": "CANCELLED"}
+    report = run_check(snapshot, sink, faults + [cancel], decisions)
+    [violation] = completed_violations(report)
+    assert "CANCELLED on the spot" in violation["detail"]
+    # a cancel a RUNNING run only noted may come after its last observation point: completing is then allowed
+    report = run_check(snapshot, sink, faults + [{**cancel, "status_after": "RUNNING"}], decisions)
+    assert report["violations"] == [], report["violations"]
+    assert report["outcomes"]["COMPLETED"]["explained"] == 1
+
+
+def test_i1_a_rejected_policy_approval_does_not_stop_a_run_completing():
+    """A policy approval's rejection is a denial the model sees; the run may go on and complete."""
+    snapshot, sink, faults, decisions = history()
+    snapshot["approvals"].append(
+        {
+            "id": "a2",
+            "run_id": RUN,
+            "invocation_id": INV2,
+            "kind": "policy",
+            "status": "rejected",
+            "decided_at": 120.0,
+            "attempt": 1,
+        }
+    )
+    decisions.append({"approval": "a2", "run": RUN, "kind": "policy", "decision": "reject", "ok": True, "expect": "ok"})
+    report = run_check(snapshot, sink, faults, decisions)
+    assert not completed_violations(report), report["violations"]
+    assert report["outcomes"]["COMPLETED"]["explained"] == 1
+
+
 def test_i1_max_attempts_only_when_injected_faults_took_the_lease_more_than_the_limit():
     snapshot, sink, faults, decisions = history()
     snapshot["runs"][0].update(status="FAILED", failure={"reason": "max_attempts_exceeded"})
