@@ -107,17 +107,28 @@ class PolicyEngine:
         self.floor = floor
         self.read_only_of = read_only_of
 
-    def evaluate(self, tool_name: str, arguments: Any) -> str:
+    def _own(self, tool_name: str, arguments: Any) -> tuple[str, bool | None]:
+        """The agent's own decision, and whether the tool is read-only."""
         try:
             read_only = self.read_only_of(tool_name) if self.read_only_of else None
         except Exception:
             read_only = None
         decision = evaluate(self.policy, tool_name, arguments, read_only=read_only)
-        decision = decision if decision in DECISIONS else "require_approval"
+        return (decision if decision in DECISIONS else "require_approval"), read_only
+
+    def evaluate(self, tool_name: str, arguments: Any) -> str:
+        decision, read_only = self._own(tool_name, arguments)
         if self.floor is None or decision == "deny":  # nothing is stricter than deny: no need to read the floor
             return decision
         try:
             floor = self.floor()
         except Exception:  # the floor could not be read: fail closed
             return stricter(decision, "require_approval")
+        return stricter(decision, evaluate(floor, tool_name, arguments, read_only=read_only))
+
+    def evaluate_under(self, tool_name: str, arguments: Any, floor: dict | None) -> str:
+        """The decision under the floor given (read in the caller's transaction)."""
+        decision, read_only = self._own(tool_name, arguments)
+        if decision == "deny":
+            return decision
         return stricter(decision, evaluate(floor, tool_name, arguments, read_only=read_only))

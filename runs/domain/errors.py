@@ -22,6 +22,16 @@ class WorkerFenced(RuntimeCoreError):
         self.late = late
 
 
+class PolicyChanged(RuntimeCoreError):
+    """The policy in force when an approved call was about to be marked
+    executing no longer allows it (the tenant's floor was tightened since the
+    approval): the watermark's transaction wrote nothing."""
+
+    def __init__(self, decision: str):
+        super().__init__(f"the policy in force now says {decision!r} for this call")
+        self.decision = decision
+
+
 class RunCancelled(RuntimeCoreError):
     """The cancellation token was observed set."""
 

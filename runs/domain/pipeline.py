@@ -20,7 +20,7 @@ from uuid import UUID
 from runs.domain import events
 from runs.domain.breaker import call_fingerprint
 from runs.domain.context import RunContext
-from runs.domain.errors import ToolFailure, WorkerFenced
+from runs.domain.errors import PolicyChanged, ToolFailure, WorkerFenced
 from runs.domain.events import EventType
 from runs.domain.ports import CancellationToken, Clock, SentCommit
 from runs.domain.records import ApprovalDecision, InvocationRecord
@@ -453,9 +453,11 @@ def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry], decisio
     if sent is not None and (unknown or question_entry is not None or delegated):
         sent.wait()
         sent = None
-    if unknown and stop is None:
+    if unknown:
         # Seed 000: the model sees no result for an unknown outcome; the
         # reconciler or an operator decides first (the executor hands over).
+        # A cancel or a deadline does not close the question: the run ends
+        # once it is decided (the rest of the batch is already cancelled).
         return BatchResult(work=results, late=late, unknown=unknown)
     if question_entry is not None and stop is None:
         return _ask_user(ctx, entries, question_entry, results, late)
@@ -490,6 +492,7 @@ class _Planned:
     attempt: int = 1
     effect_sent: bool = False
     prior_attempts: list[dict[str, Any]] | None = None
+    approved: ApprovalDecision | None = None  # the approval it runs under: the policy is judged again as it runs
 
 
 def _run_in_order(
@@ -512,16 +515,21 @@ def _run_in_order(
         if stop is not None:
             _cancel(ctx, results, entry, stop, effect_sent=plan.effect_sent)
             continue
-        ran, stop = _run_one(
-            ctx,
-            entry,
-            step_number,
-            plan.attempt,
-            results,
-            late,
-            effect_sent=plan.effect_sent,
-            prior_attempts=plan.prior_attempts,
-        )
+        try:
+            ran, stop = _run_one(
+                ctx,
+                entry,
+                step_number,
+                plan.attempt,
+                results,
+                late,
+                effect_sent=plan.effect_sent,
+                prior_attempts=plan.prior_attempts,
+                approved=plan.approved,
+            )
+        except PolicyChanged as exc:  # an approved call the policy in force now denies: nothing was sent
+            _policy_now_denies(ctx, results, plan, exc.decision)
+            continue
         if ran:
             executed += 1
             if count_calls:
@@ -719,20 +727,25 @@ def _run_one(
     *,
     effect_sent: bool = False,
     prior_attempts: list[dict[str, Any]] | None = None,
+    approved: ApprovalDecision | None = None,
 ) -> tuple[bool, CancelReason | None]:
     """Steps 7 and 9–14 for one authorized call: the cancellation check, the
-    watermark alone in its fenced transaction (side effects only), the
-    self-fence, the call, and its result into `results`. Return whether the
-    call ran and the cancel reason seen (before it: clean stop; after it:
-    the result is kept)."""
+    watermark in its fenced transaction (side effects only; with the results
+    the batch's earlier calls left in `results`, and for an `approved` call
+    the policy judged again in it), the self-fence, the call, and its result
+    into `results`. Return whether the call ran and the cancel reason seen
+    (before it: clean stop; after it: the result is kept). Raises
+    `PolicyChanged` when the policy in force denies an approved call."""
     spec = entry.tool
     if not spec.read_only:
         ctx.fault("tool.before_watermark")
     if ctx.token.reason is not None:  # observation point 4
         _cancel(ctx, results, entry, ctx.token.reason, effect_sent=effect_sent)
         return False, ctx.token.reason
+    if approved is not None and spec.read_only:  # a side effect's is judged in its watermark's transaction
+        _judge_again(ctx.policy.evaluate(entry.tool.name, entry.arguments))
     if not spec.read_only:
-        _watermark(ctx, entry, attempt, late)
+        _watermark(ctx, entry, attempt, late, results, approved)
     _execute(ctx, entry, step_number, attempt)
     if not spec.read_only:
         ctx.fault("tool.after_execute")
@@ -749,14 +762,81 @@ def _run_one(
     return True, ctx.token.reason  # observation point 5: the call has finished; its result is kept
 
 
-def _watermark(ctx: RunContext, entry: _Entry, attempt: int, late: list[dict[str, Any]]) -> None:
+def _judge_again(decision: str) -> None:
+    """An approval holds only while the policy in force does not deny its
+    call (seed 002: a decision changed since the approval is a denial the
+    model sees); a `require_approval` is the approval itself."""
+    if decision not in ("allow", "require_approval"):
+        raise PolicyChanged(decision)
+
+
+def _policy_now_denies(ctx: RunContext, results: UnitOfWork, plan: _Planned, decision: str) -> None:
+    """An approved call the policy in force denies (the tenant's floor was
+    tightened since the approval): nothing is sent, the approval is
+    invalidated with the reason, and the model sees `denied_by_policy`. For
+    a re-run grant the first attempt's outcome stays unknown and the run
+    fails `reconcile_conflict`, as when the re-check before it found the
+    same (`_recheck_grant`)."""
+    entry, approval = plan.entry, plan.approved
+    if entry.invocation_id is None or approval is None:
+        raise RuntimeError("only an approved call with a row is judged again")
+    now = ctx.clock.now()
+    if approval.kind in RERUN_KINDS:
+        unknown = UnitOfWork(invocation_updates=list(results.invocation_updates), events=list(results.events))
+        unknown.invocation_updates.append(
+            InvocationUpdate(id=entry.invocation_id, status=_unknown_status(approval.kind), updated_at=now)
+        )
+        raise RerunConflict(
+            "policy now denies the approved re-run; the first attempt's outcome stays unknown",
+            error_class="PolicyDenied",
+            work=unknown,
+            invocation=str(entry.invocation_id),
+        )
+    _fail(
+        entry,
+        "denied_by_policy",
+        f"the policy in force now says {decision!r} for this call (it changed since the approval); it was not run",
+    )
+    results.event(
+        EventType.APPROVAL_INVALIDATED,
+        {
+            "approval": str(approval.id),
+            "invocation": str(entry.invocation_id),
+            "reason": f"the policy in force when the call was to run says {decision!r}; nothing was sent",
+        },
+        now,
+    )
+    results.approval_invalidations.append(approval.id)
+    _record_not_run(results, entry, now)
+
+
+def _watermark(
+    ctx: RunContext,
+    entry: _Entry,
+    attempt: int,
+    late: list[dict[str, Any]],
+    results: UnitOfWork,
+    approved: ApprovalDecision | None = None,
+) -> None:
     """Step 9 for a side effect: the self-fence, the watermark (`effect_sent_at`,
-    `tool.call.started`) committed alone in its fenced transaction, and the
-    self-fence again right before the call."""
+    `tool.call.started`) committed in its fenced transaction, and the
+    self-fence again right before the call. What the batch's earlier calls
+    recorded goes into that same transaction (moved out of `results`): a
+    known result is durable before the next call is sent, at no extra
+    commit. An `approved` call's policy is judged again on the floor read
+    in that transaction (`PolicyChanged`: nothing written)."""
     if entry.invocation_id is None:
         raise RuntimeError("a call that runs has an invocation row")
     if not ctx.lease.may_start_effect():  # a stale worker writes no watermark for a call it will not make
         raise WorkerFenced("self-fence before the watermark", late={"calls": late} if late else None)
+    earlier = UnitOfWork(invocation_updates=results.invocation_updates, events=results.events)
+    check = None
+    if approved is not None:
+        name, arguments = entry.tool.name, entry.arguments
+
+        def check(floor: dict[str, Any]) -> str:
+            return ctx.policy.evaluate_under(name, arguments, floor)
+
     try:
         ctx.store.mark_effect_sent(
             entry.invocation_id,
@@ -769,10 +849,13 @@ def _watermark(ctx: RunContext, entry: _Entry, attempt: int, late: list[dict[str
                 "idempotency_key": entry.key,
             },
             ctx.clock.now(),
+            before=earlier if not earlier.is_empty() else None,
+            policy_check=check,
         )
     except WorkerFenced as exc:
         exc.late = {"calls": late} if late else None
         raise
+    results.invocation_updates, results.events = [], []  # committed with the watermark
     ctx.fault("tool.after_watermark")
     if not ctx.lease.may_start_effect():
         raise WorkerFenced(
@@ -876,13 +959,17 @@ def _cancel(
 ) -> None:
     """Cancel a call that has not run (now). A call whose earlier attempt set
     a watermark keeps its record: `interrupted`, outcome unknown — never a
-    cancelled call with an effect that may have happened (I6)."""
+    cancelled call with an effect that may have happened (I6) — and is an
+    unknown outcome the batch hands over for a decision (`entry.unknown`).
+    A cancelled call keeps its result, so a batch re-entered after such a
+    decision reads it as answered."""
     at = ctx.clock.now()
     entry.is_error = True
     if entry.invocation_id is None:
         raise RuntimeError("a call that is cancelled has an invocation row")
     if effect_sent:
         entry.result = _error_result("interrupted", "an earlier attempt of this call started; its outcome is unknown")
+        entry.unknown = True
         work.invocation_updates.append(
             InvocationUpdate(
                 id=entry.invocation_id, status=InvocationStatus.INTERRUPTED, error=UNKNOWN_OUTCOME, updated_at=at
@@ -891,7 +978,9 @@ def _cancel(
     else:
         entry.result = _error_result("cancelled", "the run was cancelled before this call ran")
         work.invocation_updates.append(
-            InvocationUpdate(id=entry.invocation_id, status=InvocationStatus.CANCELLED, updated_at=at)
+            InvocationUpdate(
+                id=entry.invocation_id, status=InvocationStatus.CANCELLED, result=entry.result, updated_at=at
+            )
         )
     work.events.append(
         events.call_cancelled(
@@ -1125,6 +1214,7 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
                     attempt=(row.attempt or 0) + 1,
                     effect_sent=row.effect_sent_at is not None,
                     prior_attempts=row.attempts,
+                    approved=decision,
                 )
             )
 
@@ -1133,7 +1223,7 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
     late: list[dict[str, Any]] = []
     stop = _run_in_order(ctx, step_number, to_run, results, late, count_calls=False)
     unknown = [p.entry.invocation_id for p in to_run if p.entry.unknown]
-    if unknown and stop is None:
+    if unknown:  # decided first, even when the run is ending (`_run_batch`)
         return BatchResult(work=results, late=late, unknown=unknown)
     if delegated:  # approved, or their suspension was never committed (the worker died first)
         if stop is None:
@@ -1157,8 +1247,11 @@ def _triage(
 ) -> tuple[Literal["answered", "invalidated", "run", "delegate"], ApprovalDecision | None]:
     """What to do with one recorded call of the open batch: its recorded
     answer, an approval that no longer holds (invalidated, with the decision),
-    or run it. Raises `UnknownOutcome` for a call nobody has decided yet."""
+    or run it (with the approval it runs under, if any: the policy in force
+    is judged again as it runs). Raises `UnknownOutcome` for a call nobody
+    has decided yet."""
     status = row.status
+    approved: ApprovalDecision | None = None
     if status in ANSWERED and row.result is not None:
         entry.result = row.result
         entry.is_error = status != InvocationStatus.COMPLETED
@@ -1172,13 +1265,14 @@ def _triage(
         valid = entry.spec is not None and not ctx.tools.validate(row.tool_name, entry.arguments)
         if not (valid and _as_approved(ctx, step_number, entry, row, decision)):
             return "invalidated", decision
-        status = InvocationStatus.AUTHORIZED
+        status, approved = InvocationStatus.AUTHORIZED, decision
     elif status == InvocationStatus.AUTHORIZED and row.effect_sent_at is not None and ctx.approvals is not None:
         # A re-run grant (an earlier attempt started): re-check what was approved.
         decision = ctx.approvals.decision_for(row.id)
         if decision is not None and decision.kind in RERUN_KINDS and decision.status == ApprovalStatus.APPROVED:
             if not _recheck_grant(ctx, step_number, entry, row, decision):
                 return "invalidated", decision
+            approved = decision
     if status != InvocationStatus.AUTHORIZED:
         raise UnknownOutcome(f"invocation {row.id} is {status} with no recorded outcome")
     if entry.spec is None or ctx.tools.validate(row.tool_name, entry.arguments):
@@ -1202,7 +1296,7 @@ def _triage(
             return "answered", None
         entry.authorized = entry.delegates = True
         return "delegate", None
-    return "run", None
+    return "run", approved
 
 
 def _ask_again(

@@ -87,9 +87,24 @@ class RunStore(Protocol):
     def invocations_for_step(self, step_number: int) -> list[InvocationRecord]:
         """Read one step's invocation rows, to re-enter an open batch."""
 
-    def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
-        """Commit the watermark (`effect_sent_at`, `tool.call.started`) alone in
-        one fenced transaction; raise `WorkerFenced` on zero rows."""
+    def mark_effect_sent(
+        self,
+        invocation_id: UUID,
+        attempt: int,
+        event_payload: dict[str, Any],
+        at: datetime,
+        *,
+        before: UnitOfWork | None = None,
+        policy_check: Callable[[dict[str, Any]], str] | None = None,
+    ) -> None:
+        """Commit the watermark (`effect_sent_at`, `tool.call.started`) in one
+        fenced transaction; raise `WorkerFenced` on zero rows. `before`: what
+        the batch's earlier calls recorded (their outcomes), written first in
+        the same transaction, so a known result is durable before the next
+        call is sent. `policy_check`: for an approved call, given the tenant's
+        policy floor read inside the transaction, returns the decision now;
+        anything but `allow`/`require_approval` raises `PolicyChanged` and
+        nothing is written."""
 
 
 class LeaseMonitor(Protocol):
@@ -112,6 +127,10 @@ class ToolRegistry(Protocol):
 class PolicyEngine(Protocol):
     def evaluate(self, tool_name: str, arguments: Any) -> str:
         """Return `allow`, `deny` or `require_approval`; fail closed on error."""
+
+    def evaluate_under(self, tool_name: str, arguments: Any, floor: dict[str, Any] | None) -> str:
+        """`evaluate` with the tenant floor given (read by the caller in its
+        own transaction) instead of the engine's reader."""
 
 
 class BudgetLedger(Protocol):

@@ -53,6 +53,23 @@ def _scrub_all(text: str) -> str:
     return text
 
 
+def scrub_raw_arguments(raw: str) -> str:
+    """Raw JSON arguments scrubbed as text, and — when they hold a `\\u`
+    escape, which hides a secret from the text patterns (`sk-\\u0041...`) —
+    as the value they decode to: if that value holds a secret, the raw text
+    becomes the scrubbed value re-encoded (the call's meaning is kept, the
+    model's spelling is not)."""
+    raw = scrub_text(raw)
+    if "\\u" not in raw:
+        return raw
+    try:
+        parsed = json.loads(raw)
+    except (ValueError, RecursionError):
+        return raw
+    clean = scrub(parsed)
+    return raw if clean == parsed else json.dumps(clean, ensure_ascii=False)
+
+
 def scrub_turn(turn: ModelTurn) -> ModelTurn:
     """A model turn with its text, call names and raw arguments scrubbed.
 
@@ -61,7 +78,7 @@ def scrub_turn(turn: ModelTurn) -> ModelTurn:
     calls = []
     changed = False
     for c in turn.tool_calls:
-        name, raw = scrub_text(c.name), scrub_text(c.raw_arguments)
+        name, raw = scrub_text(c.name), scrub_raw_arguments(c.raw_arguments)
         if name != c.name or raw != c.raw_arguments:
             c = c.model_copy(update={"name": name, "raw_arguments": raw})
             changed = True

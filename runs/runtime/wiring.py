@@ -86,6 +86,10 @@ def delegation_depth(parent_id) -> int:
 
 def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) -> RunContext:
     run = claimed_run(claim.run_id)
+    if run.cancel_requested_at is not None:
+        # A cancel asked for before this execution (while an unknown outcome waited for its decision, or
+        # before a takeover): observed from the first observation point, not the first heartbeat.
+        token.cancel(CancelReason.REQUESTED)
     definition = run.pinned_definition  # the version the run is pinned to, never the latest
     if definition is None:  # its row is gone: the run fails `agent_version_missing` (seed 002: loudly, no fallback)
         raise AgentVersionMissing(run.agent_name, run.agent_version)

@@ -32,7 +32,7 @@ from psycopg.generators import fetch_many
 from psycopg.generators import send as send_pending
 
 from runs.domain import stored_form
-from runs.domain.errors import WorkerFenced
+from runs.domain.errors import PolicyChanged, WorkerFenced
 from runs.domain.records import InvocationRecord
 from runs.domain.writes import EventWrite, UnitOfWork
 from runs.models import TERMINAL, Run, Tenant, ToolInvocation
@@ -660,33 +660,74 @@ class DjangoRunStore:
             )
         ]
 
-    def mark_effect_sent(self, invocation_id: UUID, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
+    def mark_effect_sent(
+        self,
+        invocation_id: UUID,
+        attempt: int,
+        event_payload: dict[str, Any],
+        at: datetime,
+        *,
+        before: UnitOfWork | None = None,
+        policy_check: Callable[[dict[str, Any]], str] | None = None,
+    ) -> None:
+        """The watermark (the port's docstring). Alone it is one statement; with
+        the batch's earlier results (`before`) or a policy re-check it is one
+        transaction of several statements — still one commit."""
         self.settle()
-        if is_pg() and connection.get_autocommit():
-            sql, params = watermark_statement(
-                run_id=self.run_id,
-                session_id=self.session_id,
-                tenant_id=self.tenant_id,
-                owner=self.owner,
-                epoch=self.epoch,
-                invocation_id=invocation_id,
-                attempt=attempt,
-                at=at,
-                event_payload=event_payload,
-            )
-            with statement_cursor() as cursor:  # alone, in its own one-statement transaction
-                cursor.execute(sql, params)
-                fenced_rows, updated = cursor.fetchone()
-            if fenced_rows != 1 or updated != 1:
-                raise WorkerFenced("the watermark's fenced update affected zero rows")
-            if settings.AGENTRT_NOTIFY_LIVE:
-                _notify(self.run_id, self.tenant_id)
-            self.commits += 1
+        if before is not None and before.is_empty():
+            before = None
+        if before is not None or policy_check is not None or not (is_pg() and connection.get_autocommit()):
+            self._watermark_with(invocation_id, attempt, event_payload, at, before, policy_check)
             return
+        sql, params = watermark_statement(
+            run_id=self.run_id,
+            session_id=self.session_id,
+            tenant_id=self.tenant_id,
+            owner=self.owner,
+            epoch=self.epoch,
+            invocation_id=invocation_id,
+            attempt=attempt,
+            at=at,
+            event_payload=event_payload,
+        )
+        with statement_cursor() as cursor:  # alone, in its own one-statement transaction
+            cursor.execute(sql, params)
+            fenced_rows, updated = cursor.fetchone()
+        if fenced_rows != 1 or updated != 1:
+            raise WorkerFenced("the watermark's fenced update affected zero rows")
+        if settings.AGENTRT_NOTIFY_LIVE:
+            _notify(self.run_id, self.tenant_id)
+        self.commits += 1
+
+    def _watermark_with(
+        self,
+        invocation_id: UUID,
+        attempt: int,
+        event_payload: dict[str, Any],
+        at: datetime,
+        before: UnitOfWork | None,
+        policy_check: Callable[[dict[str, Any]], str] | None,
+    ) -> None:
+        """The fence, the policy floor read and judged (FOR SHARE: a floor
+        changed concurrently waits for this commit, or is seen), the earlier
+        calls' results, then the watermark and `tool.call.started` after their
+        events."""
+        earlier = before if before is not None else UnitOfWork()
+        started = EventWrite("tool.call.started", event_payload, at)
         try:
             with transaction.atomic(durable=True):
                 with connection.cursor() as cursor:
-                    self._fence(cursor, None, at)
+                    self._fence(cursor, earlier, at)
+                    if policy_check is not None:
+                        cursor.execute(
+                            "SELECT policy_floor FROM tenants WHERE id = %s" + (" FOR SHARE" if is_pg() else ""),
+                            [sql_uuid(self.tenant_id)],
+                        )
+                        row = cursor.fetchone()
+                        decision = policy_check(parsed(row[0]) if row else {})
+                        if decision not in ("allow", "require_approval"):
+                            raise PolicyChanged(decision)
+                    self._apply(cursor, earlier)
                     cursor.execute(
                         "UPDATE tool_invocations SET effect_sent_at = %s, status = 'executing', attempt = %s,"
                         " updated_at = %s, lease_epoch = %s"
@@ -695,17 +736,18 @@ class DjangoRunStore:
                     )
                     if cursor.rowcount != 1:
                         raise _Fenced()
-                    append_events(
+                    seqs = append_events(
                         cursor,
                         tenant_id=self.tenant_id,
                         session_id=self.session_id,
                         run_id=self.run_id,
                         epoch=self.epoch,
-                        events=[EventWrite("tool.call.started", event_payload, at)],
+                        events=[*earlier.events, started],
                     )
         except _Fenced:
             raise WorkerFenced("the watermark's fenced update affected zero rows") from None
         self.commits += 1
+        _committed(earlier, seqs)
 
     # -- the writes of a unit ---------------------------------------------
     def _apply(self, cursor: Cursor, work: UnitOfWork) -> None:

@@ -4,8 +4,11 @@ HTTP tools reach only hosts listed in AGENTRT_HTTP_TOOL_ALLOWED_HOSTS
 (`host` or `host:port`), never follow redirects (a 3xx is returned as the
 answer), and `http_post` sends the invocation's idempotency key as the
 `Idempotency-Key` header. Their timeouts are bounded by the run's deadline
-and they stop when the run is cancelled; `_request` says how each error is
-classified (failed before the request left, uncertain after).
+when the call starts. `http_get` stops when the run is cancelled; `http_post`,
+a side effect, never drops a request it has sent: its watermark is committed
+first, and it runs to completion (or its own timeout) whatever the run's
+cancellation says. `_request` says how each error is classified (failed
+before the request left, uncertain after).
 """
 
 from __future__ import annotations
@@ -100,10 +103,10 @@ def _limit(arguments, context) -> float:
 
 
 @contextlib.contextmanager
-def _abort_on_cancel(context, conn):
-    """Shut the connection's socket down when the run is cancelled while the
-    request is in flight, so a blocked send or read stops at once."""
-    signal = getattr(context, "cancelled", None)
+def _abort_on_cancel(signal, conn):
+    """Shut the connection's socket down when `signal` (a read-only request's
+    cancellation; None for a side effect) is set while the request is in
+    flight, so a blocked send or read stops at once."""
     done = threading.Event()
 
     def watch(signal):
@@ -130,9 +133,11 @@ def _abort_on_cancel(context, conn):
         done.set()
 
 
-def _request(method: str, url: str, headers: dict, body: bytes | None, timeout: float, context):
-    """One HTTP exchange, classified by where an error happened (DESIGN §7
-    step 11; README "Tool outcomes"):
+def _request(
+    method: str, url: str, headers: dict, body: bytes | None, timeout: float, context, *, abandon_on_cancel: bool
+):
+    """One HTTP exchange, classified by where an error happened (README
+    "Tool outcomes"):
 
     - before anything is sent (bad URL, deadline passed, already cancelled,
       DNS failure, connection refused or timed out, TLS handshake): `failed`,
@@ -142,8 +147,15 @@ def _request(method: str, url: str, headers: dict, body: bytes | None, timeout: 
       may have acted on it;
     - any HTTP status, 4xx and 5xx included, is an answer: the call
       succeeded and its result carries the status for the model to judge.
+
+    `abandon_on_cancel` (a read-only request): a cancelled run refuses to
+    send it and shuts its socket while it is in flight. A side effect passes
+    False: its watermark is already committed when it gets here, so it is
+    sent and its answer awaited whatever the run's cancellation or deadline
+    says (bounded by `timeout`); "the run was cancelled" is no reason to
+    lose whether the effect happened.
     """
-    signal = getattr(context, "cancelled", None)
+    signal = getattr(context, "cancelled", None) if abandon_on_cancel else None
     if signal is not None and signal.is_set():
         raise ToolFailure("cancelled", "the run was cancelled; the request was not sent")
     parts = urlsplit(url)
@@ -170,7 +182,7 @@ def _request(method: str, url: str, headers: dict, body: bytes | None, timeout: 
             raise ToolFailure(
                 "connection_failed", f"could not connect ({type(exc).__name__}); the request was not sent"
             ) from exc
-        with _abort_on_cancel(context, conn):
+        with _abort_on_cancel(signal, conn):
             try:
                 conn.request(method, target, body=body, headers=headers)
                 resp = conn.getresponse()
@@ -221,7 +233,8 @@ def _decode(status, ctype, body: bytes):
 )
 def http_get(arguments, context):
     url = _check_url(arguments["url"])
-    return _decode(*_request("GET", url, {"User-Agent": "agentrt"}, None, _limit(arguments, context), context))
+    limit = _limit(arguments, context)
+    return _decode(*_request("GET", url, {"User-Agent": "agentrt"}, None, limit, context, abandon_on_cancel=True))
 
 
 @register(
@@ -250,7 +263,8 @@ def http_post(arguments, context):
         "X-Agentrt-Attempt": str(context.attempt),
         "User-Agent": "agentrt",
     }
-    return _decode(*_request("POST", url, headers, body, _limit(arguments, context), context))
+    limit = _limit(arguments, context)
+    return _decode(*_request("POST", url, headers, body, limit, context, abandon_on_cancel=False))
 
 
 @register(

@@ -237,7 +237,7 @@ class ToolRegistry:
         call = (arguments, context) if typed.takes_context else (arguments,)
         value = fn(*call)
         if inspect.isawaitable(value):
-            value = asyncio.run(_awaited(value, context))
+            value = asyncio.run(_awaited(value, context, abandon_on_cancel=bool(self._tools[name][0].read_only)))
         return to_json(value) if typed.model is not None or not _plain(value) else value
 
     def execute(self, name: str, arguments: Any, context: Any) -> Any:
@@ -245,8 +245,9 @@ class ToolRegistry:
         own thread and the runtime stops waiting when the timeout elapses.
         The call is then `uncertain` (`OutcomeUnknown("timeout")`): it may
         still take effect, and Python cannot stop the thread, which finishes
-        (or not) on its own with nobody reading its result. An async tool's
-        task is cancelled when the run is cancelled."""
+        (or not) on its own with nobody reading its result. A read-only async
+        tool's task is cancelled when the run is cancelled; a side effect's
+        runs on (`_awaited`)."""
         timeout = getattr(context, "timeout_seconds", None)
         if not timeout or timeout <= 0:
             return self._call(name, arguments, context)
@@ -388,10 +389,13 @@ def _plain(value: Any) -> bool:
     return value is None or isinstance(value, (str, int, float, bool, dict, list))
 
 
-async def _awaited(awaitable: Any, context: Any) -> Any:
-    """Await a coroutine tool; cancel its task when the run is cancelled."""
+async def _awaited(awaitable: Any, context: Any, *, abandon_on_cancel: bool) -> Any:
+    """Await a coroutine tool. A read-only tool's task (`abandon_on_cancel`)
+    is cancelled when the run is; a side effect's never is: its watermark is
+    committed before it starts, so it runs to completion (or the runtime's
+    timeout) and its outcome is recorded however the run ends."""
     task = asyncio.ensure_future(awaitable)
-    signal = getattr(context, "cancelled", None)
+    signal = getattr(context, "cancelled", None) if abandon_on_cancel else None
     while not task.done():
         done, _ = await asyncio.wait({task}, timeout=0.05)
         if not done and signal is not None and signal.is_set():

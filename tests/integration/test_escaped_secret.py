@@ -51,3 +51,7 @@ def test_a_json_escaped_secret_in_raw_arguments_persists_nowhere(load_agent, sub
     assert proposed["arguments"] == {"text": f"{MARKER} [REDACTED]"}, proposed
     assert rows_holding(MARKER)  # the search reads what was persisted
     assert rows_holding(SECRET) == {}
+    # Nor in the model's spelling: the raw arguments (a text column) and the turn's event hold no part of it.
+    # (agent_versions holds the scripted model's turns: the test's input, not what the run persisted)
+    assert set(rows_holding(SECRET[4:])) <= {"agent_versions"}
+    assert json.loads(inv.raw_arguments) == {"text": f"{MARKER} [REDACTED]"}

@@ -123,19 +123,38 @@ def test_the_deadline_bounds_the_timeout_and_a_passed_deadline_sends_nothing(sin
     assert sink.count() == 1
 
 
-def test_cancellation_stops_a_request_in_flight_and_its_outcome_is_uncertain(sink):
+def test_cancellation_stops_a_read_in_flight_and_its_outcome_is_uncertain(sink):
     token = Token()
     sink.behaviours = ["delay:30"]
     sink.on_request = lambda path: token.cancel(
         CancelReason.REQUESTED
     )  # the cancel arrives while the server holds the request
     with pytest.raises(OutcomeUnknown) as err:
-        post(sink, context(timeout=20, token=token))
-    assert err.value.code == "cancelled" and sink.count() == 1
+        builtin.http_get({"url": sink.url}, context(timeout=20, token=token))
+    assert err.value.code == "cancelled" and sink.gets == 1
     # Already cancelled: nothing is sent at all, and that is a definite failure.
     with pytest.raises(ToolFailure) as err:
-        post(sink, context(token=token))
-    assert err.value.code == "cancelled" and err.value.uncertain is False and sink.count() == 1
+        builtin.http_get({"url": sink.url}, context(token=token))
+    assert err.value.code == "cancelled" and err.value.uncertain is False and sink.gets == 1
+
+
+def test_cancellation_never_cuts_a_post_short_once_it_is_sent(sink):
+    """A side effect's watermark is committed before it gets here: a cancel
+    that arrives while the server holds the request does not shut the
+    socket; the answer, when it comes, is the call's result."""
+    token = Token()
+    sink.behaviours = ["delay:30"]
+
+    def cancel_then_answer(path):
+        token.cancel(CancelReason.REQUESTED)
+        sink.release.set()  # the answer comes only after the cancel was set
+
+    sink.on_request = cancel_then_answer
+    status, _, body = builtin._request(
+        "POST", sink.url, {"Content-Type": "application/json"}, b"{}", 20, context(token=token), abandon_on_cancel=False
+    )
+    assert (status, body) == (200, b'{"ok": true}') and sink.count() == 1
+    assert post(sink, context(token=token)) == {"status": 200, "json": {"ok": True}}  # and sent even when cancelled
 
 
 def test_an_http_error_status_is_an_answer_not_an_unknown_outcome(sink):

@@ -19,7 +19,7 @@ from runs.domain.budgets import Ledger
 from runs.domain.cancellation import Token
 from runs.domain.checkpoint import CheckpointState
 from runs.domain.context import AgentSpec, RunContext, RunSnapshot, StepProgress
-from runs.domain.errors import WorkerFenced
+from runs.domain.errors import PolicyChanged, WorkerFenced
 from runs.domain.records import InvocationRecord
 from runs.domain.values import ModelRequest, ModelTurn, RunLimits, RunUsage, ToolSpec
 from runs.domain.writes import UnitOfWork
@@ -71,6 +71,7 @@ class Watermark:
     attempt: int
     payload: dict[str, Any]
     at: datetime
+    before: UnitOfWork | None = None  # the batch's earlier results, written in the watermark's transaction
 
 
 class FakeStore:
@@ -85,6 +86,7 @@ class FakeStore:
         self, *, fence_on_commit: int | None = None, fence_on_watermark: int | None = None, log: list | None = None
     ):
         self.commits: list[UnitOfWork] = []
+        self.written: list[UnitOfWork] = []  # every unit in the order written: the commits and watermarks' `before`
         self.watermarks: list[Watermark] = []
         self.log: list[tuple[str, Any]] = log if log is not None else []
         self.fence_on_commit = fence_on_commit
@@ -92,6 +94,7 @@ class FakeStore:
         self.commit_attempts = 0
         self.pending: FakeSent | None = None
         self.watermark_attempts = 0
+        self.floor: dict[str, Any] = {}  # the tenant floor a watermark's transaction reads (`policy_check`)
 
     def commit(self, work: UnitOfWork) -> None:
         if self.pending is not None:
@@ -100,7 +103,9 @@ class FakeStore:
         if self.fence_on_commit is not None and self.commit_attempts == self.fence_on_commit:
             self.log.append(("fenced", "commit"))
             raise WorkerFenced("fake: the fenced update affected zero rows")
-        self.commits.append(copy.deepcopy(work))
+        copied = copy.deepcopy(work)
+        self.commits.append(copied)
+        self.written.append(copied)
         self.log.append(("commit", len(self.commits)))
 
     def send(self, work: UnitOfWork) -> FakeSent:
@@ -115,20 +120,36 @@ class FakeStore:
         if self.pending is not None:
             self.pending.wait()
 
-    def mark_effect_sent(self, invocation_id, attempt: int, event_payload: dict[str, Any], at: datetime) -> None:
+    def mark_effect_sent(
+        self,
+        invocation_id,
+        attempt: int,
+        event_payload: dict[str, Any],
+        at: datetime,
+        *,
+        before: UnitOfWork | None = None,
+        policy_check: Any = None,
+    ) -> None:
         if self.pending is not None:
             self.pending.wait()
         self.watermark_attempts += 1
         if self.fence_on_watermark is not None and self.watermark_attempts == self.fence_on_watermark:
             self.log.append(("fenced", "watermark"))
             raise WorkerFenced("fake: the watermark's fenced update affected zero rows")
-        self.watermarks.append(Watermark(invocation_id, attempt, copy.deepcopy(event_payload), at))
+        if policy_check is not None:
+            decision = policy_check(self.floor)
+            if decision not in ("allow", "require_approval"):
+                raise PolicyChanged(decision)
+        earlier = copy.deepcopy(before) if before is not None and not before.is_empty() else None
+        if earlier is not None:  # the batch's earlier results, in the watermark's transaction
+            self.written.append(earlier)
+        self.watermarks.append(Watermark(invocation_id, attempt, copy.deepcopy(event_payload), at, earlier))
         self.log.append(("watermark", invocation_id))
 
     def invocations_for_step(self, step_number: int) -> list[InvocationRecord]:
         """The invocation rows of one step as the committed writes left them."""
         rows: dict[Any, dict[str, Any]] = {}
-        for work in self.commits:
+        for work in self.written:
             for i in work.invocation_inserts:
                 if i.step_number == step_number:
                     rows[i.id] = {
@@ -161,7 +182,7 @@ class FakeStore:
         return [[e.type for e in work.events] for work in self.commits]
 
     def all_events(self) -> list:
-        return [e for work in self.commits for e in work.events]
+        return [e for work in self.written for e in work.events]
 
     def checkpoints(self) -> list:
         return [work.checkpoint for work in self.commits if work.checkpoint is not None]
@@ -233,6 +254,9 @@ class AllowAll:
     def evaluate(self, tool_name: str, arguments: Any) -> str:
         return "allow"
 
+    def evaluate_under(self, tool_name: str, arguments: Any, floor: Any) -> str:
+        return "allow"
+
 
 class FixedPolicy:
     """`PolicyEngine` with a decision per tool name (default allow)."""
@@ -242,6 +266,9 @@ class FixedPolicy:
 
     def evaluate(self, tool_name: str, arguments: Any) -> str:
         return self.decisions.get(tool_name, "allow")
+
+    def evaluate_under(self, tool_name: str, arguments: Any, floor: Any) -> str:
+        return self.evaluate(tool_name, arguments)
 
 
 class FakeLease:

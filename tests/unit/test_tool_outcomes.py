@@ -36,8 +36,10 @@ def test_a_value_is_succeeded_and_a_tool_failure_is_failed():
     outcome = run_loop(h.ctx)
 
     assert outcome.kind is OutcomeKind.COMPLETED
-    updates = [u for w in h.store.commits for u in w.invocation_updates]
+    updates = [u for w in h.store.written for u in w.invocation_updates]
     assert [(u.status, u.outcome) for u in updates] == [("completed", "succeeded"), ("failed", "failed")]
+    # The first call's outcome went into the second call's watermark transaction, before it was sent.
+    assert [u.id for u in h.store.watermarks[1].before.invocation_updates] == [updates[0].id]
     assert [u.attempts[-1]["outcome"] for u in updates] == ["succeeded", "failed"]
     assert updates[0].clear_error is True  # a completed call keeps no stale error
     assert [e["is_error"] for e in tool_entries(h)] == [False, True]
@@ -106,22 +108,26 @@ def test_a_call_refused_before_execution_is_failed():
     assert [(i.status, i.outcome) for i in inserts] == [("failed", "failed")]
 
 
-def test_cancelled_while_an_effect_runs_and_uncertain_keeps_the_unknown_record_and_ends_cancelled():
+def test_cancelled_while_an_effect_runs_and_uncertain_is_asked_about_before_the_run_ends():
+    """A cancel does not close an unknown outcome: the call is handed over for
+    a decision (UNKNOWN), the rest of the batch is cancelled with its result
+    recorded, and the run ends only after the decision."""
     h = build_context([{"tool_calls": [post_call(1), post_call(2)]}, {"text": "never"}])
 
     def post(arguments, context):
         context.token.cancel(CancelReason.REQUESTED)
         assert context.cancelled and context.cancelled.is_set()
-        raise OutcomeUnknown("cancelled", "stopped while in flight")
+        raise OutcomeUnknown("timeout", "sent, no answer")
 
     h.tools.add(POST, post)
     outcome = run_loop(h.ctx)
 
-    assert outcome.kind is OutcomeKind.CANCELLED
+    assert outcome.kind is OutcomeKind.UNKNOWN
     assert [(u.status, u.outcome) for u in outcome.pending.invocation_updates] == [
         ("uncertain", "uncertain"),
         ("cancelled", None),
     ]
+    assert outcome.pending.invocation_updates[1].result["error"] == "cancelled"
     assert h.tools.count("post") == 1
 
 
@@ -179,7 +185,7 @@ def test_a_side_effect_failing_because_the_cancellation_reached_it_is_uncertain_
     h.tools.add(POST, post)
     outcome = run_loop(h.ctx)
 
-    assert outcome.kind is OutcomeKind.CANCELLED
+    assert outcome.kind is OutcomeKind.UNKNOWN  # asked about first; the cancel waits for the decision
     assert [(u.status, u.outcome) for u in outcome.pending.invocation_updates] == [("uncertain", "uncertain")]
 
 

@@ -149,12 +149,12 @@ def test_async_functions_are_awaited(registered):
     assert REGISTRY.execute("ship_async", GOOD, context()) == {"sku": "A-1", "key": "key-123"}
 
 
-def test_an_async_tool_is_cancelled_when_the_run_is_and_its_outcome_is_unknown(registered):
+def test_a_read_only_async_tool_is_cancelled_when_the_run_is(registered):
     started = threading.Event()
     finished = []
 
-    @registered("slow_async", read_only=False, side_effect="external_write", timeout_seconds=30)
-    async def slow_async(args: Ship, ctx) -> str:
+    @registered("slow_lookup", read_only=True, timeout_seconds=30)
+    async def slow_lookup(args: Ship, ctx) -> str:
         started.set()
         await asyncio.sleep(30)
         finished.append(True)
@@ -163,8 +163,34 @@ def test_an_async_tool_is_cancelled_when_the_run_is_and_its_outcome_is_unknown(r
     token = Token()
     threading.Thread(target=lambda: (started.wait(10), token.cancel(CancelReason.REQUESTED)), daemon=True).start()
     with pytest.raises(OutcomeUnknown) as info:
-        REGISTRY.execute("slow_async", GOOD, context(token, timeout=30))
+        REGISTRY.execute("slow_lookup", GOOD, context(token, timeout=30))
     assert info.value.code == "cancelled" and finished == []
+
+
+def test_a_side_effect_async_tool_runs_to_completion_when_the_run_is_cancelled(registered):
+    """Its watermark is committed before it starts: a cancel does not cut it
+    short, its answer is what the runtime records."""
+    started, release = threading.Event(), threading.Event()
+
+    @registered("ship_async_effect", read_only=False, side_effect="external_write", timeout_seconds=30)
+    async def ship_async_effect(args: Ship, ctx) -> dict:
+        started.set()
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+        return {"shipped": args.sku, "cancelled_seen": ctx.cancelled.is_set()}
+
+    token = Token()
+
+    def cancel_then_release():
+        started.wait(10)
+        token.cancel(CancelReason.REQUESTED)
+        release.set()  # the answer comes only after the cancel was set
+
+    threading.Thread(target=cancel_then_release, daemon=True).start()
+    assert REGISTRY.execute("ship_async_effect", GOOD, context(token, timeout=30)) == {
+        "shipped": "A-1",
+        "cancelled_seen": True,
+    }
 
 
 def test_a_value_that_is_not_json_is_a_failed_result(registered):
