@@ -372,7 +372,28 @@ AGENTRT_RECONCILER = os.environ.get("AGENTRT_RECONCILER", "")
 AGENTRT_TOOL_MODULES = os.environ.get("AGENTRT_TOOL_MODULES", "")
 AGENTRT_PROVIDER_MODULES = os.environ.get("AGENTRT_PROVIDER_MODULES", "")
 AGENTRT_RECONCILE_TIMEOUT = env_float("AGENTRT_RECONCILE_TIMEOUT", 30)
-AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = env_list("AGENTRT_HTTP_TOOL_ALLOWED_HOSTS", "")
+
+
+# Outbound allow-lists (runs/net.py; README "Security model", Outbound requests): `host:port`, or a bare `host`
+# for ports 80 and 443 only; an entry that does not parse stops the process with the entry named.
+def _allow_list(name):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from runs.net import parse_entry
+
+    entries = env_list(name, "")
+    for entry in entries:
+        try:
+            parse_entry(entry)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{name}: {exc}") from None
+    return entries
+
+
+AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = _allow_list("AGENTRT_HTTP_TOOL_ALLOWED_HOSTS")
+# Names on an allow-list whose loopback and private addresses a request may go to (an IP literal on a list may
+# anyway); a name not here that resolves to one is refused (address_not_allowed). Link-local and metadata: never.
+AGENTRT_OUTBOUND_INTERNAL_NAMES = env_list("AGENTRT_OUTBOUND_INTERNAL_NAMES", "")
 AGENTRT_APPROVAL_TTL_SECONDS = env_float("AGENTRT_APPROVAL_TTL_SECONDS", 86400)
 AGENTRT_INPUT_TTL_SECONDS = env_float("AGENTRT_INPUT_TTL_SECONDS", 86400)
 # Active (non-terminal) runs per tenant unless Tenant.max_active_runs says otherwise; 0 = no limit.
@@ -411,8 +432,9 @@ AGENTRT_DEFAULT_LIMITS = default_limits()
 # --- Post-run hooks and webhooks (issue 17; README "Hooks and webhooks") -----
 # Modules that register post-run hooks (runs.hooks.register), besides each installed app's `agent_hooks`.
 AGENTRT_HOOK_MODULES = env_list("AGENTRT_HOOK_MODULES", "")
-# Hosts (`host` or `host:port`) a webhook subscription's URL may name; checked when saved and before every attempt.
-AGENTRT_WEBHOOK_ALLOWED_HOSTS = env_list("AGENTRT_WEBHOOK_ALLOWED_HOSTS", "")
+# Hosts (`host:port`, or `host` for 80/443) a webhook subscription's URL may name; checked when saved and before
+# every attempt.
+AGENTRT_WEBHOOK_ALLOWED_HOSTS = _allow_list("AGENTRT_WEBHOOK_ALLOWED_HOSTS")
 # One webhook attempt as a whole: connecting, sending, and the whole answer (webhooks/deadline.py).
 AGENTRT_WEBHOOK_TIMEOUT_SECONDS = env_float("AGENTRT_WEBHOOK_TIMEOUT_SECONDS", 10)
 # Subscriptions per tenant: each event writes one delivery per matching subscription in the event's own transaction.

@@ -23,6 +23,7 @@ import ssl
 from typing import Any
 
 import httpcore
+from django.conf import settings
 
 from runs.clock import CLOCK
 from runs.errors import AddressRefused
@@ -62,7 +63,8 @@ def resolve(host: str, port: int, deadline: Deadline, asked: float | None = None
     httpcore's ConnectTimeout after that, ConnectError when the name does not
     resolve or only to addresses it may not go to."""
     try:
-        return routable(host, resolve_within(host, port, deadline.left(httpcore.ConnectTimeout, asked)))
+        addresses = resolve_within(host, port, deadline.left(httpcore.ConnectTimeout, asked))
+        return routable(host, addresses, internal_names=settings.AGENTRT_OUTBOUND_INTERNAL_NAMES)
     except AddressRefused as exc:
         raise httpcore.ConnectError(str(exc)) from exc
     except OSError as exc:

@@ -1,9 +1,11 @@
 """Outbound HTTP for webhooks: the allow-list, the signature, the POST.
 
-A URL is checked against AGENTRT_WEBHOOK_ALLOWED_HOSTS (`host` or
-`host:port`, like the HTTP tools' list) when a subscription is saved and
-again before every attempt; redirects are never followed (a 3xx is a failed
-attempt, and its Location is never requested). The POST is made with no
+A URL is checked against AGENTRT_WEBHOOK_ALLOWED_HOSTS (`host:port`, or a
+bare `host` for ports 80 and 443; runs.net.listed, like the HTTP tools' list)
+when a subscription is saved and again before every attempt, and its host's
+addresses are narrowed by runs.net.routable when it is resolved; redirects
+are never followed (a 3xx is a failed attempt, and its Location is never
+requested). The POST is made with no
 database transaction open (checked) and outside any run's step (it runs in
 its own django-q2 task).
 """
@@ -21,7 +23,9 @@ import httpcore
 from django.conf import settings
 from django.db import connection
 
+from runs import net
 from runs.clock import CLOCK
+from runs.errors import AddressRefused
 
 from .deadline import Deadline, DeadlineBackend
 
@@ -50,10 +54,16 @@ def check_url(url: str) -> str:
     if parts.fragment:
         raise UrlRefused("a fragment is not allowed")
     host = parts.hostname
-    hostport = f"{host}:{port}" if port else host
-    allowed = settings.AGENTRT_WEBHOOK_ALLOWED_HOSTS
-    if host not in allowed and hostport not in allowed:
-        raise UrlRefused(f"host {hostport!r} is not in AGENTRT_WEBHOOK_ALLOWED_HOSTS")
+    port = port or net.default_port(parts.scheme)
+    if not net.listed(host, port, settings.AGENTRT_WEBHOOK_ALLOWED_HOSTS):
+        raise UrlRefused(
+            f"{net.shown(host, port)!r} is not in AGENTRT_WEBHOOK_ALLOWED_HOSTS "
+            "(a bare host there admits ports 80 and 443 only)"
+        )
+    try:
+        net.refuse_literal(host)
+    except AddressRefused as exc:
+        raise UrlRefused(str(exc)) from None
     return url
 
 

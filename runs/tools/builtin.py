@@ -1,7 +1,8 @@
 """Built-in tools: echo, http_get, http_post, sleep.
 
 HTTP tools reach only hosts listed in AGENTRT_HTTP_TOOL_ALLOWED_HOSTS
-(`host` or `host:port`), never follow redirects (a 3xx is returned as the
+(`host:port`, or `host` for ports 80 and 443) and only addresses runs.net
+lets a request go to, never follow redirects (a 3xx is returned as the
 answer), and `http_post` sends the invocation's idempotency key as the
 `Idempotency-Key` header. Their timeouts are bounded by the run's deadline
 when the call starts. `http_get` stops when the run is cancelled; `http_post`,
@@ -78,14 +79,28 @@ def sleep(arguments, context):
 
 
 def _check_url(url: str) -> str:
+    """`url` if the allow-list admits its host and port (runs.net.listed: a
+    bare `host` entry admits 80 and 443 only) and, for an IP literal, the
+    address is one a request may go to at all; ToolFailure otherwise."""
     parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        raise ToolFailure("url_not_allowed", "the URL's port is not valid") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ToolFailure("url_not_allowed", "only http and https URLs with a host are allowed")
-    allowed = settings.AGENTRT_HTTP_TOOL_ALLOWED_HOSTS
     host = parts.hostname
-    hostport = f"{host}:{parts.port}" if parts.port else host
-    if host not in allowed and hostport not in allowed:
-        raise ToolFailure("host_not_allowed", f"host {hostport!r} is not in AGENTRT_HTTP_TOOL_ALLOWED_HOSTS")
+    port = port or net.default_port(parts.scheme)
+    if not net.listed(host, port, settings.AGENTRT_HTTP_TOOL_ALLOWED_HOSTS):
+        raise ToolFailure(
+            "host_not_allowed",
+            f"{net.shown(host, port)!r} is not in AGENTRT_HTTP_TOOL_ALLOWED_HOSTS "
+            "(a bare host there admits ports 80 and 443 only)",
+        )
+    try:
+        net.refuse_literal(host)
+    except AddressRefused as exc:
+        raise ToolFailure("address_not_allowed", f"{exc}; the request was not sent") from exc
     return url
 
 
@@ -166,7 +181,9 @@ def _request(
     # The lookup gets at most half the call's time (runs.net): a name server that does not answer fails the
     # call as `dns_failed` — nothing sent — well before the runtime's own timeout would make it an unknown outcome.
     conn._create_connection = functools.partial(  # type: ignore[attr-defined]
-        net.create_connection, resolve_for=timeout * RESOLVE_SHARE
+        net.create_connection,
+        resolve_for=timeout * RESOLVE_SHARE,
+        internal_names=settings.AGENTRT_OUTBOUND_INTERNAL_NAMES,
     )
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:

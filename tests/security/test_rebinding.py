@@ -5,8 +5,10 @@ own webhook receiver's, say) could point it at the cloud metadata service
 machine's network identity; a webhook's failed answer is even kept (its
 first 200 bytes) where the tenant reads it. The HTTP tools and the webhook
 sender now drop link-local, unspecified, multicast and reserved addresses of
-a name (runs.net.routable) before any connection opens; an IP literal on the
-list stays the operator's choice.
+a name (runs.net.routable) before any connection opens (loopback and private
+ones too, unless the operator lists the name for them: issue 34,
+tests/security/test_outbound_filter.py); a loopback or private IP literal on
+the list stays the operator's choice.
 
 The name's owner is played by the system's resolver (outside the project,
 the one thing replaced); a real listener on 127.0.0.1 stands in for the
@@ -63,6 +65,8 @@ def test_a_name_that_also_answers_a_routable_address_reaches_that_one_only(setti
     answers, _ = owned_name
     answers[:] = [METADATA, "0.0.0.0", "127.0.0.1"]  # link-local and unspecified first: skipped, not tried
     settings.AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = [f"rebound.example:{sink.port}"]
+    # The sink is on loopback, which a name reaches only with the operator's word (test_outbound_filter.py).
+    settings.AGENTRT_OUTBOUND_INTERNAL_NAMES = ["rebound.example"]
     answer = builtin.http_post({"url": f"http://rebound.example:{sink.port}/effect", "json": {"n": 1}}, context())
     assert answer["status"] == 200 and sink.count() == 1
 

@@ -51,7 +51,7 @@ def operator_client(client, tenant):
 def hostile_runs(load_agent, submit, settings):
     from runs.runtime.executor import run_drive
 
-    settings.AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = ["127.0.0.1"]
+    settings.AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = ["127.0.0.1:9"]
     load_agent(name="answer-bot", turns=[{"text": PAYLOAD}])
     load_agent(
         name="release-bot",
