@@ -5,6 +5,7 @@ SQLite file in WAL mode with a busy timeout, so `make run` needs nothing but
 Python and make.
 """
 
+import ipaddress
 import json
 import os
 from datetime import timedelta
@@ -69,14 +70,29 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-# Login throttling (django-axes): the admin login is the session login. Failures
-# are counted per (username, client IP) in the database, so across processes.
+# Login throttling (django-axes; agentrt_site/logins.py): the admin login is the session login. Failures
+# are counted per (username, client IP) in the database, so across processes, and lock the pair, the
+# address (spraying) or the username (guesses from many addresses), each at its own limit.
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 AXES_FAILURE_LIMIT = env_int("AGENTRT_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = env_float("AGENTRT_LOGIN_COOLOFF_HOURS", 0.25)
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # what is recorded, and forgiven by a success
 AXES_RESET_ON_SUCCESS = True
 AXES_HTTP_RESPONSE_CODE = 429
+AXES_HANDLER = "agentrt_site.logins.LoginThrottle"
+AGENTRT_LOGIN_IP_FAILURE_LIMIT = env_int("AGENTRT_LOGIN_IP_FAILURE_LIMIT", 20)
+AGENTRT_LOGIN_USERNAME_FAILURE_LIMIT = env_int("AGENTRT_LOGIN_USERNAME_FAILURE_LIMIT", 50)
+# The client's address is the TCP peer (daphne runs without --proxy-headers); X-Forwarded-For is believed only
+# from these proxies' addresses or networks (comma-separated; empty: never).
+AXES_CLIENT_IP_CALLABLE = "agentrt_site.logins.client_ip"
+AGENTRT_TRUSTED_PROXIES = env_list("AGENTRT_TRUSTED_PROXIES")
+for _proxy in AGENTRT_TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(f"AGENTRT_TRUSTED_PROXIES: {_proxy!r} is not an IP address or network") from None
 # API tokens (django-rest-knox): stored as SHA-512 digests, expiring, revocable
 # by deleting them in the admin (Knox › Auth tokens). Header: `Authorization: Token <token>`.
 AGENTRT_TOKEN_TTL_DAYS = env_float("AGENTRT_TOKEN_TTL_DAYS", 90)
