@@ -9,7 +9,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentrt
 # TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: run cluster test venv dev browser smoke bench mutants clean
+.PHONY: run cluster test venv dev browser nginx smoke bench mutants clean
 
 # requirements.txt / requirements-dev.txt are hashed locks compiled from the
 # .in files (README, "Dependencies"); pip refuses anything whose hash differs.
@@ -64,13 +64,24 @@ browser:
 	    echo "the browser test needs chromium at /usr/bin/chromium: sudo apt-get install -y chromium"; exit 1; \
 	  fi; }
 
+# The login-throttling test (tests/security/test_login_proxy.py) runs the documented
+# nginx config with Debian's nginx: install it when it is missing and we may.
+nginx:
+	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's nginx for the login-throttling test"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx >/dev/null; \
+	  else \
+	    echo "the login-throttling test needs nginx: sudo apt-get install -y nginx"; exit 1; \
+	  fi; }
+
 # Format, lint and type check (settings in pyproject.toml); .ci/run runs it before the tests and fails on findings.
 lint: dev
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: dev browser
+test: dev browser nginx
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # Curated mutants (tests/mutants/*.toml), each applied to a scratch copy and

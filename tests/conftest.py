@@ -359,12 +359,12 @@ def free_port(count: int = 1) -> int:
     raise RuntimeError(f"no {count} free consecutive ports in {band}")
 
 
-def start_daphne(env: dict, log) -> tuple[int, subprocess.Popen]:
-    """A real daphne on a free port with `env`, its output to `log`; returns
-    (port, process) once it listens. The caller terminates it."""
+def start_daphne(env: dict, log, flags: tuple[str, ...] = ()) -> tuple[int, subprocess.Popen]:
+    """A real daphne on a free port with `env` (and daphne's `flags`), its output
+    to `log`; returns (port, process) once it listens. The caller terminates it."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentrt_site.asgi:application"],
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), *flags, "agentrt_site.asgi:application"],
         cwd=ROOT,
         env=env,
         stdout=log,
