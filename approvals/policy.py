@@ -89,7 +89,8 @@ def evaluate(policy: dict | None, tool_name: str, arguments: Any, *, read_only: 
 
 
 class PolicyEngine:
-    """The `PolicyEngine` port over one agent version's policy and its tenant's floor.
+    """The `PolicyEngine` port over one agent version's policy, its ancestors'
+    (`inherited`: a child run's parents', nearest first) and its tenant's floor.
 
     `floor` is called at every evaluation that could be tightened by it (the
     executor's reader reads the tenant row once per step, so a tightened
@@ -102,10 +103,14 @@ class PolicyEngine:
         *,
         floor: Callable[[], dict | None] | None = None,
         read_only_of: Callable[[str], bool | None] | None = None,
+        inherited: list[dict] | tuple[dict, ...] = (),
     ):
         self.policy = policy or {}
         self.floor = floor
         self.read_only_of = read_only_of
+        # A child run's ancestors' policies (their pinned versions'): a child is never less restricted than
+        # any run above it, so each of them is one more policy the decision is the stricter of.
+        self.inherited = [p or {} for p in inherited]
 
     def _own(self, tool_name: str, arguments: Any) -> tuple[str, bool | None]:
         """The agent's own decision, and whether the tool is read-only."""
@@ -114,7 +119,12 @@ class PolicyEngine:
         except Exception:
             read_only = None
         decision = evaluate(self.policy, tool_name, arguments, read_only=read_only)
-        return (decision if decision in DECISIONS else "require_approval"), read_only
+        decision = decision if decision in DECISIONS else "require_approval"
+        for policy in self.inherited:
+            if decision == "deny":
+                break
+            decision = stricter(decision, evaluate(policy, tool_name, arguments, read_only=read_only))
+        return decision, read_only
 
     def evaluate(self, tool_name: str, arguments: Any) -> str:
         decision, read_only = self._own(tool_name, arguments)

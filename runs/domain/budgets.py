@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 from runs.domain.errors import BudgetExceeded
@@ -71,32 +72,39 @@ class Ledger:
     def fit_tool_batch(self, usage: RunUsage, requested: int) -> int:
         return max(0, min(requested, self.limits.max_tool_calls - usage.tool_calls))
 
-    def child_caps(self, usage: RunUsage) -> dict[str, int | float] | None:
-        """What remains of this run's budget: the most a child run's own limits
-        may be (seed 002: usage is additive across delegation). None when too
-        little remains to start one (no step, no model call, no tokens or no
-        money left)."""
+    def child_caps(self, usage: RunUsage, count: int = 1) -> dict[str, int | float] | None:
+        """Each child's share of what remains of this run's budget, when a
+        batch starts `count` children at once: the remainder split evenly
+        (whole steps and calls rounded down, money to the cent's millionth
+        down), so the children's limits together never exceed what is left —
+        they are reserved from it, not each given all of it. Seed 002: usage
+        is additive across delegation (`record_child_usage` adds what each
+        child spent back at the join). None when a share would leave a child
+        no step, no model call, no tokens or no money."""
         lim = self.limits
+        count = max(1, count)
         caps: dict[str, int | float] = {
-            "max_steps": lim.max_steps - usage.steps,
-            "max_model_calls": lim.max_model_calls - usage.model_calls,
-            "max_tool_calls": max(0, lim.max_tool_calls - usage.tool_calls),
+            "max_steps": (lim.max_steps - usage.steps) // count,
+            "max_model_calls": (lim.max_model_calls - usage.model_calls) // count,
+            "max_tool_calls": max(0, lim.max_tool_calls - usage.tool_calls) // count,
         }
         if lim.max_input_tokens is not None:
-            caps["max_input_tokens"] = lim.max_input_tokens - usage.input_tokens
+            caps["max_input_tokens"] = (lim.max_input_tokens - usage.input_tokens) // count
         if lim.max_output_tokens is not None:
-            caps["max_output_tokens"] = lim.max_output_tokens - usage.output_tokens
+            caps["max_output_tokens"] = (lim.max_output_tokens - usage.output_tokens) // count
         if lim.max_cost_usd is not None:
-            caps["max_cost_usd"] = round(lim.max_cost_usd - usage.cost_usd, 8)
+            caps["max_cost_usd"] = math.floor((lim.max_cost_usd - usage.cost_usd) / count * 1e8) / 1e8
         if min(v for k, v in caps.items() if k != "max_tool_calls") <= 0:
             return None
         return caps
 
     def record_child_usage(self, usage: RunUsage, child: RunUsage) -> RunUsage:
-        """Add a child run's tokens and cost to this run's usage and check the
-        limits, as one operation ("after" means record): raises BudgetExceeded
-        (with the new usage) when the total is over. The child's steps and
-        calls are its own: they are not this run's counters."""
+        """Add a child run's usage — tokens, cost, model calls, tool calls and
+        steps — to this run's and check the limits, as one operation ("after"
+        means record): raises BudgetExceeded (with the new usage) when the
+        tokens or cost are over. A child's counters stay within its share
+        (`child_caps`), so the counters' sum stays within this run's limits;
+        the next step's checks see them."""
         new = usage.add_model(
             ModelUsage(
                 input_tokens=child.input_tokens,
@@ -105,8 +113,9 @@ class Ledger:
                 cache_creation_input_tokens=child.cache_creation_input_tokens,
                 reasoning_tokens=child.reasoning_tokens,
                 cost_usd=child.cost_usd,
-            )
-        )
+            ),
+            calls=child.model_calls,
+        ).model_copy(update={"tool_calls": usage.tool_calls + child.tool_calls, "steps": usage.steps + child.steps})
         if over := self._over(new):
             exc = BudgetExceeded(
                 FailureReason.BUDGET_EXCEEDED,

@@ -627,8 +627,9 @@ def _delegate(
     waits (`awaiting_approval`, `child_run`) for the child run that finalize
     starts with the suspension, in its transaction. The calls count as tool
     calls; an orchestration-only turn refunds its step and model call. Each
-    child's limits are capped by what then remains of this run's budget; when
-    nothing remains the calls fail `tool.budget_exhausted` and no child starts."""
+    child's limits are capped by an equal share of what then remains of this
+    run's budget (reserved: together they never exceed it); when a share
+    would be nothing the calls fail `tool.budget_exhausted` and no child starts."""
     progress = ctx.progress
     now = ctx.clock.now()
     usage = progress.usage.model_copy(update={"tool_calls": progress.usage.tool_calls + len(delegated)})
@@ -636,10 +637,15 @@ def _delegate(
         usage = usage.model_copy(
             update={"steps": max(0, usage.steps - 1), "model_calls": max(0, usage.model_calls - 1)}
         )
-    caps = ctx.budgets.child_caps(usage)
+    caps = ctx.budgets.child_caps(usage, len(delegated))
     if caps is None:
         for entry in delegated:
-            _fail(entry, "tool.budget_exhausted", "too little of the run's budget remains to start a child run")
+            _fail(
+                entry,
+                "tool.budget_exhausted",
+                f"too little of the run's budget remains to start {len(delegated)} child run(s) (each gets an"
+                " equal share)",
+            )
             _record_not_run(results, entry, now)
         _append_results(ctx, entries)
         return BatchResult(work=results, late=late)

@@ -146,11 +146,11 @@ class BudgetLedger(Protocol):
     def fit_tool_batch(self, usage: RunUsage, requested: int) -> int:
         """Return how many calls of a batch fit the remaining tool-call budget."""
 
-    def child_caps(self, usage: RunUsage) -> dict[str, int | float] | None:
-        """What remains of the budget for a child run's limits; None when too little remains."""
+    def child_caps(self, usage: RunUsage, count: int = 1) -> dict[str, int | float] | None:
+        """Each of `count` children's share of what remains of the budget; None when too little remains."""
 
     def record_child_usage(self, usage: RunUsage, child: RunUsage) -> RunUsage:
-        """Return the totals with a child run's tokens and cost added; raise `BudgetExceeded` if over."""
+        """Return the totals with a child run's usage added; raise `BudgetExceeded` if over."""
 
     def in_time_reserve(self, now: datetime) -> bool:
         """Whether `now` is inside the run's deadline synthesis reserve (ADR-0209)."""

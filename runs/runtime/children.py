@@ -47,7 +47,7 @@ from runs.domain.values import (
 from runs.domain.writes import EventWrite
 from runs.models import Agent, AgentVersion, Run, Session, ToolInvocation
 from runs.runtime.enqueue import enqueue_drive
-from runs.store.repository import record_events
+from runs.store.repository import active_runs_and_quota, record_events
 
 TERMINAL = [s.value for s in TERMINAL_STATUSES]
 LEASELESS = (RunStatus.QUEUED.value, RunStatus.WAITING_FOR_APPROVAL.value, RunStatus.WAITING_FOR_USER.value)
@@ -63,7 +63,9 @@ def children_start(*, parent_id: UUID, suspension: Suspension, now: datetime) ->
     parent's finalize transaction (after its fenced transition to
     WAITING_FOR_APPROVAL, so a fenced worker starts none). Return how many
     started; a call whose agent no longer exists is answered with a failed
-    result instead, and a parent with no child left to wait for is requeued."""
+    result instead, one the tenant's active-run quota has no room for with
+    `quota_exceeded` (the model sees it), and a parent with no child left to
+    wait for is requeued."""
     parent = (
         Run.objects.filter(id=parent_id)
         .values("tenant_id", "deadline_at", "session_id", "lease_epoch", "principal_user_id", "principal_scopes")
@@ -71,6 +73,11 @@ def children_start(*, parent_id: UUID, suspension: Suspension, now: datetime) ->
     )
     started = 0
     answered: list[EventWrite] = []
+    # Children count against the tenant's quota like submits: its row locked as a submit locks it, then its
+    # active runs counted (the waiting parent among them), in this transaction.
+    active, limit = active_runs_and_quota(parent["tenant_id"])
+    if limit is None:
+        limit = settings.AGENTRT_MAX_ACTIVE_RUNS or None  # the setting's 0 means no limit
     for index, request in enumerate(suspension.children):
         agent = Agent.objects.filter(tenant_id=parent["tenant_id"], name=request.agent).first()
         if agent is None:
@@ -78,6 +85,20 @@ def children_start(*, parent_id: UUID, suspension: Suspension, now: datetime) ->
                 parent_id,
                 request.invocation_id,
                 _failed_result(request.agent, None, "the agent no longer exists; no child run started"),
+                None,
+                now,
+            )
+            continue
+        if limit is not None and active + started >= limit:
+            answered += _answer(
+                parent_id,
+                request.invocation_id,
+                {
+                    "error": "quota_exceeded",
+                    "message": f"the tenant has {active + started} active runs and its quota is {limit}; no child"
+                    " run started (try again when runs have finished)",
+                    "agent": request.agent,
+                },
                 None,
                 now,
             )

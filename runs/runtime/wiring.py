@@ -28,7 +28,7 @@ from runs.domain.pipeline import MAX_DELEGATION_DEPTH
 from runs.domain.scrub import scrub_stream
 from runs.domain.values import CancelReason, RunLimits, RunUsage
 from runs.domain.writes import UnitOfWork
-from runs.models import Agent, ModelCall, Run, Tenant
+from runs.models import Agent, AgentVersion, ModelCall, Run, Tenant
 from runs.providers import provider_for, provider_streams
 from runs.runtime import drain, qheal
 from runs.runtime.drain import draining
@@ -74,14 +74,25 @@ def _read_only_of(tool_name: str) -> bool | None:
     return None if spec is None else bool(spec.read_only)
 
 
-def delegation_depth(parent_id) -> int:
-    """How many parents a run has (0 for a run a person submitted): one read per
-    ancestor, bounded by the depth delegation may reach."""
-    depth = 0
+def ancestry(parent_id) -> tuple[int, list[dict]]:
+    """How many parents a run has (0 for a run a person submitted) and their
+    pinned versions' policies, nearest first: one read per ancestor, bounded
+    by the depth delegation may reach. An ancestor whose version row is gone
+    contributes a policy that asks for approval of everything (fail closed)."""
+    depth, policies = 0, []
     while parent_id is not None and depth <= MAX_DELEGATION_DEPTH:
         depth += 1
-        parent_id = Run.objects.filter(id=parent_id).values_list("parent_id", flat=True).first()
-    return depth
+        row = Run.objects.filter(id=parent_id).values_list("parent_id", "agent_id", "agent_version").first()
+        if row is None:
+            break
+        parent_id, agent_id, version = row
+        definition = (
+            AgentVersion.objects.filter(agent_id=agent_id, version=version).values_list("definition", flat=True).first()
+        )
+        policies.append(
+            (definition or {}).get("policy") or {} if definition is not None else {"default": "require_approval"}
+        )
+    return depth, policies
 
 
 def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) -> RunContext:
@@ -104,6 +115,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         .values_list("attempt_number", flat=True)
         .first()
     )
+    depth, inherited = ancestry(run.parent_id) if run.parent_id is not None else (0, [])
     snapshot = RunSnapshot(
         id=run.id,
         tenant_id=run.tenant_id,
@@ -115,11 +127,11 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         attempts=run.attempts,
         lease_epoch=claim.epoch,
         parent_id=run.parent_id,
-        depth=delegation_depth(run.parent_id),
+        depth=depth,
         principal=principal_for(run, username=run.principal_username),  # once per execution (seed 002)
     )
     delegates = tuple(definition.get("delegates") or ())
-    policy = PolicyEngine(definition.get("policy"), read_only_of=_read_only_of)
+    policy = PolicyEngine(definition.get("policy"), read_only_of=_read_only_of, inherited=inherited)
     ctx = RunContext(
         run=snapshot,
         agent=AgentSpec(

@@ -101,9 +101,10 @@ def test_two_delegate_calls_in_one_batch_start_two_children_and_the_parent_waits
         assert child.status == "QUEUED" and child.parent_id == parent.id and child.tenant_id == parent.tenant_id
         assert child.session_id != parent.session_id  # a child is an ordinary run, in a session of its own
         assert child.deadline_at == parent.deadline_at
-        # no larger than what remains of the parent's (its step and model call were refunded; 2 tool calls spent)
-        assert (child.limits["max_steps"], child.limits["max_model_calls"]) == (10, 8)
-        assert child.limits["max_tool_calls"] == 64 - 2
+        # an equal share of what remains of the parent's (its step and model call were refunded; 2 tool calls
+        # spent): two children together never exceed it
+        assert (child.limits["max_steps"], child.limits["max_model_calls"]) == (10 // 2, 8 // 2)
+        assert child.limits["max_tool_calls"] == (64 - 2) // 2
     waiting = Event.objects.get(run=parent, type="run.waiting_for_approval").payload
     assert waiting["kind"] == "child_run"
     assert [c["run"] for c in waiting["children"]] == [str(c.id) for c in children]
@@ -205,22 +206,23 @@ def test_a_turn_that_asks_the_user_starts_no_child(team, submit):
 
 
 def test_orchestration_only_turns_refund_their_step_and_model_call(team, submit):
-    """max_steps 2: two delegating turns and the answer take three steps, of which the two orchestration-only
-    ones are refunded. Without the refund the third step fails max_steps_exceeded."""
+    """max_steps 4: two delegating turns and the answer take three steps, of which the two orchestration-only
+    ones are refunded; the two children's one step each are the parent's usage too (additive). Without the
+    refund the third step would be the fifth charged one and fail max_steps_exceeded."""
     team(
         [{"tool_calls": [delegate("researcher", "one")]}, {"tool_calls": [delegate("writer", "two")]}, {"text": "ok"}],
-        lead_limits={"max_steps": 2, "max_model_calls": 2, "synthesis_reserve_model_calls": 0},
+        lead_limits={"max_steps": 4, "max_model_calls": 4, "synthesis_reserve_model_calls": 0},
     )
     parent = submit(agent="lead")
-    for _ in range(2):
+    for joined in range(2):
         assert run_drive(run_id=parent.id).kind.value == "suspended"
-        assert reload(parent).usage["steps"] == 0 and reload(parent).usage["model_calls"] == 0
+        assert reload(parent).usage["steps"] == joined and reload(parent).usage["model_calls"] == joined
         (child,) = [c for c in children_of(parent) if c.status == "QUEUED"]
         run_drive(run_id=child.id)
 
     assert run_drive(run_id=parent.id).kind.value == "completed"
     parent = reload(parent)
-    assert parent.step_count == 3 and parent.usage["steps"] == 1 and parent.usage["model_calls"] == 1
+    assert parent.step_count == 3 and parent.usage["steps"] == 1 + 2 and parent.usage["model_calls"] == 1 + 2
     assert ModelCall.objects.filter(run=parent).values("step_number").distinct().count() == 3
 
 
@@ -246,9 +248,13 @@ def test_a_waiting_parent_fails_on_budget_when_its_childrens_tokens_exceed_it_an
     parent = submit(agent="lead")
     run_drive(run_id=parent.id)
     first, second, third = children_of(parent)
-    assert first.limits["max_output_tokens"] == 100  # each child alone fits what remains
+    assert first.limits["max_output_tokens"] == 100 // 3  # each child's share of what remains
 
+    # A child that goes over its share with the one call it had in flight fails on its own budget.
     run_drive(run_id=first.id)
+    assert reload(first).status == "FAILED" and reload(first).failure["reason"] == "budget_exceeded"
+    first = reload(first)
+
     assert reload(parent).status == "WAITING_FOR_APPROVAL" and reload(parent).usage["output_tokens"] == 60
     run_drive(run_id=second.id)
 
@@ -347,7 +353,8 @@ def test_a_delegate_call_that_needs_approval_starts_its_child_once_approved(team
     (child,) = children_of(parent)
     run_drive(run_id=child.id)
     assert run_drive(run_id=parent.id).kind.value == "completed"
-    assert reload(parent).usage["steps"] == 1  # an orchestration-only turn, refunded when it delegated
+    # an orchestration-only turn, refunded when it delegated; the child's step is the parent's usage too
+    assert reload(parent).usage["steps"] == 1 + 1
 
 
 def test_a_parent_that_dies_before_its_suspension_commits_started_no_child_and_its_model_sees_the_calls_interrupted(

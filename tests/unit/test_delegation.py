@@ -48,7 +48,7 @@ def results(h) -> list[dict]:
     return [json.loads(m["content"]) for m in conv if m["role"] == "tool" and m["name"] == "delegate_run"]
 
 
-def test_a_batch_of_delegate_calls_suspends_with_one_child_each_capped_by_what_remains():
+def test_a_batch_of_delegate_calls_suspends_with_one_child_each_capped_by_its_share_of_what_remains():
     h = harness([{"tool_calls": [delegate("helper", "a"), delegate("helper", "b")]}], limits=RunLimits(max_steps=5))
 
     outcome = run_loop(h.ctx)
@@ -60,7 +60,9 @@ def test_a_batch_of_delegate_calls_suspends_with_one_child_each_capped_by_what_r
     assert [c.invocation_id for c in suspension.children] == suspension.invocation_ids
     assert len({c.run_id for c in suspension.children}) == 2
     caps = suspension.children[0].caps
-    assert (caps["max_steps"], caps["max_model_calls"], caps["max_tool_calls"]) == (5, 24, 62)
+    # two children split the rest: 5 steps (the turn refunded) -> 2 each, 24 model calls -> 12, 62 tool calls -> 31
+    assert (caps["max_steps"], caps["max_model_calls"], caps["max_tool_calls"]) == (2, 12, 31)
+    assert suspension.children[1].caps == caps
     assert [u.suspended_kind for u in outcome.pending.invocation_updates] == ["child_run", "child_run"]
     assert h.tools.calls == []
 
@@ -130,12 +132,40 @@ def test_child_caps_are_what_remains_and_none_when_nothing_does():
     assert ledger.child_caps(RunUsage(steps=4)) is None
 
 
+def test_children_started_together_share_what_remains_and_never_exceed_it():
+    """Six parallel children of a $1.00 parent: each may spend a sixth, so all
+    six together spend at most the dollar (the review saw $2.70 when each
+    was given the whole remainder)."""
+    ledger = Ledger(RunLimits(max_steps=20, max_model_calls=30, max_output_tokens=1000, max_cost_usd=1.0), None)
+    used = RunUsage(steps=2, model_calls=3, tool_calls=6, output_tokens=100, cost_usd=0.1)
+
+    caps = ledger.child_caps(used, 6)
+
+    assert caps == {
+        "max_steps": 3,
+        "max_model_calls": 4,
+        "max_tool_calls": 9,
+        "max_output_tokens": 150,
+        "max_cost_usd": 0.15,
+    }
+    assert 6 * caps["max_cost_usd"] <= 1.0 - 0.1 and 6 * caps["max_steps"] <= 20 - 2
+    assert ledger.child_caps(RunUsage(steps=15), 6) is None  # five steps left: no whole step for each of six
+
+
 def test_a_childs_tokens_and_cost_are_recorded_on_the_parent_and_checked_in_one_step():
     ledger = Ledger(RunLimits(max_output_tokens=100), None)
     parent = RunUsage(output_tokens=50, model_calls=2, steps=2)
 
-    after = ledger.record_child_usage(parent, RunUsage(output_tokens=30, input_tokens=7, model_calls=5, steps=4))
-    assert (after.output_tokens, after.input_tokens, after.model_calls, after.steps) == (80, 7, 2, 2)
+    child = RunUsage(output_tokens=30, input_tokens=7, model_calls=5, tool_calls=3, steps=4)
+    after = ledger.record_child_usage(parent, child)
+    # usage is additive across delegation: the child's counters join the parent's too
+    assert (after.output_tokens, after.input_tokens, after.model_calls, after.tool_calls, after.steps) == (
+        80,
+        7,
+        7,
+        3,
+        6,
+    )
 
     with pytest.raises(BudgetExceeded) as info:
         ledger.record_child_usage(after, RunUsage(output_tokens=21))
