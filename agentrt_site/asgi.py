@@ -1,8 +1,9 @@
 """ASGI entry point: HTTP (admin, API, pages) and WebSockets.
 
-WebSocket routes are wrapped in AllowedHostsOriginValidator (a cross-site
-page cannot open a socket with the operator's cookie) and in the session +
-token authentication stack."""
+WebSocket routes are wrapped in SameOriginValidator (runs/web/ws_origin.py:
+only a page of this server's own origin — scheme, host and port — or of a
+CSRF_TRUSTED_ORIGINS one can open a socket with the operator's cookie) and in
+the session + token authentication stack."""
 
 import os
 
@@ -15,14 +16,14 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 - needs the app registry: after get_asgi_application()
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402 - needs the app registry: after get_asgi_application()
 
 from runs.web.routing import websocket_urlpatterns  # noqa: E402 - needs the app registry: after get_asgi_application()
 from runs.web.ws_auth import TokenAuthMiddlewareStack  # noqa: E402 - needs the app registry: after get_asgi_application()
+from runs.web.ws_origin import SameOriginValidator  # noqa: E402 - needs the app registry: after get_asgi_application()
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(TokenAuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": SameOriginValidator(TokenAuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

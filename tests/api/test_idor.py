@@ -246,6 +246,7 @@ def test_a_superuser_views_another_tenants_run_everywhere_but_acts_on_it_nowhere
 
 
 ORIGIN = (b"origin", b"http://localhost")
+HOST = (b"host", b"localhost")  # the origin check compares the Origin with the server's own (Host)
 
 
 def _cookie(user):
@@ -259,7 +260,7 @@ async def _ws(path, user=None):
 
     from agentrt_site.asgi import application
 
-    headers = [ORIGIN] + ([await sync_to_async(_cookie)(user)] if user is not None else [])
+    headers = [HOST, ORIGIN] + ([await sync_to_async(_cookie)(user)] if user is not None else [])
     comm = WebsocketCommunicator(application, path, headers=headers)
     ok, _ = await comm.connect(timeout=5)
     return comm, ok

@@ -21,6 +21,7 @@ from runs.store.repository import append_events
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 ORIGIN = (b"origin", b"http://localhost")
+HOST = (b"host", b"localhost")  # the origin check compares the Origin with the server's own (Host)
 
 
 def cookie_for(user) -> tuple[bytes, bytes]:
@@ -30,7 +31,7 @@ def cookie_for(user) -> tuple[bytes, bytes]:
 
 
 async def connect(path, *headers):
-    comm = WebsocketCommunicator(application, path, headers=[ORIGIN, *headers])
+    comm = WebsocketCommunicator(application, path, headers=[HOST, ORIGIN, *headers])
     ok, _ = await comm.connect(timeout=5)
     return comm, ok
 
@@ -114,8 +115,14 @@ async def test_a_foreign_origin_is_refused_even_with_valid_credentials(finished_
     assert ok
     assert (await comm.receive_json_from(timeout=5))["sequence"] == 1
     await comm.disconnect()
-    for origin in (b"http://evil.example", b"http://localhost.evil.example", b"null"):
-        bad = WebsocketCommunicator(application, path, headers=[(b"origin", origin), auth])
+    for origin in (
+        b"http://evil.example",
+        b"http://localhost.evil.example",
+        b"null",
+        b"http://localhost:8000",  # the same host, another port (issue 34 item 7c)
+        b"https://localhost",  # the same host, another scheme
+    ):
+        bad = WebsocketCommunicator(application, path, headers=[HOST, (b"origin", origin), auth])
         ok, _ = await bad.connect(timeout=5)
         assert not ok, f"a socket from origin {origin!r} with a valid {credential} was accepted"
 

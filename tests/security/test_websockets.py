@@ -23,6 +23,7 @@ from tests.conftest import ROOT, subprocess_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 ORIGIN = (b"origin", b"http://localhost")
+HOST = (b"host", b"localhost")  # the origin check compares the Origin with the server's own (Host)
 
 
 def logged_in_client(user) -> Client:
@@ -36,7 +37,7 @@ def cookie(client: Client) -> tuple[bytes, bytes]:
 
 
 async def connect(*headers, path="/ws/runs/"):
-    comm = WebsocketCommunicator(application, path, headers=[ORIGIN, *headers])
+    comm = WebsocketCommunicator(application, path, headers=[HOST, ORIGIN, *headers])
     ok, code = await comm.connect(timeout=5)
     return comm, ok, code
 
