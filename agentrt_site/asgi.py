@@ -3,7 +3,8 @@
 WebSocket routes are wrapped in SameOriginValidator (runs/web/ws_origin.py:
 only a page of this server's own origin — scheme, host and port — or of a
 CSRF_TRUSTED_ORIGINS one can open a socket with the operator's cookie) and in
-the session + token authentication stack."""
+the session + token authentication stack; the whole application in
+WebsocketCookieLimit (agentrt_site/cookie_limit.py)."""
 
 import os
 
@@ -17,13 +18,17 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 - needs the app registry: after get_asgi_application()
 
+from agentrt_site.cookie_limit import WebsocketCookieLimit  # noqa: E402 - with the rest, after get_asgi_application()
 from runs.web.routing import websocket_urlpatterns  # noqa: E402 - needs the app registry: after get_asgi_application()
 from runs.web.ws_auth import TokenAuthMiddlewareStack  # noqa: E402 - needs the app registry: after get_asgi_application()
 from runs.web.ws_origin import SameOriginValidator  # noqa: E402 - needs the app registry: after get_asgi_application()
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": SameOriginValidator(TokenAuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-    }
+# A handshake's Cookie header is bounded before Channels parses it (CVE-2024-7592; HTTP: CookieLimitMiddleware).
+application = WebsocketCookieLimit(
+    ProtocolTypeRouter(
+        {
+            "http": django_asgi_app,
+            "websocket": SameOriginValidator(TokenAuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        }
+    )
 )

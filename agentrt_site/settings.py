@@ -137,6 +137,9 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Content-Security-Policy on every response (django-csp; CONTENT_SECURITY_POLICY below).
     "csp.middleware.CSPMiddleware",
+    # Before anything reads request.COOKIES: 400 for a Cookie header beyond 8 KiB or 64 backslashes (CVE-2024-7592
+    # on Python < 3.11.10; agentrt_site/cookie_limit.py). The two above read no cookie.
+    "agentrt_site.cookie_limit.CookieLimitMiddleware",
     # Static files straight from the app's finders (no collectstatic step):
     # the admin's CSS and the API docs' assets under daphne, DEBUG or not.
     "whitenoise.middleware.WhiteNoiseMiddleware",
