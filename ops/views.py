@@ -1,5 +1,8 @@
 """`/metrics`, `/healthz`, `/readyz`: unauthenticated by session, cheap, and
-free of tenant data (no tenant, run or user appears in a body or a label)."""
+free of tenant data (no tenant, run or user appears in a body or a label).
+`/readyz` tells an anonymous caller only whether the node is ready; why it is
+not (the database's error, the unapplied migrations' names) only to staff or
+to the metrics token's bearer."""
 
 from __future__ import annotations
 
@@ -76,10 +79,27 @@ def readiness() -> tuple[bool, dict]:
     return not unapplied, checks
 
 
+def _shows_details(request, database_ok: bool) -> bool:
+    """Whether /readyz may say why: to staff (a session) or to a caller
+    with `Authorization: Bearer <AGENTRT_METRICS_TOKEN>` (only when the token
+    is set). Anyone else hears ready or not ready, never a migration's or an
+    error's name. The session is read only when the database answered."""
+    token = settings.AGENTRT_METRICS_TOKEN
+    if token and _authorized(request):
+        return True
+    if not database_ok:
+        return False
+    try:
+        return bool(request.user.is_authenticated and request.user.is_staff)
+    except DatabaseError:
+        return False
+
+
 @never_cache
 @require_http_methods(["GET"])
 def readyz(request):
     ready, checks = readiness()
-    return JsonResponse(
-        {"ready": ready, "status": "ready" if ready else "unavailable", "checks": checks}, status=200 if ready else 503
-    )
+    body: dict = {"ready": ready, "status": "ready" if ready else "unavailable"}
+    if _shows_details(request, checks.get("database") == "ok"):
+        body["checks"] = checks
+    return JsonResponse(body, status=200 if ready else 503)

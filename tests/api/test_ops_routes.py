@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.checks import run_checks
 from django.core.management import call_command
 from django.db import connection
@@ -72,24 +73,49 @@ def test_healthz_and_readyz_answer_without_a_session():
     assert health.status_code == 200 and health.json()["status"] == "ok"
     ready = client.get("/readyz")
     assert ready.status_code == 200, ready.content
-    assert ready.json() == {"ready": True, "status": "ready", "checks": {"database": "ok", "migrations": "ok"}}
+    assert ready.json() == {"ready": True, "status": "ready"}  # anonymous: ready or not, nothing more
 
 
-def test_readyz_is_503_while_a_migration_is_unapplied():
+def staff_client(tenant) -> Client:
+    from runs.services import tenant_create
+
+    _, user = tenant_create(name=tenant.name, username="oncall", password="pw", operator=True)  # staff
+    client = Client()
+    client.force_login(get_user_model().objects.get(pk=user.pk))
+    return client
+
+
+def test_readyz_is_503_while_a_migration_is_unapplied_and_names_it_only_to_staff_or_the_token(settings, tenant):
     from django.db.migrations.loader import MigrationLoader
 
     # the ops app's newest migration: an older one with an applied successor is not in the plan
     (latest,) = [name for app, name in MigrationLoader(connection).graph.leaf_nodes() if app == "ops"]
+    settings.AGENTRT_METRICS_TOKEN = TOKEN
+    member = Client()
+    member.force_login(get_user_model().objects.get(username="alice"))  # a member, not staff
     recorder = MigrationRecorder(connection)
     recorder.record_unapplied("ops", latest)
     try:
-        response = Client().get("/readyz")
-        assert response.status_code == 503
-        body = response.json()
-        assert body["ready"] is False and body["checks"]["migrations"] == {"unapplied": [f"ops.{latest}"]}
+        # Issue 34 item 7f: anyone, a member and a wrong token learn that the node is not ready, not why.
+        for client, headers in ((Client(), {}), (member, {}), (Client(), {"HTTP_AUTHORIZATION": "Bearer nope"})):
+            response = client.get("/readyz", **headers)
+            assert response.status_code == 503
+            assert response.json() == {"ready": False, "status": "unavailable"}, headers
+            assert latest not in response.content.decode()
+        for client, headers in ((staff_client(tenant), {}), (Client(), {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"})):
+            response = client.get("/readyz", **headers)
+            assert response.status_code == 503
+            body = response.json()
+            assert body["ready"] is False and body["checks"]["migrations"] == {"unapplied": [f"ops.{latest}"]}
     finally:
         recorder.record_applied("ops", latest)
     assert Client().get("/readyz").status_code == 200
+
+
+def test_readyz_without_a_metrics_token_shows_details_to_staff_only(settings, tenant):
+    settings.AGENTRT_METRICS_TOKEN = ""
+    assert "checks" not in Client().get("/readyz", HTTP_AUTHORIZATION="Bearer ").json()
+    assert staff_client(tenant).get("/readyz").json()["checks"] == {"database": "ok", "migrations": "ok"}
 
 
 PROBE = """
@@ -99,10 +125,16 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "agentrt_site.settings"
 django.setup()
 from django.test import Client
 c = Client(raise_request_exception=False, HTTP_HOST="127.0.0.1")
+auth = {"HTTP_AUTHORIZATION": "Bearer " + os.environ["AGENTRT_METRICS_TOKEN"]}
 out = {}
-for path in ("/healthz", "/readyz", "/metrics"):
-    r = c.get(path)
-    out[path] = [r.status_code, json.loads(r.content)]
+for name, path, headers in (
+    ("/healthz", "/healthz", {}),
+    ("/readyz", "/readyz", {}),
+    ("/readyz with the token", "/readyz", auth),
+    ("/metrics", "/metrics", auth),
+):
+    r = c.get(path, **headers)
+    out[name] = [r.status_code, json.loads(r.content)]
 print(json.dumps(out))
 """
 
@@ -111,12 +143,18 @@ def test_readyz_is_503_when_the_database_is_unreachable():
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
-    env = subprocess_env(DATABASE_URL=f"postgres://postgres@127.0.0.1:{dead}/agentrt", AGENTRT_LOG_LEVEL="CRITICAL")
+    env = subprocess_env(
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:{dead}/agentrt",
+        AGENTRT_LOG_LEVEL="CRITICAL",
+        AGENTRT_METRICS_TOKEN=TOKEN,
+    )
     done = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["/healthz"] == [200, {"ok": True, "status": "ok"}]  # the process is up: no database needed
     status, body = out["/readyz"]
+    assert status == 503 and body == {"ready": False, "status": "unavailable"}  # anonymous: not why
+    status, body = out["/readyz with the token"]
     assert status == 503 and body["ready"] is False and body["checks"]["database"].startswith("unreachable")
     assert out["/metrics"][0] == 503 and out["/metrics"][1]["code"] == "database_unavailable"
 
