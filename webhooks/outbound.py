@@ -71,10 +71,23 @@ def body_bytes(payload: dict) -> bytes:
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
 
 
-def signature(secret: str, timestamp: int, body: bytes) -> str:
-    """The `X-Agentrt-Signature` value: `t=<unix>,v1=<hex HMAC-SHA256 of "<t>.<body>">`."""
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={mac}"
+SIGNATURE_VERSION = "v2"
+
+
+def signed_bytes(timestamp: int, delivery_id: str, event_type: str, attempt: int, body: bytes) -> bytes:
+    """What v2 signs: `t`, the X-Agentrt-Delivery, X-Agentrt-Event and
+    X-Agentrt-Attempt values, each followed by a newline (no header value can
+    hold one, so no two requests sign the same bytes), then the body. v1
+    signed `"<t>." + body` only, which left a captured request's event type
+    and delivery id free to change (issue 34 item 7g); it is no longer sent."""
+    return f"{timestamp}\n{delivery_id}\n{event_type}\n{attempt}\n".encode() + body
+
+
+def signature(secret: str, timestamp: int, body: bytes, *, delivery_id: str, event_type: str, attempt: int) -> str:
+    """The `X-Agentrt-Signature` value: `t=<unix>,v2=<hex HMAC-SHA256 of signed_bytes(...)>`."""
+    signed = signed_bytes(timestamp, delivery_id, event_type, attempt, body)
+    mac = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    return f"t={timestamp},{SIGNATURE_VERSION}={mac}"
 
 
 @functools.cache
@@ -108,7 +121,14 @@ def post(*, url: str, secret: str, payload: dict, delivery_id: str, event_type: 
     headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
-        "X-Agentrt-Signature": signature(secret, int(CLOCK.now().timestamp()), body),
+        "X-Agentrt-Signature": signature(
+            secret,
+            int(CLOCK.now().timestamp()),
+            body,
+            delivery_id=delivery_id,
+            event_type=event_type,
+            attempt=attempt,
+        ),
         "X-Agentrt-Delivery": delivery_id,
         "X-Agentrt-Event": event_type,
         "X-Agentrt-Attempt": str(attempt),

@@ -19,12 +19,15 @@ TRICKLE_BYTES = 600  # at TRICKLE_INTERVAL: half a minute, far beyond the timeou
 TRICKLE_INTERVAL = 0.05
 
 
-def verify(secret: str, header: str, body: bytes, tolerance: float | None = 300) -> bool:
-    """The README's five lines, as a receiver runs them."""
-    parts = dict(p.split("=", 1) for p in header.split(","))
-    expected = hmac.new(secret.encode(), f"{parts['t']}.".encode() + body, hashlib.sha256).hexdigest()
+def verify(secret: str, headers: dict, body: bytes, tolerance: float | None = 300) -> bool:
+    """The README's lines (scheme v2), as a receiver runs them: `headers` as
+    recorded here (lower-case names)."""
+    parts = dict(p.split("=", 1) for p in headers["x-agentrt-signature"].split(","))
+    fields = (parts["t"], headers["x-agentrt-delivery"], headers["x-agentrt-event"], headers["x-agentrt-attempt"])
+    signed = "".join(f"{value}\n" for value in fields).encode() + body
+    expected = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
     fresh = tolerance is None or abs(time.time() - int(parts["t"])) <= tolerance
-    return hmac.compare_digest(expected, parts["v1"]) and fresh
+    return "v2" in parts and hmac.compare_digest(expected, parts["v2"]) and fresh
 
 
 class Receiver:

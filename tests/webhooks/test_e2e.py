@@ -70,7 +70,7 @@ def test_an_approval_is_announced_when_it_is_requested_and_when_it_is_resolved_t
         lambda: receiver.of_type("approval.requested"), timeout=60, message=f"approval.requested\n{c.output()}"
     )
     (request,) = requested
-    assert verify(secret, request["headers"]["x-agentrt-signature"], request["body"])
+    assert verify(secret, request["headers"], request["body"])
     body = json.loads(request["body"])
     approval = body["data"]["approval"]
     assert body["data"]["run"]["id"] == str(run.id) and approval["presentation"]["tool"] == "http_post"
@@ -100,7 +100,7 @@ def test_an_approval_is_announced_when_it_is_requested_and_when_it_is_resolved_t
         and completed_body["data"]["run"]["final_message"] == "paid"
     )
     for r in receiver.requests:
-        assert verify(secret, r["headers"]["x-agentrt-signature"], r["body"])
+        assert verify(secret, r["headers"], r["body"])
         assert secret not in r["body"].decode()
     assert Run.objects.get(id=run.id).status == "COMPLETED"
     assert sink.count() == 1  # the approved call ran once
@@ -137,7 +137,7 @@ def test_a_receiver_answering_500_twice_then_200_gets_three_attempts_with_one_de
     assert [r["answer"] for r in receiver.requests] == ["500", "500", "200"]
     assert {r["headers"]["x-agentrt-delivery"] for r in receiver.requests} == {str(delivery.id)}
     assert [r["headers"]["x-agentrt-attempt"] for r in receiver.requests] == ["1", "2", "3"]
-    assert all(verify(secret, r["headers"]["x-agentrt-signature"], r["body"]) for r in receiver.requests)
+    assert all(verify(secret, r["headers"], r["body"]) for r in receiver.requests)
     assert list(receiver.processed) == [str(delivery.id)]
 
 
@@ -194,7 +194,7 @@ def test_a_worker_killed_after_a_200_before_recording_it_sends_it_again_and_a_de
     assert [r["headers"]["x-agentrt-delivery"] for r in receiver.requests] == [str(delivery.id)] * 2
     assert [r["headers"]["x-agentrt-attempt"] for r in receiver.requests] == ["1", "2"]
     assert len({r["body"] for r in receiver.requests}) == 1  # the same event both times
-    assert all(verify(secret, r["headers"]["x-agentrt-signature"], r["body"]) for r in receiver.requests)
+    assert all(verify(secret, r["headers"], r["body"]) for r in receiver.requests)
     assert list(receiver.processed) == [str(delivery.id)]  # processed once
     assert json.loads(receiver.requests[0]["body"])["data"]["run"]["id"] == str(run.id)
     assert Run.objects.get(id=run.id).status == "COMPLETED"

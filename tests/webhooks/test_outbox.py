@@ -117,7 +117,7 @@ def test_a_direct_cancel_enqueues_hooks_and_webhooks(tenant, load_agent, submit,
         and body["data"]["run"]["status"] == "CANCELLED"
         and body["id"] == str(rows["webhook"].id)
     )
-    assert verify(secret, request["headers"]["x-agentrt-signature"], request["body"])
+    assert verify(secret, request["headers"], request["body"])
     assert request["headers"]["x-agentrt-delivery"] == str(rows["webhook"].id)
 
 
@@ -162,7 +162,7 @@ def test_a_failing_receiver_is_retried_with_backoff_under_one_delivery_id(
     assert [r["answer"] for r in receiver.requests] == ["500", "500", "200"]
     assert {r["headers"]["x-agentrt-delivery"] for r in receiver.requests} == {str(d.id)}
     assert len({r["body"] for r in receiver.requests}) == 1  # the same body every time
-    assert all(verify(secret, r["headers"]["x-agentrt-signature"], r["body"]) for r in receiver.requests)
+    assert all(verify(secret, r["headers"], r["body"]) for r in receiver.requests)
     assert [r["headers"]["x-agentrt-attempt"] for r in receiver.requests] == ["1", "2", "3"]
 
 
@@ -348,7 +348,7 @@ def test_an_approval_expired_by_the_sweep_is_announced_as_resolved_expired(
     for d in rows.values():
         assert deliver(d.id) == "succeeded"
     resolved = json.loads(receiver.of_type("approval.resolved")[0]["body"])
-    assert all(verify(secret, r["headers"]["x-agentrt-signature"], r["body"]) for r in receiver.requests)
+    assert all(verify(secret, r["headers"], r["body"]) for r in receiver.requests)
     event = resolved["data"]["event"]["payload"]
     assert (event["approval"], event["decision"], event["decided_via"], event["decided_by"]) == (
         str(approval.id),
