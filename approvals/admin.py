@@ -12,6 +12,7 @@ import json
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import Q
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -19,8 +20,9 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
 from approvals.errors import ApprovalError
-from approvals.models import CONFIRMABLE_KINDS, Approval
+from approvals.models import CONFIRMABLE_KINDS, UNKNOWN_OUTCOME_KINDS, Approval
 from approvals.services import approval_confirm, approval_decide, can_resolve
+from approvals.unknown import deadline_passed, decisions_open, ends_run
 from runs.admin import TenantScoped
 from runs.clock import CLOCK
 from runs.services.scoping import in_scope
@@ -47,6 +49,25 @@ class PendingFirst(admin.SimpleListFilter):
         return queryset if value == "all" else queryset.filter(status=value)
 
 
+class DeadlinePassed(admin.SimpleListFilter):
+    """The runs whose deadline has passed: with `pending`, the unknown outcomes that wait past it for a confirm
+    or a reject (approve is refused then; the decision ends the run)."""
+
+    title = "run deadline"
+    parameter_name = "deadline"
+
+    def lookups(self, request, model_admin):
+        return [("passed", "passed"), ("not_passed", "not passed")]
+
+    def queryset(self, request, queryset):
+        passed = Q(run__deadline_at__isnull=False, run__deadline_at__lte=CLOCK.now())
+        if self.value() == "passed":
+            return queryset.filter(passed)
+        if self.value() == "not_passed":
+            return queryset.exclude(passed)
+        return queryset
+
+
 @admin.register(Approval)
 class ApprovalAdmin(TenantScoped):
     list_display = (
@@ -59,9 +80,11 @@ class ApprovalAdmin(TenantScoped):
         "step",
         "waiting",
         "expires",
+        "deadline",
         "status",
     )
-    list_filter = (PendingFirst, "kind")
+    list_filter = (PendingFirst, "kind", DeadlinePassed)
+    list_select_related = ("run", "invocation")
     ordering = ("-created_at",)
     readonly_fields = (
         "id",
@@ -76,6 +99,7 @@ class ApprovalAdmin(TenantScoped):
         "request_hash",
         "waiting",
         "expires",
+        "deadline",
         "decided_by",
         "decided_at",
         "decided_via",
@@ -130,9 +154,26 @@ class ApprovalAdmin(TenantScoped):
 
     @admin.display(description="expires in")
     def expires(self, obj):
-        if obj.status != "pending" or not obj.expires_at:
+        if obj.status != "pending":
+            return ""
+        if obj.kind in UNKNOWN_OUTCOME_KINDS:
+            return "never (unknown outcome)"
+        if not obj.expires_at:
             return ""
         return timeuntil(obj.expires_at, CLOCK.now()) if obj.expires_at > CLOCK.now() else "expired"
+
+    @admin.display(description="run deadline")
+    def deadline(self, obj):
+        """Passed (and, for a pending unknown outcome, how the run ends after the decision), or the time left."""
+        if obj.run.deadline_at is None:
+            return ""
+        now = CLOCK.now()
+        if not deadline_passed(obj.run, now):
+            return f"in {timeuntil(obj.run.deadline_at, now)}"
+        ending = ends_run(obj, obj.run, now)
+        if ending:
+            return format_html("<strong>passed</strong> · confirm or reject; the run then ends {}", ending)
+        return "passed"
 
     # -- permissions -----------------------------------------------------
     def has_resolve_permission(self, request):
@@ -270,9 +311,13 @@ class ApprovalAdmin(TenantScoped):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         obj = self.get_object(request, object_id)
         acting = obj is not None and in_scope(request.user, obj.tenant_id, acting=True)
+        offered = decisions_open(obj, obj.run, CLOCK.now()) if obj is not None else []
         extra_context = {
             **(extra_context or {}),
             "can_resolve": can_resolve(request.user) and acting,
             "can_confirm": obj is not None and obj.kind in CONFIRMABLE_KINDS,
+            # approve is not offered for an unknown outcome whose run cannot go on (approvals/unknown.py)
+            "can_approve": obj is None or obj.status != "pending" or "approve" in offered,
+            "ends_run": ends_run(obj, obj.run, CLOCK.now()) if obj is not None else None,
         }
         return super().change_view(request, object_id, form_url, extra_context)

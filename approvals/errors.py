@@ -50,3 +50,24 @@ class ApprovalNotConfirmable(ApprovalError):
 
     code = "approval_not_confirmable"
     status = 409
+
+
+class RunDeadlinePassed(ApprovalError):
+    """Approve (send the call again) on an unknown outcome after the run's deadline: only confirm or reject."""
+
+    code = "run_deadline_passed"
+    status = 409
+
+
+class RunBudgetExhausted(ApprovalError):
+    """Approve on an unknown outcome of a run whose budget is spent: only confirm or reject."""
+
+    code = "run_budget_exhausted"
+    status = 409
+
+
+class RunCancelRequested(ApprovalError):
+    """Approve on an unknown outcome of a run whose cancel was requested: only confirm or reject."""
+
+    code = "run_cancel_requested"
+    status = 409

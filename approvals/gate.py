@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 
 from approvals.hashing import request_hash, tool_spec_dict
-from approvals.models import Approval
+from approvals.models import UNKNOWN_OUTCOME_KINDS, Approval
 from runs.domain.records import ApprovalDecision
 from runs.domain.writes import ApprovalInsert
 
@@ -27,7 +27,9 @@ class ApprovalGate:
         self.clock = clock
         self.ids = ids
 
-    def _expiry(self, now):
+    def _expiry(self, now, kind: str):
+        if kind in UNKNOWN_OUTCOME_KINDS:
+            return None  # a re-run grant asked again is still an unknown outcome: no timer closes it (DESIGN §18)
         expires = now + timedelta(seconds=float(settings.AGENTRT_APPROVAL_TTL_SECONDS))
         if self.run.deadline_at is not None and self.run.deadline_at < expires:
             expires = self.run.deadline_at
@@ -103,7 +105,7 @@ class ApprovalGate:
             ),
             capability=capability,
             presentation=presentation,
-            expires_at=self._expiry(at),
+            expires_at=self._expiry(at, kind),
             created_at=at,
         )
 

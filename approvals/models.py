@@ -19,6 +19,11 @@ UNCERTAIN_SIDE_EFFECT = "uncertain_side_effect"
 RECONCILE = "reconcile"
 RERUN_KINDS = _DOMAIN_RERUN_KINDS  # the one set, defined Django-free where the pipeline re-checks grants
 CONFIRMABLE_KINDS = (INTERRUPTED_SIDE_EFFECT, UNCERTAIN_SIDE_EFFECT)
+# An unknown outcome's question (DESIGN §18, issue 33 item 2): the approval of a side-effect call that may
+# have taken effect — interrupted, uncertain, or paused by the reconciler (the re-run grants). No timer closes
+# it (no TTL, not the run's deadline, not the expiry sweep) and no cancel does, the run's own or a parent's:
+# only a person's decision (approvals/unknown.py says how the run then ends).
+UNKNOWN_OUTCOME_KINDS = RERUN_KINDS
 
 
 class Approval(models.Model):
@@ -54,3 +59,11 @@ class Approval(models.Model):
 # walk a partial index of the pending approvals and read all of them, when
 # the statistics were taken before they were pending (runs.models.Unindexed).
 Approval._meta.get_field("status").register_lookup(Unindexed)
+
+
+def open_questions(run_id=None):
+    """The pending approvals of unknown outcomes (UNKNOWN_OUTCOME_KINDS), of
+    run `run_id` when given (then by the run's key: `status__unindexed`)."""
+    if run_id is None:
+        return Approval.objects.filter(status="pending", kind__in=UNKNOWN_OUTCOME_KINDS)
+    return Approval.objects.filter(run_id=run_id, status__unindexed="pending", kind__in=UNKNOWN_OUTCOME_KINDS)

@@ -189,8 +189,14 @@ class RunAdmin(TenantScoped):
             return page
         for run in runs:
             try:
-                run_cancel(run=run, by=request.user.get_username())
-                self.message_user(request, f"{run.id}: cancel requested")
+                if run_cancel(run=run, by=request.user.get_username()) == "WAITING_FOR_APPROVAL":
+                    self.message_user(
+                        request,
+                        f"{run.id}: cancel requested; it waits on an unknown outcome and ends once someone "
+                        "confirms or rejects it",
+                    )
+                else:
+                    self.message_user(request, f"{run.id}: cancel requested")
             except RunError as exc:
                 self.message_user(request, f"{run.id}: {exc.message}", messages.WARNING)
         return None

@@ -165,7 +165,7 @@ def _approval(approval_id: str | None, event_payload: dict) -> dict:
     from approvals.models import Approval
     from runs.api.serializers import ApprovalOut
 
-    row = Approval.objects.select_related("decided_by").filter(id=approval_id).first() if approval_id else None
+    row = Approval.objects.select_related("decided_by", "run").filter(id=approval_id).first() if approval_id else None
     if row is None:
         return {
             "id": approval_id,

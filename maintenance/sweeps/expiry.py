@@ -5,6 +5,13 @@ lease, so these end it through the lifecycle service, guarded by its status.
   FAILED `approval_expired`;
 - a run WAITING_FOR_USER past its input deadline → FAILED `input_deadline_exceeded`;
 - any waiting run past its deadline → FAILED `deadline_exceeded`.
+
+No timer closes an unknown outcome (DESIGN §18): a run waiting on an
+unknown outcome's question (approvals.models.open_questions: an interrupted
+or uncertain side effect, or the reconciler's pause of one) is neither
+expired nor failed past its deadline — it waits for a person, and the
+decision ends it (approvals.unknown). Both reads leave such runs out, and
+each failure checks again under the run's lock.
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 
-from approvals.models import Approval
+from approvals.models import UNKNOWN_OUTCOME_KINDS, Approval, open_questions
 from maintenance.locks import try_sweep_lock
 from runs.clock import CLOCK
 from runs.domain.values import FailureReason, RunFailure
@@ -38,6 +46,8 @@ def _fail(run: Run, reason: FailureReason, message: str, *, approval=None) -> bo
     ).as_json()
     with transaction.atomic(durable=True):
         hold_run(run.id)  # the run before its approval, as a cancel locks them
+        if open_questions(run.id).exists():
+            return False  # an unknown outcome waits for a person, whatever the clock says
         events = []
         if approval is not None:
             if (
@@ -83,9 +93,15 @@ def sweep_expiry() -> dict:
         if not try_sweep_lock("sweep.approvals"):
             return {"skipped": True}
         now = db_now()
-        expired = list(Approval.objects.filter(status="pending", expires_at__lt=now).select_related("run")[:BATCH])
+        expired = list(
+            Approval.objects.filter(status="pending", expires_at__lt=now)
+            .exclude(kind__in=UNKNOWN_OUTCOME_KINDS)
+            .select_related("run")[:BATCH]
+        )
         overdue = list(
-            Run.objects.filter(status__in=("WAITING_FOR_APPROVAL", "WAITING_FOR_USER"), deadline_at__lt=now)[:BATCH]
+            Run.objects.filter(status__in=("WAITING_FOR_APPROVAL", "WAITING_FOR_USER"), deadline_at__lt=now)
+            .exclude(Exists(open_questions().filter(run_id=OuterRef("id"))))
+            .order_by("deadline_at")[:BATCH]
         )
         input_ttl = float(getattr(settings, "AGENTRT_INPUT_TTL_SECONDS", settings.AGENTRT_APPROVAL_TTL_SECONDS))
         stale_input = list(

@@ -14,6 +14,8 @@ from pydantic import ValidationError as PydanticValidationError
 from rest_framework import serializers
 
 from approvals.models import Approval
+from approvals.unknown import deadline_passed, decisions_open, ends_run
+from runs.clock import CLOCK
 from runs.domain.values import RunStatus
 from runs.providers import PROVIDERS
 from runs.services.agent_schema import AgentDefinition, Limits, forbidden_model_keys
@@ -330,7 +332,20 @@ class ApprovalOut(serializers.Serializer):
     presentation = serializers.DictField(
         help_text="What the operator is shown: tool, arguments, side-effect class, notice."
     )
-    expires_at = serializers.DateTimeField(allow_null=True)
+    expires_at = serializers.DateTimeField(
+        allow_null=True, help_text="Null for an unknown outcome's approval: no timer closes one."
+    )
+    deadline_passed = serializers.BooleanField(help_text="Whether the run's deadline has passed.")
+    decisions = serializers.ListField(
+        child=serializers.ChoiceField(choices=["approve", "reject", "confirm"]),
+        help_text="The decisions accepted now (empty once decided). An unknown outcome whose run cannot go on "
+        "(deadline passed, budget spent, cancel requested) offers only confirm and reject.",
+    )
+    ends_run = serializers.CharField(
+        allow_null=True,
+        help_text="For a pending unknown outcome whose run cannot go on: how the run ends after the decision "
+        "(`deadline_exceeded`, `budget_exceeded`, `cancelled`); else null.",
+    )
     decided_by = serializers.CharField(allow_null=True, help_text="Username of the decider.")
     decided_at = serializers.DateTimeField(allow_null=True)
     decided_via = serializers.ChoiceField(choices=[s for s, _ in Approval.SURFACES], allow_null=True)
@@ -338,6 +353,7 @@ class ApprovalOut(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
     def to_representation(self, a):
+        now = CLOCK.now()
         return {
             "id": str(a.id),
             "run": str(a.run_id),
@@ -347,6 +363,9 @@ class ApprovalOut(serializers.Serializer):
             "request_hash": a.request_hash,
             "presentation": a.presentation,
             "expires_at": _iso(a.expires_at),
+            "deadline_passed": deadline_passed(a.run, now),
+            "decisions": decisions_open(a, a.run, now),
+            "ends_run": ends_run(a, a.run, now),
             "decided_by": a.decided_by.get_username() if a.decided_by_id else None,
             "decided_at": _iso(a.decided_at),
             "decided_via": a.decided_via,

@@ -14,7 +14,7 @@ from uuid import UUID
 
 from csp.constants import UNSAFE_INLINE
 from csp.decorators import csp_update
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils.decorators import method_decorator
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -31,6 +31,7 @@ from approvals.services import approval_confirm, approval_decide, approval_for, 
 from runs.api import serializers as s
 from runs.api.errors import REQUEST_ID_HEADER, request_id
 from runs.api.throttles import WriteScopedRateThrottle
+from runs.clock import CLOCK
 from runs.domain.values import RunStatus
 from runs.errors import PublishForbidden
 from runs.models import AgentVersion, Run
@@ -388,7 +389,9 @@ class RunCancel(ApiView):
         tags=["runs"],
         summary="Cancel a run",
         description="202 with the run: a queued or waiting run ends CANCELLED at once, a running one is asked to "
-        "stop. A second cancel is 202 again; 409 `run_terminal` on a finished run.",
+        "stop. A run waiting on an unknown outcome (an interrupted or uncertain side effect) keeps its question: "
+        "it stays WAITING_FOR_APPROVAL, its approval offers only confirm and reject, and it ends CANCELLED right "
+        "after the decision. A second cancel is 202 again; 409 `run_terminal` on a finished run.",
         parameters=[ID_PARAM],
         request=NO_FIELDS,
         responses={202: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)},
@@ -457,6 +460,10 @@ class ApprovalList(ApiListView):
         run = query_uuid(self.request, "run")
         if run:
             qs = qs.filter(run_id=run)
+        late = query_choice(self.request, "deadline_passed", ["true", "false"])
+        if late is not None:
+            passed = Q(run__deadline_at__isnull=False, run__deadline_at__lte=CLOCK.now())
+            qs = qs.filter(passed) if late == "true" else qs.exclude(passed)
         return qs
 
     @extend_schema(
@@ -466,6 +473,13 @@ class ApprovalList(ApiListView):
         parameters=[
             OpenApiParameter("status", str, enum=[st for st, _ in Approval.STATUSES]),
             OpenApiParameter("run", OpenApiTypes.UUID),
+            OpenApiParameter(
+                "deadline_passed",
+                str,
+                enum=["true", "false"],
+                description="Only approvals whose run's deadline has (or has not) passed: with `status=pending`, "
+                "the unknown outcomes that wait past their run's deadline for a confirm or a reject.",
+            ),
         ],
         responses={200: s.ApprovalOut(many=True), **errors(*LIST_ERRORS)},
     )
@@ -510,7 +524,10 @@ class ApprovalDecide(ApiView):
 
 DECIDE_DOC = (
     "Needs `approvals.resolve_approval` (403 otherwise). `request_hash` must be the one shown. "
-    "409 `approval_decided` / `approval_stale` (hash differs) / `approval_expired`."
+    "409 `approval_decided` / `approval_stale` (hash differs) / `approval_expired`. Approving an unknown outcome "
+    "(an interrupted or uncertain side effect, a reconciler's pause) whose run cannot go on is 409 "
+    "`run_deadline_passed`, `run_budget_exhausted` or `run_cancel_requested`: confirm or reject it instead, and "
+    "the run then ends."
 )
 
 

@@ -134,21 +134,24 @@ def approval_requested(
     step: int,
     presentation: dict[str, Any],
     at: datetime,
+    deadline_passed: bool | None = None,
 ) -> EventWrite:
-    """`approval.requested`: the run page's approval card is built from it."""
-    return EventWrite(
-        E.APPROVAL_REQUESTED,
-        {
-            "approval": str(approval_id),
-            "invocation": str(invocation_id),
-            "kind": kind,
-            "tool": tool,
-            "request_hash": request_hash,
-            "step": step,
-            "presentation": presentation,
-        },
-        at,
-    )
+    """`approval.requested`: the run page's approval card is built from it.
+    An unknown outcome's approval (written by Resume) also says whether the
+    run's deadline had passed when it was requested (`deadline_passed`: then
+    only confirm or reject are accepted)."""
+    payload: dict[str, Any] = {
+        "approval": str(approval_id),
+        "invocation": str(invocation_id),
+        "kind": kind,
+        "tool": tool,
+        "request_hash": request_hash,
+        "step": step,
+        "presentation": presentation,
+    }
+    if deadline_passed is not None:
+        payload["deadline_passed"] = deadline_passed
+    return EventWrite(E.APPROVAL_REQUESTED, payload, at)
 
 
 def checkpointed(row: CheckpointInsert) -> EventWrite:

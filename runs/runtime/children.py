@@ -14,7 +14,9 @@ ends the child and calls `child_ended`, which writes the parent invocation's
 result, adds the child's tokens and cost to the parent's usage (a parent can
 fail on budget while it waits), and — when no sibling is still live —
 requeues the parent. Ending a parent that waits cancels its children
-(`children_cancel`), parent before child, so the lock order is one.
+(`children_cancel`), parent before child, so the lock order is one; a child
+waiting on an unknown outcome's question keeps it open and is asked to end
+after the decision, like a running child is asked to stop.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce
 
-from approvals.models import Approval
+from approvals.models import Approval, open_questions
 from runs.clock import IDS
 from runs.domain.budgets import Ledger
 from runs.domain.errors import BudgetExceeded
@@ -332,12 +335,23 @@ def _fail_parent(parent_id: UUID, exc: BudgetExceeded, child_id: UUID, now: date
 # -- cancelling -------------------------------------------------------------------------------------------
 
 
-def run_end_leaseless(*, run_id: UUID, now: datetime, by: str, parent: UUID | None = None) -> bool:
+def run_end_leaseless(
+    *, run_id: UUID, now: datetime, by: str, parent: UUID | None = None, after_decision: dict | None = None
+) -> bool:
     """Cancel a run that holds no lease (QUEUED or waiting), inside the
     caller's transaction, with its `run.cancelled` event: its pending
     approvals become cancelled, a granted re-run that never ran keeps its
     first attempt's record (outcome unknown, I6), and its own children are
-    cancelled. True when the transition landed."""
+    cancelled. True when the transition landed. A run waiting on an unknown
+    outcome's question is not ended (False): no cancel closes that question
+    (approvals.models.open_questions; `request_cancel_open` asks it to end
+    after the decision instead). `after_decision`: the decision that ended
+    such a run, for its event."""
+    if connection.vendor == "postgresql":  # the run's row before its approvals, as every decision locks them
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM runs WHERE id = %s FOR NO KEY UPDATE", [run_id])
+    if open_questions(run_id).exists():
+        return False
     requested = Coalesce(F("cancel_requested_at"), Value(now, output_field=DateTimeField()))
     cancelled = Run.objects.filter(id=run_id, status__unindexed__in=LEASELESS, lease_owner__isnull=True).update(
         status=RunStatus.CANCELLED.value, cancel_requested_at=requested, updated_at=now
@@ -349,21 +363,36 @@ def run_end_leaseless(*, run_id: UUID, now: datetime, by: str, parent: UUID | No
         run_id=run_id, effect_sent_at__isnull=False, result__isnull=True, status__in=("authorized", "executing")
     ).update(status="interrupted", error=UNKNOWN_OUTCOME, updated_at=now)
     run = Run.objects.filter(id=run_id).values("tenant_id", "session_id", "lease_epoch").get()
+    payload: dict[str, Any] = {"by": by, "direct": True}
+    if parent is not None:
+        payload["parent"] = str(parent)
+    if after_decision is not None:
+        payload["after_decision"] = after_decision
     record_events(
         tenant_id=run["tenant_id"],
         session_id=run["session_id"],
         run_id=run_id,
         epoch=run["lease_epoch"],
-        events=[
-            EventWrite(
-                EventType.RUN_CANCELLED,
-                {"by": by, "direct": True, **({"parent": str(parent)} if parent is not None else {})},
-                now,
-            )
-        ],
+        events=[EventWrite(EventType.RUN_CANCELLED, payload, now)],
     )
     children_cancel(parent_id=run_id, now=now, by=by)
     return True
+
+
+def request_cancel_open(*, run_id: UUID, now: datetime) -> bool:
+    """A cancel of a run waiting on an unknown outcome's question, inside the
+    caller's transaction (the run's row locked): the question stays open, the
+    run keeps waiting with `cancel_requested_at` set and ends CANCELLED right
+    after the decision (approvals.unknown). True when the run is such a run."""
+    if not open_questions(run_id).exists():
+        return False
+    requested = Coalesce(F("cancel_requested_at"), Value(now, output_field=DateTimeField()))
+    return (
+        Run.objects.filter(id=run_id, status__unindexed=WAITING_FOR_CHILDREN, lease_owner__isnull=True).update(
+            cancel_requested_at=requested, updated_at=now
+        )
+        == 1
+    )
 
 
 def children_cancel(*, parent_id: UUID, now: datetime, by: str) -> None:
@@ -377,6 +406,8 @@ def children_cancel(*, parent_id: UUID, now: datetime, by: str) -> None:
     for child_id, status in live.values_list("id", "status"):
         if status in LEASELESS and run_end_leaseless(run_id=child_id, now=now, by=by, parent=parent_id):
             continue
+        if status == WAITING_FOR_CHILDREN and request_cancel_open(run_id=child_id, now=now):
+            continue  # a child waiting on an unknown outcome keeps its question; it ends after the decision
         Run.objects.filter(id=child_id, status__unindexed=RunStatus.RUNNING.value).update(
             cancel_requested_at=requested, updated_at=now
         )

@@ -23,7 +23,13 @@ from django.utils.module_loading import import_string
 from pydantic import BaseModel, ConfigDict
 
 from approvals.hashing import INTERRUPTED_NOTICE, UNCERTAIN_NOTICE, request_hash, tool_spec_dict
-from approvals.models import INTERRUPTED_SIDE_EFFECT, RECONCILE, UNCERTAIN_SIDE_EFFECT, Approval
+from approvals.models import (
+    INTERRUPTED_SIDE_EFFECT,
+    RECONCILE,
+    UNCERTAIN_SIDE_EFFECT,
+    UNKNOWN_OUTCOME_KINDS,
+    Approval,
+)
 from checkpoints.repository import checkpoint_current, checkpoint_latest
 from runs.clock import CLOCK, IDS
 from runs.domain.events import approval_requested, call_not_run, checkpointed
@@ -213,7 +219,7 @@ def decide(takeover: Takeover) -> str:
     # Past the limit, a side effect whose outcome is unknown still gets its decision first (the operator's
     # park or the reconciler): failing the run over it would leave nobody asked whether the effect happened.
     # The limit fails the run at its next lost lease.
-    unknown_first = run.cancel_requested_at is None and _unknown_outcomes(run.id).exists()
+    unknown_first = _unknown_outcomes(run.id).exists()
     if run.lease_expirations > MAX_LEASE_EXPIRATIONS and not unknown_first:
         outcome = RunOutcome(
             kind=OutcomeKind.FAILED,
@@ -247,9 +253,11 @@ def decide(takeover: Takeover) -> str:
         )
         return _end(claim, outcome, UnitOfWork())
     unknown = list(_unknown_outcomes(run.id).order_by("step_number", "call_index"))
-    if run.cancel_requested_at is not None:
-        # The operator asked to cancel: end it; an unknown effect stays
-        # `interrupted` with its outcome labelled unknown.
+    if run.cancel_requested_at is not None and not unknown:
+        # The operator asked to cancel and nothing is left undecided: end it.
+        # With an unknown outcome the cancel waits for the decision below
+        # ("the user cancelled" is no licence to lose whether the effect
+        # happened); the run is cancelled when it resumes after it.
         return _end(claim, RunOutcome(kind=OutcomeKind.CANCELLED), UnitOfWork())
     if settings.AGENTRT_RECONCILER or tool_reconcilers_cover([inv.tool_name for inv in unknown]):
         return _reconcile(claim, run, unknown)
@@ -325,7 +333,12 @@ def _damaged_approval(run: Run) -> str | None:
     return None
 
 
-def _expiry(run: Run):
+def _expiry(run: Run, kind: str):
+    """When an approval Resume writes expires: never for an unknown outcome's
+    (interrupted, uncertain, or the reconciler's pause of one: every kind it
+    writes) — no timer closes one, not the TTL, not the deadline (DESIGN §18)."""
+    if kind in UNKNOWN_OUTCOME_KINDS:
+        return None
     expires = CLOCK.now() + timedelta(seconds=float(settings.AGENTRT_APPROVAL_TTL_SECONDS))
     if run.deadline_at and run.deadline_at < expires:
         expires = run.deadline_at
@@ -337,6 +350,7 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
     writes them, a full checkpoint, WAITING_FOR_APPROVAL and the lease release
     in one transaction."""
     now = CLOCK.now()
+    late = run.deadline_at is not None and run.deadline_at <= now  # said by approval.requested (and its webhook)
     work = UnitOfWork()
     approval_ids, inv_ids = [], []
     for inv in invocations:
@@ -381,7 +395,7 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
                 request_hash=digest,
                 capability=capability,
                 presentation=presentation,
-                expires_at=_expiry(run),
+                expires_at=_expiry(run, inv_kind),
                 created_at=now,
             )
         )
@@ -398,6 +412,7 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
                 step=inv.step_number,
                 presentation=presentation,
                 at=now,
+                deadline_passed=late,
             )
         )
         approval_ids.append(approval_id)

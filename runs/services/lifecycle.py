@@ -1,5 +1,6 @@
 """The lifecycle service: transitions of runs that hold no lease (DESIGN §4):
-cancel of a QUEUED or waiting run, and the cancel request of a RUNNING one.
+cancel of a QUEUED or waiting run, and the cancel request of a RUNNING one
+(or of a run waiting on an unknown outcome's question, which stays open).
 
 Each is a guarded ORM update (the guard is the run's status and the absence
 of a lease) plus its events, in one transaction."""
@@ -17,7 +18,7 @@ from approvals.models import Approval
 from runs.clock import CLOCK
 from runs.errors import RunTerminal
 from runs.models import Run
-from runs.runtime.children import child_ended, children_cancel, run_end_leaseless
+from runs.runtime.children import child_ended, children_cancel, request_cancel_open, run_end_leaseless
 from runs.store.family import lock_family, lock_parent
 
 # The statuses a run waits in, holding no lease.
@@ -28,12 +29,18 @@ def run_cancel(*, run: Run, by: str = "") -> str:
     """Cancel a run. A QUEUED or waiting run ends CANCELLED at once (its
     children with it, and — for a child — the join tells its parent); a
     RUNNING one gets `cancel_requested_at` and its worker stops at the next
-    observation point. Return the status the run is in afterwards."""
+    observation point. A run waiting on an unknown outcome's question keeps
+    it: it stays WAITING_FOR_APPROVAL with `cancel_requested_at` set, only
+    confirm or reject are accepted, and the decision ends it CANCELLED
+    (approvals.unknown). Return the status the run is in afterwards."""
     now = CLOCK.now()
     requested = Coalesce(F("cancel_requested_at"), Value(now, output_field=DateTimeField()))
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
-            parent = lock_parent(cursor, run.id)  # ancestor before descendant: the join's lock order
+            # ancestor before descendant (the join's lock order), the run before its approvals (a decision's)
+            parent = lock_family(cursor, run.id)
+        if request_cancel_open(run_id=run.id, now=now):
+            return "WAITING_FOR_APPROVAL"
         if run_end_leaseless(run_id=run.id, now=now, by=by):
             if parent is not None:
                 child_ended(run_id=run.id, now=now)

@@ -14,6 +14,8 @@ from django.views.decorators.http import require_POST
 from approvals.errors import ApprovalError
 from approvals.models import Approval
 from approvals.services import approval_confirm, approval_decide, can_resolve
+from approvals.unknown import deadline_passed, decisions_open, ends_run
+from runs.clock import CLOCK
 from runs.domain.events import page_vocabulary
 from runs.domain.pipeline import MAX_DELEGATION_DEPTH
 from runs.domain.values import ApprovalStatus
@@ -56,11 +58,8 @@ def runs_list(request):
 @login_required
 def run_detail(request, run_id):
     run = _run_or_404(request.user, run_id)
-    pending = list(
-        Approval.objects.filter(run=run, status__unindexed=ApprovalStatus.PENDING).values(
-            "id", "kind", "request_hash", "presentation", "expires_at"
-        )
-    )
+    pending = list(Approval.objects.filter(run=run, status__unindexed=ApprovalStatus.PENDING))
+    now = CLOCK.now()
     # Plain data: the template hands it to the page's script only through `json_script`, never raw inside a <script>.
     return render(
         request,
@@ -68,8 +67,18 @@ def run_detail(request, run_id):
         {
             "run": run_to_dict(run),
             "pending": [
-                {**p, "id": str(p["id"]), "expires_at": p["expires_at"].isoformat() if p["expires_at"] else None}
-                for p in pending
+                {
+                    "id": str(a.id),
+                    "kind": a.kind,
+                    "request_hash": a.request_hash,
+                    "presentation": a.presentation,
+                    "expires_at": a.expires_at.isoformat() if a.expires_at else None,
+                    # an unknown outcome past its run's deadline (or budget, or cancelled): confirm or reject only
+                    "deadline_passed": deadline_passed(run, now),
+                    "decisions": decisions_open(a, run, now),
+                    "ends_run": ends_run(a, run, now),
+                }
+                for a in pending
             ],
             "can_resolve": can_resolve(request.user) and in_scope(request.user, run.tenant_id, acting=True),
             "event_types": page_vocabulary(),
@@ -79,6 +88,10 @@ def run_detail(request, run_id):
     )
 
 
+OPEN_QUESTION_CANCEL = (
+    "Cancel requested. The run waits on a call whose outcome is unknown: it ends as soon as someone confirms "
+    "whether the call took effect, or rejects it (it is not sent again)."
+)
 TREE_LEVELS = MAX_DELEGATION_DEPTH + 1  # how far down the run page draws the tree of child runs
 INPUT_PREVIEW = 120
 
@@ -171,8 +184,10 @@ def run_decide(request, run_id):
 def run_cancel_view(request, run_id):
     run = _run_or_404(request.user, run_id, acting=True)
     try:
-        run_cancel(run=run, by=request.user.get_username())
-        messages.success(request, "Cancel requested.")
+        if run_cancel(run=run, by=request.user.get_username()) == "WAITING_FOR_APPROVAL":
+            messages.success(request, OPEN_QUESTION_CANCEL)
+        else:
+            messages.success(request, "Cancel requested.")
     except RunError as exc:
         messages.error(request, exc.message)
     return HttpResponseRedirect(reverse("run-detail", args=[run.id]))

@@ -68,6 +68,9 @@ APPROVAL_KEYS = {
     "request_hash",
     "presentation",
     "expires_at",
+    "deadline_passed",
+    "decisions",
+    "ends_run",
     "decided_by",
     "decided_at",
     "decided_via",
@@ -329,6 +332,7 @@ def test_approvals_list_filters_by_status_and_detail_shows_the_decision_fields(w
     )
     assert body["presentation"]["tool"] == "http_post" and body["presentation"]["arguments"]["json"] == {"amount": 500}
     assert body["decided_by"] is None and body["decided_via"] is None and body["expires_at"]
+    assert body["deadline_passed"] is False and body["decisions"] == ["approve", "reject"] and body["ends_run"] is None
 
 
 def test_approve_with_the_shown_hash_requeues_the_run(world, operator, as_user):

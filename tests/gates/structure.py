@@ -454,7 +454,7 @@ WRITERS: dict[str, frozenset[str]] = {
     # children back to QUEUED when the last one ends, or FAILED when their usage puts it over budget.
     "runs/runtime/children.py::_requeue": frozenset({"status"}),
     "runs/runtime/children.py::_fail_parent": frozenset({"status"}),
-    "approvals/services.py::_requeue_if_last": frozenset({"status"}),
+    "approvals/services.py::_requeue": frozenset({"status"}),
     "runs/services/inputs.py::run_input": frozenset({"status"}),
 }
 RUN_MODEL_NAMES = frozenset({"Run", "runs"})

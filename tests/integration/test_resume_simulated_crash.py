@@ -104,16 +104,34 @@ def test_rejecting_an_interrupted_side_effect_fails_the_run_without_calling_the_
     assert resolved.payload["reason"] == "already paid" and resolved.payload["decided_by"] == "op"
 
 
-def test_cancelling_a_parked_run_keeps_the_invocation_interrupted_and_unknown(monkeypatch, load_agent, submit, sink):
+def test_cancelling_a_parked_run_keeps_the_invocation_interrupted_and_unknown(
+    monkeypatch, load_agent, submit, sink, operator
+):
+    """A cancel does not close an unknown outcome's question (DESIGN §18): the
+    run keeps waiting with its approval pending, approve (a re-send) is
+    refused, and the decision ends it CANCELLED, the outcome still unknown."""
+    from approvals.errors import RunCancelRequested
+
     post_agent(load_agent, sink)
     run = submit()
     die_at(monkeypatch, run, "tool.after_watermark")
     run_resume(run_id=run.id)
-    assert run_cancel(run=reload(run)) == "CANCELLED"
+    assert run_cancel(run=reload(run)) == "WAITING_FOR_APPROVAL"
+    assert run_cancel(run=reload(run)) == "WAITING_FOR_APPROVAL"  # a second cancel is the same request
+    assert reload(run).status == "WAITING_FOR_APPROVAL" and reload(run).cancel_requested_at is not None
+    approval = Approval.objects.get(run=run)
+    assert approval.status == "pending"
+    with pytest.raises(RunCancelRequested):
+        approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash)
+    assert Approval.objects.get(id=approval.id).status == "pending"
+    approval_decide(user=operator, approval_id=approval.id, approve=False, request_hash=approval.request_hash)
     assert reload(run).status == "CANCELLED"
-    assert Approval.objects.get(run=run).status == "cancelled"
+    assert Approval.objects.get(id=approval.id).status == "rejected"
+    cancelled = Event.objects.get(run=run, type="run.cancelled").payload
+    assert cancelled["after_decision"]["decision"] == "rejected"
     inv = ToolInvocation.objects.get(run=run)
     assert inv.status == "interrupted" and inv.effect_sent_at is not None and inv.error["outcome"] == "unknown"
+    assert inv.outcome == "uncertain" and inv.attempts[-1]["decision"] == "rejected"
     assert sink.count() == 0
 
 

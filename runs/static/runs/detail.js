@@ -120,6 +120,17 @@
       connect();
     }
 
+    // The decisions the card offers: what the server says it accepts now (`decisions`, on the cards it drew), or
+    // for a card drawn from an approval.requested event, by kind — without approve when that event says the run's
+    // deadline had passed (an unknown outcome is then only confirmed or rejected; the server refuses approve).
+    function offered(a) {
+      const all = CONFIRMABLE.has(a.kind) ? DECISIONS.concat(CONFIRMS) : DECISIONS;
+      if (Array.isArray(a.decisions)) {
+        return all.filter((d) => a.decisions.includes(d.value === 'took_effect' || d.value === 'not_taken' ? 'confirm' : d.value));
+      }
+      return a.deadline_passed ? all.filter((d) => d.value !== 'approve') : all;
+    }
+
     function decisionForm(a) {
       const f = el('form'); f.method = 'post'; f.action = '/runs/' + encodeURIComponent(RUN.id) + '/decide/';
       f.appendChild(hidden('csrfmiddlewaretoken', CSRF));
@@ -127,7 +138,7 @@
       f.appendChild(hidden('request_hash', a.request_hash));
       const reason = el('input'); reason.type = 'text'; reason.name = 'reason'; reason.placeholder = 'Reason (optional)'; reason.maxLength = 2000;
       f.appendChild(reason);
-      for (const d of CONFIRMABLE.has(a.kind) ? DECISIONS.concat(CONFIRMS) : DECISIONS) {
+      for (const d of offered(a)) {
         const button = el('button', d.cls, d.label); button.type = 'submit'; button.name = 'decision'; button.value = d.value;
         f.appendChild(button);
       }
@@ -144,6 +155,10 @@
       if (p.side_effect) card.appendChild(el('div', 'muted', 'side effect: ' + p.side_effect));
       if (p.arguments !== undefined) card.appendChild(el('pre', null, pretty(p.arguments)));
       if (p.error) card.appendChild(el('div', 'muted', 'error: ' + pretty(p.error)));
+      if (a.ends_run || a.deadline_passed) {
+        card.appendChild(el('div', 'notice', (a.deadline_passed ? "The run's deadline has passed. " : '') +
+          (a.ends_run ? 'Approve (send it again) is not offered: confirm whether it took effect, or reject it; the run then ends ' + a.ends_run + '.' : '')));
+      }
       card.appendChild(el('div', 'muted mono', 'request hash ' + a.request_hash));
       card.appendChild(CAN_RESOLVE ? decisionForm(a) : el('div', 'muted', 'You may not resolve approvals.'));
       approvals.appendChild(card);
@@ -169,7 +184,7 @@
       const d = el('span', 'mono', describe(e)); d.title = e.occurred_at || ''; li.appendChild(d);
       timeline.appendChild(li);
       if (e.type === T.MODEL_REQUEST_STARTED) document.getElementById('steps').textContent = p.step;
-      if (e.type === T.APPROVAL_REQUESTED) approvalCard({ id: p.approval, kind: p.kind, request_hash: p.request_hash, tool: p.tool, presentation: p.presentation || { tool: p.tool } });
+      if (e.type === T.APPROVAL_REQUESTED) approvalCard({ id: p.approval, kind: p.kind, request_hash: p.request_hash, tool: p.tool, presentation: p.presentation || { tool: p.tool }, deadline_passed: p.deadline_passed === true, ends_run: p.deadline_passed === true ? 'deadline_exceeded' : null });
       if (e.type === T.APPROVAL_RESOLVED) { const c = document.getElementById('approval-' + p.approval); if (c) c.remove(); }
       if (STATUS[e.type]) setStatus(STATUS[e.type]);
       if (e.type === T.RUN_WAITING_FOR_APPROVAL && p.kind === 'child_run' && Array.isArray(p.children)) { p.children.forEach(addChild); watchFamily(); }
