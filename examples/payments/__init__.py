@@ -6,4 +6,6 @@ outcome is unknown (seed 000, "What the consumer does").
 Install it like any app (`INSTALLED_APPS`, or `AGENTRT_EXTRA_APPS=examples.payments`
 here); agentrt finds `agent_tools.py` by itself. `PAYMENTS_GATEWAY_URL` names
 the gateway; `python -m examples.payments.fake_gateway` runs a local fake one.
+`PAYMENTS_TENANT` names the one tenant whose runs may charge through it
+(unset: none may).
 """

@@ -11,15 +11,27 @@ journal and the gateway and says what happened (seed 000):
 * journaled, gateway charged exactly that → `completed`, from the journal;
 * gateway holds the charge for review → `waiting`: a person must look;
 * gateway's charge differs from the journal, or exists unjournaled → `conflict`.
+
+Tools are deployment-wide: every tenant's agents could name `charge_card`.
+This gateway is one team's, so the tool charges only for runs of that
+tenant: `PAYMENTS_TENANT` (a setting or the environment, like
+`PAYMENTS_GATEWAY_URL`) names it, and a run of any other tenant — or any
+run while it is unset — gets a failed result (`tenant_not_allowed` /
+`payments_not_configured`) before anything is journaled or sent. The
+platform operator can also keep the tool off other tenants' lists
+(`create_tenant NAME --tools ...`).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 import httpx
+from django.conf import settings
 from pydantic import BaseModel, Field
 
+from runs.models import Tenant
 from runs.runtime.faults import fire  # fault points for the kill tests; inert unless enabled
 from runs.tools import OutcomeUnknown, Pause, Reconciliation, ToolExecutionContext, ToolFailure, register
 
@@ -83,6 +95,22 @@ def reconcile_charge(view, invocation: dict) -> Reconciliation:
     return Reconciliation(outcome="completed", result={**receipt, "currency": entry.currency})
 
 
+def owner_tenant() -> str:
+    """The name of the tenant whose cards this gateway charges ("" when unset)."""
+    return getattr(settings, "PAYMENTS_TENANT", "") or os.environ.get("PAYMENTS_TENANT", "")
+
+
+def check_tenant(ctx: ToolExecutionContext) -> None:
+    """Refuse, as a failed result (nothing happened), a run of any tenant but
+    the gateway's own: the run's principal carries the tenant it acts in."""
+    owner = owner_tenant()
+    if not owner:
+        raise ToolFailure("payments_not_configured", "PAYMENTS_TENANT is not set: this gateway charges for no tenant")
+    tenant_id = getattr(ctx.principal, "tenant_id", None)
+    if tenant_id is None or not Tenant.objects.filter(id=tenant_id, name=owner).exists():
+        raise ToolFailure("tenant_not_allowed", "this payment gateway belongs to another tenant; nothing was charged")
+
+
 @register(
     name="charge_card",
     read_only=False,
@@ -92,6 +120,7 @@ def reconcile_charge(view, invocation: dict) -> Reconciliation:
 )
 def charge_card(args: Charge, ctx: ToolExecutionContext) -> Receipt:
     """Charge a customer's card; the same call (idempotency key) never charges twice."""
+    check_tenant(ctx)  # before the journal: another tenant's run leaves no trace here
     entry, created = ChargeJournal.objects.get_or_create(
         idempotency_key=ctx.idempotency_key,
         defaults={

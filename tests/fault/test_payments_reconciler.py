@@ -54,6 +54,7 @@ def stack(cluster, gateway, tmp_path, procs):
             AGENTRT_FAULTPOINTS=f"{point}=kill",
             AGENTRT_FAULTPOINT_DIR=tmp_path,
             PAYMENTS_GATEWAY_URL=gateway.url,
+            PAYMENTS_TENANT="acme",  # the suite's tenant: the gateway charges for it alone
         )
         c = cluster(**env)
         procs(["manage.py", "run_maintenance"], "maintenance", **env)

@@ -160,11 +160,13 @@ def test_the_shipped_cashier_validates_and_charges_through_the_example_app(tenan
     assert set(steps) == {"load_agent", "submit_run"}
     path = ROOT / steps["load_agent"][0]
     assert path == ROOT / "examples" / "payments" / "cashier.json"
+    assert "PAYMENTS_TENANT=demo" in block("readme-reconciler-commands")  # the tenant the gateway charges for
     agent_definition_check(json.loads(path.read_text()))  # strict, as REST validates a definition
 
     gateway = FakeGateway().start()
     try:
         settings.PAYMENTS_GATEWAY_URL = gateway.url
+        settings.PAYMENTS_TENANT = tenant.name  # the README's `PAYMENTS_TENANT=demo`, for the test tenant
         call_command("load_agent", str(path), *as_run_here(steps["load_agent"][1:], tenant), stdout=StringIO())
         run = submitted(steps["submit_run"], tenant)
         assert run_drive(run_id=run.id).kind.value == "completed"
