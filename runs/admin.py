@@ -19,6 +19,7 @@ from runs.errors import InvalidInput, RunError
 from runs.models import Agent, AgentVersion, Event, Run, Tenant, ToolInvocation
 from runs.runtime.resume import run_resume
 from runs.services import policy_floor_check, scoping, tenant_configure
+from runs.services.allowlists import names_check
 from runs.services.lifecycle import run_cancel
 
 
@@ -230,13 +231,22 @@ class AgentVersionAdmin(TenantScoped):
 class TenantForm(forms.ModelForm):
     class Meta:
         model = Tenant
-        fields = ("name", "policy_floor", "max_active_runs")
+        fields = ("name", "policy_floor", "max_active_runs", "allowed_tools", "allowed_endpoints")
         help_texts = {
             "policy_floor": (
                 'Agent policy shape, e.g. {"default": "allow", "rules": [{"tool": "*", "side_effect": true, '
                 '"decision": "require_approval"}]}. Each call gets the stricter of this and the agent\'s policy.'
             ),
             "max_active_runs": "Active runs allowed at once; empty: AGENTRT_MAX_ACTIVE_RUNS.",
+            "allowed_tools": (
+                'The only tools this tenant\'s agents may use, e.g. ["echo", "http_get"]; empty (null): every tool. '
+                "Checked when an agent is published and at every call (a call of another tool fails "
+                "tool_not_allowed, never run)."
+            ),
+            "allowed_endpoints": (
+                'The only model endpoints its agents may name, e.g. ["openai"]; empty (null): every endpoint. '
+                "A run whose agent names another fails endpoint_not_allowed before the model is called."
+            ),
         }
 
     def clean_policy_floor(self):
@@ -247,10 +257,23 @@ class TenantForm(forms.ModelForm):
                 [f"{k}: {'; '.join(v)}" for k, v in exc.fields.items()] or exc.message
             ) from None
 
+    def _names(self, field: str, kind: str):
+        try:
+            return names_check(self.cleaned_data.get(field), kind)
+        except InvalidInput as exc:
+            raise forms.ValidationError(exc.fields.get(field) or exc.message) from None
+
+    def clean_allowed_tools(self):
+        return self._names("allowed_tools", "tools")
+
+    def clean_allowed_endpoints(self):
+        return self._names("allowed_endpoints", "endpoints")
+
 
 @admin.register(Tenant)
 class TenantAdmin(ScopedAdmin):
-    """Superusers manage tenants; a user with runs.change_tenant edits its own tenant's policy floor."""
+    """Superusers manage tenants (quota, name, allowed tools and endpoints); a user with
+    runs.change_tenant edits its own tenant's policy floor and sees its allow-lists."""
 
     form = TenantForm
     list_display = ("name", "max_active_runs", "created_at")
@@ -268,7 +291,8 @@ class TenantAdmin(ScopedAdmin):
     def get_readonly_fields(self, request, obj=None):
         if request.user.is_superuser:
             return ()
-        return ("name", "max_active_runs")  # a quota is set by the platform's operator, not by the tenant
+        # A quota and the allow-lists are set by the platform's operator, not by the tenant.
+        return ("name", "max_active_runs", "allowed_tools", "allowed_endpoints")
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         if self.get_object(request, object_id) is None:
@@ -280,7 +304,12 @@ class TenantAdmin(ScopedAdmin):
             return super().save_model(request, obj, form, change)
         changes = {"policy_floor": form.cleaned_data["policy_floor"]}
         if request.user.is_superuser:
-            changes.update(name=form.cleaned_data["name"], max_active_runs=form.cleaned_data["max_active_runs"])
+            changes.update(
+                name=form.cleaned_data["name"],
+                max_active_runs=form.cleaned_data["max_active_runs"],
+                allowed_tools=form.cleaned_data["allowed_tools"],
+                allowed_endpoints=form.cleaned_data["allowed_endpoints"],
+            )
         tenant_configure(tenant=obj, **changes)
 
 

@@ -77,6 +77,19 @@ class QuotaExceeded(RunError):
     status = 429
 
 
+class ToolNotAllowed(RunError):
+    """An agent names a tool its tenant's `allowed_tools` leaves out (fields: `tools`)."""
+
+    code = "tool_not_allowed"
+
+
+class EndpointNotAllowed(RunError):
+    """An agent's model block names an endpoint its tenant's `allowed_endpoints`
+    leaves out (fields: `model`)."""
+
+    code = "endpoint_not_allowed"
+
+
 class PublishForbidden(RunError):
     """The user lacks runs.publish_agent."""
 

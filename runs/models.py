@@ -30,6 +30,11 @@ class Tenant(models.Model):
     policy_floor = models.JSONField(default=dict, blank=True)
     # Active (non-terminal) runs allowed at once; null: AGENTRT_MAX_ACTIVE_RUNS.
     max_active_runs = models.PositiveIntegerField(null=True, blank=True)
+    # The tools and the model endpoints this tenant's agents may use, by name (issue 34);
+    # null: every one (a single-team deployment). Checked when an agent is published and
+    # again when a run executes (runs.services.allowlists).
+    allowed_tools = models.JSONField(null=True, blank=True, default=None)
+    allowed_endpoints = models.JSONField(null=True, blank=True, default=None)
     created_at = models.DateTimeField(default=utcnow, editable=False)
 
     class Meta:

@@ -253,7 +253,8 @@ class AgentListCreate(ApiListView):
         tags=["agents"],
         summary="Create or update an agent (DESIGN §16 definition)",
         description="Needs `runs.publish_agent` (403 `permission_denied` otherwise). The new version records "
-        "who published it and when.",
+        "who published it and when. A tool or a model endpoint outside the tenant's allow-lists is 400 "
+        "`tool_not_allowed` (naming `tools`) or `endpoint_not_allowed` (naming `model`).",
         request=AgentDefinition,
         responses={201: s.AgentVersionOut, **errors(*WRITE_ERRORS)},
     )

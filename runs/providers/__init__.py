@@ -8,6 +8,7 @@ from runs.providers import anthropic, openai, scripted  # noqa: F401  (register 
 from runs.providers.registry import (  # noqa: F401  (public)
     PROVIDERS,
     RefusingProvider,
+    endpoint_name,
     provider_for,
     provider_streams,
     register_provider,

@@ -271,6 +271,18 @@ def provider_for(model: dict, on_delta=None):
     return entry.build(endpoint, model, on_delta)
 
 
+def endpoint_name(model: dict) -> str | None:
+    """The endpoint an agent's `model` block sends its requests to (its
+    `endpoint`, else its provider's default), or None for a provider that
+    calls no operator-configured endpoint (`scripted`): what a tenant's
+    `allowed_endpoints` is checked against."""
+    entry = PROVIDERS.get(model.get("provider"))
+    if entry is None or not entry.endpoint:
+        return None
+    name = model.get("endpoint") or entry.default_endpoint
+    return name if isinstance(name, str) else None
+
+
 def provider_streams(model: dict) -> bool:
     """Whether the block's provider streams text deltas (the executor then
     attaches the delta batcher)."""

@@ -13,6 +13,7 @@ from runs.domain.context import canonical_json
 from runs.errors import InvalidInput
 from runs.models import Agent, AgentVersion, Tenant
 from runs.services.agent_schema import AgentDefinition, forbidden_model_keys
+from runs.services.allowlists import publish_check
 from runs.services.validation import pydantic_fields
 
 
@@ -21,7 +22,9 @@ def agent_load(*, tenant: Tenant, definition: Any, published_by=None) -> AgentVe
 
     Callers authorize: REST requires `runs.publish_agent`; `load_agent` is
     the operator's shell. `published_by` (None for the shell) and
-    `published_at` are recorded on a new version."""
+    `published_at` are recorded on a new version. A tool or a model endpoint
+    outside the tenant's allow-lists is refused (`ToolNotAllowed` naming
+    `tools`, `EndpointNotAllowed` naming `model`), whoever publishes."""
     if not isinstance(definition, dict):
         raise InvalidInput("the agent definition must be a JSON object", fields={"(root)": ["must be an object"]})
     forbidden = forbidden_model_keys(definition)  # a definition never chooses where a key goes
@@ -35,6 +38,7 @@ def agent_load(*, tenant: Tenant, definition: Any, published_by=None) -> AgentVe
         first = next(iter(forbidden.items()))
         raise InvalidInput(f"invalid agent definition: {first[0]}: {first[1][0]}", fields=forbidden)
     normal = parsed.normal()
+    publish_check(tenant, normal)  # the tenant's allowed_tools / allowed_endpoints (tool_not_allowed, ...)
     version = hashlib.sha256(canonical_json(normal).encode()).hexdigest()
     policy_version = hashlib.sha256(canonical_json(normal["policy"]).encode()).hexdigest()[:16]
     now = CLOCK.now()

@@ -1,4 +1,5 @@
-"""Tenant services: create (with members and operators), configure (policy floor, quota, name), look up."""
+"""Tenant services: create (with members and operators), configure (policy floor, quota, name, allow-lists),
+look up."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 from runs.errors import InvalidInput, TenantNotFound
 from runs.models import Membership, Tenant
 from runs.services.agent_schema import Policy
+from runs.services.allowlists import names_check
 from runs.services.scoping import tenant_for
 from runs.services.validation import check_text, pydantic_fields
 
@@ -35,16 +37,40 @@ OPERATOR_PERMISSIONS = (
 )
 
 
+_UNCHANGED: Any = object()
+
+
 def tenant_create(
-    *, name: str, username: str, password: str | None = None, superuser: bool = False, operator: bool = False
+    *,
+    name: str,
+    username: str | None = None,
+    password: str | None = None,
+    superuser: bool = False,
+    operator: bool = False,
+    allowed_tools: Any = _UNCHANGED,
+    allowed_endpoints: Any = _UNCHANGED,
 ) -> tuple[Tenant, Any]:
     """Create the tenant if needed, the user if missing, and make it a member.
 
-    A member is not staff; `operator` makes USER staff with OPERATOR_PERMISSIONS."""
+    A member is not staff; `operator` makes USER staff with OPERATOR_PERMISSIONS.
+    Without `username` only the tenant is created (or found). `allowed_tools` /
+    `allowed_endpoints` (lists of names, None for all) set the tenant's
+    allow-lists, on a new or an existing tenant, in the same transaction; left
+    out, they stay as they are (a new tenant's: null, everything)."""
     check_text(name, "name", max_length=100)
+    lists = {}
+    if allowed_tools is not _UNCHANGED:
+        lists["allowed_tools"] = names_check(allowed_tools, "tools")
+    if allowed_endpoints is not _UNCHANGED:
+        lists["allowed_endpoints"] = names_check(allowed_endpoints, "endpoints")
     User = get_user_model()
     with transaction.atomic(durable=True):
         tenant, _ = Tenant.objects.get_or_create(name=name)
+        if lists:
+            Tenant.objects.filter(id=tenant.id).update(**lists)
+            tenant.refresh_from_db()
+        if username is None:
+            return tenant, None
         user = User.objects.filter(username=username).first()
         if user is None:
             user = User(username=username, is_staff=bool(operator or superuser), is_superuser=superuser)
@@ -73,17 +99,26 @@ def tenant_create(
     return tenant, User.objects.get(pk=user.pk)
 
 
-_UNCHANGED = object()
-
-
 def tenant_configure(
-    *, tenant: Tenant, policy_floor: Any = _UNCHANGED, max_active_runs: Any = _UNCHANGED, name: Any = _UNCHANGED
+    *,
+    tenant: Tenant,
+    policy_floor: Any = _UNCHANGED,
+    max_active_runs: Any = _UNCHANGED,
+    name: Any = _UNCHANGED,
+    allowed_tools: Any = _UNCHANGED,
+    allowed_endpoints: Any = _UNCHANGED,
 ) -> Tenant:
-    """Change a tenant's policy floor (applies from the next step of every run), quota or name.
+    """Change a tenant's policy floor (applies from the next step of every run), quota, name or allow-lists
+    (tools and model endpoints its agents may use: checked at the next publish and the next execution of
+    every run; None: all).
 
     Callers authorize: the admin lets `runs.change_tenant` holders change
-    their own tenant's floor and only superusers the quota and name."""
+    their own tenant's floor and only superusers the quota, name and allow-lists."""
     changes: dict[str, Any] = {}
+    if allowed_tools is not _UNCHANGED:
+        changes["allowed_tools"] = names_check(allowed_tools, "tools")
+    if allowed_endpoints is not _UNCHANGED:
+        changes["allowed_endpoints"] = names_check(allowed_endpoints, "endpoints")
     if policy_floor is not _UNCHANGED:
         changes["policy_floor"] = policy_floor_check(policy_floor)
     if max_active_runs is not _UNCHANGED:
