@@ -65,6 +65,12 @@ class AgentSpec:
     policy: dict[str, Any]
     delegates: tuple[str, ...] = ()  # the agents `delegate_run` may start (the definition's `delegates`)
     delegates_missing: frozenset[str] = frozenset()  # those of them the tenant has no agent for (yet)
+    # The tools the run's tenant allows now (`Tenant.allowed_tools`, read when the execution starts);
+    # None: every tool. A call of a pinned tool outside it fails `tool_not_allowed`, never executed.
+    allowed_tools: frozenset[str] | None = None
+
+    def tool_allowed(self, name: str) -> bool:
+        return self.allowed_tools is None or name in self.allowed_tools
 
 
 @dataclass

@@ -143,3 +143,16 @@ class AgentVersionMissing(RuntimeCoreError):
             f"agent {agent!r} has no version {version[:12]}; the run is pinned to it and does not fall back to latest"
         )
         self.details = {"agent": agent, "agent_version": version}
+
+
+class EndpointNotAllowed(RuntimeCoreError):
+    """The model endpoint the run's pinned agent version names is not in its
+    tenant's `allowed_endpoints` (narrowed since the version was published).
+    Permanent: the run fails `endpoint_not_allowed` before the model is
+    called (and before anything of a re-entered batch runs)."""
+
+    reason = FailureReason.ENDPOINT_NOT_ALLOWED
+
+    def __init__(self, endpoint: str):
+        super().__init__(f"the model endpoint {endpoint!r} is not allowed for this tenant; nothing was sent to it")
+        self.details = {"endpoint": endpoint}

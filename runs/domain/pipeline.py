@@ -218,13 +218,17 @@ def _fail(entry: _Entry, code: str, message: str) -> None:
 
 
 def _resolve(ctx: RunContext, entry: _Entry) -> None:
-    """Steps 1–3: propose, resolve in the pinned tool set, parse the arguments."""
+    """Steps 1–3: propose, resolve in the pinned tool set (a tool the tenant no
+    longer allows fails `tool_not_allowed`: never run), parse the arguments."""
     call = entry.call
     raw = call.raw_arguments if isinstance(call.raw_arguments, str) else ""
     if call.name in ctx.agent.tools:
         entry.spec = ctx.tools.spec(call.name)
     if entry.spec is None:
         _fail(entry, "unknown_tool", f"no tool named {scrub_text(call.name)[:100]!r} is available to this agent")
+        return
+    if not ctx.agent.tool_allowed(call.name):
+        _fail(entry, *_not_allowed(call.name))
         return
     if len(raw.encode("utf-8", "replace")) > MAX_ARGUMENT_BYTES:
         _fail(entry, "invalid_arguments", "the arguments are larger than 64 KiB")
@@ -238,6 +242,11 @@ def _resolve(ctx: RunContext, entry: _Entry) -> None:
         _fail(entry, "invalid_arguments", "the arguments must be a JSON object")
         return
     entry.arguments = scrub(parsed)
+
+
+def _not_allowed(name: str) -> tuple[str, str]:
+    """The failed result of a call whose tool the run's tenant no longer allows (`Tenant.allowed_tools`)."""
+    return "tool_not_allowed", f"the tool {scrub_text(name)[:100]!r} is not allowed for this tenant; it was not run"
 
 
 def _fit_budget(ctx: RunContext, entries: list[_Entry]) -> None:
@@ -1113,6 +1122,13 @@ def _recheck_grant(
             work=unknown,
             invocation=str(row.id),
         )
+    if not ctx.agent.tool_allowed(row.tool_name):
+        raise RerunConflict(
+            f"tool {row.tool_name!r} is no longer allowed for this tenant; the approved re-run cannot run",
+            error_class="ToolNotAllowed",
+            work=unknown,
+            invocation=str(row.id),
+        )
     if not isinstance(entry.arguments, dict) or ctx.tools.validate(row.tool_name, entry.arguments):
         work = UnitOfWork()
         failed = _error_result("invalid_decision", "the arguments no longer pass the tool's schema")
@@ -1293,6 +1309,10 @@ def _triage(
                 invocation_id=row.id, call_id=entry.call.call_id, tool=entry.call.name, result=entry.result, at=now
             )
         )
+        return "answered", None
+    if not ctx.agent.tool_allowed(row.tool_name):  # the tenant's allow-list narrowed while the call waited
+        _fail(entry, *_not_allowed(row.tool_name))
+        _record_not_run(results, entry, now)
         return "answered", None
     if entry.spec.control == "delegate":
         refusal = _delegate_refusal(ctx, entry)

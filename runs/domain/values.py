@@ -100,6 +100,7 @@ class FailureReason(StrEnum):
     OPERATOR_REJECTED = "operator_rejected"
     PRINCIPAL_REVOKED = "principal_revoked"  # issue 15: the submitter lost access while the run waited
     AGENT_VERSION_MISSING = "agent_version_missing"  # issue 15: the pinned version is gone; never falls back
+    ENDPOINT_NOT_ALLOWED = "endpoint_not_allowed"  # issue 34: the tenant no longer allows the agent's model endpoint
 
 
 class Principal(Frozen):

@@ -20,7 +20,7 @@ from ops.tracing import run_span
 from runs.clock import CLOCK, IDS
 from runs.domain.cancellation import Token
 from runs.domain.context import RunContext
-from runs.domain.errors import AgentVersionMissing, BudgetExceeded, WorkerFenced
+from runs.domain.errors import AgentVersionMissing, BudgetExceeded, EndpointNotAllowed, WorkerFenced
 from runs.domain.loop import failed, run_loop
 from runs.domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunOutcome
 from runs.domain.writes import UnitOfWork
@@ -89,13 +89,13 @@ def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
                 outcome = _failed(ctx, exc.reason, "BudgetExceeded", str(exc))
         except WorkerFenced as exc:
             outcome = RunOutcome(kind=OutcomeKind.FENCED, late=exc.late)
-        except AgentVersionMissing as exc:  # permanent, loud, no fallback to the latest version
+        except (AgentVersionMissing, EndpointNotAllowed) as exc:  # permanent, loud, before the model is called
             log.error("run %s: %s", claim.run_id, exc)
             outcome = RunOutcome(
                 kind=OutcomeKind.FAILED,
                 failure=RunFailure(
                     reason=exc.reason,
-                    error_class="AgentVersionMissing",
+                    error_class=type(exc).__name__,
                     message=str(exc),
                     occurred_at=clock.now(),
                     details=exc.details,

@@ -1,7 +1,8 @@
 """The composition root of the runtime: where the domain's ports get their adapters.
 
-`build_context` wires one claimed run: the Django store, the tool registry, the
-policy engine over the agent's policy and its tenant's floor, the budget
+`build_context` wires one claimed run: the Django store, the tool registry
+and its tenant's allowed tools, the policy engine over the agent's policy
+and its tenant's floor, the budget
 ledger, the approval gate, the provider (streaming deltas through
 `DeltaBatcher`), the supervisor as the lease, the fault hook. `connect_cluster`
 wires the runtime into django-q2 (drain on stop, self-healing queues). Nothing
@@ -23,13 +24,13 @@ from runs.clock import CLOCK, IDS
 from runs.domain.budgets import Ledger
 from runs.domain.cancellation import Token
 from runs.domain.context import AgentSpec, RunContext, RunSnapshot, StepProgress
-from runs.domain.errors import AgentVersionMissing, WorkerFenced
+from runs.domain.errors import AgentVersionMissing, EndpointNotAllowed, WorkerFenced
 from runs.domain.pipeline import MAX_DELEGATION_DEPTH
 from runs.domain.scrub import scrub_stream
 from runs.domain.values import CancelReason, RunLimits, RunUsage
 from runs.domain.writes import UnitOfWork
 from runs.models import Agent, AgentVersion, ModelCall, Run, Tenant
-from runs.providers import provider_for, provider_streams
+from runs.providers import endpoint_name, provider_for, provider_streams
 from runs.runtime import drain, qheal
 from runs.runtime.drain import draining
 from runs.runtime.faults import hook_for
@@ -104,6 +105,11 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
     definition = run.pinned_definition  # the version the run is pinned to, never the latest
     if definition is None:  # its row is gone: the run fails `agent_version_missing` (seed 002: loudly, no fallback)
         raise AgentVersionMissing(run.agent_name, run.agent_version)
+    # The tenant's allow-lists as they are now (read with the run): an endpoint it no longer allows fails the
+    # run before the model is called; its tools are checked at every call (the pipeline's `tool_allowed`).
+    endpoint = endpoint_name(definition["model"])
+    if endpoint is not None and run.allowed_endpoints is not None and endpoint not in run.allowed_endpoints:
+        raise EndpointNotAllowed(endpoint)
     limits = RunLimits(**run.limits)
     first_lease = claim.epoch == 1  # every claim and takeover moves the epoch: no worker has run it before
     state = checkpoint_current(run, first_lease=first_lease)
@@ -146,6 +152,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
             - set(Agent.objects.filter(tenant_id=run.tenant_id, name__in=delegates).values_list("name", flat=True))
             if delegates
             else frozenset(),
+            allowed_tools=None if run.allowed_tools is None else frozenset(run.allowed_tools),
         ),
         state=state,
         clock=clock,

@@ -248,16 +248,19 @@ def _deliveries(
 def claimed_run(run_id: UUID) -> Run:
     """A claimed run as its execution starts, in one read: the row, its
     agent's name (`agent_name`), the definition of the version it is pinned
-    to (`pinned_definition`; None when that row is gone) and its principal's
-    username (`principal_username`). Hand-written because each ORM read here
-    was a round trip and about half a millisecond of query building between
-    a run's claim and its first model call."""
+    to (`pinned_definition`; None when that row is gone), its principal's
+    username (`principal_username`) and its tenant's allow-lists as they are
+    now (`allowed_tools`, `allowed_endpoints`; None: all). Hand-written
+    because each ORM read here was a round trip and about half a millisecond
+    of query building between a run's claim and its first model call."""
     user_table = get_user_model()._meta.db_table
     rows: list[Run] = list(
         Run.objects.raw(
             "SELECT r.*, a.name AS agent_name, v.definition AS pinned_definition,"
-            " u.username AS principal_username"
+            " u.username AS principal_username,"
+            " t.allowed_tools AS allowed_tools, t.allowed_endpoints AS allowed_endpoints"
             " FROM runs r JOIN agents a ON a.id = r.agent_id"
+            " JOIN tenants t ON t.id = r.tenant_id"
             " LEFT JOIN agent_versions v ON v.agent_id = r.agent_id AND v.version = r.agent_version"
             f" LEFT JOIN {connection.ops.quote_name(user_table)} u ON u.id = r.principal_user_id"
             " WHERE r.id = %s",
@@ -268,6 +271,8 @@ def claimed_run(run_id: UUID) -> Run:
         raise Run.DoesNotExist(f"no run {run_id}")
     row = rows[0]
     row.pinned_definition = parsed(row.pinned_definition)  # no field converts an extra column
+    row.allowed_tools = parsed(row.allowed_tools)
+    row.allowed_endpoints = parsed(row.allowed_endpoints)
     return row
 
 
