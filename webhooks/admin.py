@@ -6,7 +6,10 @@ creates, changes, deletes and tests only in its own. Changes go through
 webhooks.services; `webhooks.manage_webhooks` is needed for any of them.
 A new subscription's secret is shown once, on the page after "Save", and
 never again. Deliveries (hooks' and webhooks') are read-only: hook, run,
-attempts, last error, status.
+attempts, last error, status. A URL's path, query and credentials and a
+receiver's answer are shown to operators only (webhooks.visibility): staff
+without `webhooks.manage_webhooks` see the URL's origin and
+`HTTP <code>: [answer hidden: operators only]`.
 """
 
 from django import forms
@@ -21,7 +24,7 @@ from runs.admin import ScopedAdmin, TenantScoped
 from runs.errors import RunError
 from runs.services import scoping
 
-from . import services
+from . import services, visibility
 from .models import EVENT_TYPES, Delivery, WebhookSubscription
 
 
@@ -66,6 +69,26 @@ class SubscriptionAdmin(ScopedAdmin):
     @admin.display(description="event types")
     def events(self, obj):
         return ", ".join(obj.event_types or [])
+
+    @admin.display(description="url")
+    def url_masked(self, obj):
+        return visibility.masked_url(obj.url)
+
+    def get_list_display(self, request):
+        shown = super().get_list_display(request)
+        if visibility.sees_secrets(request.user):
+            return shown
+        return tuple("url_masked" if name == "url" else name for name in shown)
+
+    def get_fields(self, request, obj=None):
+        fields = super().get_fields(request, obj)
+        if visibility.sees_secrets(request.user):
+            return fields
+        return list(dict.fromkeys("url_masked" if name == "url" else name for name in fields))
+
+    def get_readonly_fields(self, request, obj=None):
+        readonly = tuple(super().get_readonly_fields(request, obj))
+        return readonly if visibility.sees_secrets(request.user) else (*readonly, "url_masked")
 
     def _own(self, request, obj) -> bool:
         tenant = scoping.tenant_for(request.user)
@@ -185,6 +208,36 @@ class DeliveryAdmin(TenantScoped):
     @admin.display(description="last error")
     def error(self, obj):
         return (obj.last_error or "")[:120]
+
+    @admin.display(description="hook / subscription")
+    def target_masked(self, obj):
+        return obj.hook if obj.kind == "hook" else (str(obj.subscription) if obj.subscription else "(deleted)")
+
+    @admin.display(description="last error")
+    def error_masked(self, obj):
+        return visibility.masked_error(obj.last_error)[:120]
+
+    @admin.display(description="last error")
+    def last_error_masked(self, obj):
+        return visibility.masked_error(obj.last_error)
+
+    _MASKED = {"target": "target_masked", "error": "error_masked", "last_error": "last_error_masked"}
+
+    def get_list_display(self, request):
+        shown = super().get_list_display(request)
+        if visibility.sees_secrets(request.user):
+            return shown
+        return tuple(self._MASKED.get(name, name) for name in shown)
+
+    def get_fields(self, request, obj=None):
+        fields = super().get_fields(request, obj)
+        if visibility.sees_secrets(request.user):
+            return fields
+        return list(dict.fromkeys(self._MASKED.get(name, name) for name in fields))
+
+    def get_readonly_fields(self, request, obj=None):
+        readonly = tuple(super().get_readonly_fields(request, obj))
+        return readonly if visibility.sees_secrets(request.user) else (*readonly, "last_error_masked")
 
     def has_view_permission(self, request, obj=None):
         return request.user.is_active and (

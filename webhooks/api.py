@@ -1,11 +1,15 @@
 """REST for webhook subscriptions (issue 17 item 2), under /api/webhooks/.
 
-Reads: any member of the tenant (the secret is never in a read). Writes
-(create, change, delete, send a test event): `webhooks.manage_webhooks`.
-Another tenant's subscription is 404, before any permission check.
+Reads: any member of the tenant (the secret is never in a read; a URL's path,
+query and credentials and a receiver's answers only to operators, see
+webhooks.visibility). Writes (create, change, delete, send a test event):
+`webhooks.manage_webhooks`. Another tenant's subscription is 404, before any
+permission check.
 """
 
 from __future__ import annotations
+
+import functools
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
@@ -24,11 +28,12 @@ from runs.api.views import (
     parse,
 )
 
-from . import services
+from . import services, visibility
 from .models import EVENT_TYPES, Delivery
 
 URL_HELP = (
-    "http or https, on a host listed in AGENTRT_WEBHOOK_ALLOWED_HOSTS (host or host:port); no credentials, no fragment."
+    "http or https, on a host and port listed in AGENTRT_WEBHOOK_ALLOWED_HOSTS (host:port, or a bare host for ports "
+    "80 and 443); no credentials, no fragment."
 )
 
 
@@ -57,9 +62,18 @@ class SubscriptionChange(StrictSerializer):
     description = StrictCharField(max_length=200, required=False, allow_blank=True)
 
 
+def _reader(serializer):
+    """The user a serializer answers (None: nobody known, so everything masked)."""
+    request = serializer.context.get("request")
+    return getattr(request, "user", None)
+
+
 class SubscriptionOut(serializers.Serializer):
     id = serializers.UUIDField()
-    url = serializers.CharField()
+    url = serializers.CharField(
+        help_text="As stored for operators (webhooks.manage_webhooks); for anyone else its origin only, "
+        "`https://host/…`: a path, a query or credentials may carry the receiver's token."
+    )
     event_types = serializers.ListField(child=serializers.ChoiceField(choices=list(EVENT_TYPES)))
     active = serializers.BooleanField()
     description = serializers.CharField(allow_blank=True)
@@ -70,7 +84,7 @@ class SubscriptionOut(serializers.Serializer):
     def to_representation(self, row):
         return {
             "id": str(row.id),
-            "url": row.url,
+            "url": visibility.url_for(_reader(self), row.url),
             "event_types": list(row.event_types or []),
             "active": row.active,
             "description": row.description,
@@ -94,7 +108,11 @@ class DeliveryOut(serializers.Serializer):
     event_type = serializers.CharField()
     status = serializers.ChoiceField(choices=[s for s, _ in Delivery.STATUSES])
     attempts = serializers.IntegerField()
-    last_error = serializers.CharField(allow_blank=True)
+    last_error = serializers.CharField(
+        allow_blank=True,
+        help_text="The last attempt's error. A receiver's answer (`HTTP <code>: <its first 200 bytes>`) is shown to "
+        "operators only; anyone else reads `HTTP <code>: [answer hidden: operators only]`.",
+    )
     last_status_code = serializers.IntegerField(allow_null=True)
     next_attempt_at = serializers.DateTimeField(allow_null=True, help_text="When it is due again (pending only).")
     delivered_at = serializers.DateTimeField(allow_null=True)
@@ -109,7 +127,7 @@ class DeliveryOut(serializers.Serializer):
             "event_type": d.event_type,
             "status": d.status,
             "attempts": d.attempts,
-            "last_error": d.last_error,
+            "last_error": visibility.error_for(_reader(self), d.last_error),
             "last_status_code": d.last_status_code,
             "next_attempt_at": d.due_at.isoformat() if d.status == "pending" else None,
             "delivered_at": d.delivered_at.isoformat() if d.delivered_at else None,
@@ -134,7 +152,7 @@ class WebhookListCreate(ApiListView):
     )
     def get(self, request):
         qs = services.subscriptions_visible_to(request.user).select_related("created_by").order_by("-created_at", "id")
-        return self.page(qs, SubscriptionOut)
+        return self.page(qs, functools.partial(SubscriptionOut, context={"request": request}))
 
     @extend_schema(
         operation_id="webhooks_create",
@@ -149,7 +167,7 @@ class WebhookListCreate(ApiListView):
         data = parse(SubscriptionCreate, request.data)
         row, secret = services.subscription_create(user=request.user, **data)
         row.plaintext_secret = secret
-        return Response(SubscriptionCreatedOut(row).data, status=status.HTTP_201_CREATED)
+        return Response(SubscriptionCreatedOut(row, context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
 class WebhookDetail(ApiView):
@@ -164,7 +182,8 @@ class WebhookDetail(ApiView):
         responses={200: SubscriptionOut, **errors(*READ_ERRORS, 404)},
     )
     def get(self, request, id):
-        return Response(SubscriptionOut(services.subscription_for(user=request.user, subscription_id=id)).data)
+        row = services.subscription_for(user=request.user, subscription_id=id)
+        return Response(SubscriptionOut(row, context={"request": request}).data)
 
     @extend_schema(
         operation_id="webhooks_partial_update",
@@ -178,9 +197,8 @@ class WebhookDetail(ApiView):
     def patch(self, request, id):
         services.subscription_for(user=request.user, subscription_id=id, acting=True)  # 404 before 400/403
         data = parse(SubscriptionChange, request.data)
-        return Response(
-            SubscriptionOut(services.subscription_update(user=request.user, subscription_id=id, **data)).data
-        )
+        row = services.subscription_update(user=request.user, subscription_id=id, **data)
+        return Response(SubscriptionOut(row, context={"request": request}).data)
 
     @extend_schema(
         operation_id="webhooks_destroy",
@@ -212,9 +230,8 @@ class WebhookTest(ApiView):
     def post(self, request, id):
         services.subscription_for(user=request.user, subscription_id=id, acting=True)
         parse(Empty, request.data)
-        return Response(
-            DeliveryOut(services.send_test(user=request.user, subscription_id=id)).data, status=status.HTTP_202_ACCEPTED
-        )
+        delivery = services.send_test(user=request.user, subscription_id=id)
+        return Response(DeliveryOut(delivery, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
 
 
 class WebhookDeliveries(ApiListView):
@@ -231,5 +248,5 @@ class WebhookDeliveries(ApiListView):
         row = services.subscription_for(user=request.user, subscription_id=id)
         return self.page(
             services.deliveries_of(row).order_by("-created_at", "id"),
-            DeliveryOut,
+            functools.partial(DeliveryOut, context={"request": request}),
         )

@@ -55,7 +55,11 @@ class WebhookSubscription(models.Model):
         indexes = [models.Index(fields=["tenant", "active"], name="webhook_subs_tenant_idx")]
 
     def __str__(self):
-        return self.url
+        # Its name wherever the admin shows one (breadcrumbs, a delivery's subscription, history, deletion) is
+        # the URL's origin: the path, query and credentials may hold the receiver's token (webhooks.visibility).
+        from .visibility import masked_url
+
+        return masked_url(self.url)
 
 
 class Delivery(models.Model):
