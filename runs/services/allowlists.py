@@ -14,7 +14,7 @@ The lists are checked twice:
   `endpoint_not_allowed` naming `model`;
 - when a run executes (read with the claimed run, runs/runtime/wiring.py): a
   call of a tool no longer allowed is a failed result `tool_not_allowed` the
-  model sees, nothing executed (runs/domain/pipeline.py); an endpoint no
+  model sees, nothing executed (runs/domain/pipeline/decide.py); an endpoint no
   longer allowed fails the run `endpoint_not_allowed` before the model is
   called. A child run runs under its parent's tenant: the same lists.
 

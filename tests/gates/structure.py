@@ -934,8 +934,8 @@ ERROR_EXCEPTIONS: dict[str, str] = {
     # Domain errors still beside the code that raises them (runs/domain is being reshaped in the same issue).
     "runs/domain/context_engine.py::ContextOverflow": "domain; to move to runs/domain/errors.py",
     "runs/domain/context_engine.py::SynthesisReserveViolation": "domain; to move to runs/domain/errors.py",
-    "runs/domain/pipeline.py::UnknownOutcome": "domain; to move to runs/domain/errors.py",
-    "runs/domain/pipeline.py::RerunConflict": "domain; to move to runs/domain/errors.py",
+    "runs/domain/pipeline/batch.py::UnknownOutcome": "domain; to move to runs/domain/errors.py",
+    "runs/domain/pipeline/batch.py::RerunConflict": "domain; to move to runs/domain/errors.py",
 }
 _BUILTIN_EXCEPTIONS = frozenset(
     name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)

@@ -1,4 +1,4 @@
-"""The parsed-argument redaction pass (runs/domain/pipeline.py `_resolve`:
+"""The parsed-argument redaction pass (runs/domain/pipeline/decide.py `_resolve`:
 `entry.arguments = scrub(parsed)`): a secret the model wrote with a JSON
 escape (`"sk-\\u0041..."`) is not a secret to the scrub of the raw text —
 the pattern does not match `sk-\\u0041` — but it is one once the arguments
