@@ -34,7 +34,7 @@ from runs.runtime.children import child_ended, run_end_leaseless
 from runs.runtime.finalize import enqueue_drive
 from runs.services.lifecycle import fail_waiting, hold_run
 from runs.services.scoping import as_uuid, scoped_one
-from runs.store.repository import record_events
+from runs.store.events import record_events
 
 SURFACES = ("admin", "api", "live")
 

@@ -499,7 +499,7 @@ def _commit_marker(run, i: int) -> tuple[int, float]:
 
     from runs.clock import CLOCK
     from runs.domain.writes import EventWrite
-    from runs.store.repository import record_events
+    from runs.store.events import record_events
 
     with transaction.atomic(durable=True):
         seq = record_events(

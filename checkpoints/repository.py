@@ -26,8 +26,8 @@ from runs.domain.pipeline import ANSWERED, _call_fingerprint
 from runs.domain.stored_form import assistant_item, is_stored, item_from_event, materialised, referenced, tool_item
 from runs.domain.values import InvocationStatus
 from runs.models import Event, Run, ToolInvocation
+from runs.store.cursor import sql_uuid, statement_cursor
 from runs.store.json_text import parsed
-from runs.store.repository import sql_uuid, statement_cursor
 
 
 def checkpoint_latest(run_id) -> CheckpointState | None:

@@ -22,7 +22,7 @@ from uuid import UUID
 from django.conf import settings
 
 from runs.clock import IDS
-from runs.store.repository import sql_json
+from runs.store.cursor import sql_json
 
 from .models import EVENT_TYPES, TERMINAL_EVENTS
 
@@ -108,7 +108,7 @@ def enqueue(cursor, *, tenant_id: UUID, run_id: UUID | None, events: list, seque
 
 
 def _db_now(cursor):
-    from runs.store.repository import is_pg
+    from runs.store.cursor import is_pg
 
     if is_pg():
         cursor.execute("SELECT clock_timestamp()")

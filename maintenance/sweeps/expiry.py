@@ -30,7 +30,7 @@ from runs.domain.writes import EventWrite
 from runs.models import Run
 from runs.runtime.queue import db_now
 from runs.services.lifecycle import fail_waiting, hold_run
-from runs.store.repository import record_events
+from runs.store.events import record_events
 
 BATCH = 200
 

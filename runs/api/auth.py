@@ -22,7 +22,7 @@ from knox.signals import token_expired
 from rest_framework import exceptions
 
 from runs.clock import CLOCK
-from runs.store.repository import tokens_with_key
+from runs.store.auth import tokens_with_key
 
 
 class TokenAuthentication(knox_auth.TokenAuthentication):

@@ -50,7 +50,8 @@ from runs.domain.values import (
 from runs.domain.writes import EventWrite
 from runs.models import Agent, AgentVersion, Run, Session, ToolInvocation
 from runs.runtime.enqueue import enqueue_drive
-from runs.store.repository import active_runs_and_quota, record_events
+from runs.store.events import record_events
+from runs.store.reads import active_runs_and_quota
 
 TERMINAL = [s.value for s in TERMINAL_STATUSES]
 LEASELESS = (RunStatus.QUEUED.value, RunStatus.WAITING_FOR_APPROVAL.value, RunStatus.WAITING_FOR_USER.value)

@@ -28,7 +28,7 @@ from django_q.models import OrmQ
 
 from runs.clock import CLOCK
 from runs.runtime.backoff import Backoff
-from runs.store.repository import statement_cursor
+from runs.store.cursor import statement_cursor
 
 log = logging.getLogger("agentrt.doorbell")
 

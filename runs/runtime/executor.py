@@ -30,7 +30,7 @@ from runs.runtime.queue import Claim, db_now, run_claim, worker_identity
 from runs.runtime.resume import RunLeased, RunNotRunning, run_resume, settle_unknown
 from runs.runtime.supervisor import Supervisor
 from runs.runtime.wiring import DeltaBatcher, build_context
-from runs.store.repository import keyed_plans
+from runs.store.cursor import keyed_plans
 
 log = logging.getLogger("agentrt.executor")
 

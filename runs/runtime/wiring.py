@@ -36,7 +36,8 @@ from runs.runtime.drain import draining
 from runs.runtime.faults import hook_for
 from runs.runtime.principals import Revalidation, principal_for
 from runs.runtime.queue import Claim
-from runs.store.repository import DjangoRunStore, claimed_run
+from runs.store.reads import claimed_run
+from runs.store.repository import DjangoRunStore
 from runs.tools import REGISTRY
 
 log = logging.getLogger("agentrt.executor")

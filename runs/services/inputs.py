@@ -12,7 +12,7 @@ from runs.errors import RunNotWaitingForUser
 from runs.models import Run, ToolInvocation
 from runs.runtime.finalize import enqueue_drive
 from runs.services.validation import check_text
-from runs.store.repository import record_events
+from runs.store.events import record_events
 
 
 def run_input(*, run: Run, text: str, by: str = "") -> Run:

@@ -24,7 +24,7 @@ from django.db.models import QuerySet
 from approvals.models import Approval
 from runs.errors import RunNotFound
 from runs.models import AgentVersion, Event, Membership, Run, Tenant
-from runs.store.repository import member_tenant
+from runs.store.auth import member_tenant
 
 
 def _authenticated(user) -> bool:

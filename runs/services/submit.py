@@ -25,15 +25,10 @@ from runs.runtime.finalize import enqueue_drive
 from runs.services.agent_schema import Limits, resolve_limits
 from runs.services.inputs import run_input
 from runs.services.validation import check_text, pydantic_fields
-from runs.store.repository import (
-    LatestVersion,
-    active_runs_and_quota,
-    append_events,
-    granted_permissions,
-    latest_version,
-    pipelined,
-    statement_cursor,
-)
+from runs.store.auth import granted_permissions
+from runs.store.cursor import pipelined, statement_cursor
+from runs.store.events import append_events
+from runs.store.reads import LatestVersion, active_runs_and_quota, latest_version
 
 
 def _request_hash(agent: str, text: str, session: Any, limits: Any) -> str:

@@ -12,21 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from django.conf import settings
-from django.contrib.auth import get_backends, get_user_model
-from django.contrib.auth.backends import ModelBackend
-from django.contrib.auth.models import Group, Permission
-from django.contrib.contenttypes.models import ContentType
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, transaction
+from django.db import connection, transaction
 from django.db.backends.postgresql.base import ServerBindingCursor
-from knox.models import get_token_model
 from psycopg import Pipeline
 from psycopg.generators import fetch_many
 from psycopg.generators import send as send_pending
@@ -35,46 +29,34 @@ from runs.domain import stored_form
 from runs.domain.errors import PolicyChanged, WorkerFenced
 from runs.domain.records import InvocationRecord
 from runs.domain.writes import EventWrite, UnitOfWork
-from runs.models import TERMINAL, Run, Tenant, ToolInvocation
-from runs.runtime.wake import waker
+from runs.models import ToolInvocation
+from runs.store.cursor import (
+    Cursor,
+    _db,
+    is_pg,
+    jp,
+    sql_dt,
+    sql_json,
+    sql_uuid,
+    statement_cursor,
+)
+from runs.store.events import _committed, _deliveries, _notify, append_event_unfenced, append_events
 from runs.store.fence import Transition, fence_statement
-from runs.store.json_text import compact_or_null, parsed
+from runs.store.json_text import parsed
 from runs.store.pg import Prior, can_batch, unit_statement, watermark_statement
 
-# A database cursor (Django's CursorWrapper; the project has no Django stubs).
-Cursor = Any
-
-
-def is_pg() -> bool:
-    return bool(connection.vendor == "postgresql")
-
-
-def _db() -> Any:
-    """This thread's default connection itself: `django.db.connection` is a
-    proxy that looks the thread's connection up again on every attribute
-    (a few microseconds each, a few dozen times a step on the hot path)."""
-    return connections[DEFAULT_DB_ALIAS]
-
-
-def sql_uuid(value: UUID | None) -> UUID | str | None:
-    if value is None:
-        return None
-    return value if is_pg() else value.hex
-
-
-sql_json = compact_or_null  # the JSON parameter of a nullable column (lease, webhooks.outbox import it too)
-
-
-def sql_dt(value: datetime | None) -> Any:
-    if value is None:
-        return None
-    return connection.ops.adapt_datetimefield_value(value)
-
-
-def jp() -> str:
-    """Placeholder for a JSON parameter."""
-    return "%s::jsonb" if is_pg() else "%s"
-
+# Besides the unit of work's own names, re-exported until the two modules that still import them from
+# here (runs.store.lease, runs.runtime.finalize) import them from runs.store.cursor and runs.store.events.
+__all__ = [
+    "DjangoRunStore",
+    "append_event_unfenced",
+    "append_events",
+    "is_pg",
+    "sql_dt",
+    "sql_json",
+    "sql_uuid",
+    "statement_cursor",
+]
 
 # What runs last inside a commit's transaction (finalize's enqueue of drive_run).
 After = Callable[[Cursor], None]
@@ -90,329 +72,6 @@ def _announces(work: UnitOfWork) -> bool:
     from webhooks import outbox  # not at the top: webhooks.outbox imports this module (sql_json, append_events)
 
     return outbox.wants(work.events)
-
-
-def statement_cursor(alias: str = DEFAULT_DB_ALIAS) -> Cursor:
-    """A cursor for the runtime's own single-statement transactions.
-
-    Django's cursor binds parameters on the client, so PostgreSQL plans every
-    execution anew; the fenced statements are a handful of shapes whose
-    planning cost about as much as running them. On PostgreSQL with
-    `prepare_threshold` set (settings: on unless AGENTRT_PG_PREPARE=0) this is
-    a server-binding cursor, and psycopg prepares each shape once per
-    connection. It goes through Django's wrappers (error translation,
-    execute_wrapper, query logging) like any other cursor. With the query log
-    on (DEBUG, or a test capturing queries) it is Django's own cursor, so the
-    log shows each statement's text: psycopg keeps none for a prepared one."""
-    db = connections[alias]
-    if db.vendor == "postgresql" and not db.queries_logged:
-        db.ensure_connection()
-        raw = db.connection
-        if raw.prepare_threshold is not None:
-            with db.wrap_database_errors:
-                return db._prepare_cursor(ServerBindingCursor(raw))
-    return db.cursor()
-
-
-@contextlib.contextmanager
-def keyed_plans() -> Any:
-    """A run's slice with the sequential scan off on this connection
-    (PostgreSQL; elsewhere a plain block).
-
-    Every statement of a slice finds its rows by a key, and the fenced
-    statements are prepared once per connection, so each keeps the plan it
-    got when first prepared. On a table whose statistics say it is nearly
-    empty (a new database, analyzed while it was), that plan can be a
-    sequential scan, which then reads the whole table at every step as it
-    grows, until the next ANALYZE: in bench/RESULTS.md (session 16), runs
-    driven one after another went from 1.07 to 1.45 ms a step, then 1.44 to
-    2.08, reading 2.5 M tool-call rows for 1,600 steps. With the sequential
-    scan off, a key's index is used whatever the statistics say; a statement
-    no index serves still scans. Set back when the slice ends, so a caller
-    driving a run in-process gets its connection back as it was."""
-    db = _db()
-    if db.vendor != "postgresql":
-        yield
-        return
-    with db.cursor() as cursor:
-        cursor.execute("SET enable_seqscan = off")
-    try:
-        yield
-    finally:
-        raw = db.connection
-        # A transaction that failed inside (a caller's, in-process) undoes the SET when it rolls back.
-        if raw is not None and not raw.closed and raw.info.transaction_status != psycopg.pq.TransactionStatus.INERROR:
-            try:
-                with db.cursor() as cursor:
-                    cursor.execute("RESET enable_seqscan")
-            except DatabaseError:
-                # The slice's outcome is already written; a connection that cannot take the RESET is not kept
-                # with the setting on: the next statement opens another (and meets whatever broke this one).
-                db.close()
-
-
-@contextlib.contextmanager
-def pipelined() -> Any:
-    """Statements whose results nobody reads (INSERTs without RETURNING, the
-    ORM's `create` of a model whose key the caller set) are sent without
-    waiting for each answer; the answers are read together when the block
-    ends (psycopg's pipeline mode). Inside the caller's transaction: a failed
-    statement raises by the block's end at the latest, as Django's own error
-    class (an IntegrityError stays one), the server skips the rest of the
-    block, and the transaction rolls back as usual. Elsewhere than
-    PostgreSQL, a plain block."""
-    db = _db()
-    if db.vendor != "postgresql":
-        yield
-        return
-    db.ensure_connection()
-    with db.wrap_database_errors, db.connection.pipeline():
-        yield
-
-
-def _notify(run_id: UUID | None, tenant_id: UUID) -> None:
-    """Wake live sockets after commit (a hint only: consumers read the table);
-    sent by runs.runtime.wake's thread, never on the step's path."""
-    waker.wake(run_id, tenant_id)
-
-
-def append_events(
-    cursor: Cursor, *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, events: Iterable[EventWrite]
-) -> list[int]:
-    """Append events with sequences from the session counter, inside the
-    caller's transaction: the counter row lock is held to commit, so commit
-    order equals sequence order. Return the sequences."""
-    events = list(events)
-    if not events:
-        return []
-    if settings.AGENTRT_NOTIFY_LIVE:
-        transaction.on_commit(lambda: _notify(run_id, tenant_id))
-    n = len(events)
-    if is_pg():
-        rows = [
-            {"o": i, "t": e.type, "p": e.payload, "a": e.occurred_at.isoformat()} for i, e in enumerate(events, start=1)
-        ]
-        cursor.execute(
-            """
-            WITH s AS (
-                UPDATE sessions SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq
-            )
-            INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch, occurred_at)
-            SELECT %s, %s, s.event_seq - %s + x.o, %s, x.t, x.p, %s, x.a
-            FROM s, jsonb_to_recordset(%s::jsonb) AS x(o int, t text, p jsonb, a timestamptz)
-            RETURNING sequence
-            """,
-            [n, session_id, tenant_id, session_id, n, run_id, epoch, sql_json(rows)],
-        )
-        seqs = sorted(r[0] for r in cursor.fetchall())
-        _deliveries(cursor, tenant_id, run_id, events, seqs)
-        return seqs
-    cursor.execute(
-        "UPDATE sessions SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq",
-        [n, sql_uuid(session_id)],
-    )
-    last = cursor.fetchone()[0]
-    first = last - n + 1
-    cursor.executemany(
-        "INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch, occurred_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-        [
-            (
-                sql_uuid(tenant_id),
-                sql_uuid(session_id),
-                first + i,
-                sql_uuid(run_id),
-                e.type,
-                sql_json(e.payload),
-                epoch,
-                sql_dt(e.occurred_at),
-            )
-            for i, e in enumerate(events)
-        ],
-    )
-    seqs = list(range(first, last + 1))
-    _deliveries(cursor, tenant_id, run_id, events, seqs)
-    return seqs
-
-
-def _deliveries(
-    cursor: Cursor, tenant_id: UUID, run_id: UUID | None, events: list[EventWrite], seqs: list[int]
-) -> None:
-    """Hooks and webhooks for these events, written in their transaction (webhooks.outbox)."""
-    from webhooks import outbox  # not at the top: webhooks.outbox imports this module (sql_json, append_events)
-
-    if outbox.wants(events):
-        outbox.enqueue(cursor, tenant_id=tenant_id, run_id=run_id, events=events, sequences=seqs)
-
-
-def claimed_run(run_id: UUID) -> Run:
-    """A claimed run as its execution starts, in one read: the row, its
-    agent's name (`agent_name`), the definition of the version it is pinned
-    to (`pinned_definition`; None when that row is gone), its principal's
-    username (`principal_username`) and its tenant's allow-lists as they are
-    now (`allowed_tools`, `allowed_endpoints`; None: all). Hand-written
-    because each ORM read here was a round trip and about half a millisecond
-    of query building between a run's claim and its first model call."""
-    user_table = get_user_model()._meta.db_table
-    rows: list[Run] = list(
-        Run.objects.raw(
-            "SELECT r.*, a.name AS agent_name, v.definition AS pinned_definition,"
-            " u.username AS principal_username,"
-            " t.allowed_tools AS allowed_tools, t.allowed_endpoints AS allowed_endpoints"
-            " FROM runs r JOIN agents a ON a.id = r.agent_id"
-            " JOIN tenants t ON t.id = r.tenant_id"
-            " LEFT JOIN agent_versions v ON v.agent_id = r.agent_id AND v.version = r.agent_version"
-            f" LEFT JOIN {connection.ops.quote_name(user_table)} u ON u.id = r.principal_user_id"
-            " WHERE r.id = %s",
-            [sql_uuid(run_id)],
-        )
-    )
-    if not rows:
-        raise Run.DoesNotExist(f"no run {run_id}")
-    row = rows[0]
-    row.pinned_definition = parsed(row.pinned_definition)  # no field converts an extra column
-    row.allowed_tools = parsed(row.allowed_tools)
-    row.allowed_endpoints = parsed(row.allowed_endpoints)
-    return row
-
-
-def model_from_row(model: Any, values: Iterable[Any], alias: str = DEFAULT_DB_ALIAS) -> Any:
-    """An instance of `model` from a hand-written read of its concrete
-    columns, in their order (`columns_of`), converted as the ORM converts
-    them (JSON text, SQLite's UUIDs and booleans)."""
-    db = connections[alias]
-    fields = model._meta.concrete_fields
-    converted = []
-    for field, value in zip(fields, values, strict=True):
-        col = field.get_col(model._meta.db_table)
-        for convert in db.ops.get_db_converters(col) + field.get_db_converters(db):
-            value = convert(value, col, db)
-        converted.append(value)
-    return model.from_db(alias, [f.attname for f in fields], converted)
-
-
-def columns_of(model: Any, prefix: str) -> str:
-    return ", ".join(f"{prefix}.{connection.ops.quote_name(f.column)}" for f in model._meta.concrete_fields)
-
-
-def member_tenant(user_id: Any) -> Any:
-    """The tenant the user is a member of (a Tenant), or None: one prepared
-    read, asked on every API request (the permission check) and every page."""
-    with statement_cursor() as cursor:
-        cursor.execute(
-            f"SELECT {columns_of(Tenant, 't')} FROM tenants t JOIN memberships m ON m.tenant_id = t.id"
-            " WHERE m.user_id = %s",
-            [user_id],
-        )
-        row = cursor.fetchone()
-    return None if row is None else model_from_row(Tenant, row)
-
-
-def tokens_with_key(token_key: str) -> list[Any]:
-    """knox's tokens whose key is `token_key`, each with its user loaded, in
-    one prepared read (what knox's authentication reads through the ORM)."""
-    token_model, user_model = get_token_model(), get_user_model()
-    fk = token_model._meta.get_field("user")
-    quote = connection.ops.quote_name
-    with statement_cursor() as cursor:
-        cursor.execute(
-            f"SELECT {columns_of(token_model, 't')}, {columns_of(user_model, 'u')}"
-            f" FROM {quote(token_model._meta.db_table)} t"
-            f" JOIN {quote(user_model._meta.db_table)} u ON u.{quote(fk.target_field.column)} = t.{quote(fk.column)}"
-            f" WHERE t.{quote(token_model._meta.get_field('token_key').column)} = %s",
-            [token_key],
-        )
-        rows = cursor.fetchall()
-    width = len(token_model._meta.concrete_fields)
-    tokens = []
-    for row in rows:
-        token = model_from_row(token_model, row[:width])
-        token.user = model_from_row(user_model, row[width:])
-        tokens.append(token)
-    return tokens
-
-
-def granted_permissions(user: Any) -> list[str]:
-    """`user.get_all_permissions()`, sorted. When Django's ModelBackend is the
-    one configured backend that grants permissions (the default), in one
-    hand-written, prepared read instead of its two ORM queries (about 4 ms
-    of a REST submit, which stamps the principal's permissions on the run);
-    any other configuration asks the backends."""
-    granting = [b for b in get_backends() if hasattr(b, "get_all_permissions")]
-    if len(granting) != 1 or type(granting[0]) is not ModelBackend:
-        return sorted(user.get_all_permissions())
-    if not user.is_active or user.is_anonymous:
-        return []
-    quote = connection.ops.quote_name
-    perms, groups = (user._meta.get_field(name) for name in ("user_permissions", "groups"))  # (user may be lazy)
-    group_perms = Group._meta.get_field("permissions")
-    # (m2m_column_name: the through table's column naming the owner; m2m_reverse_name: the other side)
-    sql = (
-        f"SELECT ct.app_label, p.codename FROM {quote(Permission._meta.db_table)} p"
-        f" JOIN {quote(ContentType._meta.db_table)} ct ON ct.id = p.content_type_id"
-    )
-    params: list[Any] = []
-    if not user.is_superuser:  # a superuser has every permission
-        sql += (
-            f" WHERE p.id IN (SELECT {quote(perms.m2m_reverse_name())} FROM {quote(perms.m2m_db_table())}"
-            f" WHERE {quote(perms.m2m_column_name())} = %s"
-            f" UNION SELECT gp.{quote(group_perms.m2m_reverse_name())} FROM {quote(group_perms.m2m_db_table())} gp"
-            f" JOIN {quote(groups.m2m_db_table())} ug"
-            f" ON ug.{quote(groups.m2m_reverse_name())} = gp.{quote(group_perms.m2m_column_name())}"
-            f" WHERE ug.{quote(groups.m2m_column_name())} = %s)"
-        )
-        params = [user.pk, user.pk]
-    with statement_cursor() as cursor:
-        cursor.execute(sql, params)
-        return sorted({f"{app_label}.{codename}" for app_label, codename in cursor.fetchall()})
-
-
-@dataclass(frozen=True)
-class LatestVersion:
-    agent_id: UUID
-    version: str
-    definition: dict[str, Any]
-
-
-def latest_version(tenant_id: UUID, agent_name: str) -> LatestVersion | None:
-    """The latest version of the tenant's agent `agent_name` (None: no such
-    agent, or its latest version's row is gone), in one hand-written,
-    prepared read: the ORM's joined read cost about 2 ms of query building
-    and planning on the submit's path, before its transaction."""
-    with statement_cursor() as cursor:
-        cursor.execute(
-            "SELECT a.id, v.version, v.definition FROM agents a"
-            " JOIN agent_versions v ON v.agent_id = a.id AND v.version = a.latest_version"
-            " WHERE a.tenant_id = %s AND a.name = %s",
-            [sql_uuid(tenant_id), agent_name],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    definition = parsed(row[2])
-    agent_id = row[0] if isinstance(row[0], UUID) else UUID(str(row[0]))  # SQLite: hex text
-    return LatestVersion(agent_id=agent_id, version=row[1], definition=definition)
-
-
-def active_runs_and_quota(tenant_id: UUID) -> tuple[int, int | None]:
-    """Inside the submit's transaction: lock the tenant's row, then count its
-    active runs; returns (active, the tenant's own quota or None). The row
-    lock serializes concurrent submits of one tenant, and the count is a
-    statement of its own so that it sees (READ COMMITTED: a snapshot taken
-    after the lock is granted) the runs of the submit it waited for. FOR NO
-    KEY UPDATE: it does not block the FOR KEY SHARE that inserts referencing
-    the tenant take. Hand-written: two ORM reads cost about 3 ms of query
-    building per submit."""
-    tenant = sql_uuid(tenant_id)
-    terminal = ", ".join(f"'{status}'" for status in sorted(TERMINAL))
-    with statement_cursor() as cursor:  # prepared once per connection
-        cursor.execute(
-            "SELECT max_active_runs FROM tenants WHERE id = %s" + (" FOR NO KEY UPDATE" if is_pg() else ""),
-            [tenant],
-        )
-        row = cursor.fetchone()
-        cursor.execute(f"SELECT count(*) FROM runs WHERE tenant_id = %s AND status NOT IN ({terminal})", [tenant])
-        return cursor.fetchone()[0], row[0] if row else None
 
 
 class DjangoRunStore:
@@ -1110,13 +769,6 @@ class _InFlight:
         return self.seqs
 
 
-def _committed(work: UnitOfWork, seqs: list[int]) -> None:
-    """Give each event of a committed unit its sequence (in order: the unit's
-    events take consecutive sequences), so later checkpoints can name it."""
-    for event, seq in zip(work.events, seqs, strict=False):
-        event.sequence = seq
-
-
 def _checkpoint_id(run_id: UUID, version: int) -> UUID:
     """Deterministic: a checkpoint is named by (run, version). A UUIDv8
     (RFC 9562) whose first 64 bits are the run id's — so a run's checkpoints
@@ -1138,27 +790,3 @@ def _latest(work: UnitOfWork) -> datetime:
     if work.checkpoint is not None:
         return work.checkpoint.created_at
     raise ValueError("a unit of work with no timestamp")
-
-
-def record_events(
-    *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, events: Iterable[EventWrite]
-) -> list[int]:
-    """`append_events` on the connection's own cursor, for the ORM writes of
-    the cold paths (cancel, input, decisions, expiry): call it inside their
-    `transaction.atomic()` so the events commit with the rows."""
-    with connection.cursor() as cursor:
-        return append_events(
-            cursor, tenant_id=tenant_id, session_id=session_id, run_id=run_id, epoch=epoch, events=events
-        )
-
-
-def append_event_unfenced(
-    *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, event: EventWrite
-) -> int:
-    """Append one event outside any fence: `run.fenced` is guarded by the
-    session sequence, not by the lease (seed 002)."""
-    with transaction.atomic(durable=True):
-        with connection.cursor() as cursor:
-            return append_events(
-                cursor, tenant_id=tenant_id, session_id=session_id, run_id=run_id, epoch=epoch, events=[event]
-            )[0]

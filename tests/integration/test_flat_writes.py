@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from runs.runtime.executor import run_drive
-from runs.store.repository import keyed_plans
+from runs.store.cursor import keyed_plans
 from tests.conftest import subprocess_env
 from tests.pgstats import counts
 

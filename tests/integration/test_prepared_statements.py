@@ -12,7 +12,7 @@ from django.db import connection
 
 from runs.models import Event, Run
 from runs.runtime.executor import run_drive
-from runs.store.repository import statement_cursor
+from runs.store.cursor import statement_cursor
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,7 +1,7 @@
 """Submits racing on separate connections behind a barrier. The loser's
 unique violation (the Idempotency-Key, the session's one active run) is
 raised by the submit's pipelined inserts when their answers are read
-(runs/store/repository.py `pipelined`): it must still arrive as Django's
+(runs/store/cursor.py `pipelined`): it must still arrive as Django's
 IntegrityError, leave nothing of the losing transaction behind, and be
 answered as before — the winner's run for the same key and body, 409 for a
 busy session."""

@@ -72,7 +72,7 @@ def test_the_principals_permissions_read_in_one_statement_are_djangos(tenant, se
     from django.contrib.auth.models import Group, Permission
     from django.utils.functional import SimpleLazyObject
 
-    from runs.store.repository import granted_permissions
+    from runs.store.auth import granted_permissions
 
     User = get_user_model()
     publish, resolve, view_run = (
@@ -199,7 +199,7 @@ def test_the_claimed_run_its_pinned_definition_and_its_principal_are_one_read(lo
     statement (four ORM reads before), then its seed checkpoint: nothing else."""
     from django.contrib.auth import get_user_model
 
-    from runs.store.repository import claimed_run
+    from runs.store.reads import claimed_run
 
     load_agent(turns=[{"text": "hi"}])
     user = get_user_model().objects.get(username="alice")

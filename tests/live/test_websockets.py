@@ -17,7 +17,7 @@ from runs.domain.writes import EventWrite
 from runs.models import Event
 from runs.runtime.executor import run_drive
 from runs.services import tenant_create
-from runs.store.repository import append_events
+from runs.store.events import append_events
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 ORIGIN = (b"origin", b"http://localhost")

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from ops import fleet
 from runs.clock import CLOCK
 from runs.domain.writes import EventWrite
-from runs.store.repository import append_events
+from runs.store.events import append_events
 
 pytestmark = pytest.mark.django_db
 

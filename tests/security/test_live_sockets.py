@@ -146,7 +146,7 @@ def test_a_quiet_socket_outlives_the_redis_layers_blocking_receive(servers, sess
 
     from runs.clock import CLOCK
     from runs.domain.writes import EventWrite
-    from runs.store.repository import record_events
+    from runs.store.events import record_events
 
     (server,) = servers(1)
     _, cookie = session
