@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.db import connection
 
-from runs.domain.scrub import SECRET_PATTERNS
+from runs.domain.scrub import SECRETS
 from runs.models import Run
 from tests.conftest import wait_for
 from tests.providers.conftest import PRICES
@@ -33,16 +33,36 @@ MARK = "CANARY"  # every canary carries it; nothing else in the test does
 
 
 def canaries(tag: str) -> dict[str, str]:
-    """One canary of each secret shape, tagged with its source."""
+    """Canaries of every secret shape (runs/domain/scrub.py SECRETS), tagged
+    with their source: keyed `<shape>` or `<shape>:<variant>`, at least one
+    per shape. Only the secret part of each carries MARK (a bearer token's
+    scheme and a URL's user stay, and must)."""
     word = f"{MARK}{tag}"
     return {
         "openai": f"sk-{word}{'0' * 12}",
         "aws": "AKIA" + (word + "0" * 16)[:16],
         "github": f"ghp_{word}{'0' * 30}",
+        "github:oauth": f"gho_{word}{'0' * 30}",
+        "github_pat": f"github_pat_11{word}{'0' * 12}_{'0' * 40}",
+        "stripe:sk_live": f"sk_live_{word}{'0' * 16}",
+        "stripe:sk_test": f"sk_test_{word}{'0' * 16}",
+        "stripe:rk_live": f"rk_live_{word}{'0' * 16}",
+        "gitlab": f"glpat-{word}{'0' * 14}",
+        "google": "AIza" + (word + "0" * 35)[:35],
         "slack": f"xoxb-{word}-0000",
+        "slack:xoxe": f"xoxe-{word}-0000",
+        "slack:xoxp": f"xoxp-{word}-0000",
+        "bearer": f"Authorization: Bearer {word}{'0' * 16}",
+        "bearer:lower": f"authorization: bearer {word}0000+/0000000000==",
+        "url_password": f"https://deploy:{word}p%40ss!@hooks.example.com/x",  # a password's `%` and `!` too
+        "webhook_secret": f"whsec_{word}{'0' * 30}",
         "private_key": f"-----BEGIN RSA PRIVATE KEY-----\n{word}KEYBODY\n-----END RSA PRIVATE KEY-----",
         "jwt": f"eyJ{word}HDR.{word}PAYLOAD.{word}SIG",
     }
+
+
+def shape_of(key: str) -> str:
+    return key.split(":", 1)[0]
 
 
 def planted(tag: str) -> str:
@@ -51,10 +71,11 @@ def planted(tag: str) -> str:
 
 
 def test_every_shape_matches_a_scrub_pattern():
-    # The canaries are real instances of the shapes (else the dump test proves nothing).
-    for shape, value in canaries("X").items():
-        assert any(p.search(value) for p in SECRET_PATTERNS), shape
-    assert len(canaries("X")) == len(SECRET_PATTERNS)
+    # The canaries are real instances of the shapes (else the dump test proves nothing), one shape at least each.
+    patterns = {secret.name: secret.pattern for secret in SECRETS}
+    for key, value in canaries("X").items():
+        assert patterns[shape_of(key)].search(value), key
+    assert {shape_of(key) for key in canaries("X")} == set(patterns)
 
 
 class SecretServer:
@@ -228,6 +249,15 @@ def test_streamed_text_holds_back_a_secret_until_it_is_whole():
     assert scrub_stream("hello " + secret + " and") == "hello [REDACTED] "
     assert scrub_stream("key: -----BEGIN RSA PRIV") == "key: "
     assert MARK not in scrub_stream("key: " + canaries("U")["private_key"][:45])
+    # A bearer token and a URL's password arrive in pieces too: whatever is shown of a prefix is a prefix of
+    # the whole text's redaction (nothing of the secret is ever shown, nothing shown is taken back).
+    for text, whole in (
+        (canaries("U")["bearer:lower"] + " ok", "authorization: bearer [REDACTED] "),
+        ("see " + canaries("U")["url_password"] + " ok", "see https://deploy:[REDACTED]@hooks.example.com/x "),
+    ):
+        assert scrub_stream(text) == whole
+        for end in range(len(text)):
+            assert whole.startswith(scrub_stream(text[:end])), text[:end]
 
 
 def test_a_model_turn_is_scrubbed_before_anything_of_it_is_kept():
