@@ -411,3 +411,29 @@ def test_side_effect_spec_flag_decides_the_watermark_not_the_name():
 
     assert h.store.watermarks == []
     assert h.tools.count("post") == 1
+
+
+# -- the parsed-argument scrub ------------------------------------------------------
+
+
+def test_dispatch_scrubs_the_arguments_it_parses_whatever_its_caller_scrubbed():
+    """The loop scrubs a turn before the pipeline sees it (scrub_turn, which
+    also decodes `\\u` escapes), but the pipeline does not rely on that: a
+    call handed to `dispatch` with a secret hidden behind a JSON escape is
+    redacted once parsed, in the invocation row and `tool.call.proposed`."""
+    from runs.domain.pipeline import dispatch
+    from runs.domain.values import ToolCallRequest
+    from runs.domain.writes import UnitOfWork
+
+    h = build_context([{"text": "unused"}])
+    raw = '{"text": "pay sk-\\u0041BCDEFGHIJKLMNOPQRSTUVWX"}'  # the text patterns do not see sk-\u0041...
+    assert json.loads(raw)["text"] == "pay sk-ABCDEFGHIJKLMNOPQRSTUVWX"
+
+    dispatch(h.ctx, 1, [ToolCallRequest(call_id="c1", name="echo", raw_arguments=raw)], UnitOfWork())
+    h.store.settle()  # commit 1 was sent while the read-only call ran
+
+    (insert,) = h.store.invocation_inserts()
+    assert insert.arguments == {"text": "pay [REDACTED]"}
+    proposed = next(e for e in h.store.all_events() if e.type == "tool.call.proposed")
+    assert proposed.payload["arguments"] == {"text": "pay [REDACTED]"}
+    assert "ABCDEFGHIJKLMNOPQRSTUVWX" not in json.dumps([e.payload for e in h.store.all_events()])
