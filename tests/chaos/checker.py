@@ -5,7 +5,7 @@ Nothing here touches Django, the database or the clock: `check(...)` takes
 plain dicts and lists (as `soak.py` dumps them to JSON) and returns a report,
 so a soak's artifacts can be re-checked offline:
 
-    python -m tests.chaos.checker ARTIFACT_DIR        # snapshot.json, sink.jsonl, faults.jsonl, decisions.jsonl
+    python -m tests.chaos.checker ARTIFACT_DIR   # snapshot.json and the *.jsonl logs (ARTIFACTS)
 
 Inputs
 ------
@@ -14,19 +14,25 @@ snapshot: {"runs", "sessions", "events", "invocations", "model_calls",
            strings, timestamps as POSIX seconds (floats). Rows of events,
            invocations, model_calls and checkpoints carry `xid` (PostgreSQL
            xmin: the transaction that wrote the row's current version).
-           meta may say `reconciler` (a reconciler was configured) and
-           `max_lease_expirations`.
+           meta may say `reconciler` (a global reconciler was configured),
+           `reconciled_tools` and `reconcile_rule` (tools with a reconciler
+           of their own, and the rule it answers by), `t_drain` (the last
+           submit) and `max_lease_expirations`.
 sink:     one dict per POST the sink received, in arrival order:
            {"key": Idempotency-Key, "attempt": X-Agentrt-Attempt, "path",
            "body", "body_sha256", "t_ns": CLOCK_REALTIME ns, "mono_ns":
            CLOCK_MONOTONIC ns} (tests/sink.py).
-faults:   one dict per fault the soak injected (`kind` kill | stop; others
-           such as `cancel` or `aborted` are context). A kill/stop names the
-           runs the worker held when it was frozen, each with the window the
-           database showed at that moment:
-           {"run", "epoch", "window", "invocation", "attempt"}.
+faults:   one dict per fault the soak injected (`kind` kill | stop |
+           terminate | pg_restart | redis_restart | sink_restart; others such
+           as `cancel` or `aborted` are context). A kill/stop names the runs
+           the worker (or, a node stop, each worker of the node) held when it
+           was frozen, each with the window the database showed at that
+           moment: {"run", "epoch", "window", "invocation", "attempt"}.
 decisions: the soak's operator log: one dict per approval_decide call
            {"approval", "run", "decision", "ok", "expect": "ok"|"refused"}.
+reconciles: the tools' reconcilers' log (tests/chaos/tools.py): one dict per
+           answer {"run", "invocation", "attempt", "key", "t_read", "seen",
+           "answer"}.
 
 Windows (of the in-flight side-effect call of the run the worker held):
 `before_watermark` (an authorized side-effect invocation whose watermark is
@@ -42,7 +48,11 @@ decisions that permit a re-send (`_check_effects`, clock domains there); I3
 every row against the epoch in force at its transaction
 (`_check_rows_against_epochs`); I8 every fault in the watermark window
 ends in a recorded decision and every park comes from a takeover ("equal"
-is that accounting, checked).
+is that accounting, checked); for a tool with its own reconciler, each
+answer against its rule and the sink, and each decision against the answer
+(`_judge_reconciled`). Counted, so that a kind of fault no run met shows:
+stops by what they froze, kills of young processes, the drain's faults
+(`_coverage`), and what each sink restart cut (`_sink_restarts`).
 """
 
 from __future__ import annotations
@@ -108,15 +118,17 @@ def _takeovers(events_by_run: dict[str, list[dict]]) -> dict[str, list[dict]]:
             if e["type"] != "lease.taken_over":
                 continue
             new_epoch = e["payload"].get("lease_epoch", e["lease_epoch"])
-            unknown, decision, decision_payload = [], None, None
+            unknown, decision, decision_payload, decision_at = [], None, None, None
             for f in evs[i + 1 :]:
                 if f["type"] == "step.interrupted" and f["lease_epoch"] == new_epoch:
                     p = f["payload"]
                     if p.get("phase") == "executing" and p.get("read_only") is False:
                         unknown.append(p.get("invocation"))
                     continue
+                if f["type"] == "run.fenced" and f["lease_epoch"] == new_epoch:
+                    break  # the resumer lost its lease before deciding: its successor decides (below)
                 if f["type"] in DECISION_TYPES and f["lease_epoch"] == new_epoch:
-                    decision, decision_payload = f["type"], f["payload"]
+                    decision, decision_payload, decision_at = f["type"], f["payload"], f["occurred_at"]
                     break
                 if f["type"] == "lease.taken_over":
                     break
@@ -131,6 +143,7 @@ def _takeovers(events_by_run: dict[str, list[dict]]) -> dict[str, list[dict]]:
                     "unknown": unknown,
                     "decision": decision,
                     "decision_payload": decision_payload,
+                    "decision_at": decision_at,
                 }
             )
         # A resumer may die between its takeover and its decision (run_maintenance SIGKILLed mid-resume, its
@@ -149,6 +162,7 @@ def _takeovers(events_by_run: dict[str, list[dict]]) -> dict[str, list[dict]]:
             j = succ[i]
             if lst[i]["decision"] is None and j is not None:
                 lst[i]["decision"], lst[i]["decision_payload"] = lst[j]["decision"], lst[j]["decision_payload"]
+                lst[i]["decision_at"] = lst[j]["decision_at"]
                 lst[i]["decided_by_epoch"] = lst[j].get("decided_by_epoch", lst[j]["epoch"])
         if lst:
             out[run_id] = lst
@@ -166,8 +180,10 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
     P or of another process of P's node (its main process, sentinel, pusher,
     monitor or a sibling worker: the node replaces its queues, drains and
     stops workers), `pg_terminate_backend` of a backend of P's node (the
-    deployment's processes connect as application_name soak-node-K), or the
-    PostgreSQL restart."""
+    deployment's processes connect as application_name soak-node-K), the
+    PostgreSQL restart, or a SIGSTOP of P or of P's whole node (a worker
+    stopped in the middle of its claim holds no lease yet when it is frozen,
+    and has lost it when it goes on)."""
     nodes = _worker_nodes(meta)
     held = defaultdict(set)
     for f in faults:
@@ -175,7 +191,7 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
             for h in f.get("held") or []:
                 held[h["run"]].add(h["epoch"])
     timed = sorted(
-        (((f.get("t", f.get("t_freeze")) or 0.0), f) for f in faults if f.get("kind") in DEATH_KINDS),
+        (((f.get("t", f.get("t_freeze")) or 0.0), f) for f in faults if f.get("kind") in DEATH_KINDS + ("stop",)),
         key=lambda x: x[0],
     )
     timed_t = [t for t, _ in timed]
@@ -230,6 +246,11 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
                 ):
                     whose = "its worker" if f.get("pid") == pid else f"its node {node}'s {f.get('role')}"
                     why = f"SIGKILL of {whose}"
+                elif f["kind"] == "stop" and holder == "worker" and pid is not None:
+                    if f.get("role") == "node" and pid in (f.get("pids") or []):
+                        why = f"SIGSTOP of its whole node {f.get('node')}"
+                    elif f.get("role") != "node" and f.get("pid") == pid:
+                        why = "SIGSTOP of its worker"
                 if why:
                     break
             (caused if why else uncaused).append(
@@ -266,6 +287,7 @@ def _judge_outcomes(
     doorbells: dict,
     v: _Violations,
     lease_losses=None,
+    judged: dict | None = None,
 ) -> dict:
     """I1 judges outcomes, not only termination. A run may end COMPLETED;
     CANCELLED only if the soak recorded an operator cancel of it; FAILED only
@@ -352,6 +374,16 @@ def _judge_outcomes(
                         if ok
                         else f"only {held[run_id]} injected fault(s) held it, the limit is {max_exp} lease losses",
                     )
+            elif reason == "reconcile_conflict":
+                conflict = [
+                    j for j in (judged or {}).values() if j["run"] == run_id and j["ok"] and j["answer"] == "conflict"
+                ]
+                note(
+                    end,
+                    bool(conflict),
+                    run_id,
+                    "its tool's reconciler answered conflict" if conflict else "no reconciler answered conflict",
+                )
             else:
                 note(end, False, run_id, "no fault or decision of the soak causes this failure")
         elif status == "WAITING_FOR_APPROVAL" and pending.get(run_id):
@@ -598,33 +630,9 @@ def _check_rows_against_epochs(snapshot: dict, runs: dict, events_by_run: dict, 
 # -- unknown outcomes without a process death (issue 11): covered like a fault in the watermark window ---
 
 
-def _check_uncertain(
-    snapshot: dict,
-    runs: dict,
-    invs: dict,
-    inv_by_key: dict,
-    approvals: list[dict],
-    faults: list[dict],
-    sink: list[dict],
-    events_by_run: dict,
-    reconciler: bool,
-    v: _Violations,
-) -> dict:
-    """Every side-effect call that ended `uncertain` in a live run (its
-    `tool.call.failed` event says `outcome: uncertain`, `awaiting_decision`)
-    must end in a recorded decision about that very attempt, exactly like a
-    kill between the watermark and the result: an `uncertain_side_effect`
-    approval of (invocation, attempt) — whether the executing worker parked it
-    or a takeover did after a fault — or, with a reconciler configured, its
-    answer, or the operator's cancel of the run. Conversely every
-    `uncertain_side_effect` approval must name an attempt that ended
-    uncertain. Re-sends are I2's business (a decision must precede them).
-
-    Counted per tool, per cause (the tool's error code: timeout, closed, …)
-    and per window: an uncertain outcome is a call sent and not answered, so
-    its window is `watermark_to_result` when the invocation's watermark is
-    recorded (anything else is reported as it is). The sink's own log says
-    which POSTs it dropped (`close`) or answered late (`delay:S`)."""
+def _uncertain_outcomes(events_by_run: dict, invs: dict) -> list[dict]:
+    """Every side-effect call that ended `uncertain` in a live run (its `tool.call.failed` event says
+    `outcome: uncertain`, `awaiting_decision`), with the decision that followed it."""
     outcomes = []
     for run_id, evs in events_by_run.items():
         for i, e in enumerate(evs):
@@ -645,19 +653,65 @@ def _check_uncertain(
                     "cause": cause,
                     "epoch": e["lease_epoch"],
                     "sequence": e["sequence"],
+                    "at": e["occurred_at"],
                     "window": "watermark_to_result" if inv.get("effect_sent_at") is not None else "before_watermark",
                     "next": nxt["type"] if nxt else None,
                     "next_payload": (nxt or {}).get("payload") or {},
+                    "next_at": nxt["occurred_at"] if nxt else None,
                 }
             )
+    return outcomes
+
+
+def _check_uncertain(
+    outcomes: list[dict],
+    runs: dict,
+    inv_by_key: dict,
+    approvals: list[dict],
+    faults: list[dict],
+    sink: list[dict],
+    reconciler: bool,
+    judged: dict,
+    v: _Violations,
+) -> dict:
+    """Every side-effect call that ended `uncertain` in a live run must end
+    in a recorded decision about that very attempt, exactly like a kill
+    between the watermark and the result: an `uncertain_side_effect`
+    approval of (invocation, attempt) — whether the executing worker parked it
+    or a takeover did after a fault — or, when its tool has a reconciler, the
+    decision its reconciler's answer calls for (`_judge_reconciled`: a
+    `reconcile` approval of that attempt when it answered `waiting`), or with
+    a global reconciler configured, its answer, or the operator's cancel of
+    the run. Conversely every `uncertain_side_effect` approval must name an
+    attempt that ended uncertain. Re-sends are I2's business (a decision must
+    precede them).
+
+    Counted per tool, per cause (the tool's error code: timeout, closed, …)
+    and per window: an uncertain outcome is a call sent and not answered, so
+    its window is `watermark_to_result` when the invocation's watermark is
+    recorded (anything else is reported as it is). The sink's own log says
+    which POSTs it dropped (`close`) or answered late (`delay:S`)."""
     parks = {(a["invocation_id"], a.get("attempt")): a for a in approvals if a["kind"] == UNCERTAIN_KIND}
+    reconcile_parks = {(a["invocation_id"], a.get("attempt")) for a in approvals if a["kind"] == "reconcile"}
     cancelled = {f.get("run") for f in faults if f.get("kind") == "cancel" and f.get("run")}
     seen, explained, unexplained = set(), [], []
+    parked_by_reconciler = 0
     for o in outcomes:
         key = (o["invocation"], o["attempt"])
         seen.add(key)
         item = {k: o[k] for k in ("run", "invocation", "attempt", "tool", "cause")}
         reason = (o["next_payload"].get("failure") or {}).get("reason") if o["next"] == "run.failed" else None
+        rj = judged.get(("uncertain", o["invocation"], o["attempt"]))
+        if rj is not None:  # its tool has a reconciler: the decision must be the one its answer calls for
+            if not rj["ok"]:
+                unexplained.append({**item, "why": rj["why"], "reported": True})
+            elif rj["answer"] == "waiting" and key in reconcile_parks:
+                parked_by_reconciler += 1
+            elif rj["answer"] == "waiting":
+                unexplained.append({**item, "why": f"{rj['why']}, but no reconcile approval names this attempt"})
+            else:
+                explained.append({**item, "why": rj["why"]})
+            continue
         if key in parks:
             continue
         if reconciler and (o["next"] in ("run.requeued", "run.completed") or reason == "reconcile_conflict"):
@@ -679,6 +733,8 @@ def _check_uncertain(
         if k not in seen
     ]
     for item in unexplained:
+        if item.get("reported"):
+            continue  # _judge_reconciled said so
         v.add(
             "I8",
             f"invocation {item['invocation']} attempt {item['attempt']} ({item['tool']}, {item['cause']}) "
@@ -714,17 +770,210 @@ def _check_uncertain(
         "approvals": len(parks),
         "approvals_by_status": dict(by_status),
         "parked": sum(1 for o in outcomes if (o["invocation"], o["attempt"]) in parks),
+        "parked_by_reconciler": parked_by_reconciler,
         "explained_otherwise": explained,
         "unexplained": unexplained,
         "parks_unexplained": orphan_parks,
         "equal": not unexplained and not orphan_parks,
-        "sink_faults": dict(Counter(s["behaviour"].split(":")[0] for s in dropped)),
+        "sink_faults": dict(
+            Counter("held_for_restart" if s.get("held_for_restart") else s["behaviour"].split(":")[0] for s in dropped)
+        ),
         "sink_faults_that_ended_uncertain": produced,
         "sink_faults_overtaken_by_a_process_fault": overtaken,
     }
 
 
-def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[dict] | None = None) -> dict:
+# -- tools that reconcile their own calls (issue 33 item 6): part of the runs -------------------------------
+
+# a reconciler reads the sink's log; the sink stamps a POST on arrival and logs it once its body is read
+RECONCILE_SLACK_S = 1.0
+# the decision each answer calls for (runs/runtime/resume.py `_reconcile`)
+DECISION_FOR = {
+    "conflict": "run.failed",
+    "waiting": "run.waiting_for_approval",
+    "completed": "run.completed",
+    "continue": "run.requeued",
+}
+
+
+def _judge_reconciled(
+    runs: dict,
+    invs: dict,
+    takeovers: dict,
+    uncertain: list[dict],
+    reconciles: list[dict],
+    sink: list[dict],
+    faults: list[dict],
+    meta: dict,
+    v: _Violations,
+) -> tuple[dict, dict]:
+    """The runs whose side-effect tool has a reconciler (meta
+    `reconciled_tools`; the soak's `reconciled_post`, tests/chaos/tools.py):
+    Resume asks the tool's reconciler instead of an operator, and each answer
+    is in its log (`reconciles`: what it read of the sink, when, and what it
+    answered). Judged twice:
+
+    1. the answer itself: the reconciler's rule (tests/chaos/plans.py `rule`:
+       `conflict` for a seeded share of the keys, else `continue` when the sink
+       holds the key, else `waiting`) applied to what it saw, and what it saw
+       against the sink's log — every attempt of the key the sink logged more
+       than RECONCILE_SLACK_S before it read must be in it, and nothing the
+       sink never logged;
+    2. the runtime's decision at every unknown outcome of such a call — a
+       takeover that found it in flight (the decider's, when a resumer died
+       before deciding) or a live call that ended uncertain: the latest answer
+       asked between the unknown outcome and the decision (the strongest
+       across the calls, as runs/tools/reconcile.py combines them) calls for
+       one decision (DECISION_FOR; `conflict` fails the run
+       `reconcile_conflict`), and that must be the one taken. A decision
+       without an answer is a violation too — save `run.cancelled` when the
+       operator's cancel was requested before it: Resume ends a run whose
+       cancel is pending before it asks anyone, the same rule the checker
+       applies to an operator's question (I8, `_check_uncertain`).
+
+    Returns the judgement per decision point — ("takeover", run, epoch) or
+    ("uncertain", invocation, attempt) → {ok, answer, decision, why} — for
+    I1, I8 and the uncertain accounting, and a summary."""
+    from tests.chaos.plans import STRENGTH, rule
+
+    tools = set(meta.get("reconciled_tools") or [])
+    cfg = meta.get("reconcile_rule") or {}
+    seed, share = str(cfg.get("seed", "")), float(cfg.get("conflict_share") or 0)
+
+    def reconciled(inv_id) -> bool:
+        return (invs.get(inv_id) or {}).get("tool_name") in tools
+
+    sink_by_key: dict[str, list[dict]] = defaultdict(list)
+    for s in sink:
+        sink_by_key[str(s.get("key"))].append(s)
+    entries: dict[str, list[dict]] = defaultdict(list)
+    wrong = []
+    for e in reconciles:
+        entries[str(e.get("invocation"))].append(e)
+        key = e.get("key") or ""
+        seen = {str(a) for a in e.get("seen") or []}
+        logged = [x for x in sink_by_key.get(key, []) if x.get("t_ns") is not None]
+        must_see = {str(x.get("attempt")) for x in logged if x["t_ns"] / 1e9 < e["t_read"] - RECONCILE_SLACK_S}
+        could_see = {str(x.get("attempt")) for x in logged if x["t_ns"] / 1e9 <= e["t"] + RECONCILE_SLACK_S}
+        problems = []
+        want = rule(seed, key, share, sorted(seen))
+        if e.get("answer") != want:
+            problems.append(f"answered {e.get('answer')} where its rule gives {want}")
+        if must_see - seen:
+            problems.append(f"did not see attempt(s) {sorted(must_see - seen)} the sink had logged before it read")
+        if seen - could_see:
+            problems.append(f"saw attempt(s) {sorted(seen - could_see)} the sink had not logged")
+        if problems:
+            wrong.append({"invocation": e.get("invocation"), "run": e.get("run"), "problems": problems})
+            v.add("I8", f"the reconciler of invocation {e.get('invocation')}: {'; '.join(problems)}", e.get("run"))
+
+    points = []
+    for run_id, lst in takeovers.items():
+        for t in lst:
+            unk = [i for i in t["unknown"] if reconciled(i)]
+            if not unk or "decided_by_epoch" in t:
+                continue  # no reconciled call, or the successor that decided is judged instead
+            points.append(
+                {
+                    "key": ("takeover", run_id, t["epoch"]),
+                    "run": run_id,
+                    "calls": [(i, None) for i in unk],
+                    "mixed": len(unk) != len(t["unknown"]),
+                    "start": t["at"],
+                    "decision": t["decision"],
+                    "payload": t["decision_payload"] or {},
+                    "decision_at": t["decision_at"],
+                }
+            )
+    for o in uncertain:
+        if reconciled(o["invocation"]):
+            points.append(
+                {
+                    "key": ("uncertain", o["invocation"], o["attempt"]),
+                    "run": o["run"],
+                    "calls": [(o["invocation"], o["attempt"])],
+                    "mixed": False,
+                    "start": o["at"],
+                    "decision": o["next"],
+                    "payload": o["next_payload"],
+                    "decision_at": o["next_at"],
+                }
+            )
+    cancelled = {f.get("run") for f in faults if f.get("kind") == "cancel" and f.get("run")}
+    judged: dict[tuple, dict] = {}
+    for pt in points:
+        d, end = pt["decision"], pt["decision_at"]
+        asked_at = (runs.get(pt["run"]) or {}).get("cancel_requested_at")
+        if (
+            d == "run.cancelled"
+            and pt["run"] in cancelled
+            and asked_at is not None
+            and end is not None
+            and asked_at <= end
+        ):
+            why = "the operator had cancelled the run before a decision (Resume ends it before asking the reconciler)"
+            judged[pt["key"]] = {"ok": True, "answer": None, "decision": d, "why": why, "run": pt["run"]}
+            continue
+        answers, missing = [], []
+        for inv, attempt in pt["calls"]:
+            cands = [
+                e
+                for e in entries.get(inv, [])
+                if end is not None
+                and pt["start"] <= e["t_read"] <= end
+                and (attempt is None or e.get("attempt") == attempt)
+            ]
+            if cands:
+                answers.append(max(cands, key=lambda e: e["t_read"]))
+            else:
+                missing.append(inv)
+        reason = ((pt["payload"].get("failure") or {}).get("reason")) if d == "run.failed" else None
+        strongest = min((e["answer"] for e in answers), key=lambda a: STRENGTH.get(a, 9)) if answers else None
+        if d is None:
+            ok, why = False, "no decision followed the unknown outcome of a call whose tool has a reconciler"
+        elif pt["mixed"]:
+            ok, why = False, "a call whose tool has a reconciler and one whose tool has none were unknown at once"
+        elif missing:
+            ok, why = False, f"decided {d} without an answer of its tool's reconciler (invocations {missing})"
+        else:
+            want = DECISION_FOR.get(strongest or "", "?")
+            ok = d == want and (strongest != "conflict" or reason == "reconcile_conflict")
+            sink_says = (
+                "the sink holds the key" if any(e.get("seen") for e in answers) else "the sink has no POST of it"
+            )
+            why = f"its tool's reconciler answered {strongest} ({sink_says}); the runtime decided {d}" + (
+                f" ({reason})" if reason else ""
+            )
+            if not ok:
+                why += f", where the answer calls for {want}"
+        judged[pt["key"]] = {"ok": ok, "answer": strongest, "decision": d, "why": why, "run": pt["run"]}
+        if not ok:
+            v.add("I8", why, pt["run"])
+    summary = {
+        "tools": sorted(tools),
+        "runs": len({i["run_id"] for i in invs.values() if i["tool_name"] in tools}),
+        "answers": len(reconciles),
+        "answers_by_outcome": dict(sorted(Counter(e.get("answer") for e in reconciles).items())),
+        "answers_wrong": wrong,
+        "decisions": len(judged),
+        "decisions_by_kind": dict(Counter(k[0] for k in judged)),
+        "decisions_by_answer": dict(
+            sorted(Counter(j["answer"] or "none (cancelled first)" for j in judged.values()).items())
+        ),
+        "followed": sum(1 for j in judged.values() if j["ok"]),
+        "not_followed": [{"point": list(k), **j} for k, j in judged.items() if not j["ok"]],
+    }
+    return judged, summary
+
+
+def check(
+    snapshot: dict,
+    sink: list[dict],
+    faults: list[dict],
+    decisions: list[dict] | None = None,
+    reconciles: list[dict] | None = None,
+) -> dict:
+    """`reconciles`: the log of the tools' reconcilers (one dict per answer, tests/chaos/tools.py)."""
     decisions = list(decisions or [])
     v = _Violations()
     meta = snapshot.get("meta", {})
@@ -743,6 +992,10 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     takeovers = _takeovers(events_by_run)
     kills = [f for f in faults if f.get("kind") == "kill"]
     stops = [f for f in faults if f.get("kind") == "stop"]
+    uncertain_outcomes = _uncertain_outcomes(events_by_run, invs)
+    judged, reconcilers = _judge_reconciled(
+        runs, invs, takeovers, uncertain_outcomes, list(reconciles or []), sink, faults, meta, v
+    )
 
     # ---- I1 no lost run --------------------------------------------------
     expected = meta.get("runs_submitted")
@@ -769,6 +1022,7 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         doorbells,
         v,
         _lease_loss_causes(events_by_run, takeovers, faults, meta) if with_roles else None,
+        judged,
     )
     logs_judged = _judge_logs(meta.get("process_logs") or {}, faults, v)
     for err in meta.get("submit_errors") or []:
@@ -909,7 +1163,14 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     for f in faults:
         if f.get("kind") == "cancel" and f.get("run"):
             cancel_at[f["run"]].append(f.get("t") or 0.0)
-    interrupted = [a for a in approvals if a["kind"] in FAULT_PARK_KINDS]
+    # a reconcile approval of a live call's uncertain outcome belongs to the uncertain accounting below
+    live_unknown = {(o["invocation"], o["attempt"]) for o in uncertain_outcomes}
+    interrupted = [
+        a
+        for a in approvals
+        if a["kind"] in FAULT_PARK_KINDS
+        and not (a["kind"] == "reconcile" and (a["invocation_id"], a.get("attempt")) in live_unknown)
+    ]
     actual = {(a["invocation_id"], a.get("attempt")): a for a in interrupted}
     expected_parks: dict[tuple, dict] = {}
     explained, unexplained = [], []
@@ -957,6 +1218,15 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
             continue
         d, payload = t["decision"], t["decision_payload"] or {}
         reason = (payload.get("failure") or {}).get("reason") if d == "run.failed" else None
+        rj = judged.get(("takeover", h["run"], t.get("decided_by_epoch", t["epoch"])))
+        if rj is not None:  # its tool has a reconciler: the decision must be the one its answer calls for
+            if not rj["ok"]:
+                unexplained.append({**item, "why": rj["why"], "reported": True})
+            elif rj["answer"] == "waiting":
+                expected_parks[key] = item  # on a `reconcile` approval of this attempt
+            else:
+                explained.append({**item, "decision": d, "why": rj["why"]})
+            continue
         if d == "run.waiting_for_approval":
             expected_parks[key] = item
         elif reconciler and (d in ("run.requeued", "run.completed") or reason == "reconcile_conflict"):
@@ -981,6 +1251,8 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
     if not reconciler:
         for run_id, lst in takeovers.items():  # seed 000's table, independent of injected faults
             for t in lst:
+                if ("takeover", run_id, t.get("decided_by_epoch", t["epoch"])) in judged:
+                    continue  # a reconciled call: _judge_reconciled holds the decision to its reconciler's answer
                 if t["unknown"] and t["decision"] in ("run.requeued", "run.completed"):
                     v.add(
                         "I8",
@@ -1069,6 +1341,8 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
             item["run"],
         )
     for item in unexplained:
+        if item.get("reported"):
+            continue  # _judge_reconciled said so
         v.add(
             "I8",
             f"fault {item['fault']} ({item['kind']}) in the watermark window: {item['why']}",
@@ -1079,9 +1353,7 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         v.add("I8", f"approval {item['approval']} parks invocation {item['invocation']}: {item['cause']}", item["run"])
 
     # ---- unknown outcomes of live calls (issue 11), like faults in the watermark window ----
-    uncertain = _check_uncertain(
-        snapshot, runs, invs, inv_by_key, approvals, faults, sink, events_by_run, reconciler, v
-    )
+    uncertain = _check_uncertain(uncertain_outcomes, runs, inv_by_key, approvals, faults, sink, reconciler, judged, v)
 
     # ---- takeover latency -------------------------------------------------
     lat_kill, lat_stop, no_takeover = [], [], []
@@ -1165,6 +1437,7 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         "kill_windows_hit": {w: per_window["kill"][w] > 0 for w in WINDOWS},
         "i8": i8,
         "uncertain": uncertain,
+        "reconcilers": reconcilers,
         "takeover_latency_s": {
             "kill": _dist(lat_kill),
             "stop_during_stop": _dist(lat_stop),
@@ -1172,6 +1445,13 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
         },
         "takeovers": sum(len(x) for x in takeovers.values()),
         "deaths": _deaths(faults, meta),
+        "coverage": _coverage(faults, meta),
+        "sink_restarts": _sink_restarts(faults, sink, uncertain_outcomes, events_by_run, inv_by_key, approvals),
+        "redis_restarts": [
+            {k: f.get(k) for k in ("at", "t", "t_ready", "connected_clients_before", "commands_before")}
+            for f in faults
+            if f.get("kind") == "redis_restart"
+        ],
         "recovery_s": _recovery(faults, events_by_run, meta, LEASE_OF(meta)),
         "submits": _submits(meta),
         "logs_judged": logs_judged,
@@ -1184,7 +1464,7 @@ def check(snapshot: dict, sink: list[dict], faults: list[dict], decisions: list[
 
 # -- process deaths (issue 14: the soak kills without carve-outs) ---------------------------
 
-DEATH_KINDS = ("kill", "terminate", "pg_restart")
+DEATH_KINDS = ("kill", "terminate", "pg_restart", "redis_restart")
 PROCESS_TYPES = (
     "busy_worker",
     "idle_worker",
@@ -1196,6 +1476,7 @@ PROCESS_TYPES = (
     "web_node",
     "pg_backend",
     "postgres_restart",
+    "redis_restart",
 )
 DB_FAULT_KINDS = ("terminate", "pg_restart")
 # what a lost database connection raises; anything else in a traceback is a failure no fault explains
@@ -1266,12 +1547,139 @@ def _deaths(faults: list[dict], meta: dict) -> dict:
         "sigkill": sigkills,
         "pg_backends_terminated": sum(1 for f in faults if f.get("kind") == "terminate"),
         "pg_restarts": sum(1 for f in faults if f.get("kind") == "pg_restart"),
+        "redis_restarts": sum(1 for f in faults if f.get("kind") == "redis_restart"),
         "by_type": {t: sum(c.values()) for t, c in by_type.items()},
         "by_type_window": {t: dict(sorted(c.items())) for t, c in by_type.items()},
         "by_source": dict(sources),
         "types_hit": {t: sum(c.values()) > 0 for t, c in by_type.items()},
         "supervisor_restarts": dict(restarts),
         "supervisor_exit_status": {k: dict(v) for k, v in rcs.items()},
+    }
+
+
+YOUNG_S = 20.0  # "a node's first 20 s" (issue 33 item 6): the soak once spared what had started less long ago
+
+
+def _coverage(faults: list[dict], meta: dict) -> dict:
+    """Where the faults reached that the soak once spared (issue 33 item 6), counted so that a window no fault
+    reached shows: stops by what they froze (a worker holding a lease, an idle worker, a whole node) and by
+    window; kills of a process within YOUNG_S of its start (its node's generation for the node's processes);
+    deaths and stops after the last submit (the drain)."""
+    stops = [f for f in faults if f.get("kind") == "stop"]
+    by_target: Counter = Counter(f.get("role") or ("busy_worker" if f.get("held") else "idle_worker") for f in stops)
+    node_windows: Counter = Counter(f.get("window") or "idle" for f in stops if f.get("role") == "node")
+    young: dict[str, Counter] = defaultdict(Counter)
+    for f in faults:
+        if f.get("kind") == "kill" and f.get("uptime") is not None:
+            young[_role(f) or "?"]["young" if f["uptime"] < YOUNG_S else "older"] += 1
+    t_drain = meta.get("t_drain")
+    drain = [f for f in faults if t_drain is not None and (f.get("t") or 0) >= t_drain]
+    return {
+        "stops_by_target": {t: by_target.get(t, 0) for t in ("busy_worker", "idle_worker", "node")},
+        "node_stops_by_window": dict(sorted(node_windows.items())),
+        "node_stop_workers_held": sum(len(f.get("held") or []) for f in stops if f.get("role") == "node"),
+        "kills_within_first_s": YOUNG_S,
+        "kills_young_by_type": {t: c["young"] for t, c in sorted(young.items()) if c["young"]},
+        "kills_young": sum(c["young"] for c in young.values()),
+        "kills_with_uptime": sum(sum(c.values()) for c in young.values()),
+        "drain": {
+            "started_at": t_drain,
+            "deaths": sum(1 for f in drain if f.get("kind") in DEATH_KINDS),
+            "stops": sum(1 for f in drain if f.get("kind") == "stop"),
+            "deaths_by_type": dict(Counter(_role(f) for f in drain if f.get("kind") in DEATH_KINDS)),
+        },
+    }
+
+
+def _sink_restarts(
+    faults: list[dict], sink: list[dict], outcomes: list[dict], events_by_run: dict, inv_by_key: dict, approvals
+) -> dict:
+    """The effect sink's restarts (SIGKILL, started again on its port) and what they cut: the POSTs in flight
+    when it died — the one it held for the restart, and any whose late answer (`delay:S`) was still owed —
+    and how each ended: `uncertain` (the connection reset: an unknown outcome, parked or reconciled like any
+    other), overtaken by a process fault while its worker waited (interrupted, I8), or a POST the sink never
+    logged whose call ended uncertain at that moment (cut before its record was written); and the calls
+    refused while it was down (`connection_failed`: nothing sent, a definite failure the model sees)."""
+    restarts = [f for f in faults if f.get("kind") == "sink_restart"]
+    by_key_attempt = {(o["invocation"], o["attempt"]): o for o in outcomes}
+    invs = {i["id"]: i for i in inv_by_key.values()}
+    ever_logged = {(rec.get("key"), str(rec.get("attempt"))) for rec in sink}
+    interrupted = {(a["invocation_id"], a.get("attempt")) for a in approvals if a["kind"] in FAULT_PARK_KINDS}
+    failures = []
+    for evs in events_by_run.values():
+        for e in evs:
+            p = e["payload"]
+            if e["type"] == "tool.call.failed" and p.get("outcome") != "uncertain" and isinstance(p.get("error"), dict):
+                failures.append((e["occurred_at"], p["error"].get("error")))
+    out = []
+    prev_kill = float("-inf")
+    for f in sorted(restarts, key=lambda f: f["t"]):
+        t_kill, t_ready = f["t"], f.get("t_ready", f["t"])
+        cut, uncertain, overtaken = [], 0, 0
+        logged = set()
+        for rec in sink:
+            t = (rec.get("t_ns") or 0) / 1e9
+            if t > t_kill or t <= prev_kill:
+                continue  # arrived after this kill, or before the last one (which cut it)
+            behaviour = rec.get("behaviour") or ""
+            pending = rec.get("held_for_restart") or (
+                behaviour.startswith("delay:") and t + float(behaviour.split(":", 1)[1]) > t_kill
+            )
+            if not pending:
+                continue
+            inv = inv_by_key.get(rec.get("key"))
+            attempt = int(rec["attempt"]) if str(rec.get("attempt") or "").isdigit() else rec.get("attempt")
+            key = (inv["id"] if inv else None, attempt)
+            logged.add(key)
+            o = by_key_attempt.get(key)
+            ended = (
+                f"uncertain ({o['cause']})"
+                if o is not None and o["at"] >= t_kill - 0.01
+                else "answer already given up on"
+                if o is not None
+                else "interrupted (a process fault overtook it)"
+                if key in interrupted
+                else "no outcome recorded"
+            )
+            uncertain += ended.startswith("uncertain")
+            overtaken += ended.startswith("interrupted")
+            cut.append(
+                {
+                    "key": rec.get("key"),
+                    "attempt": rec.get("attempt"),
+                    "held": bool(rec.get("held_for_restart")),
+                    "ended": ended,
+                }
+            )
+        unlogged = [
+            o
+            for o in outcomes
+            if o["cause"] == "connection_lost"
+            and t_kill <= o["at"] <= t_ready + 1.0
+            and ((invs.get(o["invocation"]) or {}).get("idempotency_key"), str(o["attempt"])) not in ever_logged
+        ]
+        refused = sum(1 for t, code in failures if code == "connection_failed" and t_kill <= t <= t_ready + 1.0)
+        out.append(
+            {
+                "at": f.get("at"),
+                "down_s": round(t_ready - t_kill, 3),
+                "held_a_post": f.get("held_post") is not None,
+                "in_flight": len(cut),
+                "reset_ended_uncertain": uncertain,
+                "reset_overtaken_by_a_process_fault": overtaken,
+                "cut_before_logged_ended_uncertain": len(unlogged),
+                "refused_while_down": refused,
+                "cut": cut,
+            }
+        )
+        prev_kill = t_kill
+    return {
+        "restarts": len(restarts),
+        "in_flight": sum(x["in_flight"] for x in out),
+        "resets_ended_uncertain": sum(x["reset_ended_uncertain"] + x["cut_before_logged_ended_uncertain"] for x in out),
+        "resets_overtaken": sum(x["reset_overtaken_by_a_process_fault"] for x in out),
+        "refused_while_down": sum(x["refused_while_down"] for x in out),
+        "by_restart": out,
     }
 
 
@@ -1310,7 +1718,7 @@ def _recovery(faults: list[dict], events_by_run: dict, meta: dict, lease: float)
         role = _role(f)
         if role is None or f.get("t") is None:
             continue
-        t0 = f.get("t_ready", f["t"]) if role == "postgres_restart" else f["t"]
+        t0 = f.get("t_ready", f["t"]) if role in ("postgres_restart", "redis_restart") else f["t"]
         i = bisect.bisect_right(times, t0)
         if i < len(times):
             anywhere[role].append(times[i] - t0)
@@ -1357,6 +1765,23 @@ def _submits(meta: dict) -> dict:
     }
 
 
+REDIS_REACH_S = 60.0  # a pooled Redis connection cut by the restart is found at its next use
+REDIS_LOST = ("ConnectionError", "ConnectionRefusedError", "ConnectionResetError", "TimeoutError", "BrokenPipeError")
+REDIS_LOST_TEXT = (
+    "connecting to",
+    "connection refused",
+    "closed by server",
+    "connection reset",
+    "timeout",
+    "broken pipe",
+)
+
+
+def _redis_lost(exc: str) -> bool:
+    name, _, text = exc.partition(": ")
+    return name.rsplit(".", 1)[-1] in REDIS_LOST and any(m in text.lower() for m in REDIS_LOST_TEXT)
+
+
 def _db_lost(exc: str) -> bool:
     name, _, text = exc.partition(": ")
     return name.rsplit(".", 1)[-1] in DB_LOST and any(m in text.lower() for m in DB_LOST_TEXT)
@@ -1369,9 +1794,14 @@ def _judge_logs(process_logs: dict, faults: list[dict], v: _Violations) -> dict:
     message) and a database fault reached that process before it — the
     PostgreSQL restart (within RESTART_REACH_S of the server being ready
     again) or `pg_terminate_backend` of a backend with that process's
-    application_name (within TERMINATE_REACH_S). Kills and stops never
-    make a process raise. Logs of reports made before tracebacks were
-    itemised fall back to the counts: any is a violation."""
+    application_name (within TERMINATE_REACH_S) — or every exception of its
+    chain is a lost Redis connection and the Redis restart reached it
+    (within REDIS_REACH_S of Redis being up again). Kills and stops never
+    make a process raise, save one: a qcluster main process whose sentinel
+    died while the node started says so ("failed to start"), which a kill of
+    one of the node's processes (or a database fault) just before explains.
+    Logs of reports made before tracebacks were itemised fall back to the
+    counts: any is a violation."""
     restarts = [
         (f["t"] - 1.0, f.get("t_ready", f["t"]) + RESTART_REACH_S) for f in faults if f.get("kind") == "pg_restart"
     ]
@@ -1379,6 +1809,13 @@ def _judge_logs(process_logs: dict, faults: list[dict], v: _Violations) -> dict:
     for f in faults:
         if f.get("kind") == "terminate":
             terminated[f.get("application_name")].append(f["t"])
+    redis_restarts = [
+        (f["t"] - 1.0, f.get("t_ready", f["t"]) + REDIS_REACH_S) for f in faults if f.get("kind") == "redis_restart"
+    ]
+    killed: dict[str, list[tuple[float, str]]] = defaultdict(list)  # a node's log name -> its processes' SIGKILLs
+    for f in faults:
+        if f.get("kind") == "kill" and f.get("node") is not None and _role(f) in NODE_ROLES:
+            killed[f.get("supervised") or f"qcluster-{f['node']}"].append((f["t"], _role(f) or "?"))
     out = {"tracebacks": 0, "explained_by_db_fault": 0, "unexplained": 0, "by_process": {}}
     for name, counts in sorted(process_logs.items()):
         tbs = counts.get("traceback_list")
@@ -1396,13 +1833,19 @@ def _judge_logs(process_logs: dict, faults: list[dict], v: _Violations) -> dict:
         last_explained: tuple[float, str] | None = None
         for tb in tbs:
             t = tb.get("t")
+            # when it was printed: after the record before it, before the next one (a child process's
+            # traceback, printed by multiprocessing, has no record of its own)
+            t_hi = tb.get("t_next") or t
             excs = tb.get("exceptions") or []
             cause = None
             if excs and t is not None and all(_db_lost(e) for e in excs):
-                if any(a <= t <= b for a, b in restarts):
+                if any(a <= t_hi and t <= b for a, b in restarts):
                     cause = "the PostgreSQL restart"
-                elif any(tf - 1.0 <= t <= tf + TERMINATE_REACH_S for tf in terminated.get(app, [])):
+                elif any(tf - 1.0 <= t_hi and t <= tf + TERMINATE_REACH_S for tf in terminated.get(app, [])):
                     cause = f"pg_terminate_backend of a {app} backend"
+            elif excs and t is not None and all(_redis_lost(e) for e in excs):
+                if any(a <= t_hi and t <= b for a, b in redis_restarts):
+                    cause = "the Redis restart"
             elif len(excs) == 1 and t is not None and SENTINEL_START_FAILED in excs[0]:
                 # qcluster's main process raises this when its sentinel died while
                 # starting: a consequence, explained by what killed the sentinel —
@@ -1414,6 +1857,9 @@ def _judge_logs(process_logs: dict, faults: list[dict], v: _Violations) -> dict:
                     cause = "its sentinel died starting (the PostgreSQL restart)"
                 elif any(t - SENTINEL_START_S <= tf <= t for tf in terminated.get(app, [])):
                     cause = f"its sentinel died starting (pg_terminate_backend of a {app} backend)"
+                elif any(t - SENTINEL_START_S <= tf <= t for tf, _ in killed.get(name, [])):
+                    role = next(r for tf, r in reversed(killed[name]) if t - SENTINEL_START_S <= tf <= t)
+                    cause = f"its sentinel died starting (a SIGKILL of the node's {role} while it started)"
             if cause and t is not None:
                 last_explained = (t, cause)
             if cause:
@@ -1433,16 +1879,36 @@ def _judge_logs(process_logs: dict, faults: list[dict], v: _Violations) -> dict:
     return out
 
 
-def load_artifacts(folder: Path) -> tuple[dict, list, list, list]:
+def parse_jsonl(text: str) -> list[dict]:
+    """One dict per line. A line cut short — its writer SIGKILLed mid-write, e.g. the sink at its restart —
+    is skipped: it was never a whole record."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+ARTIFACTS = ("snapshot.json", "sink.jsonl", "faults.jsonl", "decisions.jsonl", "reconcile.jsonl")
+
+
+def load_artifacts(folder: Path) -> tuple[dict, list, list, list, list]:
+    """(snapshot, sink, faults, decisions, reconciles): check()'s arguments, from a soak's folder."""
+
     def jsonl(name):
         p = folder / name
-        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+        return parse_jsonl(p.read_text()) if p.exists() else []
 
     return (
         json.loads((folder / "snapshot.json").read_text()),
         jsonl("sink.jsonl"),
         jsonl("faults.jsonl"),
         jsonl("decisions.jsonl"),
+        jsonl("reconcile.jsonl"),
     )
 
 
