@@ -1,11 +1,14 @@
 """The soak's deployment as a set of roles to kill, and its web clients.
 
-Roles (issue 14, item 2 — no carve-outs): a worker holding a lease, an idle
-worker, django-q2's pusher, monitor and sentinel, the `qcluster` main
+Roles to kill (issue 14, item 2 — no carve-outs): a worker holding a lease,
+an idle worker, django-q2's pusher, monitor and sentinel, the `qcluster` main
 process, `run_maintenance`, a web node (daphne serving submits) and a
-PostgreSQL backend of the deployment (`pg_terminate_backend`). The cluster's
-processes are told apart by their kernel names (runs/qheal.py names them
-qc-sentinel, qc-worker, qc-pusher, qc-monitor).
+PostgreSQL backend of the deployment (`pg_terminate_backend`), from the
+moment each is started (issue 33 item 6: no grace period after a start).
+Roles to stop (SIGSTOP, then SIGCONT after a while): a worker holding a
+lease, an idle worker, or a whole qcluster node. The cluster's processes are
+told apart by their kernel names (runs/qheal.py names them qc-sentinel,
+qc-worker, qc-pusher, qc-monitor).
 
 Runs submitted over HTTP go to the web nodes with an `Idempotency-Key`; a
 submit that got no answer (its node was killed, a backend terminated, the
@@ -29,20 +32,24 @@ from tests.procfs import children, comm
 
 ROLES = ("busy_worker", "idle_worker", "pusher", "monitor", "sentinel", "main", "maintenance", "web", "backend")
 DEFAULT_MIX = "busy_worker=28,idle_worker=20,pusher=12,monitor=12,sentinel=4,main=4,maintenance=5,web=5,backend=10"
+# what a random SIGSTOP freezes: a worker holding a lease, an idle worker, or a whole qcluster node (its main
+# process, sentinel, pusher, monitor and workers at once, as a paused VM or a stalled host would)
+STOP_ROLES = ("busy_worker", "idle_worker", "node")
+STOP_MIX = "busy_worker=2,idle_worker=1,node=1"
 
 
-def parse_mix(text: str) -> dict[str, float]:
+def parse_mix(text: str, known: tuple[str, ...] = ROLES) -> dict[str, float]:
     mix = {}
     for part in text.split(","):
         if not part.strip():
             continue
         name, _, weight = part.partition("=")
         name = name.strip()
-        if name not in ROLES:
-            raise SystemExit(f"unknown role {name!r} in the kill mix; known: {', '.join(ROLES)}")
+        if name not in known:
+            raise SystemExit(f"unknown role {name!r} in the mix; known: {', '.join(known)}")
         mix[name] = float(weight or 1)
     if not any(mix.values()):
-        raise SystemExit("the kill mix gives every role weight 0")
+        raise SystemExit("the mix gives every role weight 0")
     return mix
 
 

@@ -1,7 +1,8 @@
 """The chaos soak's markdown report (a pure function of the checker's report
 plus the soak's configuration).
 
-    python -m tests.chaos.report ARTIFACT_DIR [--out PATH]   # re-check a soak's artifacts and render its report again
+    python -m tests.chaos.report ARTIFACT_DIR [--out PATH]            # re-check a soak's artifacts, render again
+    python -m tests.chaos.report --from BUNDLE.tar.xz [--check MD]    # the same from an artifact bundle
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ from pathlib import Path
 # The report's headline, which README.md quotes; tests/chaos/test_soak_report.py parses both with HEADLINE_RE.
 HEADLINE = (
     "**{deaths:,} process deaths** ({sigkill:,} SIGKILLs of the deployment's processes, {backends:,} PostgreSQL "
-    "backends "
-    "terminated, {restarts} PostgreSQL restart) over {runs:,} runs, seed {seed}: **{violations} violations**"
+    "backends terminated, {restarts} PostgreSQL restart, {redis} Redis restart) over {runs:,} runs, seed {seed}: "
+    "**{violations} violations**"
 )
 HEADLINE_RE = re.compile(
     r"\*\*(?P<deaths>[\d,]+) process deaths\*\* \((?P<sigkill>[\d,]+) SIGKILLs of the deployment's processes, "
-    r"(?P<backends>[\d,]+) "
-    r"PostgreSQL backends terminated, (?P<restarts>\d+) PostgreSQL restarts?\) over (?P<runs>[\d,]+) runs, seed "
-    r"(?P<seed>\d+): "
+    r"(?P<backends>[\d,]+) PostgreSQL backends terminated, (?P<restarts>\d+) PostgreSQL restarts?, "
+    r"(?P<redis>\d+) Redis restarts?\) over (?P<runs>[\d,]+) runs, seed (?P<seed>\d+): "
     r"\*\*(?P<violations>\d+) violations\*\*"
 )
 TYPE_LABELS = {
@@ -35,6 +35,7 @@ TYPE_LABELS = {
     "web_node": "web node (daphne)",
     "pg_backend": "PostgreSQL backend (pg_terminate_backend)",
     "postgres_restart": "PostgreSQL restart (immediate)",
+    "redis_restart": "Redis restart (SIGKILL)",
 }
 WINDOW_ORDER = (
     "before_watermark",
@@ -57,6 +58,7 @@ def headline(r: dict) -> str:
         sigkill=d.get("sigkill", 0),
         backends=d.get("pg_backends_terminated", 0),
         restarts=d.get("pg_restarts", 0),
+        redis=d.get("redis_restarts", 0),
         runs=r["runs"],
         seed=r["config"]["seed"],
         violations=len(r["violations"]),
@@ -131,6 +133,93 @@ def recovery_section(r: dict) -> list[str]:
     return lines
 
 
+def carve_outs_section(r: dict) -> list[str]:
+    """Where the faults reached that the soak once spared (issue 33 item 6)."""
+    cov = r.get("coverage")
+    if not cov:
+        return []
+    st = cov["stops_by_target"]
+    dr = cov["drain"]
+    return [
+        "## No carve-outs: where the faults reached",
+        "",
+        f"- SIGSTOP by what it froze: {st['busy_worker']} workers holding a lease, {st['idle_worker']} idle workers, "
+        f"{st['node']} whole qcluster nodes (main process, sentinel, pusher, monitor and workers at once; the runs "
+        f"their workers held: {cov['node_stop_workers_held']}, node stops by window {cov['node_stops_by_window']})",
+        f"- kills within the first {cov['kills_within_first_s']:g} s of their process's start (a node's processes: "
+        f"of the node's generation): {cov['kills_young']} of {cov['kills_with_uptime']} — "
+        f"{cov['kills_young_by_type']}",
+        f"- the drain (after the last submit) went on under the random faults: {dr['deaths']} deaths and "
+        f"{dr['stops']} stops — {dr['deaths_by_type']}",
+        "",
+    ]
+
+
+def outside_section(r: dict) -> list[str]:
+    """Redis and the effect sink, restarted under load."""
+    sr = r.get("sink_restarts")
+    if sr is None:
+        return []
+    deaths = r.get("deaths") or {}
+    rec = r.get("recovery_s") or {}
+    lines = ["## Redis and the effect sink restarted", ""]
+    redis = r.get("redis_restarts") or []
+    lines.append(
+        f"- Redis restarts (SIGKILL, started again empty on its port): {deaths.get('redis_restarts', 0)}"
+        + "".join(
+            f"; {f.get('connected_clients_before')} clients connected and {f.get('commands_before')} commands "
+            f"served before it, down {round(f['t_ready'] - f['t'], 3)} s"
+            for f in redis
+        )
+        + (
+            f"; → next claim anywhere {rec['next_claim_anywhere']['redis_restart']['max']} s"
+            if (rec.get("next_claim_anywhere") or {}).get("redis_restart")
+            else ""
+        )
+    )
+    lines.append(
+        f"- effect sink restarts (SIGKILL with a POST held in flight, started again on its port): {sr['restarts']}; "
+        f"POSTs in flight when it died: {sr['in_flight']}; connections reset → unknown outcomes (`uncertain`): "
+        f"{sr['resets_ended_uncertain']}; overtaken by a process fault while their worker waited: "
+        f"{sr['resets_overtaken']}; calls refused while it was down (`connection_failed`, nothing sent): "
+        f"{sr['refused_while_down']}"
+    )
+    for x in sr["by_restart"]:
+        lines.append(
+            f"  - at {x['at']}: down {x['down_s']} s, held a POST: {x['held_a_post']}, in flight {x['in_flight']}, "
+            f"reset → uncertain {x['reset_ended_uncertain']} (+{x['cut_before_logged_ended_uncertain']} cut before "
+            f"the sink logged them), overtaken {x['reset_overtaken_by_a_process_fault']}, refused "
+            f"{x['refused_while_down']}; "
+            + ", ".join(
+                f"{c['key'][:8]}…/{c['attempt']}{' (held)' if c['held'] else ''}: {c['ended']}" for c in x["cut"]
+            )
+        )
+    lines.append("")
+    return lines
+
+
+def reconcilers_section(r: dict) -> list[str]:
+    rc = r.get("reconcilers")
+    if not rc or not rc.get("tools"):
+        return []
+    lines = [
+        "## Runs whose tool reconciles its own calls",
+        "",
+        f"- {rc['runs']} runs made their side effects with {', '.join(f'`{t}`' for t in rc['tools'])} (the same "
+        "request as `http_post`, with a per-tool reconciler that asks the sink for the key: tests/chaos/tools.py); "
+        "the others with `http_post`, whose unknown outcomes an operator decides",
+        f"- reconciler answers: {rc['answers']} {rc['answers_by_outcome']}; answers that do not follow its rule or "
+        f"what the sink held: {len(rc['answers_wrong'])}",
+        f"- decisions on those calls' unknown outcomes: {rc['decisions']} {rc['decisions_by_kind']}, by answer "
+        f"{rc['decisions_by_answer']}; the runtime followed the answer: {rc['followed']}, did not: "
+        f"{len(rc['not_followed'])}",
+    ]
+    for x in rc["not_followed"][:20]:
+        lines.append(f"  - run {str(x['run'])[:8]}: {x['why']}")
+    lines.append("")
+    return lines
+
+
 def render_markdown(r: dict) -> str:
     c = r["config"]
     f = r["faults"]
@@ -161,6 +250,18 @@ def render_markdown(r: dict) -> str:
         + (" — **baseline, no faults**" if c["no_faults"] else ""),
         *(
             [
+                f"- stops freeze {c['stop_mix']}; kills from a process's first second on (a node's main process and "
+                f"sentinel, run_maintenance and a web node after a seeded U(0, {c.get('grace', 0):g}) s grace per "
+                f"generation, their other processes from their start); the random faults go on through the drain; "
+                f"{c.get('reconciled_runs', 0)} runs ({c['reconciled_fraction']:g}) with a reconciled tool, conflict "
+                f"share {c.get('conflict_share')}; Redis of its own: {c.get('redis')}, restarted: "
+                f"{c.get('redis_restart')}; effect sink restarts: {c.get('sink_restarts')}"
+            ]
+            if c.get("stop_mix")
+            else []
+        ),
+        *(
+            [
                 f"- stopped early: SIGUSR1 after {c['stopped_early_at_deaths']} process deaths (no more submits, then "
                 f"every submitted run "
                 f"was driven to its end under the same faults); the command's target is {c.get('deaths_target')} deaths"
@@ -168,14 +269,17 @@ def render_markdown(r: dict) -> str:
             if c.get("stopped_early_at_deaths") is not None
             else []
         ),
-        f"- artifacts: `{c['artifacts']}` (snapshot.json, sink.jsonl, faults.jsonl, decisions.jsonl, process logs; "
-        f"re-check with `python -m tests.chaos.checker <dir>`)",
+        f"- artifacts: `{c['artifacts']}` (snapshot.json, sink.jsonl, faults.jsonl, decisions.jsonl, reconcile.jsonl, "
+        f"process logs; re-check with `python -m tests.chaos.checker <dir>`)",
+        *([f"- {c['bundle']}"] if c.get("bundle") else []),
         "",
         f"## Verdict: {verdict}",
         "",
         f"Violations by invariant: {r.get('violations_by_invariant') or {}}",
         "",
         *deaths_section(r),
+        *carve_outs_section(r),
+        *outside_section(r),
         *recovery_section(r),
         "## Faults at workers, by window",
         "",
@@ -214,25 +318,37 @@ def render_markdown(r: dict) -> str:
         "",
         "- Planned faults: the cluster pauses every run once at `tool.before_watermark`, `tool.after_watermark` and "
         "`tool.after_execute` (fault points, action `pause`); the soak applies the run's plan there (SIGKILL / SIGSTOP "
-        "/ cancel) "
-        "or releases it. `kill@after_result` watches the database for the run's first committed side-effect result and "
-        "kills "
-        "during the next (700 ms) model call. Random faults: every U(kill_every) s a process type is drawn from the "
-        "kill mix "
-        f"({c.get('kill_mix', 'workers holding a lease only')}) and one of its processes is SIGKILLed (a backend: "
-        "`pg_terminate_backend`); every U(stop_every) s a worker holding a lease is SIGSTOPped; PostgreSQL (the soak's "
-        "own "
-        "cluster) is restarted once, in immediate mode, under load. A supervised process that exits is started again "
-        "by the "
-        "soak; submits over HTTP that get no answer are sent again with the same Idempotency-Key.",
+        "/ cancel) or releases it. `kill@after_result` watches the database for the run's first committed side-effect "
+        "result and kills during the next (700 ms) model call. Random faults: every U(kill_every) s a process type is "
+        f"drawn from the kill mix ({c.get('kill_mix', 'workers holding a lease only')}) and one of its processes is "
+        "SIGKILLed (a backend: `pg_terminate_backend`) — a node's pusher, monitor and workers from their start, its "
+        "main process and sentinel, run_maintenance and a web node after a seeded U(0, grace) s per generation; "
+        "every U(stop_every) s "
+        + (
+            f"what the stop mix ({c['stop_mix']}) draws is SIGSTOPped — a worker holding a lease, an idle worker, or a "
+            "whole qcluster node (its process group at once)"
+            if c.get("stop_mix")
+            else "a worker holding a lease is SIGSTOPped"
+        )
+        + "; PostgreSQL (the soak's own cluster) is restarted once, in immediate mode, under load"
+        + (
+            "; so is the soak's own Redis (SIGKILL, started again empty), and the effect sink is SIGKILLed with a POST "
+            "it holds in flight and started again on its port"
+            if c.get("stop_mix")
+            else ""
+        )
+        + ". "
+        + ("The random faults go on through the drain, until every run has ended. " if c.get("stop_mix") else "")
+        + "A supervised process that exits is started again by the soak; submits over HTTP that get no answer are "
+        "sent again with the same Idempotency-Key.",
         "- Window of every kill/stop (freeze, classify, act): SIGSTOP the worker, wait for /proc state T + 80 ms, read "
         "the run "
         "whose `lease_owner` names its pid and that run's side-effect invocations (frozen, so exact): `executing` → "
         "watermark_to_result, `authorized` → before_watermark, a result → after_result, none → no_effect; then "
         "SIGKILL, "
-        "or SIGCONT after U(L, 3L). A worker found holding no lease is killed as an idle worker when the draw was an "
-        "idle worker, "
-        "else SIGCONTed and counted as aborted.",
+        "or SIGCONT after U(L, 3L). A worker found holding no lease is killed (stopped) as an idle worker when the "
+        "draw was an idle worker, else SIGCONTed and counted as aborted. A whole node is frozen at once (SIGSTOP of "
+        "its process group) and each of its workers classified while all are stopped.",
         "- Unknown outcomes without a process death: the sink (seeded per effect content and attempt) closes the "
         "connection "
         "of some effect POSTs after reading the request, and answers some only after the call's timeout; the call ends "
@@ -244,6 +360,10 @@ def render_markdown(r: dict) -> str:
         "- I8 pairs each watermark-window fault (invocation, attempt) with the takeover from that epoch (its "
         "`step.interrupted` "
         "events and its decision) and with the `interrupted_side_effect` approval (presentation attempt).",
+        "- Runs whose tool reconciles its own calls (`reconciled_post`): at an unknown outcome Resume asks the tool's "
+        "reconciler, which reads the sink's log for the key — `conflict` for a seeded share of the keys, else "
+        "`continue` when the sink holds it, else `waiting` (a `reconcile` approval the operator decides). The checker "
+        "judges each answer against that rule and the sink's log, and each decision against the answer it calls for.",
         "",
         "## Runs",
         "",
@@ -318,7 +438,7 @@ def render_markdown(r: dict) -> str:
             f"  - run {item['run'][:8]} invocation {str(item['invocation'])[:8]} attempt {item['attempt']}: "
             f"{item['why']}"
         )
-    lines += ["", "## Violations", ""]
+    lines += ["", *reconcilers_section(r), "## Violations", ""]
     if not r["violations"]:
         lines.append("None (I1–I8 hold).")
     for x in r["violations"][:200]:
@@ -327,17 +447,20 @@ def render_markdown(r: dict) -> str:
     lines += ["", "## Process logs", ""]
     if lg:
         lines.append(
-            f"- tracebacks: {lg['tracebacks']}, explained by a database fault of the soak (every exception of the "
-            f"chain a lost "
-            f"connection, after the restart or a terminate of that process's backend): {lg['explained_by_db_fault']}, "
-            f"unexplained (violations): {lg['unexplained']}"
+            f"- tracebacks: {lg['tracebacks']}, explained by a fault of the soak (every exception of the chain a lost "
+            f"database or Redis connection, after a restart or a terminate of that process's backend; a node whose "
+            f"sentinel died starting): {lg['explained_by_db_fault']}, unexplained (violations): {lg['unexplained']}"
         )
         for name, x in lg["by_process"].items():
             lines.append(f"  - {name}: {x['tracebacks']} ({x['causes']})")
     sub = r.get("submits")
     if sub:
         lines.append(f"- submits: {sub}")
-    lines += ["", f"Counts from the logs: {r.get('logs')}", ""]
+    logs = {
+        name: {k: (len(v) if k == "worker_pids" else v) for k, v in x.items()}
+        for name, x in (r.get("logs") or {}).items()
+    }
+    lines += ["", f"Counts from the logs (worker_pids: how many workers each node's log names): {logs}", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -367,19 +490,63 @@ def rerender(folder: Path) -> tuple[dict, str]:
     return report, render_markdown(report)
 
 
+def shown_path(path: Path) -> str:
+    """A path as a reader of the repository types it: relative to its root when inside it."""
+    from tests.chaos.procs import ROOT
+
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def from_bundle(bundle: Path) -> tuple[dict, str]:
+    """The report re-derived from an artifact bundle (tests/chaos/bundle.py)."""
+    import tempfile
+
+    from tests.chaos.bundle import unpack
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report, _ = rerender(unpack(bundle, Path(tmp)))
+    where = shown_path(bundle)
+    report["config"]["bundle"] = (
+        f"re-derived from the artifact bundle `{where}` ({bundle.stat().st_size / 1e6:.2f} MB): "
+        f"`python -m tests.chaos.report --from {where}`"
+    )
+    return report, render_markdown(report)
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m tests.chaos.report")
-    p.add_argument("folder")
-    p.add_argument("--out", default=None)
+    p = argparse.ArgumentParser(
+        prog="python -m tests.chaos.report",
+        description="Re-check a soak's artifacts (a folder, or a bundle with --from) and render its report again.",
+    )
+    p.add_argument("folder", nargs="?", help="a soak's artifact folder (its report.json and report.md are rewritten)")
+    p.add_argument("--from", dest="bundle", default=None, help="an artifact bundle (tests/chaos/bundle.py)")
+    p.add_argument("--out", default=None, help="also write the markdown here")
+    p.add_argument("--check", default=None, help="exit 1 unless the markdown is exactly this file's")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    report, md = rerender(Path(a.folder))
-    (Path(a.folder) / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    (Path(a.folder) / "report.md").write_text(md)
+    if (a.folder is None) == (a.bundle is None):
+        p.error("give an artifact folder or --from BUNDLE")
+    if a.bundle:
+        report, md = from_bundle(Path(a.bundle))
+    else:
+        report, md = rerender(Path(a.folder))
+        (Path(a.folder) / "report.json").write_text(json.dumps(report, indent=2, default=str))
+        (Path(a.folder) / "report.md").write_text(md)
     if a.out:
         Path(a.out).write_text(md)
     print(md)
+    if a.check and Path(a.check).read_text() != md:
+        import difflib
+
+        diff = difflib.unified_diff(
+            Path(a.check).read_text().splitlines(), md.splitlines(), a.check, "re-derived", lineterm=""
+        )
+        print("\n".join(diff), file=sys.stderr)
+        return 1
     return 1 if report["violations"] else 0
 
 

@@ -4,20 +4,28 @@
 
 What it does
 ------------
-1. Drops and creates its own PostgreSQL database (default `agentrt_chaos` on
-   the server of $DATABASE_URL), migrates it with `manage.py migrate`, and
-   sets Django up in this process against it (for seeding, observing the
-   database and deciding approvals through `approvals.services.approval_decide`).
+1. Starts a PostgreSQL cluster of its own (tests/chaos/pgcluster.py; or uses
+   --database-url), drops and creates its database, migrates it with
+   `manage.py migrate`, and sets Django up in this process against it (for
+   seeding, observing the database and deciding approvals through
+   `approvals.services.approval_decide`).
 2. Creates a tenant, an operator holding `approvals.resolve_approval`, and
    one scripted agent per run (seeded: 2–7 tool steps mixing read-only
-   `echo` / `http_get` calls with 1–3 `http_post` side effects to the sink,
-   `delay_ms` on every turn so faults can land mid-step).
-3. Starts the effect sink (`tests/sink.py`, in its own process, logging every
-   POST with its Idempotency-Key and X-Agentrt-Attempt), K = ceil(W/2)
+   `echo` / `http_get` calls with 1–3 side effects to the sink, `delay_ms` on
+   every turn so faults can land mid-step). A share of the runs
+   (--reconciled-fraction) make their side effects with `reconciled_post`
+   (tests/chaos/tools.py: `http_post` with a per-tool reconciler that asks
+   the sink whether it holds the key); the others with `http_post`.
+3. Starts the effect sink (tests/chaos/infra.py: `tests/sink.py` in its own
+   process on a fixed port, logging every POST with its Idempotency-Key and
+   X-Agentrt-Attempt), a Redis of its own on a free port (the deployment's
+   REDIS_URL; never the machine's shared one), K = ceil(W/2)
    `manage.py qcluster` processes (AGENTRT_WORKERS=2, AGENTRT_LEASE_SECONDS=2,
-   fault points enabled) and one `run_maintenance` process.
+   fault points enabled), one `run_maintenance` process and the web nodes.
 4. Submits the runs (at most `--max-inflight` unfinished at a time) and
-   injects faults until every run is terminal or the cap is reached:
+   injects faults until every run is terminal or the cap is reached — also
+   through the drain: once the last run is submitted (or --deaths is
+   reached) the random faults go on until every run has ended:
    - planned faults: each run may carry a plan (`kill@after_watermark`, …).
      The cluster runs with `tool.before_watermark`, `tool.after_watermark`
      and `tool.after_execute` set to `pause`, so every run stops at each of
@@ -27,26 +35,41 @@ What it does
      instead: the soak watches the run until its first side-effect result is
      committed and kills its worker during the next (delayed) model call.
    - random faults (seeded RNG): every U(--kill-every) seconds SIGKILL a
-     random busy worker; every U(--stop-every) seconds SIGSTOP one for
-     U(L, 3L) seconds; `--cancel-rate` of the runs get an operator cancel at
-     a random moment.
+     process of a type drawn from --kill-mix (tests/chaos/fleet.py): a
+     node's pusher, monitor and workers from the moment they start, its
+     main process and sentinel (and run_maintenance, a web node) once this
+     generation has been up a seeded U(0, --grace) s — no fixed grace period
+     after a start, so kills land in a node's first seconds too, without a
+     crash loop that would keep it from ever serving; every U(--stop-every) seconds SIGSTOP for
+     U(L, 3L) seconds what --stop-mix draws: a worker holding a lease, an
+     idle worker, or a whole qcluster node (its process group at once);
+     `--cancel-rate` of the runs get an operator cancel at a random moment;
+     PostgreSQL restarts once (immediate mode), the soak's Redis once
+     (SIGKILL, started again empty), and the effect sink --sink-restarts
+     times (armed first so that it holds the next POST unanswered, then
+     SIGKILLed with it in flight — the connection resets, an unknown outcome
+     — and started again on its port), each at a seeded share of the soak.
    - unknown outcomes without a process death (issue 11): the sink closes
      the connection of --sink-drop-rate of the effect POSTs after reading
      the request, and answers --sink-delay-rate of them only after
      --sink-delay s, past the calls' 2.5 s timeout (seeded per key and
      attempt, by content); such a call ends `uncertain` and parks its run on an
-     `uncertain_side_effect` approval.
-   - the operator: every interrupted_side_effect approval is approved
-     (probability --approve-rate) or rejected; every uncertain_side_effect
-     one is approved, confirmed (took_effect true / false) or rejected in
-     the proportions of --uncertain-mix; after U(0.1, 1) s; some are
-     first tried with a wrong hash, some are decided twice (both must be
-     refused).
+     `uncertain_side_effect` approval (a reconciled run's: its reconciler
+     answers).
+   - the operator: every interrupted_side_effect (and reconcile) approval is
+     approved (probability --approve-rate) or rejected; every
+     uncertain_side_effect one is approved, confirmed (took_effect true /
+     false) or rejected in the proportions of --uncertain-mix; after
+     U(0.1, 1) s; some are first tried with a wrong hash, some are decided
+     twice (both must be refused).
 5. Stops everything, snapshots the database and runs the pure checker
-   (`tests/chaos/checker.py`) over the snapshot, the sink log and the fault
-   log; writes report.json / report.md (and `--report PATH`); exit status 1
-   when an invariant is violated, 3 when `--require-windows` is given and a
-   window got no kill.
+   (`tests/chaos/checker.py`) over the snapshot, the sink log, the fault
+   log, the operator's decisions and the reconcilers' answers; writes
+   report.json / report.md (and `--report PATH`; with `--bundle PATH` the
+   artifacts are packed into a small compressed bundle and the report is the
+   one re-derived from it, tests/chaos/bundle.py); exit status 1 when an
+   invariant is violated, 3 when `--require-windows` is given and a window
+   got no kill.
 
 How a fault's window is determined ("freeze, classify, act")
 ------------------------------------------------------------
@@ -61,16 +84,16 @@ an `executing` invocation (watermark committed, no result) →
 → `before_watermark`; else a side-effect result already recorded →
 `after_result`; else `no_effect`. Only then is the worker SIGKILLed (kill),
 left stopped for U(L, 3L) s and SIGCONTed (stop), or — when it turns out to
-hold no lease — SIGCONTed and logged as `aborted`. This also keeps the soak
-from killing an idle django-q2 worker: an idle worker blocks in
-`task_queue.get()` holding the queue's read lock, and killing it there would
-wedge its whole cluster (see the report's notes).
+hold no lease and the draw wanted a busy one — SIGCONTed and logged as
+`aborted`. A whole node is frozen at once (SIGSTOP of its process group) and
+each of its workers classified while all are stopped.
 
 Seeding: agents, plans, approval decisions, cancel choices, fault intervals,
-victim picks and stop lengths come from `random.Random` seeded with --seed
-(per run / per approval where possible), so the *plan* is reproducible; what
-each fault hits still depends on timing, which is why every fault is
-classified from the database, not assumed.
+victim picks, stop lengths, the reconciled runs and the restarts' moments
+come from `random.Random` seeded with --seed (per run / per approval where
+possible), so the *plan* is reproducible; what each fault hits still depends
+on timing, which is why every fault is classified from the database, not
+assumed.
 """
 
 from __future__ import annotations
@@ -91,42 +114,33 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from tests import secret_env  # noqa: F401  (a throw-away DJANGO_SECRET_KEY for this and its processes)
-from tests.chaos.fleet import DEFAULT_MIX, WebSubmitter, node_roles, parse_mix
+from tests.chaos.fleet import DEFAULT_MIX, STOP_MIX, STOP_ROLES, WebSubmitter, node_roles, parse_mix
+from tests.chaos.infra import EffectSink, PrivateRedis
 from tests.chaos.pgcluster import PrivatePostgres
-from tests.chaos.plans import PLAN_NAMES, PLANS, POINTS, POST_TIMEOUT, RunSpec, agent_definition
+from tests.chaos.plans import (
+    CONFLICT_ENV,
+    LOG_ENV,
+    PLAN_NAMES,
+    PLANS,
+    POINTS,
+    POST_TIMEOUT,
+    RECONCILED_TOOL,
+    SEED_ENV,
+    SINK_ENV,
+    TOOL_MODULE,
+    RunSpec,
+    agent_definition,
+)
 from tests.chaos.procs import ROOT, Proc, descendants, proc_state, proc_table, recreate_database
 from tests.chaos.report import render_markdown
 from tests.chaos.snapshot import take_snapshot
 from tests.conftest import free_port
+from tests.procfs import comm, stat
 
 LEASE = 2.0
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 WINDOW_RANK = ("watermark_to_result", "before_watermark", "after_result", "no_effect")
 ROLE_OF_TYPE = {"qcluster_main": "main", "run_maintenance": "maintenance", "web_node": "web", "pg_backend": "backend"}
-SINK_SCRIPT = """
-import json, random, sys, time
-from pathlib import Path
-sys.path.insert(0, sys.argv[2])
-from tests.sink import Sink
-cfg = json.loads(sys.argv[3])
-s = Sink(Path(sys.argv[1]))
-
-def choose(record):
-    # seeded per (content, attempt), not per arrival order nor key (run ids are random), so a seed gives the
-    # same POSTs the same fate whatever the timing
-    u = random.Random(f"{cfg['seed']}:sink:{record.get('body_sha256')}:{record.get('attempt')}").random()
-    if u < cfg["drop"]:
-        return "close"
-    if u < cfg["drop"] + cfg["delay"]:
-        return f"delay:{cfg['delay_s']}"
-    return None
-
-if cfg["drop"] or cfg["delay"]:
-    s.choose = choose
-print(s.port, flush=True)
-while True:
-    time.sleep(3600)
-"""
 
 
 def log(msg: str) -> None:
@@ -161,7 +175,9 @@ def parse_args(argv):
     )
     p.add_argument("--plans", default="all", help="comma-separated plan names to draw from (default: all of them)")
     p.add_argument("--kill-every", default="3,10", help="random SIGKILL every U(a,b) s ('off' to disable)")
-    p.add_argument("--stop-every", default="20,60", help="random SIGSTOP every U(a,b) s ('off' to disable)")
+    p.add_argument(
+        "--stop-every", default="20,60", help="random SIGSTOP (see --stop-mix) every U(a,b) s ('off' to disable)"
+    )
     p.add_argument(
         "--cancel-rate", type=float, default=0.1, help="share of the runs without a plan cancelled at a random moment"
     )
@@ -189,6 +205,12 @@ def parse_args(argv):
     p.add_argument("--no-faults", action="store_true", help="baseline: no fault points, no kills, stops or cancels")
     p.add_argument("--out", default=None, help="artifact folder (default artifacts/chaos/seed-S-<time>)")
     p.add_argument("--report", default=None, help="also write the markdown report here")
+    p.add_argument(
+        "--bundle",
+        default=None,
+        help="also pack the artifacts into this compressed bundle (tests/chaos/bundle.py); --report is then the "
+        "report re-derived from it",
+    )
     p.add_argument("--require-windows", action="store_true", help="exit 3 unless kills landed in every window")
     p.add_argument("--baseline", default=None, help="a --no-faults run's report.json: compare throughput with it")
     p.add_argument(
@@ -215,22 +237,55 @@ def parse_args(argv):
         "--deaths",
         type=int,
         default=None,
-        help="stop submitting and stop the random kills and stops once this many process deaths were injected, "
-        "then drain: every run must end (per-run planned faults still land); --runs is then a cap",
+        help="stop submitting once this many process deaths were injected, then drain: every run must end while "
+        "the random faults go on (--runs is then a cap)",
     )
     p.add_argument(
-        "--min-uptime",
+        "--grace",
         type=float,
         default=20.0,
-        help="a qcluster node (its main process or sentinel) or a web node is killed only once it has served this "
-        "long since it came up (run_maintenance, which has no readiness signal: twice this long after its start): "
-        "deaths faster than start-ups are a crash loop, not a fault",
+        help="each generation of a qcluster node (its main process and sentinel), of run_maintenance and of a web "
+        "node may be killed once it has been up a seeded U(0, GRACE) s: kills land from its first second on, but a "
+        "process is not killed faster than it starts (a crash loop). Its other processes die from their start",
     )
     p.add_argument(
         "--cover-types",
         action="store_true",
-        help="random kills first draw among the process types not yet killed, until each died once (a short soak)",
+        help="random kills (stops) first draw among the process types (kinds of stop) not yet hit, until each was "
+        "hit once (a short soak)",
     )
+    p.add_argument(
+        "--stop-mix",
+        default=STOP_MIX,
+        help="weights of what a random SIGSTOP freezes: busy_worker, idle_worker, node (a whole qcluster node)",
+    )
+    p.add_argument(
+        "--reconciled-fraction",
+        type=float,
+        default=0.2,
+        help=f"share of the runs whose side effects use {RECONCILED_TOOL} (the same request, with a reconciler "
+        "that asks the sink: tests/chaos/tools.py); with --planned-fraction >= 1, every second cycle of the plans",
+    )
+    p.add_argument(
+        "--conflict-share",
+        type=float,
+        default=0.1,
+        help="share of the keys (seeded) for which the reconciler answers conflict",
+    )
+    p.add_argument(
+        "--sink-restarts",
+        type=int,
+        default=1,
+        help="times the effect sink is SIGKILLed with a request in flight and started again (seeded moments)",
+    )
+    p.add_argument("--no-redis", action="store_true", help="no Redis (the deployment runs without REDIS_URL)")
+    p.add_argument(
+        "--redis-restart-at",
+        type=float,
+        default=None,
+        help="restart the soak's Redis (once) at this share of the runs or deaths (default: seeded U(0.6, 0.8))",
+    )
+    p.add_argument("--no-redis-restart", action="store_true")
     return p.parse_args(argv)
 
 
@@ -243,10 +298,19 @@ def default_db_url(arg: str | None) -> str:
     return "postgres://postgres@127.0.0.1:5432/agentrt_chaos"
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """One dict per line; a line cut short (a process killed while writing it) is skipped."""
+    from tests.chaos.checker import parse_jsonl
+
+    return parse_jsonl(path.read_text()) if path.exists() else []
+
+
 def parse_tracebacks(lines: list[str]) -> list[dict]:
-    """Each traceback of a process log: when (the log record that carries it,
-    as POSIX seconds), which logger line, and every exception of its chain
-    ("module.Type: message", first line of the message)."""
+    """Each traceback of a process log: when (the log record before it, as
+    POSIX seconds: `t`, a lower bound — a child process's traceback printed
+    by multiprocessing has no record of its own — and `t_next`, the next
+    record's, an upper bound), which logger line, and every exception of its
+    chain ("module.Type: message", first line of the message)."""
     import re
 
     stamp = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
@@ -254,12 +318,18 @@ def parse_tracebacks(lines: list[str]) -> list[dict]:
         r"^([A-Za-z_][\w.]*(?:Error|Exception|Shutdown|Exit|Interrupt|Warning)): "
         r"?(.*)$|^([A-Za-z_][\w.]*(?:Error|Exception))$"
     )
-    out, cur, last_record = [], None, None
+    out: list[dict] = []
+    cur: dict | None = None
+    last_record: dict | None = None
     for line in lines:
         m = stamp.match(line)
         if m:
             t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
             last_record = {"t": t, "record": line[:200]}
+            for tb in reversed(out):
+                if "t_next" in tb:
+                    break
+                tb["t_next"] = t
             cur = None
             continue
         if line.startswith("Traceback"):
@@ -327,8 +397,9 @@ class Soak:
         self.fault_dir = self.out / "faultpoints"
         self.clusters: list[Proc] = []
         self.maintenance: Proc | None = None
-        self.sink: subprocess.Popen | None = None
+        self.sink: EffectSink | None = None
         self.sink_host = ""
+        self.redis: PrivateRedis | None = None
         self.specs: list[RunSpec] = []
         self.by_run: dict[str, RunSpec] = {}
         self.pid_cluster: dict[int, int] = {}
@@ -355,10 +426,6 @@ class Soak:
         self.kill_mix = parse_mix(args.kill_mix)
         self.owed = {r for r, w in self.kill_mix.items() if w > 0} if args.cover_types else set()
         self.roles: dict[int, dict[str, list[int]]] = {}  # node -> {kernel name: pids}
-        self.node_ready: dict[int, bool] = {}
-        # (node, main pid) -> when that generation was first up: a node is killed (main, sentinel, pusher,
-        # monitor) only once it is up again
-        self.node_up_since: dict[tuple[int, int], float] = {}
         self.pid_node: dict[int, int] = {}  # every worker pid ever seen -> its node (recovery figures)
         self.exits: list[dict] = []  # the supervisor's log: each exit of a supervised process and its restart
         self.db_outages = 0
@@ -371,6 +438,25 @@ class Soak:
         self.stopped_submitting = False
         self.stopped_early_at: int | None = None
         self._workers_at = 0.0
+        self.stop_mix = parse_mix(args.stop_mix, STOP_ROLES)
+        # --cover-types: every kind of stop lands once too (a worker holding a lease, an idle worker, a node)
+        self.stops_owed = {r for r, w in self.stop_mix.items() if w > 0} if args.cover_types else set()
+        self.stopped_nodes: dict[int, dict] = {}  # node -> {"cont_at", "fault", "pids"}
+        self.t_drain: float | None = None  # when the last submit was made: the drain begins (faults go on)
+        self.drain_deaths_from = 0
+        # the outside world restarted under load: the sink (with a request held in flight) and Redis, at seeded
+        # shares of the soak; each is owed until it happened
+        srng = random.Random(f"{args.seed}:sink-restart")
+        self.sink_restart_at = sorted(
+            srng.uniform(0.15, 0.95) for _ in range(0 if args.no_faults else args.sink_restarts)
+        )
+        self.sink_armed: dict | None = None  # {"t", "deadline"} while waiting for the held POST
+        self.redis_restart_at = (
+            args.redis_restart_at
+            if args.redis_restart_at is not None
+            else random.Random(f"{args.seed}:redis-restart").uniform(0.6, 0.8)
+        )
+        self.redis_restart_owed = not (args.no_faults or args.no_redis or args.no_redis_restart)
 
     # -- setup ---------------------------------------------------------------------
     def env(self, **extra) -> dict:
@@ -386,9 +472,18 @@ class Soak:
                 "AGENTRT_LOG_LEVEL": "WARNING",
                 "PYTHONUNBUFFERED": "1",
                 "AGENTRT_THROTTLE_RUNS_CREATE": "100000/min",
+                # the reconciled runs' tool and its reconciler (tests/chaos/tools.py), which asks the sink
+                "AGENTRT_TOOL_MODULES": TOOL_MODULE,
+                SINK_ENV: str(self.out / "sink.jsonl"),
+                LOG_ENV: str(self.out / "reconcile.jsonl"),
+                SEED_ENV: str(self.seed),
+                CONFLICT_ENV: str(self.args.conflict_share),
             }
         )
-        env.pop("AGENTRT_RECONCILER", None)
+        env.pop("AGENTRT_RECONCILER", None)  # no global reconciler: the operator decides unless the tool reconciles
+        env.pop("REDIS_URL", None)
+        if self.redis is not None:
+            env["REDIS_URL"] = self.redis.url
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
@@ -413,6 +508,8 @@ class Soak:
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
         for key in ("AGENTRT_LEASE_SECONDS", "AGENTRT_ENABLE_FAULTPOINTS", "AGENTRT_FAULTPOINTS", "AGENTRT_RECONCILER"):
             os.environ.pop(key, None)  # this process only seeds, observes and decides
+        os.environ.pop("REDIS_URL", None)  # the observer never depends on the Redis it restarts
+        os.environ["AGENTRT_TOOL_MODULES"] = TOOL_MODULE  # its agents name the reconciled tool
         os.environ["PGAPPNAME"] = "soak-observer"  # never a victim of the backend terminations
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
@@ -421,23 +518,21 @@ class Soak:
         django.setup()
 
     def start_sink(self) -> None:
-        log_path = self.out / "sink.jsonl"
-        self.sink_log = open(self.out / "sink.stderr", "wb")
-        faults = {
-            "seed": self.seed,
-            "drop": 0.0 if self.args.no_faults else self.args.sink_drop_rate,
-            "delay": 0.0 if self.args.no_faults else self.args.sink_delay_rate,
-            "delay_s": self.args.sink_delay,
-        }
-        self.sink = subprocess.Popen(
-            [sys.executable, "-c", SINK_SCRIPT, str(log_path), str(ROOT), json.dumps(faults)],
-            stdout=subprocess.PIPE,
-            stderr=self.sink_log,
-            start_new_session=True,
-        )
-        port = int(self.sink.stdout.readline().decode().strip())
-        self.sink_host = f"127.0.0.1:{port}"
+        self.sink = EffectSink(
+            self.out,
+            seed=self.seed,
+            drop=0.0 if self.args.no_faults else self.args.sink_drop_rate,
+            delay=0.0 if self.args.no_faults else self.args.sink_delay_rate,
+            delay_s=self.args.sink_delay,
+        ).start()
+        self.sink_host = self.sink.host
         log(f"sink on {self.sink_host}")
+
+    def start_redis(self) -> None:
+        if self.args.no_redis:
+            return
+        self.redis = PrivateRedis(self.out).start()
+        log(f"private Redis on port {self.redis.port}")
 
     def seed_tenant(self) -> None:
         from django.contrib.auth.models import Permission
@@ -456,7 +551,10 @@ class Soak:
         plans = self.assign_plans()
         for i in range(self.args.runs):
             rng = random.Random(f"{self.seed}:agent:{i}")
-            definition, posts = agent_definition(i, rng, self.sink_host, plans[i])
+            reconciled = self.reconciled(i)
+            definition, posts = agent_definition(
+                i, rng, self.sink_host, plans[i], RECONCILED_TOOL if reconciled else "http_post"
+            )
             if i < 2 * self.max_inflight:
                 agent_load(tenant=self.tenant, definition=definition)  # the rest at submit time
             crng = random.Random(f"{self.seed}:cancel:{i}")
@@ -466,7 +564,7 @@ class Soak:
                 if (not self.args.no_faults and plans[i] == "none" and crng.random() < self.args.cancel_rate)
                 else None
             )
-            spec = RunSpec(i, plans[i], definition["name"], posts, cancel_after)
+            spec = RunSpec(i, plans[i], definition["name"], posts, cancel_after, reconciled)
             spec.definition = definition
             spec.via = (
                 "web"
@@ -474,14 +572,27 @@ class Soak:
                 else "service"
             )
             self.specs.append(spec)
-        log(f"{len(self.specs)} agents; plans {dict(Counter(s.plan for s in self.specs))}")
+        log(
+            f"{len(self.specs)} agents ({sum(s.reconciled for s in self.specs)} reconciled); plans "
+            f"{dict(Counter(s.plan for s in self.specs))}"
+        )
+
+    def reconciled(self, i: int) -> bool:
+        """Whether run i's side effects use the reconciled tool: seeded per run, or, when the plans are cycled
+        (--planned-fraction >= 1), every second cycle, so that each plan lands with and without a reconciler."""
+        f = self.args.reconciled_fraction
+        if f <= 0:
+            return False
+        if self.args.planned_fraction >= 1 and not self.args.no_faults:
+            return (i // len(self.plan_names())) % 2 == 1
+        return random.Random(f"{self.seed}:reconciled:{i}").random() < f
 
     def assign_plans(self) -> list[str]:
         n = self.args.runs
         if self.args.no_faults:
             return ["none"] * n
         rng = random.Random(f"{self.seed}:plans")
-        names = PLAN_NAMES if self.args.plans == "all" else [p.strip() for p in self.args.plans.split(",") if p.strip()]
+        names = self.plan_names()
         unknown = [p for p in names if p not in PLANS]
         if unknown or not names:
             raise SystemExit(f"unknown plan(s) {unknown}; known: {', '.join(PLAN_NAMES)}")
@@ -490,6 +601,9 @@ class Soak:
             rng.shuffle(order)
             return [order[i % len(order)] for i in range(n)]
         return [rng.choice(names) if rng.random() < self.args.planned_fraction else "none" for _ in range(n)]
+
+    def plan_names(self) -> list[str]:
+        return PLAN_NAMES if self.args.plans == "all" else [p.strip() for p in self.args.plans.split(",") if p.strip()]
 
     def start_processes(self) -> None:
         self.fault_dir.mkdir(parents=True, exist_ok=True)
@@ -570,10 +684,6 @@ class Soak:
         for p in self.supervised():
             rc = p.exited()
             if rc is None:
-                if p.role == "web" and not p.ready and now - getattr(p, "probed_at", 0.0) > 0.5:
-                    p.probed_at = now
-                    p.ready = self.web_ready(self.web.index(p))
-                    p.ready_at = now if p.ready else None
                 continue
             cause = next(
                 (
@@ -598,16 +708,7 @@ class Soak:
         for k, c in enumerate(self.clusters):
             for pid in descendants(c.pid, table):
                 pids[pid] = k
-            self.roles[k] = r = node_roles(c.pid)
-            want = int(c.env.get("AGENTRT_WORKERS") or 1)
-            self.node_ready[k] = bool(
-                r.get("qc-sentinel")
-                and r.get("qc-pusher")
-                and r.get("qc-monitor")
-                and len(r.get("qc-worker", [])) >= want
-            )
-            if self.node_ready[k] and self.node_up_since.get((k, c.pid)) is None:
-                self.node_up_since[(k, c.pid)] = time.time()  # this generation came up
+            self.roles[k] = node_roles(c.pid)
             for pid in self.roles[k].get("qc-worker", []):
                 self.pid_node[pid] = k
         self.pid_cluster = pids
@@ -617,11 +718,9 @@ class Soak:
         """`pid` is still a process of this soak's deployment with kernel name
         `name`: pids are reused (pid_max may be 32768), and the machine runs
         other people's qclusters — same names, never our sessions."""
-        from tests.procfs import comm, stat
-
         fields = stat(pid)
         sessions = {g.pid for p in self.clusters for g in p.generations}
-        return bool(fields) and fields[0] not in ("Z", "X") and int(fields[3]) in sessions and comm(pid) == name
+        return fields is not None and fields[0] not in ("Z", "X") and int(fields[3]) in sessions and comm(pid) == name
 
     def freeze(self, pid: int) -> float | None:
         """SIGSTOP and wait until the process is stopped; None if it is gone."""
@@ -698,7 +797,7 @@ class Soak:
     def record(self, fault: dict) -> dict:
         fault["id"] = len(self.faults) + 1
         self.faults.append(fault)
-        if fault.get("kind") in ("kill", "terminate", "pg_restart"):
+        if fault.get("kind") in ("kill", "terminate", "pg_restart", "redis_restart"):
             self.n_deaths += 1
         return fault
 
@@ -712,6 +811,8 @@ class Soak:
         require_lease: bool = True,
     ) -> dict | None:
         """Freeze, classify, act (see the module docstring)."""
+        if kind == "stop" and self.node_stopped(pid):
+            return None  # its whole node is frozen already
         if pid in self.stopped:
             if kind == "stop":
                 return None
@@ -751,6 +852,7 @@ class Soak:
             "held": held,
             "role": "busy_worker" if held else "idle_worker",
             "window": worst_window(held),
+            "uptime": self.uptime(self.pid_node.get(pid)),
         }
         if require_lease and not held:
             self.cont(pid)
@@ -989,9 +1091,7 @@ class Soak:
 
     def random_fault(self, kind: str) -> None:
         if kind == "stop":
-            pids = self.busy_workers()
-            if pids:
-                self.inject(self.rng.choice(pids), kind, "random")
+            self.random_stop()
             return
         # draw a process type (first among those not yet killed, with --cover-types); if none of its processes
         # can die now (no worker holds a lease, the node is still starting, ...), draw again among the others
@@ -1010,6 +1110,119 @@ class Soak:
             for f in self.faults[n:]:
                 if f.get("kind") in ("kill", "terminate"):
                     self.owed.discard(ROLE_OF_TYPE.get(f.get("role"), f.get("role")))
+
+    def random_stop(self) -> None:
+        """SIGSTOP what the stop mix draws — a worker holding a lease, an idle worker, a whole node — for U(L, 3L);
+        when nothing of that kind can be stopped now, draw again among the others."""
+        if time.time() - self._workers_at > 0.2:
+            self.refresh_workers()
+        left = {r: w for r, w in self.stop_mix.items() if w > 0}
+        n = len(self.faults)
+        while left and not any(f["kind"] == "stop" for f in self.faults[n:]):
+            owed = sorted(set(left) & self.stops_owed)
+            if owed:
+                role = self.rng.choice(owed)
+            else:
+                roles = sorted(left)
+                role = self.rng.choices(roles, weights=[left[r] for r in roles])[0]
+            del left[role]
+            if role == "busy_worker":
+                pids = [p for p in self.busy_workers() if not self.node_stopped(p)]
+                if pids:
+                    self.inject(self.rng.choice(pids), "stop", "random")
+            elif role == "idle_worker":
+                busy = set(self.busy_workers())
+                pids = sorted(
+                    p
+                    for r in self.roles.values()
+                    for p in r.get("qc-worker", [])
+                    if p not in busy and p not in self.stopped and not self.node_stopped(p)
+                )
+                if pids:
+                    # frozen and classified like any worker: one found holding a lease after all counts as busy
+                    self.inject(self.rng.choice(pids), "stop", "random", require_lease=False)
+            else:
+                nodes = [k for k, c in enumerate(self.clusters) if k not in self.stopped_nodes and c.exited() is None]
+                if nodes:
+                    self.stop_node(self.rng.choice(nodes))
+        for f in self.faults[n:]:
+            if f["kind"] == "stop":
+                self.stops_owed.discard(f["role"])
+
+    def spared(self, proc: Proc) -> bool:
+        """Whether this generation of `proc` is still within its seeded grace, U(0, --grace) s after its start
+        (no fixed grace period: a node, run_maintenance or a web node may die in its first second)."""
+        grace = random.Random(f"{self.seed}:grace:{proc.name}:{len(proc.generations)}").uniform(0, self.args.grace)
+        return time.time() - proc.started_at < grace
+
+    def node_stopped(self, pid: int) -> bool:
+        return any(pid in entry["pids"] for entry in self.stopped_nodes.values())
+
+    def uptime(self, node: int | None, proc: Proc | None = None) -> float | None:
+        """Seconds since the current generation of the node (or supervised process) was started."""
+        p = proc if proc is not None else (self.clusters[node] if node is not None else None)
+        return round(time.time() - p.started_at, 3) if p is not None else None
+
+    def stop_node(self, k: int) -> dict | None:
+        """SIGSTOP a whole qcluster node at once (its process group: main, sentinel, pusher, monitor, workers),
+        classify what each of its workers held while all are frozen, and SIGCONT them after U(L, 3L)."""
+        node = self.clusters[k]
+        if node.exited() is not None:
+            return None
+        t = time.time()
+        try:
+            os.killpg(node.pid, signal.SIGSTOP)
+        except (ProcessLookupError, PermissionError):
+            return None
+        pids = [node.pid, *sorted(descendants(node.pid, proc_table()))]
+        deadline = time.time() + 2
+        while time.time() < deadline and any(proc_state(p) not in (None, "T", "t", "Z", "X") for p in pids):
+            time.sleep(0.005)
+        time.sleep(0.08)  # a COMMIT already sent settles on the server
+        workers = [p for p in pids if comm(p) == "qc-worker"]
+        held: list[dict] = []
+        try:
+            for pid in workers:
+                held += self.classify(pid)
+        except db_errors():
+            self.db_lost()
+            for pid in pids:
+                self.cont(pid)  # the windows cannot be read: nothing is done to it
+            self.record(
+                {
+                    "kind": "aborted",
+                    "wanted": "stop",
+                    "role": "node",
+                    "node": k,
+                    "source": "random",
+                    "t": time.time(),
+                    "why": "database unreachable while frozen",
+                }
+            )
+            return None
+        duration = self.rng.uniform(LEASE, 3 * LEASE)
+        fault = self.record(
+            {
+                "kind": "stop",
+                "role": "node",
+                "source": "random",
+                "node": k,
+                "cluster": k,
+                "pid": node.pid,
+                "pids": pids,
+                "workers": workers,
+                "t_freeze": t,
+                "t": t,
+                "at": iso(t),
+                "held": held,
+                "window": worst_window(held),
+                "uptime": self.uptime(k),
+                "duration": round(duration, 3),
+                "t_cont": t + duration,
+            }
+        )
+        self.stopped_nodes[k] = {"cont_at": t + duration, "fault": fault, "pids": set(pids)}
+        return fault
 
     def kill_role(self, role: str) -> None:
         if (
@@ -1039,41 +1252,37 @@ class Soak:
             self.terminate_backend()
             return
         if role in ("pusher", "monitor", "sentinel", "main"):
+            # from the moment the node is started (issue 33 item 6): also while it starts, before its sentinel has
+            # spawned the rest, and within seconds of its last restart
             k = self.rng.randrange(len(self.clusters))
             node = self.clusters[k]
-            if not self.node_ready.get(k):
-                return  # still starting after its last death: a kill per start-up would be a crash loop, not a fault
-            if (
-                role in ("sentinel", "main")
-                and time.time() - self.node_up_since.get((k, node.pid), time.time()) < self.args.min_uptime
-            ):
+            if role in ("sentinel", "main") and self.spared(node):
                 return
             if role == "main":
                 pids = [node.pid] if node.exited() is None else []  # not reaped yet: the pid cannot be reused
             else:
                 pids = [p for p in self.roles.get(k, {}).get(f"qc-{role}", []) if self.ours(p, f"qc-{role}")]
             if not pids:
-                return  # the node is between generations
+                return  # the node is between generations, or has not spawned that process yet
             self.kill_process(
                 self.rng.choice(pids),
                 "qcluster_main" if role == "main" else role,
                 node=k,
                 supervised=node.name,
                 window=self.node_window(k),
+                uptime=self.uptime(k),
             )
-        elif (
-            role == "maintenance"
-            and self.maintenance.exited() is None
-            and time.time() - self.maintenance.started_at > 2 * self.args.min_uptime
-        ):
-            self.kill_process(self.maintenance.pid, "run_maintenance", supervised=self.maintenance.name, window="-")
+        elif role == "maintenance" and self.maintenance.exited() is None and not self.spared(self.maintenance):
+            self.kill_process(
+                self.maintenance.pid,
+                "run_maintenance",
+                supervised=self.maintenance.name,
+                window="-",
+                uptime=self.uptime(None, self.maintenance),
+            )
         elif role == "web" and self.web:
             k = self.rng.randrange(len(self.web))
-            if (
-                self.web[k].exited() is not None
-                or not self.web[k].ready
-                or time.time() - (self.web[k].ready_at or time.time()) < self.args.min_uptime
-            ):
+            if self.web[k].exited() is not None or self.spared(self.web[k]):
                 return
             self.kill_process(
                 self.web[k].pid,
@@ -1081,6 +1290,7 @@ class Soak:
                 node=k,
                 supervised=self.web[k].name,
                 window="submit_in_flight" if self.submitter and self.submitter.busy(k) else "no_submit",
+                uptime=self.uptime(None, self.web[k]),
             )
 
     def node_window(self, k: int) -> str:
@@ -1093,7 +1303,14 @@ class Soak:
         return worst_window(held)
 
     def kill_process(
-        self, pid: int, role: str, *, window: str, node: int | None = None, supervised: str | None = None
+        self,
+        pid: int,
+        role: str,
+        *,
+        window: str,
+        node: int | None = None,
+        supervised: str | None = None,
+        uptime: float | None = None,
     ) -> dict | None:
         t = time.time()
         try:
@@ -1109,6 +1326,7 @@ class Soak:
                 "node": node,
                 "supervised": supervised,
                 "window": window,
+                "uptime": uptime,
                 "held": [],
                 "t": t,
                 "t_freeze": t,
@@ -1155,15 +1373,7 @@ class Soak:
         """The one PostgreSQL restart of the soak, under load (immediate mode: every backend dies as in a crash)."""
         from django.db import connection
 
-        window = "-"
-        try:
-            held = []
-            for r in self.roles.values():
-                for pid in r.get("qc-worker", []):
-                    held += self.classify(pid)
-            window = worst_window(held)
-        except db_errors():
-            self.db_lost()
+        window = self.all_windows()
         t = time.time()
         entry = self.pg.restart("immediate")
         connection.close()
@@ -1196,11 +1406,24 @@ class Soak:
 
     def release_stopped(self, force: bool = False) -> None:
         now = time.time()
-        for pid, entry in list(self.stopped.items()):
+        for k, entry in list(self.stopped_nodes.items()):
             if force or now >= entry["cont_at"]:
+                del self.stopped_nodes[k]
+                for pid in sorted(entry["pids"]):
+                    if pid not in self.stopped and self.in_our_sessions(pid):  # a worker stopped on its own waits
+                        self.cont(pid)
+                entry["fault"]["t_cont"] = now
+        for pid, entry in list(self.stopped.items()):
+            if force or (now >= entry["cont_at"] and not self.node_stopped(pid)):
                 self.cont(pid)
                 entry["fault"]["t_cont"] = now
                 del self.stopped[pid]
+
+    def in_our_sessions(self, pid: int) -> bool:
+        """`pid` is (still) a process of one of the deployment's sessions, whatever its name (pids are reused)."""
+        fields = stat(pid)
+        sessions = {g.pid for p in self.clusters for g in p.generations}
+        return fields is not None and int(fields[3]) in sessions
 
     def random_cancels(self) -> None:
         from runs.models import Run
@@ -1405,6 +1628,7 @@ class Soak:
             self.setup_database()
             try:
                 self.start_sink()
+                self.start_redis()
                 self.seed_tenant()
                 self.start_processes()
                 self.t_start = time.time()
@@ -1435,6 +1659,7 @@ class Soak:
         next_stop = time.time() + self.rng.uniform(*self.stop_every) if self.stop_every else None
         last_status = last_ops = last_print = last_watch = last_scan = last_sup = 0.0
         cap_at = None
+        quiet = False  # every run has ended and nothing is owed: the faults stop, what is stopped goes on
         g = self.guarded
         while True:
             now = time.time()
@@ -1449,12 +1674,15 @@ class Soak:
             unfinished = len(self.open_runs)
             if a.deaths and not self.stopped_submitting and self.deaths() >= a.deaths:
                 self.stopped_submitting = True
-                log(f"{self.deaths()} deaths injected: no more submits, draining")
+                log(f"{self.deaths()} deaths injected: no more submits, draining (the faults go on)")
             open_specs = 0 if self.stopped_submitting else len(self.specs) - self.next_spec
             if open_specs or self.web_pending:
                 g(self.submit_more, unfinished)
                 if self.t_first_submit:
                     cap_at = cap_at or (self.t_first_submit + a.duration_cap)
+            elif self.t_drain is None:
+                self.t_drain = now
+                self.drain_deaths_from = self.deaths()
             if not a.no_faults:
                 # the unfinished runs' pause files every tick; the whole folder every second
                 # (a zombie may pause at a point of a run that has ended meanwhile)
@@ -1467,25 +1695,22 @@ class Soak:
                     last_watch = now
 
                 g(self.random_cancels)
-                # Past the deaths target (or SIGUSR1) the random faults stop, once every
-                # process type owed a death has had it: the drain then shows that the
-                # deployment converges — every run ends — instead of racing a crash loop
-                # on a machine too slow to restart nodes as fast as they are killed.
-                converging = self.stopped_submitting and not self.owed
-                if next_kill and now >= next_kill and not converging:
+                # The random faults go on through the drain (issue 33 item 6): the deployment must bring every
+                # run to its end while processes keep dying; they stop only once every run has ended.
+                if next_kill and now >= next_kill and not quiet:
                     g(self.random_fault, "kill")
                     next_kill = now + self.rng.uniform(*self.kill_every)
-                if next_stop and now >= next_stop and not converging:
+                if next_stop and now >= next_stop and not quiet:
                     g(self.random_fault, "stop")
                     next_stop = now + self.rng.uniform(*self.stop_every)
                 self.release_stopped()
+                share = (self.deaths() / a.deaths) if a.deaths else (self.n_submitted / max(1, len(self.specs)))
+                late = self.stopped_submitting or self.t_drain is not None  # whatever is still owed is due now
                 if self.pg and not a.no_pg_restart and not self.pg_restart_done:
-                    share = (self.deaths() / a.deaths) if a.deaths else (self.n_submitted / max(1, len(self.specs)))
-                    if (
-                        share >= self.pg_restart_at or self.stopped_submitting
-                    ):  # stopped early: restart now, runs still in flight
+                    if share >= self.pg_restart_at or late:
                         self.pg_restart_done = True
                         g(self.restart_postgres)
+                g(self.outside_restarts, share, late)
             if now - last_ops > 0.2:
                 g(self.operate)
                 last_ops = now
@@ -1493,7 +1718,9 @@ class Soak:
                 last_print = now
                 counts = Counter(self.statuses.get(r, "-") for r in self.open_runs)
                 kinds = Counter(
-                    f.get("role", f["kind"]) for f in self.faults if f["kind"] in ("kill", "terminate", "pg_restart")
+                    f.get("role", f["kind"])
+                    for f in self.faults
+                    if f["kind"] in ("kill", "terminate", "pg_restart", "redis_restart")
                 )
                 log(
                     f"t={now - self.t_start:5.0f}s submitted {self.n_submitted}/{len(self.specs)} open {dict(counts)} "
@@ -1501,27 +1728,99 @@ class Soak:
                     f"{dict(kinds)} stops {sum(1 for f in self.faults if f['kind'] == 'stop')} restarts "
                     f"{len(self.exits)} "
                     f"db outages {self.db_outages} decisions {sum(1 for d in self.decisions if d.get('ok'))}"
+                    + (" (draining)" if self.t_drain else "")
                 )
-            # --cover-types: keep injecting until every process type has died once (the duration cap bounds it),
-            # and end only once the supervisor has started again what the last kills ended
+            owed = bool(
+                self.owed or self.stops_owed or self.sink_restart_at or self.sink_armed or self.redis_restart_owed
+            ) or bool(self.pg and not a.no_pg_restart and not a.no_faults and not self.pg_restart_done)
+            if not open_specs and not self.web_pending and unfinished == 0 and not owed and not quiet:
+                quiet = True
+                self.release_stopped(force=True)
+                log("every run is terminal: the random faults stop")
+            # end only once the supervisor has started again what the last kills ended
             settled = all(p.exited() is None for p in self.supervised()) and (
                 not self.faults or now - self.faults[-1].get("t", 0.0) > 1.0
             )
-            if (
-                not open_specs
-                and not self.web_pending
-                and unfinished == 0
-                and not self.stopped
-                and not self.owed
-                and settled
-            ):
-                log("every run is terminal")
+            if quiet and settled and not self.stopped and not self.stopped_nodes:
                 break
             if cap_at and now > cap_at:
                 log(f"duration cap of {a.duration_cap}s reached with {unfinished} unfinished runs")
                 break
             time.sleep(0.02)
         self.t_end = time.time()
+
+    def outside_restarts(self, share: float, late: bool) -> None:
+        """The effect sink (armed first: the next POST is held, so a request is in flight when it dies) and Redis,
+        each restarted at its seeded share of the soak."""
+        now = time.time()
+        assert self.sink is not None
+        if self.sink_armed is None and self.sink_restart_at and (share >= self.sink_restart_at[0] or late):
+            self.sink_restart_at.pop(0)
+            self.sink.new_records()  # read from here on
+            self.sink.arm()
+            self.sink_armed = {"t": now, "deadline": now + 20.0}
+        if self.sink_armed is not None:
+            held = [r for r in self.sink.new_records() if r.get("held_for_restart")]
+            if held or now > self.sink_armed["deadline"]:
+                self.restart_sink(held[0] if held else None)
+        if self.redis is not None and self.redis_restart_owed and (share >= self.redis_restart_at or late):
+            self.redis_restart_owed = False
+            self.restart_redis()
+
+    def restart_sink(self, held: dict | None) -> None:
+        assert self.sink is not None
+        armed, self.sink_armed = self.sink_armed, None
+        entry = self.sink.restart()
+        log(
+            f"effect sink restarted ({'a POST held in flight' if held else 'no POST came to hold'}; down "
+            f"{entry['t_ready'] - entry['t_kill']:.2f} s)"
+        )
+        self.record(
+            {
+                "kind": "sink_restart",
+                "source": "random",
+                "t": entry["t_kill"],
+                "at": iso(entry["t_kill"]),
+                "t_dead": entry["t_dead"],
+                "t_ready": entry["t_ready"],
+                "armed_at": armed["t"] if armed else None,
+                "held_post": {k: held.get(k) for k in ("key", "attempt", "t_ns")} if held else None,
+            }
+        )
+
+    def restart_redis(self) -> None:
+        """The one Redis restart of the soak, under load (SIGKILL, then started again empty on its port)."""
+        assert self.redis is not None
+        window = self.all_windows()
+        entry = self.redis.restart()
+        log(
+            f"Redis restarted in {entry['t_ready'] - entry['t_kill']:.2f} s "
+            f"({entry['connected_clients_before']} clients connected before)"
+        )
+        self.record(
+            {
+                "kind": "redis_restart",
+                "role": "redis_restart",
+                "source": "random",
+                "window": window,
+                "held": [],
+                "t": entry["t_kill"],
+                "at": iso(entry["t_kill"]),
+                **entry,
+            }
+        )
+
+    def all_windows(self) -> str:
+        """The worst window among the runs every node's workers hold (read, not frozen)."""
+        try:
+            held = []
+            for r in self.roles.values():
+                for pid in r.get("qc-worker", []):
+                    held += self.classify(pid)
+            return worst_window(held)
+        except db_errors():
+            self.db_lost()
+            return "-"
 
     def shutdown(self) -> None:
         self.release_stopped(force=True)
@@ -1533,12 +1832,10 @@ class Soak:
             self.submitter.close()
         for p in self.supervised():
             p.stop()
-        if self.sink is not None and self.sink.poll() is None:
-            self.sink.terminate()
-            try:
-                self.sink.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.sink.kill()
+        if self.sink is not None:
+            self.sink.stop()
+        if self.redis is not None:
+            self.redis.stop()
 
     # -- the snapshot and the report -------------------------------------------------
     def snapshot(self) -> dict:
@@ -1563,7 +1860,16 @@ class Soak:
                 "status_polls": self.polls,
                 "observed_waiting_with_lease": self.waiting_with_lease[:100],
                 "max_lease_expirations": MAX_LEASE_EXPIRATIONS,
-                "reconciler": False,  # env() drops AGENTRT_RECONCILER
+                "reconciler": False,  # env() drops AGENTRT_RECONCILER: no global reconciler
+                # ... but the reconciled runs' tool reconciles its own calls (tests/chaos/tools.py), by this rule
+                "reconciled_tools": [RECONCILED_TOOL] if any(s.reconciled for s in self.specs) else [],
+                "reconcile_rule": {"seed": str(self.seed), "conflict_share": self.args.conflict_share},
+                "t_drain": self.t_drain,
+                "deaths_before_drain": self.drain_deaths_from if self.t_drain else None,
+                "sink_delay_s": self.args.sink_delay,
+                "post_timeout": POST_TIMEOUT,
+                "redis": {"port": self.redis.port, "restarts": self.redis.restarts} if self.redis else None,
+                "sink_restarts": self.sink.restarts if self.sink else [],
                 "supervisor": self.exits,
                 "worker_nodes": {str(k): v for k, v in self.pid_node.items()},
                 "web_submits": self.submitter.log if self.submitter else [],
@@ -1586,11 +1892,8 @@ class Soak:
 
         snap = self.snapshot()
         snap["meta"]["process_logs"] = self.log_summary()  # the checker judges unhandled errors too
-        sink = (
-            [json.loads(line) for line in (self.out / "sink.jsonl").read_text().splitlines() if line.strip()]
-            if (self.out / "sink.jsonl").exists()
-            else []
-        )
+        sink = read_jsonl(self.out / "sink.jsonl")
+        reconciles = read_jsonl(self.out / "reconcile.jsonl")
         (self.out / "snapshot.json").write_text(json.dumps(snap, default=str))
         with open(self.out / "faults.jsonl", "w") as fh:
             for f in self.faults:
@@ -1598,7 +1901,7 @@ class Soak:
         with open(self.out / "decisions.jsonl", "w") as fh:
             for d in self.decisions:
                 fh.write(json.dumps(d, default=str) + "\n")
-        report = check(snap, sink, self.faults, self.decisions)
+        report = check(snap, sink, self.faults, self.decisions, reconciles)
         report["config"] = {
             "command": "python -m tests.chaos.soak " + " ".join(sys.argv[1:])
             if sys.argv and sys.argv[0].endswith("soak.py")
@@ -1648,6 +1951,13 @@ class Soak:
         (self.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         md = render_markdown(report)
         (self.out / "report.md").write_text(md)
+        if self.args.bundle:
+            from tests.chaos.bundle import pack
+            from tests.chaos.report import from_bundle
+
+            info = pack(self.out, Path(self.args.bundle))
+            log(f"bundle {self.args.bundle}: {info['bytes']:,} bytes {info['members']}")
+            _, md = from_bundle(Path(self.args.bundle))
         if self.args.report:
             Path(self.args.report).write_text(md)
         log(f"report: {self.out / 'report.md'}")
@@ -1669,7 +1979,15 @@ class Soak:
             "pg_restart": not a.no_pg_restart and self.pg is not None,
             "pg_restart_at": self.pg_restart_at,
             "stopped_early_at_deaths": self.stopped_early_at,
-            "min_uptime": a.min_uptime,
+            "grace": a.grace,
+            "stop_mix": a.stop_mix,
+            "reconciled_fraction": a.reconciled_fraction,
+            "reconciled_runs": sum(1 for s in self.specs if s.reconciled and s.run_id),
+            "conflict_share": a.conflict_share,
+            "sink_restarts": a.sink_restarts,
+            "redis": not a.no_redis,
+            "redis_restart": self.redis is not None and not a.no_redis_restart and not a.no_faults,
+            "faults_through_drain": True,
         }
 
     def planned_summary(self) -> dict:

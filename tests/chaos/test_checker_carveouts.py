@@ -10,6 +10,13 @@ and one whose live call ended `uncertain` (no process died)."""
 
 from __future__ import annotations
 
+import io
+import json
+import lzma
+import tarfile
+
+import pytest
+
 from tests.chaos.checker import check, parse_jsonl
 from tests.chaos.plans import RECONCILED_TOOL, rule
 from tests.chaos.test_checker import INV, KEY, RUN, UAPPROVAL, ev, history, send, uncertain_history
@@ -356,3 +363,39 @@ def test_kills_of_young_processes_stops_by_target_and_the_drain_are_counted():
 def test_a_line_cut_short_by_a_kill_is_skipped_not_fatal():
     text = '{"key": "a", "attempt": "1"}\n{"key": "b", "att\n{"key": "c", "attempt": "1"}\n'
     assert [r["key"] for r in parse_jsonl(text)] == ["a", "c"]
+
+
+def test_the_bundle_rederives_the_report_of_the_full_artifacts(tmp_path):
+    from tests.chaos.bundle import SLIM_KEYS, pack, unpack
+    from tests.chaos.report import from_bundle, rerender
+
+    snapshot, sink, faults, decisions, answers = reconciled_history()
+    snapshot["events"][4]["payload"]["big"] = "x" * 10000  # what the checker never reads is not kept
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "snapshot.json").write_text(json.dumps(snapshot))
+    for name, rows in (("sink", sink), ("faults", faults), ("decisions", decisions), ("reconcile", answers)):
+        (art / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config: dict = {"runs": 1, "seed": 7, "workers": 1, "clusters": 1, "lease_seconds": 2.0, "max_inflight": 1}
+    config.update(wall_s=1.0, kill_every=None, stop_every=None, cancel_rate=0, approve_rate=1, no_faults=False)
+    config.update(planned_fraction=1, artifacts=str(art))
+    (art / "report.json").write_text(json.dumps({"config": config, "planned": {}}))
+    info = pack(art, tmp_path / "b.tar.xz")
+    assert info["bytes"] < 4000, info
+    full, md_full = rerender(art)
+    again, md = from_bundle(tmp_path / "b.tar.xz")
+    assert md.replace(f"- {again['config']['bundle']}\n", "") == md_full
+    unpacked = unpack(tmp_path / "b.tar.xz", tmp_path / "x")
+    slim = json.loads((unpacked / "snapshot.json").read_text())
+    assert "big" not in slim["events"][4]["payload"] and set(slim["events"][4]["payload"]) <= SLIM_KEYS
+    assert len(slim["events"]) == len(snapshot["events"])
+    # a bundle that carries anything else is refused
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"#!/bin/sh\n"
+        info_ = tarfile.TarInfo("../evil.sh")
+        info_.size = len(data)
+        tar.addfile(info_, io.BytesIO(data))
+    (tmp_path / "evil.tar.xz").write_bytes(lzma.compress(buf.getvalue()))
+    with pytest.raises(SystemExit):
+        unpack(tmp_path / "evil.tar.xz", tmp_path / "y")

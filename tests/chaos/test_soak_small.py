@@ -6,15 +6,20 @@ processes, an HTTP effect sink, SIGKILL / SIGSTOP / cancels, an operator
 deciding approvals, and the soak as the supervisor restarting what exits.
 
 Every run carries a planned fault (`--planned-fraction 1` cycles through
-the plans, each twice for 20 runs), so faults land in each window — before
-the watermark, between watermark and result, after the result — by
-construction; `--cover-types` makes the random kills reach every process
-type (a worker holding a lease, an idle worker, pusher, monitor, sentinel,
-qcluster main, run_maintenance, a web node, a PostgreSQL backend) and the
-soak restarts PostgreSQL once. The test asserts from the report that each of
-them landed — a fault type or window no fault reached proves nothing — rather
-than pass vacuously. Plus a few tests that plant violations in a synthetic
-snapshot to prove the checker can fail.
+the plans, each twice for 20 runs: once with `http_post`, once with the
+reconciled tool, whose unknown outcomes its reconciler answers), so faults
+land in each window — before the watermark, between watermark and result,
+after the result — by construction; `--cover-types` makes the random kills
+reach every process type (a worker holding a lease, an idle worker, pusher,
+monitor, sentinel, qcluster main, run_maintenance, a web node, a PostgreSQL
+backend) and the random stops every kind of stop (a worker holding a lease,
+an idle worker, a whole node); the soak restarts PostgreSQL and its own Redis
+once and its effect sink with a POST in flight, kills processes from the
+moment they start, and keeps its random faults on through the drain. The
+test asserts from the report that each of them landed — a fault type or
+window no fault reached proves nothing — rather than pass vacuously. Plus a
+few tests that plant violations in a synthetic snapshot to prove the checker
+can fail.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ def test_seeded_small_soak_kills_every_process_type_and_holds_every_invariant(tm
         "--kill-every",
         "0.5,1.5",
         "--stop-every",
-        "10,20",
+        "3,6",
         "--cover-types",
         "--duration-cap",
         "300",
@@ -83,8 +88,24 @@ def test_seeded_small_soak_kills_every_process_type_and_holds_every_invariant(tm
     deaths = report["deaths"]
     for kind in PROCESS_TYPES:
         assert deaths["by_type"][kind] >= 1, f"no {kind} died: {deaths['by_type']}"
-    assert deaths["pg_restarts"] == 1, deaths
+    assert deaths["pg_restarts"] == 1 and deaths["redis_restarts"] == 1, deaths
     assert report["config"]["private_postgres"] is True  # never the shared server
+    # issue 33 item 6, no carve-outs: each new kind of fault landed
+    cov = report["coverage"]
+    for target in ("busy_worker", "idle_worker", "node"):  # SIGSTOP of a busy worker, an idle one, a whole node
+        assert cov["stops_by_target"][target] >= 1, cov["stops_by_target"]
+    node_young = sum(cov["kills_young_by_type"].get(t, 0) for t in ("sentinel", "qcluster_main", "pusher", "monitor"))
+    assert node_young >= 1, cov  # a node's own processes killed within its first 20 s
+    assert cov["drain"]["deaths"] >= 1, cov["drain"]  # the random faults went on after the last submit
+    (redis,) = report["redis_restarts"]
+    assert redis["connected_clients_before"] >= 1, redis  # the deployment was using the Redis that died
+    sr = report["sink_restarts"]  # the sink died with a POST in flight: its connection reset, an unknown outcome
+    assert sr["restarts"] == 1 and sr["in_flight"] >= 1, sr
+    assert sr["resets_ended_uncertain"] + sr["resets_overtaken"] >= 1, sr
+    rc = report["reconcilers"]  # the reconciled runs' unknown outcomes: answered, and each answer followed
+    assert rc["decisions"] >= 2 and rc["followed"] == rc["decisions"] and not rc["answers_wrong"], rc
+    assert rc["decisions_by_answer"].get("continue", 0) >= 1, rc  # the sink held it: the run went on
+    assert rc["decisions_by_answer"].get("waiting", 0) + rc["decisions_by_answer"].get("conflict", 0) >= 1, rc
     # the soak supervised: what exits by design was started again (the node after its sentinel or main died,
     # run_maintenance and the web node after their SIGKILL)
     for role in ("qcluster", "maintenance", "web"):
