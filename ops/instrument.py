@@ -4,12 +4,17 @@ free of metrics, and the log context follows the step."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
+
+from opentelemetry import trace
 
 from ops import tracing, worker_metrics
 from ops.logs import log_context_update
 from runs.domain.context import RunContext
+from runs.domain.errors import ModelError
+from runs.domain.scrub import scrub
 
 
 class _Proxy:
@@ -100,17 +105,59 @@ class TracedPolicy(_Proxy):
             return decision
 
 
+class TracedProvider(_Proxy):
+    """The model attempt's span (`chat {model}`, open while the provider runs) gets the GenAI usage and, on a
+    failed attempt, `error.type` (the provider's classification). `gen_ai.response.model` is not set: the
+    providers' turns do not carry the model that answered yet."""
+
+    def complete(self, request, token):
+        span = trace.get_current_span()
+        try:
+            turn = self._inner.complete(request, token)
+        except ModelError as exc:
+            span.set_attribute("error.type", exc.error_class)
+            raise
+        span.set_attribute("gen_ai.usage.input_tokens", turn.usage.input_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", turn.usage.output_tokens)
+        return turn
+
+
+CONTENT_BYTES = 4096  # the most of a tool call's arguments or result a captured span carries
+
+
+def _content(value) -> str:
+    text = json.dumps(scrub(value), ensure_ascii=False, default=str)
+    return text if len(text) <= CONTENT_BYTES else text[:CONTENT_BYTES] + "…"
+
+
 class TracedTools(_Proxy):
+    """`execute_tool {tool}` (GenAI conventions; the seed's `tool.execute` in `agentrt.span`)."""
+
     def execute(self, name, arguments, context):
         spec = self._inner.spec(name)
-        attrs = {"tool.name": name}
+        attrs = {
+            "tool.name": name,
+            "agentrt.span": "tool.execute",
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": name,
+            "gen_ai.tool.type": "function",
+        }
+        call_id = getattr(context, "call_id", None)
+        if call_id:
+            attrs["gen_ai.tool.call.id"] = str(call_id)
         if spec is not None:
             attrs.update({"tool.side_effect": spec.side_effect, "tool.read_only": spec.read_only})
         step = getattr(context, "step", None)
         if step is not None:
             attrs["step.number"] = step
-        with tracing._tracer().start_as_current_span("tool.execute", attributes=attrs):
-            return self._inner.execute(name, arguments, context)
+        capture = tracing.capture_content()
+        if capture:
+            attrs["gen_ai.tool.call.arguments"] = _content(arguments)
+        with tracing._tracer().start_as_current_span(f"execute_tool {name}", attributes=attrs) as span:
+            result = self._inner.execute(name, arguments, context)
+            if capture:
+                span.set_attribute("gen_ai.tool.call.result", _content(result))
+            return result
 
 
 def _checkpoint_attrs(cp) -> dict:
@@ -147,7 +194,8 @@ def instrument(ctx: RunContext) -> tuple[RunContext, StepWatch]:
     if tracing.enabled():
         ctx = replace(
             ctx,
-            tracer=tracing.RunTracer(run_id=ctx.run.id, epoch=ctx.run.lease_epoch),
+            tracer=tracing.RunTracer(run_id=ctx.run.id, epoch=ctx.run.lease_epoch, model=ctx.agent.model),
+            provider=TracedProvider(ctx.provider),
             policy=TracedPolicy(ctx.policy),
             tools=TracedTools(ctx.tools),
             store=TracedStore(ctx.store),

@@ -8,6 +8,15 @@ trace. Inside a slice the loop opens `run.step`, `context.build`,
 Tracer port; the adapters add `policy.evaluate`, `tool.execute` and
 `checkpoint.save` (ops/instrument.py).
 
+Three of those spans carry OpenTelemetry's GenAI semantic conventions
+(development version), the names LLM-observability tools read: the slice is
+`invoke_agent {agent}`, a model attempt `chat {model}` (kind CLIENT), a tool
+call `execute_tool {tool}`, each with its `gen_ai.*` attributes; the seed's
+name stays on each as the attribute `agentrt.span` (and the tree is the
+seed's). Message and tool content is captured only when
+`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT` is true, and then
+scrubbed and bounded like every persisted result.
+
 Exported over OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (the
 SDK reads the standard OTEL_* variables). Unset, nothing is configured and
 the loop keeps its null tracer: no span object is created at all.
@@ -54,6 +63,19 @@ def enabled() -> bool:
     return _state["provider"] is not None
 
 
+def capture_content() -> bool:
+    """GenAI content capture (tool arguments and results on `execute_tool`): off unless the standard variable
+    asks for it — it may hold personal data."""
+    return os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").strip().lower() in ("1", "true")
+
+
+def model_names(model: dict | None) -> tuple[str, str]:
+    """(gen_ai.provider.name, gen_ai.request.model) of an agent's `model` block."""
+    model = model or {}
+    provider = str(model.get("provider") or "unknown")
+    return provider, str(model.get("model") or provider)
+
+
 def _tracer():
     return _state["provider"].get_tracer("agentrt")
 
@@ -88,8 +110,19 @@ def run_span(claim):
         if created.get("traceparent")
         else None
     )
-    attributes = {"run.id": str(claim.run_id), "run.epoch": claim.epoch, "worker": claim.owner}
-    with _tracer().start_as_current_span("agent.run", context=parent, attributes=attributes) as span:
+    agent = str(created.get("agent") or "agent")
+    attributes = {
+        "run.id": str(claim.run_id),
+        "run.epoch": claim.epoch,
+        "worker": claim.owner,
+        "agentrt.span": "agent.run",
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": agent,
+        "gen_ai.conversation.id": str(claim.session_id),
+    }
+    if created.get("agent_version"):
+        attributes["gen_ai.agent.version"] = str(created["agent_version"])
+    with _tracer().start_as_current_span(f"invoke_agent {agent}", context=parent, attributes=attributes) as span:
         yield span
 
 
@@ -105,9 +138,10 @@ class _Span:
 class RunTracer:
     """The domain's Tracer port on the OpenTelemetry SDK, for one slice."""
 
-    def __init__(self, *, run_id, epoch: int):
+    def __init__(self, *, run_id, epoch: int, model: dict | None = None):
         self._tracer = _tracer()
         self._base = {"run.id": str(run_id), "run.epoch": epoch}
+        self._provider, self._model = model_names(model)
         self._step: Any = None
         self._step_ctx: Any = None
         self._token: Any = None
@@ -116,7 +150,18 @@ class RunTracer:
     def span(self, name: str, attributes: dict | None = None, *, under: str | None = None):
         parent = self._step_ctx if under == "step" else None
         attrs = {**self._base, **{k: v for k, v in (attributes or {}).items() if v is not None}}
-        with self._tracer.start_as_current_span(name, context=parent, attributes=attrs) as span:
+        shown, kind = name, trace.SpanKind.INTERNAL
+        if name == "model.attempt":  # a model call in the GenAI conventions: `{operation} {model}`, a client span
+            shown, kind = f"chat {self._model}", trace.SpanKind.CLIENT
+            attrs.update(
+                {
+                    "agentrt.span": name,
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.provider.name": self._provider,
+                    "gen_ai.request.model": self._model,
+                }
+            )
+        with self._tracer.start_as_current_span(shown, context=parent, attributes=attrs, kind=kind) as span:
             yield _Span(span)
 
     def begin_step(self, step_number: int, attributes: dict | None = None) -> None:

@@ -9,6 +9,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from approvals.models import Approval
 from approvals.services import approval_decide
@@ -31,9 +32,16 @@ def spans():
     tracing.use_provider(None)
 
 
+def seed_name(span) -> str:
+    """The seed's name of a span: the three GenAI-named ones keep it in `agentrt.span`."""
+    return span.attributes.get("agentrt.span", span.name)
+
+
 def children(all_spans, parent, name):
     return [
-        s for s in all_spans if s.name == name and s.parent is not None and s.parent.span_id == parent.context.span_id
+        s
+        for s in all_spans
+        if seed_name(s) == name and s.parent is not None and s.parent.span_id == parent.context.span_id
     ]
 
 
@@ -64,8 +72,16 @@ def test_a_run_with_tools_a_compaction_and_an_approval_is_one_trace_of_the_seed_
     assert len({s.context.trace_id for s in got}) == 1, "submit and every slice are one trace"
     (submit_span,) = [s for s in got if s.name == "run.submit"]
     slices = children(got, submit_span, "agent.run")
-    assert len(slices) == 2 and [s.name for s in got if s.name == "agent.run"] == ["agent.run"] * 2
+    assert len(slices) == 2 and [s.name for s in got if seed_name(s) == "agent.run"] == ["invoke_agent bot"] * 2
     assert all(s.attributes["run.id"] == str(run.id) for s in slices)
+    # OpenTelemetry's GenAI conventions on the slice, the model attempts and the tool calls
+    assert all(
+        s.attributes["gen_ai.operation.name"] == "invoke_agent"
+        and s.attributes["gen_ai.agent.name"] == "bot"
+        and s.attributes["gen_ai.agent.version"] == run.agent_version
+        and s.attributes["gen_ai.conversation.id"] == str(run.session_id)
+        for s in slices
+    )
 
     steps = [st for sl in slices for st in children(got, sl, "run.step")]
     step_count = Run.objects.get(id=run.id).step_count
@@ -86,12 +102,31 @@ def test_a_run_with_tools_a_compaction_and_an_approval_is_one_trace_of_the_seed_
         assert children(got, step, "checkpoint.save")
     compacted = [s for s in steps if children(got, s, "context.compact")]
     assert compacted and all(s.attributes["step.compactions"] >= 1 for s in compacted)
+    attempts = [a for s in got if seed_name(s) == "model.attempt" for a in [s]]
+    assert attempts and all(
+        a.name == "chat scripted"
+        and a.kind is SpanKind.CLIENT
+        and a.attributes["gen_ai.operation.name"] == "chat"
+        and a.attributes["gen_ai.provider.name"] == "scripted"
+        and a.attributes["gen_ai.request.model"] == "scripted"
+        and a.attributes["gen_ai.usage.input_tokens"] >= 0
+        and a.attributes["gen_ai.usage.output_tokens"] >= 0
+        for a in attempts
+    )
     tools = [t for s in steps for t in children(got, s, "tool.execute")]
     assert len(tools) == 9 and {t.attributes["tool.name"] for t in tools} == {"echo"}
+    assert {t.name for t in tools} == {"execute_tool echo"}
+    assert all(
+        t.attributes["gen_ai.operation.name"] == "execute_tool"
+        and t.attributes["gen_ai.tool.name"] == "echo"
+        and t.attributes["gen_ai.tool.call.id"]
+        and "gen_ai.tool.call.arguments" not in t.attributes  # content capture is off by default
+        for t in tools
+    )
     assert all(t.attributes["tool.side_effect"] == "none" and t.attributes["tool.read_only"] is True for t in tools)
     decisions = [p.attributes["policy.decision"] for s in steps for p in children(got, s, "policy.evaluate")]
     assert "require_approval" in decisions and "allow" in decisions
-    assert {s.name for s in got} == {
+    assert {seed_name(s) for s in got} == {
         "run.submit",
         "agent.run",
         "run.step",
@@ -172,12 +207,12 @@ def test_a_worker_process_exports_its_spans_over_otlp_in_the_submits_trace(spans
         wait_for(
             lambda: (
                 any(s.name == "checkpoint.save" for s in collector.spans)
-                and any(s.name == "agent.run" for s in collector.spans)
+                and any(s.name == "invoke_agent bot" for s in collector.spans)
             ),
             timeout=30,
             message="the worker's spans",
         )
-        (slice_,) = [s for s in collector.spans if s.name == "agent.run"]
+        (slice_,) = [s for s in collector.spans if s.name == "invoke_agent bot"]
         assert slice_.trace_id == submit_span.context.trace_id.to_bytes(16, "big")
         assert slice_.parent_span_id == submit_span.context.span_id.to_bytes(8, "big")
         names = {s.name for s in collector.spans}
@@ -185,11 +220,23 @@ def test_a_worker_process_exports_its_spans_over_otlp_in_the_submits_trace(spans
             "run.step",
             "context.build",
             "model.invoke",
-            "model.attempt",
+            "chat scripted",
             "policy.evaluate",
-            "tool.execute",
+            "execute_tool echo",
             "checkpoint.save",
         } <= names
         assert {s.trace_id for s in collector.spans} == {slice_.trace_id}
     finally:
         collector.close()
+
+
+def test_tool_content_is_captured_only_when_asked_and_scrubbed(spans, load_agent, submit, monkeypatch):
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    secret = "sk-" + "A" * 24
+    load_agent(turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": f"key {secret}"}}]}, {"text": "done"}])
+    run = submit()
+    assert run_drive(run_id=run.id).kind.value == "completed"
+    (tool,) = [s for s in spans.get_finished_spans() if seed_name(s) == "tool.execute"]
+    assert tool.attributes["gen_ai.tool.call.arguments"] == '{"text": "key [REDACTED]"}'
+    assert tool.attributes["gen_ai.tool.call.result"] == '"key [REDACTED]"'
+    assert all(secret not in str(dict(s.attributes)) for s in spans.get_finished_spans())
