@@ -6,7 +6,9 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from approvals.models import Approval
 from ops import fleet
+from runs.domain.values import RunStatus
 
 
 def _histogram(name: str, doc: str, label: str, data: dict[str, fleet.Histogram]) -> HistogramMetricFamily:
@@ -55,7 +57,8 @@ class DeploymentCollector(Collector):
 
         s = fleet.fleet_snapshot()
         runs = GaugeMetricFamily("agent_runs", "Runs by status.", labels=["status"])
-        for status, n in sorted(s["runs_by_status"].items()):
+        by_status = {status.value: 0 for status in RunStatus} | dict(s["runs_by_status"])  # every status from the start
+        for status, n in sorted(by_status.items()):
             runs.add_metric([status], n)
         yield runs
         yield GaugeMetricFamily("agent_queue_depth", "Runs QUEUED.", value=s["queue"]["depth"])
@@ -69,7 +72,8 @@ class DeploymentCollector(Collector):
         oldest = GaugeMetricFamily(
             "agent_approval_oldest_pending_age_seconds", "Age of the oldest pending approval, by kind.", labels=["kind"]
         )
-        for kind, a in sorted(s["approvals"].items()):
+        approvals = {kind: {"pending": 0, "oldest_age_seconds": 0} for kind, _ in Approval.KINDS} | dict(s["approvals"])
+        for kind, a in sorted(approvals.items()):
             pending.add_metric([kind], a["pending"])
             oldest.add_metric([kind], a["oldest_age_seconds"])
         yield pending

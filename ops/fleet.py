@@ -26,6 +26,7 @@ from django.db import connection, transaction
 
 from approvals.models import Approval
 from runs.domain.values import RunStatus
+from runs.tools import REGISTRY
 
 STEP_BUCKETS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89)
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400)
@@ -189,11 +190,21 @@ def contributions(scope: Scope | None = None) -> tuple[str, tuple]:
 KNOWN = {
     "cancelled": ("requested",),
     "leases_lost": tuple(LEASE_PHASES.values()),
-    "requeued": ("slice_end", "drain", "resume", "approval", "input"),
+    "requeued": ("slice_end", "drain", "resume", "approval", "input", "child_run"),
     "compactions": ("pressure",),
     "run_steps": ("completed", "failed", "cancelled"),
-    "waiting": ("approval", "user"),
+    "waiting": ("approval", "user", "child_run"),
 }
+
+
+def _known(series: str) -> tuple[str, ...]:
+    """The labels a series is exported with at 0: `KNOWN`'s, and for
+    `tool_uncertain` every tool registered in this process (an alert on
+    `rate(agent_tool_uncertain_total[5m]) > 0` has its series from the first
+    scrape)."""
+    if series == "tool_uncertain":
+        return tuple(REGISTRY.names())
+    return KNOWN.get(series, ())
 
 
 def _empty(series: str) -> Histogram:
@@ -205,8 +216,8 @@ def _figures(rows, *, zeros: bool = True) -> dict[str, dict]:
     figures: counters {label: n}, histograms {label: Histogram}."""
     out: dict[str, dict] = {series: {} for series in (*HISTOGRAMS, *COUNTERS)}
     if zeros:
-        for series, labels in KNOWN.items():
-            for label in labels:
+        for series in (*HISTOGRAMS, *COUNTERS):
+            for label in _known(series):
                 out[series][label] = _empty(series) if series in HISTOGRAMS else 0
     for series, label, bucket, value in rows:
         if series in HISTOGRAMS:

@@ -97,11 +97,33 @@ def test_counters_read_their_reasons_and_known_labels_start_at_zero(run):
         ev("run.cancelled", by="x", direct=True),
     )
     c = fleet.fleet_counters()
-    assert c["requeued"] == {"slice_end": 2, "drain": 0, "resume": 0, "approval": 0, "input": 1}
+    assert c["requeued"] == {"slice_end": 2, "drain": 0, "resume": 0, "approval": 0, "input": 1, "child_run": 0}
     assert c["compactions"] == {"pressure": 2}
     assert c["cancelled"] == {"requested": 1}
     assert c["leases_lost"] == {"side_effect": 0, "executing": 0, "deciding": 0, "idle": 0}
     assert set(c["run_steps"]) == {"completed", "failed", "cancelled"} and c["run_steps"]["completed"].count == 0
+    assert set(c["waiting"]) == {"approval", "user", "child_run"}
+    # every registered tool has its uncertain-outcome series from the first scrape
+    assert {"echo", "http_get", "http_post", "sleep"} <= set(c["tool_uncertain"])
+    assert all(n == 0 for n in c["tool_uncertain"].values())
+
+
+def test_the_first_scrape_exposes_every_documented_series_with_its_known_labels_at_zero(db):
+    """An alert on rate(agent_tool_uncertain_total[5m]) > 0, or on a status or an approval kind, has its series
+    before the first event: a scrape of an empty deployment already lists them."""
+    from prometheus_client import generate_latest
+
+    from ops.collector import deployment_registry
+
+    text = generate_latest(deployment_registry()).decode()
+    assert 'agent_tool_uncertain_total{tool="http_post"} 0.0' in text
+    assert 'agent_runs_cancelled_total{reason="requested"} 0.0' in text
+    assert 'agent_run_leases_lost_total{phase="side_effect"} 0.0' in text
+    for status in ("QUEUED", "RUNNING", "WAITING_FOR_APPROVAL", "WAITING_FOR_USER", "COMPLETED", "FAILED", "CANCELLED"):
+        assert f'agent_runs{{status="{status}"}} 0.0' in text
+    for kind in ("policy", "interrupted_side_effect", "uncertain_side_effect", "reconcile"):
+        assert f'agent_approvals_pending{{kind="{kind}"}} 0.0' in text
+    assert 'agent_run_waiting_seconds_count{kind="child_run"} 0.0' in text
 
 
 def test_the_snapshot_counts_a_worker_once_however_many_leases_it_renews(run, load_agent, submit):
