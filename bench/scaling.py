@@ -140,6 +140,8 @@ class ClusterProc:
             PYTHONUNBUFFERED="1",
         )
         env.pop("REDIS_URL", None)  # as bench/steps.py: nothing here needs live wake-ups
+        # One tenant's runs on every worker of every node, as bench/steps.py (issue 34 item 5's share).
+        env.setdefault("AGENTRT_TENANT_MAX_RUNNING", str(nodes * workers))
         log_dir.mkdir(parents=True, exist_ok=True)
         self.out_path = log_dir / f"cluster-{nodes}.log"
         self.out = open(self.out_path, "ab")

@@ -284,6 +284,9 @@ class Cluster:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        # The bench's runs are one tenant's: a share of every worker, so that K runs use W workers as
+        # before the share existed (issue 34 item 5). The claim still counts; bench/fairness.py measures it.
+        env.setdefault("AGENTRT_TENANT_MAX_RUNNING", str(workers))
         self.log_path = log_path
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(
