@@ -480,6 +480,14 @@ if AGENTRT_DELIVERY_CLAIM_SECONDS <= AGENTRT_WEBHOOK_TIMEOUT_SECONDS:
 
 # --- django-q2: a doorbell, never the source of truth (DESIGN §5) -----------
 Q_WORKERS = env_int("AGENTRT_WORKERS", 2)
+# Fair workers (README, "Workers and tenants"): leases one tenant may hold at once, checked at every claim.
+# Default: half the workers, at least 1. A node knows only its own AGENTRT_WORKERS: with several worker nodes
+# set it (the same everywhere) to half their sum, as `manage.py cluster` does. 0 = no limit.
+AGENTRT_TENANT_MAX_RUNNING = env_int("AGENTRT_TENANT_MAX_RUNNING", max(1, Q_WORKERS // 2))
+if AGENTRT_TENANT_MAX_RUNNING < 0:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("AGENTRT_TENANT_MAX_RUNNING must be 0 (no limit) or a number of leases")
 Q_TIMEOUT = int(AGENTRT_SLICE_SECONDS + AGENTRT_MAX_CALL_SECONDS + 60)
 # The doorbell: on PostgreSQL an enqueue NOTIFYs and an idle pusher LISTENs,
 # re-checking the queue at least every AGENTRT_Q_FALLBACK_POLL seconds.

@@ -1,5 +1,8 @@
 """Reclaim sweep (every lease/6 s): resume RUNNING runs whose lease expired,
-and ring again for QUEUED runs that have no pending doorbell.
+and ring again for QUEUED runs that have no pending doorbell — but not for
+the runs of a tenant that holds its share of leases (fair workers): a claim
+spent their doorbells on purpose, and the next run of the tenant to release
+its lease rings for one of them (runs/runtime/queue.py, ring_for_queued).
 
 Candidates are selected under the sweep lock; each is acted on outside that
 transaction. The takeover is guarded by the epoch the sweep saw, the expiry
@@ -13,6 +16,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count
 from django_q.models import OrmQ
 
 from maintenance.locks import try_sweep_lock
@@ -20,7 +24,7 @@ from runs.clock import CLOCK
 from runs.models import Run
 from runs.runtime.faults import fire
 from runs.runtime.finalize import enqueue_drive
-from runs.runtime.queue import db_now
+from runs.runtime.queue import db_now, tenant_share
 from runs.runtime.resume import RunLeased, RunNotRunning, run_resume
 
 log = logging.getLogger("agentrt.maintenance")
@@ -50,6 +54,17 @@ def pending_doorbells(now, grace_seconds: float) -> set[str]:
     return ids
 
 
+def _tenants_at_share(share: int):
+    """The tenants holding `share` RUNNING runs or more (a subquery)."""
+    return (
+        Run.objects.filter(status="RUNNING")
+        .values("tenant_id")
+        .annotate(held=Count("id"))
+        .filter(held__gte=share)
+        .values("tenant_id")
+    )
+
+
 def sweep_reclaim(*, queued_grace_seconds: float = 5.0) -> dict:
     with transaction.atomic():
         if not try_sweep_lock("sweep.leases"):
@@ -60,11 +75,11 @@ def sweep_reclaim(*, queued_grace_seconds: float = 5.0) -> dict:
             .order_by("lease_expires_at")
             .values_list("id", "lease_epoch")[:BATCH]
         )
-        stale_queued = list(
-            Run.objects.filter(
-                status="QUEUED", updated_at__lt=now - timedelta(seconds=queued_grace_seconds)
-            ).values_list("id", flat=True)[:BATCH]
-        )
+        queued = Run.objects.filter(status="QUEUED", updated_at__lt=now - timedelta(seconds=queued_grace_seconds))
+        share = tenant_share()
+        if share > 0:
+            queued = queued.exclude(tenant_id__in=_tenants_at_share(share))
+        stale_queued = list(queued.values_list("id", flat=True)[:BATCH])
     resumed = 0
     outcomes: dict[str, int] = {}
     for run_id, epoch in expired:

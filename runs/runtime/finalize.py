@@ -26,10 +26,11 @@ from runs.domain.writes import EventWrite, ModelCallFinish, UnitOfWork
 from runs.runtime.children import child_ended, children_start
 from runs.runtime.enqueue import enqueue_drive
 from runs.runtime.faults import hook_for
-from runs.runtime.queue import Claim
+from runs.runtime.queue import Claim, ring_for_queued
+from runs.store.events import append_event_unfenced
 from runs.store.family import lock_parent
 from runs.store.fence import Transition
-from runs.store.repository import DjangoRunStore, append_event_unfenced
+from runs.store.repository import DjangoRunStore
 
 log = logging.getLogger("agentrt.executor")
 
@@ -93,6 +94,7 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
             } or None
         _record_fenced(claim, late, clock)
         return RunOutcome(kind=OutcomeKind.FENCED, late=late)
+    _released(claim)
     hook_for(claim.run_id)("finalize.after_transition")
     return outcome
 
@@ -210,8 +212,20 @@ def finalize_detached(
     except WorkerFenced:
         _record_fenced(claim, None, clock)
         return RunOutcome(kind=OutcomeKind.FENCED)
+    _released(claim)
     hook_for(claim.run_id)("finalize.after_transition")
     return outcome
+
+
+def _released(claim: Claim) -> None:
+    """The lease is released (committed): a run of the same tenant that a
+    claim left queued, while this one counted against the tenant's share,
+    gets its doorbell now. Never fails the outcome already committed: if
+    this cannot reach the database, the reclaim sweep rings for the run."""
+    try:
+        ring_for_queued(tenant_id=claim.tenant_id, released=claim.run_id)
+    except Exception:
+        log.exception("run %s: could not ring for its tenant's queued runs", claim.run_id)
 
 
 def _checkpoint(ctx: RunContext, work: UnitOfWork, trigger: str) -> None:

@@ -6,10 +6,25 @@ the same machine, uses the host's clock. Each statement is guarded on the
 run's status (and, for a take-over, the epoch that was read and an expired
 lease), so two workers racing for a run cannot both win. The lease is
 released only by finalize's `Transition` (runs/store/fence.py).
+
+Fair workers: with a share (settings.AGENTRT_TENANT_MAX_RUNNING), a claim
+also requires that the run's tenant holds fewer than `share` RUNNING runs;
+a run over its tenant's share stays QUEUED, and `next_for_tenant` finds it
+when a run of that tenant releases its lease. On PostgreSQL a count alone
+is not enough: under READ COMMITTED two claims of one tenant would each
+count before the other commits. So every claim first takes a
+transaction-scoped advisory lock on its tenant, in a statement of its own,
+and counts in the next statement, whose snapshot is taken once the lock is
+held: it sees every claim of that tenant that committed before. Both are
+sent in one round trip (pipeline mode, with the transaction's BEGIN). The
+two-key lock has a key space of its own, apart from the sweeps' one-key
+locks (runs/store/locks.py). SQLite runs one write transaction at a time
+(BEGIN IMMEDIATE), so its count is already alone.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -20,7 +35,10 @@ from django.db import connection, transaction
 
 from runs.clock import CLOCK
 from runs.domain.writes import EventWrite
-from runs.store.repository import append_events, is_pg, sql_dt, sql_json, sql_uuid, statement_cursor
+from runs.store.cursor import is_pg, pipelined, sql_dt, sql_json, sql_uuid, statement_cursor
+from runs.store.events import append_events
+
+log = logging.getLogger("agentrt.queue")
 
 
 @dataclass(frozen=True)
@@ -45,23 +63,50 @@ def _uuid(value: Any) -> UUID:
     return value if isinstance(value, UUID) else UUID(str(value))
 
 
-def _claim_queued_sql() -> str:
+# The tenant lock's first key: crc32("agentrt.tenant_share") & 0x7fffffff; the second is the tenant's hash.
+SHARE_LOCK = 1096884023
+
+# A claim's share check: the run's tenant holds fewer than %s RUNNING runs (read from runs_active_tenant_idx).
+_UNDER_SHARE = (
+    " AND (SELECT count(*) FROM runs held WHERE held.tenant_id = runs.tenant_id AND held.status = 'RUNNING') < %s"
+)
+# The tenants that hold their share (%s): claim-next passes over their runs.
+_FULL_TENANTS = "SELECT tenant_id FROM runs WHERE status = 'RUNNING' GROUP BY tenant_id HAVING count(*) >= %s"
+
+
+def _claim_queued_sql(shared: bool = False) -> str:
+    under_share = _UNDER_SHARE if shared else ""
     if is_pg():
         return (
             "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
             " lease_expires_at = now() + make_interval(secs => %s), attempts = attempts + 1, updated_at = now()"
             " WHERE id = %s AND (status || '') = 'QUEUED'"
+            f"{under_share}"
             " RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id"
         )
     return (
         "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
         " lease_expires_at = %s, attempts = attempts + 1, updated_at = %s"
         " WHERE id = %s AND (status || '') = 'QUEUED'"
+        f"{under_share}"
         " RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id"
     )
 
 
-def _claim_next_sql() -> str:
+def _claim_next_sql(shared: bool = False) -> str:
+    """The next runnable run. With a share on PostgreSQL: the next one of the
+    tenant `_next_tenant_sql` chose and locked (its first parameter after the
+    lease's), under the share check."""
+    if is_pg() and shared:
+        return (
+            "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
+            " lease_expires_at = now() + make_interval(secs => %s), attempts = attempts + 1, updated_at = now()"
+            " FROM (SELECT id FROM runs WHERE tenant_id = %s AND status = 'QUEUED'"
+            " AND (scheduled_for IS NULL OR scheduled_for <= now())"
+            " ORDER BY priority, created_at FOR UPDATE SKIP LOCKED LIMIT 1) AS next_run"
+            f" WHERE runs.id = next_run.id{_UNDER_SHARE}"
+            " RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id"
+        )
     if is_pg():
         return (
             "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
@@ -71,12 +116,30 @@ def _claim_next_sql() -> str:
             " WHERE runs.id = next_run.id"
             " RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id"
         )
+    not_full = f" AND tenant_id NOT IN ({_FULL_TENANTS})" if shared else ""
     return (
         "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
         " lease_expires_at = %s, attempts = attempts + 1, updated_at = %s"
-        " WHERE id = (SELECT id FROM runs WHERE status = 'QUEUED' ORDER BY priority, created_at LIMIT 1)"
+        f" WHERE id = (SELECT id FROM runs WHERE status = 'QUEUED'{not_full} ORDER BY priority, created_at LIMIT 1)"
         " AND status = 'QUEUED'"
         " RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id"
+    )
+
+
+def _tenant_lock_sql() -> str:
+    """PostgreSQL: the named QUEUED run's tenant locked (nothing when the run is not QUEUED)."""
+    return (
+        f"SELECT tenant_id, pg_advisory_xact_lock({SHARE_LOCK}, hashtext(tenant_id::text))"
+        " FROM runs WHERE id = %s AND (status || '') = 'QUEUED'"
+    )
+
+
+def _next_tenant_sql() -> str:
+    """PostgreSQL: the tenant of the next runnable run, among tenants under their share, locked."""
+    return (
+        f"SELECT tenant_id, pg_advisory_xact_lock({SHARE_LOCK}, hashtext(tenant_id::text)) FROM ("
+        "SELECT tenant_id FROM runs WHERE status = 'QUEUED' AND (scheduled_for IS NULL OR scheduled_for <= now())"
+        f" AND tenant_id NOT IN ({_FULL_TENANTS}) ORDER BY priority, created_at LIMIT 1) AS next_run"
     )
 
 
@@ -87,17 +150,40 @@ def _claim_params(owner: str, lease_seconds: float) -> list[Any]:
     return [owner, sql_dt(now + timedelta(seconds=lease_seconds)), sql_dt(now)]
 
 
-def claim(*, run_id: UUID | None, owner: str, lease_seconds: float) -> Leased | None:
+def claim(*, run_id: UUID | None, owner: str, lease_seconds: float, share: int = 0) -> Leased | None:
     """One guarded UPDATE — the QUEUED run `run_id`, or with None the next
     runnable one (FOR UPDATE SKIP LOCKED on PostgreSQL) — and `run.claimed`
-    in the same transaction; None when there was no QUEUED run to claim."""
-    if run_id is not None:
-        sql, params = _claim_queued_sql(), [*_claim_params(owner, lease_seconds), sql_uuid(run_id)]
-    else:
-        sql, params = _claim_next_sql(), _claim_params(owner, lease_seconds)
+    in the same transaction; None when there was no QUEUED run to claim, or
+    (`share` > 0) when its tenant already holds `share` RUNNING runs: the run
+    stays QUEUED."""
+    shared = share > 0
+    lease_params = _claim_params(owner, lease_seconds)
     with transaction.atomic(durable=True):
         with statement_cursor() as cursor:  # prepared once per connection: no planning per claim
-            cursor.execute(sql, params)
+            if not shared:
+                if run_id is not None:
+                    cursor.execute(_claim_queued_sql(), [*lease_params, sql_uuid(run_id)])
+                else:
+                    cursor.execute(_claim_next_sql(), lease_params)
+            elif not is_pg():
+                if run_id is not None:
+                    cursor.execute(_claim_queued_sql(True), [*lease_params, sql_uuid(run_id), share])
+                else:
+                    cursor.execute(_claim_next_sql(True), [*lease_params, share])
+            elif run_id is not None:
+                with statement_cursor() as locking:
+                    with pipelined():  # BEGIN, the lock, the claim: one round trip
+                        locking.execute(_tenant_lock_sql(), [sql_uuid(run_id)])
+                        cursor.execute(_claim_queued_sql(True), [*lease_params, sql_uuid(run_id), share])
+                    queued = locking.fetchone()
+                if queued is not None and cursor.rowcount == 0:
+                    log.info("run %s stays queued: its tenant %s holds its %s leases", run_id, queued[0], share)
+            else:
+                cursor.execute(_next_tenant_sql(), [share])
+                tenant = cursor.fetchone()
+                if tenant is None:
+                    return None
+                cursor.execute(_claim_next_sql(True), [*lease_params, tenant[0], share])
             row = cursor.fetchone()
             if row is None:
                 return None
@@ -111,6 +197,39 @@ def claim(*, run_id: UUID | None, owner: str, lease_seconds: float) -> Leased | 
                 events=[EventWrite("run.claimed", {"lease_owner": owner, "lease_epoch": leased.epoch}, CLOCK.now())],
             )
     return leased
+
+
+def next_for_tenant(*, tenant_id: UUID, released: UUID, share: int) -> UUID | None:
+    """After a run of `tenant_id` released its lease (committed): the
+    tenant's oldest QUEUED run but `released`, when the tenant holds fewer
+    than `share` RUNNING runs now; else None.
+
+    On PostgreSQL the tenant's lock is taken first (autocommit: it is let go
+    at once), so every claim of the tenant that was between its count and its
+    commit has committed before this count: a claim that left a run queued
+    because the released run still counted is seen here, and its run found.
+
+    Read from runs_active_tenant_idx alone (tenant, status, and the id it
+    includes): run ids are time-ordered (UUIDv7), and the order is the id's
+    text so that no index's order can lead the planner to walk the whole
+    queue, or the tenant's history, for the first match. What it reads is
+    the tenant's queued runs, never more than its active-run quota."""
+    check = (
+        "SELECT id FROM runs WHERE tenant_id = %s AND status = 'QUEUED' AND id <> %s"
+        " AND (SELECT count(*) FROM runs held WHERE held.tenant_id = %s AND held.status = 'RUNNING') < %s"
+        " ORDER BY id::text LIMIT 1"
+    )
+    tenant = sql_uuid(tenant_id)
+    with statement_cursor() as cursor:
+        if is_pg():
+            with statement_cursor() as locking:
+                with pipelined():  # the lock, then the count: one round trip
+                    locking.execute(f"SELECT pg_advisory_xact_lock({SHARE_LOCK}, hashtext(%s::uuid::text))", [tenant])
+                    cursor.execute(check, [tenant, released, tenant, share])
+        else:
+            cursor.execute(check.replace("id::text", "id"), [tenant, sql_uuid(released), tenant, share])
+        row = cursor.fetchone()
+    return _uuid(row[0]) if row else None
 
 
 def renew(*, run_id: UUID, owner: str, epoch: int, lease_seconds: float) -> Beat | None:

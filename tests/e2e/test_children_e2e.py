@@ -110,7 +110,7 @@ def test_cancelling_the_parent_while_its_children_run_cancels_them(cluster, load
             {"text": "never"},
         ],
     )
-    c = cluster(AGENTRT_LEASE_SECONDS=3, AGENTRT_WORKERS=3)
+    c = cluster(AGENTRT_LEASE_SECONDS=3, AGENTRT_WORKERS=3, AGENTRT_TENANT_MAX_RUNNING=2)  # both children at once
     run = submit(agent="lead")
 
     def both_running():

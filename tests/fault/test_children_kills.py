@@ -111,7 +111,7 @@ def test_sigkill_of_the_parents_worker_right_after_it_suspended_loses_no_child_a
 
 
 def test_sigkill_of_the_worker_finishing_the_last_child_loses_no_join(stack, lead, submit, tmp_path):
-    c = stack("finalize.before_transition=pause")
+    c = stack("finalize.before_transition=pause", AGENTRT_TENANT_MAX_RUNNING=2)  # both children leased at once
     pauses = Pauses(tmp_path, "finalize.before_transition")
     run = submit(agent="lead")
     wait_for(lambda: pauses.paused(run.id), timeout=60, message=f"the parent to suspend\n{c.output()[-3000:]}")

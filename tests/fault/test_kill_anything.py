@@ -281,7 +281,7 @@ def test_every_backend_terminated_mid_step_and_every_run_completes(deployment, l
     workers, heartbeats, pusher and doorbell listener, monitor, sentinel and
     maintenance is cut, twice, while runs are mid-step."""
     slow_agent(load_agent, steps=5, delay_ms=400)
-    node, maintenance = deployment(workers=2)
+    node, maintenance = deployment(workers=2, AGENTRT_TENANT_MAX_RUNNING=2)  # one tenant on both workers
     runs = [submit(text=f"run {i}") for i in range(6)]
     wait_or_dump(lambda: sum(status(r.id) == "RUNNING" for r in runs) >= 2, 60, "two runs mid-step", node)
     for round_ in range(2):

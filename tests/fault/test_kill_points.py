@@ -57,7 +57,7 @@ def stack(cluster, sink, tmp_path):
         procs.append((m, log))
         return m
 
-    def start(faults: str = "", workers: int = 2, reconciler: str = ""):
+    def start(faults: str = "", workers: int = 2, reconciler: str = "", **extra):
         env = dict(
             AGENTRT_LEASE_SECONDS=LEASE,
             AGENTRT_WORKERS=workers,
@@ -65,6 +65,7 @@ def stack(cluster, sink, tmp_path):
             AGENTRT_FAULTPOINTS=faults,
             AGENTRT_FAULTPOINT_DIR=tmp_path,
             AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host,
+            **extra,
         )
         if reconciler:
             env["AGENTRT_RECONCILER"] = "tests.integration.reconcilers." + reconciler

@@ -66,7 +66,8 @@ def _finalize_completed(ctx, *, claim):
     return finalize(ctx, claim, RunOutcome(kind=OutcomeKind.COMPLETED, final_message="done"))
 
 
-def test_two_siblings_ending_at_the_same_moment_requeue_their_parent_exactly_once(load_agent, submit):
+def test_two_siblings_ending_at_the_same_moment_requeue_their_parent_exactly_once(load_agent, submit, settings):
+    settings.AGENTRT_TENANT_MAX_RUNNING = 2  # both children leased at once, as on two workers
     load_agent(name="worker", turns=[{"text": "unused"}])
     calls = [{"name": "delegate_run", "arguments": {"agent": "worker", "input": f"part {k}"}} for k in range(2)]
     load_agent(name="lead", turns=[{"tool_calls": calls}], tools=("delegate_run",), delegates=["worker"])

@@ -6,6 +6,8 @@ B-tree records of this database between two LSNs, by index."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.db import connection
 
@@ -96,5 +98,15 @@ def test_the_queue_takes_its_next_run_in_order_from_the_index(load_agent, submit
         cur.execute("SET enable_seqscan = off")
         cur.execute("EXPLAIN " + lease._claim_next_sql(), lease._claim_params("w1", 30))
         plan = "\n".join(row[0] for row in cur.fetchall())
+        # Under a share (fair workers): the tenant of the next run, among those under their share, ...
+        cur.execute("EXPLAIN " + lease._next_tenant_sql(), [1])
+        tenant_plan = "\n".join(row[0] for row in cur.fetchall())
+        # ... then that tenant's next run.
+        cur.execute("EXPLAIN " + lease._claim_next_sql(shared=True), [*lease._claim_params("w1", 30), uuid.uuid4(), 1])
+        shared_plan = "\n".join(row[0] for row in cur.fetchall())
         cur.execute("RESET enable_seqscan")
     assert "runs_status_queue_idx" in plan and "Sort" not in plan, plan
+    # (The tenants at their share are grouped from the RUNNING runs, as many as there are workers: that
+    # sort is theirs. The queue itself is walked in order.)
+    assert "runs_status_queue_idx" in tenant_plan and "priority" not in tenant_plan, tenant_plan
+    assert "runs_active_tenant_idx" in shared_plan, shared_plan

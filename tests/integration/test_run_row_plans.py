@@ -21,6 +21,7 @@ from approvals.services import approval_decide
 from runs.clock import CLOCK
 from runs.models import Run, Session
 from runs.runtime.executor import run_drive
+from runs.services import tenant_create
 from runs.services.inputs import run_input
 from runs.services.lifecycle import fail_waiting, run_cancel
 from runs.store import lease
@@ -33,17 +34,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 CROWD = 150  # runs RUNNING, and as many QUEUED, that the statistics do not know of
 
 
-def crowd(template: Run, status: str, n: int = CROWD) -> list[Run]:
-    """`n` runs of `status` beside `template`, each in a session of its own
-    (one live run per session), under a lease for the RUNNING ones."""
-    sessions = Session.objects.bulk_create(
-        [Session(tenant_id=template.tenant_id, agent_id=template.agent_id) for _ in range(n)]
-    )
+def crowd(template: Run, status: str, n: int = CROWD, tenant_id=None) -> list[Run]:
+    """`n` runs of `status` beside `template` (in its tenant, or `tenant_id`),
+    each in a session of its own (one live run per session), under a lease
+    for the RUNNING ones."""
+    tenant_id = tenant_id or template.tenant_id
+    sessions = Session.objects.bulk_create([Session(tenant_id=tenant_id, agent_id=template.agent_id) for _ in range(n)])
     leased = status == "RUNNING"
     return Run.objects.bulk_create(
         [
             Run(
-                tenant_id=template.tenant_id,
+                tenant_id=tenant_id,
                 session=session,
                 agent_id=template.agent_id,
                 agent_version=template.agent_version,
@@ -62,7 +63,9 @@ def crowd(template: Run, status: str, n: int = CROWD) -> list[Run]:
 @pytest.fixture
 def crowded(load_agent, submit):
     """A `runs` table analyzed while it held no RUNNING or QUEUED run, then
-    CROWD of each."""
+    CROWD of each, in a tenant of their own: one tenant cannot hold CROWD
+    leases (its share, AGENTRT_TENANT_MAX_RUNNING, stops it). An index walk
+    by status reads them all the same."""
     load_agent(
         turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": f"{i}"}}]} for i in range(6)] + [{"text": "done"}]
     )
@@ -70,7 +73,12 @@ def crowded(load_agent, submit):
     Run.objects.filter(id=template.id).update(status="COMPLETED")
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE runs")
-    return template, crowd(template, "RUNNING"), crowd(template, "QUEUED")
+    others, _ = tenant_create(name="crowd", username="crowd")
+    return (
+        template,
+        crowd(template, "RUNNING", tenant_id=others.id),
+        crowd(template, "QUEUED", tenant_id=others.id),
+    )
 
 
 def by_status(read: dict[str, int], *, scans: bool = False) -> int:
@@ -87,7 +95,11 @@ def test_a_runs_steps_read_their_run_by_key_among_many_running_runs(crowded, sub
     run = submit(text="among the crowd")
     read = read_during(lambda: run_drive(run_id=run.id))
     assert Run.objects.get(id=run.id).step_count >= 6
-    assert by_status(read) == 0, read  # before: 2,265 entries of runs_active_tenant_idx, 150 a statement
+    # Before: 2,265 entries of runs_active_tenant_idx, 150 a statement. Now only the share's count at the
+    # claim and the release's look for a queued run read it, and only the run's own tenant's entries (the
+    # run's and the template's, with those their earlier statuses left until vacuumed): not the crowd's.
+    assert set(read) - {"runs_pkey"} <= {"runs_active_tenant_idx"}, read
+    assert read.get("runs_active_tenant_idx", 0) < 10, read
     assert read.get("runs_pkey", 0) > 0, read
 
 
@@ -162,6 +174,27 @@ def test_the_lease_statements_read_their_run_by_key(crowded, statement):
     _, running, queued = crowded
     read = read_during(lambda: statement(running, queued))
     assert by_status(read) == 0, read
+
+
+def test_the_claims_under_a_share_count_their_tenants_leases_only(crowded, submit, settings):
+    """Fair workers: with a share, a claim also counts the RUNNING runs of
+    its run's tenant, and a run's release looks for that tenant's queued
+    runs (runs.store.lease). Both read the tenant's own entries of
+    runs_active_tenant_idx, never the crowd's (another tenant's CROWD
+    running and CROWD queued runs, which the statistics do not know of)."""
+    settings.AGENTRT_TENANT_MAX_RUNNING = share = 7
+    mine = [submit(text=f"mine {i}") for i in range(6)]
+
+    def claims_and_a_release_look():
+        for run in mine:  # past the point where a prepared statement takes its generic plan
+            assert lease.claim(run_id=run.id, owner="w1", lease_seconds=30, share=share) is not None
+        assert lease.next_for_tenant(tenant_id=mine[0].tenant_id, released=mine[0].id, share=share) is None
+
+    read = read_during(claims_and_a_release_look)
+    assert set(read) <= {"runs_pkey", "runs_active_tenant_idx"}, read
+    # 0 + 1 + ... + 5 leases counted by the claims, 6 by the look, and the look's queued entries: none
+    # live, the 7 the tenant's runs left as they moved out of QUEUED (until vacuumed). The crowd's are CROWD.
+    assert read.get("runs_active_tenant_idx", 0) <= 15 + 6 + 7, read
 
 
 APPROVE_POSTS = {

@@ -240,12 +240,14 @@ class Command(BaseCommand):
         base = dict(os.environ)
         if self.log_dir:
             base["PYTHONUNBUFFERED"] = "1"
+        workers = o["worker_processes"] or int(os.environ.get("AGENTRT_WORKERS") or 2)
+        # A tenant's share of the leases: half the deployment's workers (each node knows only its own).
+        base.setdefault("AGENTRT_TENANT_MAX_RUNNING", str(max(1, o["workers"] * workers // 2)))
         nodes = []
         for k in range(1, o["web"] + 1):
             port = o["port"] + k - 1
             argv = [sys.executable, "-m", "daphne", "-b", o["bind"], "-p", str(port), "agentrt_site.asgi:application"]
             nodes.append(Node(f"web-{k}", "web", argv, dict(base), port=port, log_dir=self.log_dir))
-        workers = o["worker_processes"] or int(os.environ.get("AGENTRT_WORKERS") or 2)
         for k in range(1, o["workers"] + 1):
             env = dict(base, AGENTRT_WORKERS=str(workers))
             if o["metrics_port"]:
