@@ -113,7 +113,8 @@ class Run(models.Model):
     # No index of its own: runs_tenant_created_idx (tenant, -created_at) starts with it and serves every lookup.
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="runs")
-    agent = models.ForeignKey(Agent, on_delete=models.PROTECT)
+    # No index of its own: runs_agent_created_idx (agent, -created_at) starts with it (the runs list's agent filter).
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, db_index=False)
     agent_version = models.CharField(max_length=64)
     status = models.CharField(max_length=24, choices=STATUS_CHOICES, default=RunStatus.QUEUED.value)
     input = models.TextField()
@@ -174,6 +175,14 @@ class Run(models.Model):
             models.Index(fields=["status", "priority", "created_at"], name="runs_status_queue_idx"),
             models.Index(fields=["tenant", "-created_at"], name="runs_tenant_created_idx"),
             models.Index(fields=["parent"], condition=Q(parent__isnull=False), name="runs_parent_idx"),
+            # The runs list's filters (runs.services.run_list): an agent's runs newest first; a tenant's failed
+            # or cancelled ones, which only a run's end writes into (a claim or a wait writes nothing here).
+            models.Index(fields=["agent", "-created_at"], name="runs_agent_created_idx"),
+            models.Index(
+                fields=["tenant", "status", "-created_at"],
+                condition=Q(status__in=["FAILED", "CANCELLED"]),
+                name="runs_tenant_ended_badly_idx",
+            ),
         ]
 
     def __str__(self):

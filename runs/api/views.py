@@ -17,7 +17,7 @@ from csp.decorators import csp_update
 from django.db.models import Q, QuerySet
 from django.utils.decorators import method_decorator
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 from rest_framework import exceptions, generics, status
 from rest_framework.pagination import PageNumberPagination
@@ -40,6 +40,7 @@ from runs.services import agent_load, run_get, run_submit, scoping
 from runs.services.agent_schema import AgentDefinition
 from runs.services.inputs import run_input
 from runs.services.lifecycle import run_cancel
+from runs.services.run_list import FILTER_PARAMS, WAITING_ON, run_filters_from, runs_filtered
 from runs.services.selectors import run_events, with_children
 
 MAX_SEQUENCE = 2**63 - 1
@@ -277,10 +278,8 @@ class RunListCreate(ApiListView):
     throttle_scope = "runs_create"
 
     def get_queryset(self):
-        qs = scoping.runs_visible_to(self.request.user).order_by("-created_at", "id")
-        wanted = query_choice(self.request, "status", [st.value for st in RunStatus])
-        if wanted:
-            qs = qs.filter(status=wanted)
+        filters = run_filters_from(self.request.query_params)  # InvalidInput: 400 naming the parameter
+        qs = runs_filtered(user=self.request.user, filters=filters).order_by("-created_at", "id")
         session = query_uuid(self.request, "session")
         if session:
             qs = qs.filter(session_id=session)
@@ -293,8 +292,23 @@ class RunListCreate(ApiListView):
         operation_id="runs_list",
         tags=["runs"],
         summary="Runs of your tenant, newest first",
+        description="The filters combine (AND); a value that is not one of a filter's choices, not a time or too "
+        "long is 400 naming the parameter in `fields`. Every filter narrows what the caller may see: a "
+        "member's list never holds another tenant's run, whatever it asks.",
         parameters=[
-            OpenApiParameter("status", str, enum=[st.value for st in RunStatus]),
+            OpenApiParameter(
+                "status",
+                str,
+                description=FILTER_PARAMS["status"] + " One of " + ", ".join(st.value for st in RunStatus) + ".",
+                examples=[OpenApiExample("failed or cancelled", value="FAILED,CANCELLED")],
+            ),
+            OpenApiParameter("agent", str, description=FILTER_PARAMS["agent"]),
+            OpenApiParameter("waiting_on", str, enum=list(WAITING_ON), description=FILTER_PARAMS["waiting_on"]),
+            OpenApiParameter("tenant", str, description=FILTER_PARAMS["tenant"]),
+            OpenApiParameter("created_after", str, description=FILTER_PARAMS["created_after"]),
+            OpenApiParameter("created_before", str, description=FILTER_PARAMS["created_before"]),
+            OpenApiParameter("since", str, pattern=r"^[1-9][0-9]{0,5}[smhd]$", description=FILTER_PARAMS["since"]),
+            OpenApiParameter("q", str, description=FILTER_PARAMS["q"]),
             OpenApiParameter("session", OpenApiTypes.UUID),
             OpenApiParameter("parent", OpenApiTypes.UUID, description="Only the child runs of this run."),
         ],

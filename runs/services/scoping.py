@@ -23,7 +23,7 @@ from django.db.models import QuerySet
 
 from approvals.models import Approval
 from runs.errors import RunNotFound
-from runs.models import AgentVersion, Event, Membership, Run, Tenant
+from runs.models import Agent, AgentVersion, Event, Membership, Run, Tenant
 from runs.store.auth import member_tenant
 
 
@@ -120,6 +120,25 @@ def tenant_events(tenant_id: Any) -> QuerySet:
 
 def runs_visible_to(user) -> QuerySet:
     return scope(Run.objects.select_related("agent"), user)
+
+
+def agents_visible_to(user) -> QuerySet:
+    return scope(Agent.objects.all(), user)
+
+
+def tenant_named(queryset: QuerySet, name: str, *, field: str = "tenant_id") -> QuerySet:
+    """`queryset` (already scoped to a user) narrowed to the tenant called
+    `name`: a filter within what the user sees, so a member naming another
+    tenant, or a name no tenant has, lists nothing (it tells nothing either)."""
+    tenant_id = Tenant.objects.filter(name=name).values_list("id", flat=True).first()
+    if tenant_id is None:
+        return queryset.none()
+    return queryset.filter(**{field: tenant_id})
+
+
+def approvals_actionable_by(user) -> QuerySet:
+    """The approvals `user` may decide: its own tenant's (a superuser's too)."""
+    return scope(Approval.objects.select_related("run", "run__agent", "invocation", "decided_by"), user, acting=True)
 
 
 def agent_versions_visible_to(user) -> QuerySet:

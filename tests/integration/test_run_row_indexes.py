@@ -79,7 +79,7 @@ def test_a_claim_writes_into_the_runs_indexes_it_needs_only(load_agent, submit):
         "runs_status_queue_idx",
         "runs_tenant_created_idx",
         "runs_session_id_d6689c7b",
-        "runs_agent_id_4ba1aa45",
+        "runs_agent_created_idx",
         "runs_live_deadline_idx",
         "one_active_run_per_session",
         "runs_active_tenant_idx",
