@@ -29,7 +29,7 @@ UNKNOWN_OUTCOME_KINDS = RERUN_KINDS
 class Approval(models.Model):
     KINDS = [(k, k) for k in (POLICY, INTERRUPTED_SIDE_EFFECT, RECONCILE, UNCERTAIN_SIDE_EFFECT)]
     STATUSES = choices(ApprovalStatus)
-    SURFACES = [(s, s) for s in ("admin", "api", "live")]
+    SURFACES = [(s, s) for s in ("admin", "api", "live", "cli")]
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
     # No index of its own: approvals_pending_idx leads with the tenant.

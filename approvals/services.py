@@ -36,7 +36,7 @@ from runs.services.lifecycle import fail_waiting, hold_run
 from runs.services.scoping import as_uuid, scoped_one
 from runs.store.events import record_events
 
-SURFACES = ("admin", "api", "live")
+SURFACES = ("admin", "api", "live", "cli")
 
 
 def can_resolve(user) -> bool:

@@ -9,15 +9,37 @@ DONE = {"COMPLETED", "FAILED", "CANCELLED", "WAITING_FOR_APPROVAL", "WAITING_FOR
 
 
 class Command(BaseCommand):
-    help = "Submit a run; prints its id (and, with --wait, its status once terminal or waiting)."
+    help = (
+        "Submit a run of an agent as the system (no user: a shell command); prints the run's id, and with "
+        "--wait its status once it has ended or waits for a person. Exits 1 with the reason when refused "
+        "(unknown agent or tenant, a session with another active run, the tenant's quota)."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("--agent", required=True)
-        parser.add_argument("--input", required=True)
-        parser.add_argument("--tenant", default="demo")
-        parser.add_argument("--session", default=None)
-        parser.add_argument("--wait", action="store_true")
-        parser.add_argument("--timeout", type=float, default=600)
+        parser.add_argument("--agent", required=True, metavar="NAME", help="the agent's name (as loaded by load_agent)")
+        parser.add_argument("--input", required=True, metavar="TEXT", help="the user's message the run starts from")
+        parser.add_argument(
+            "--tenant", default="demo", metavar="NAME", help="the tenant the run belongs to (default: demo)"
+        )
+        parser.add_argument(
+            "--session",
+            default=None,
+            metavar="SESSION_ID",
+            help="continue this session (its earlier runs are the run's history); default: a new session",
+        )
+        parser.add_argument(
+            "--wait",
+            action="store_true",
+            help="return once the run has ended (COMPLETED, FAILED, CANCELLED) or waits for a person "
+            "(WAITING_FOR_APPROVAL, WAITING_FOR_USER), and print that status on a second line",
+        )
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=600,
+            metavar="SECONDS",
+            help="with --wait: give up after this many seconds (exit 1; the run goes on) (default: 600)",
+        )
 
     def handle(self, *args, **opts):
         try:
