@@ -9,7 +9,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentrt
 # TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: run cluster test venv dev browser nginx smoke bench mutants clean
+.PHONY: run cluster test venv dev browser nginx mcp-servers smoke bench mutants clean
 
 # requirements.txt / requirements-dev.txt are hashed locks compiled from the
 # .in files (README, "Dependencies"); pip refuses anything whose hash differs.
@@ -36,6 +36,7 @@ var/secret_key:
 	@mkdir -p $(@D)
 	@umask 077 && $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@.tmp && mv $@.tmp $@
 
+# PORT=8001 make run serves on another port (a port in use stops it at once, saying so).
 run: venv var/secret_key
 	DJANGO_SECRET_KEY="$$(cat var/secret_key)" AGENTRT_DEMO=1 $(PY) manage.py demo
 
@@ -81,7 +82,12 @@ lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: dev browser nginx
+# Real MCP servers from PyPI (mcp-server-time, mcp-server-git) for the MCP tests, in a venv of their own
+# (var/mcp-servers), installed from a hashed lock once: tests/mcptools/servers.py.
+mcp-servers: dev
+	$(PY) -m tests.mcptools.servers
+
+test: dev browser nginx mcp-servers
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # Curated mutants (tests/mutants/*.toml), each applied to a scratch copy and

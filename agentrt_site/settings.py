@@ -413,6 +413,9 @@ AGENTRT_HTTP_TOOL_ALLOWED_HOSTS = _allow_list("AGENTRT_HTTP_TOOL_ALLOWED_HOSTS")
 # Names on an allow-list whose loopback and private addresses a request may go to (an IP literal on a list may
 # anyway); a name not here that resolves to one is refused (address_not_allowed). Link-local and metadata: never.
 AGENTRT_OUTBOUND_INTERNAL_NAMES = env_list("AGENTRT_OUTBOUND_INTERNAL_NAMES", "")
+# MCP servers whose tools agents may call (runs/tools/mcp/config.py; README "MCP servers' tools"): JSON, parsed and
+# validated when the apps load (a bad value stops the process naming the field).
+AGENTRT_MCP_SERVERS = os.environ.get("AGENTRT_MCP_SERVERS", "")
 AGENTRT_APPROVAL_TTL_SECONDS = env_float("AGENTRT_APPROVAL_TTL_SECONDS", 86400)
 AGENTRT_INPUT_TTL_SECONDS = env_float("AGENTRT_INPUT_TTL_SECONDS", 86400)
 # Active (non-terminal) runs per tenant unless Tenant.max_active_runs says otherwise; 0 = no limit.

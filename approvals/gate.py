@@ -12,6 +12,7 @@ from approvals.hashing import request_hash, tool_spec_dict
 from approvals.models import UNKNOWN_OUTCOME_KINDS, Approval
 from runs.domain.records import ApprovalDecision
 from runs.domain.writes import ApprovalInsert
+from runs.tools.mcp.tools import shown
 
 POLICY_NOTICE = (
     "Policy requires an operator's approval before this call runs. Approving runs it once with these arguments."
@@ -65,7 +66,8 @@ class ApprovalGate:
             tool=tool,
             arguments=arguments,
             kind=kind,
-            presentation=self.presentation(tool, arguments),
+            # An MCP tool's server and its hints as pinned, labelled as hints (runs.tools.mcp): bound by the hash too.
+            presentation={**self.presentation(tool, arguments), **shown(tool.name, self._definition())},
             capability={"tool": tool.name, "arguments": arguments},
             at=at,
         )
@@ -108,6 +110,9 @@ class ApprovalGate:
             expires_at=self._expiry(at, kind),
             created_at=at,
         )
+
+    def _definition(self) -> Any:
+        return getattr(self.run, "pinned_definition", None)
 
     def decision_for(self, invocation_id) -> ApprovalDecision | None:
         row = (

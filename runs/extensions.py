@@ -7,7 +7,9 @@ command) calls `load()` from `RunsConfig.ready()`:
    (comma-separated dotted paths, operator configuration — never tenant
    input) are imported;
 2. an `agent_providers` and an `agent_tools` module in each installed app are
-   imported when the app has one, the way the admin finds `admin.py`.
+   imported when the app has one, the way the admin finds `admin.py`;
+3. the tools of the MCP servers in `AGENTRT_MCP_SERVERS` are registered
+   (runs.tools.mcp; a bad value names the field).
 
 A module that fails to import, two tools (or providers) with one name, or a
 configured model endpoint whose provider nobody registered stops the process
@@ -28,6 +30,7 @@ from django.utils.module_loading import module_has_submodule
 
 from runs.providers.endpoints import SETTING
 from runs.providers.registry import PROVIDERS
+from runs.tools import mcp
 from runs.tools.registry import REGISTRY
 
 TOOL_SETTING = "AGENTRT_TOOL_MODULES"
@@ -84,6 +87,7 @@ def load() -> None:
             _import(path, TOOL_SETTING)
         for path in _app_modules(TOOL_MODULE):
             _import(path, f"the installed app module {path}")
+        mcp.load()  # AGENTRT_MCP_SERVERS: after the project's tools, whose names an MCP tool may not take
         check_endpoints()
     except BaseException:
         REGISTRY.restore(tools)

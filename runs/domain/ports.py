@@ -123,6 +123,10 @@ class ToolRegistry(Protocol):
     def execute(self, name: str, arguments: Any, context: Any) -> Any:
         """Run the tool; raise `ToolFailure` for an outcome the model should see."""
 
+    def unavailable(self, name: str) -> tuple[str, str] | None:
+        """For a tool with no spec: (code, message) when it is known and cannot be used now (an MCP server's
+        tool that changed since the version pinned it: `tool_changed`), else None (`unknown_tool`)."""
+
 
 class PolicyEngine(Protocol):
     def evaluate(self, tool_name: str, arguments: Any) -> str:

@@ -56,6 +56,7 @@ from runs.runtime.queue import Claim, run_heartbeat, worker_identity
 from runs.services.selectors import run_to_dict
 from runs.store import lease
 from runs.tools import REGISTRY
+from runs.tools.mcp.tools import shown_by, tools_for
 from runs.tools.reconcile import by_tool as reconcile_by_tool
 from runs.tools.reconcile import covers as tool_reconcilers_cover
 
@@ -345,16 +346,29 @@ def _expiry(run: Run, kind: str):
     return expires
 
 
+def _tools_of(run_id) -> Any:
+    """The run's tools as its version sees them: the registry, with the MCP tools it pins (runs.tools.mcp) —
+    the spec an approval's hash is bound to, and which a changed server's tool no longer has."""
+    pinned = Run.objects.filter(id=run_id).values_list("agent_id", "agent_version").first()
+    definition = (
+        AgentVersion.objects.filter(agent_id=pinned[0], version=pinned[1]).values_list("definition", flat=True).first()
+        if pinned
+        else None
+    )
+    return tools_for(definition)
+
+
 def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: str, pause: dict | None = None) -> str:
     """Pause the interrupted side effects on hash-bound approvals: finalize
     writes them, a full checkpoint, WAITING_FOR_APPROVAL and the lease release
     in one transaction."""
     now = CLOCK.now()
     late = run.deadline_at is not None and run.deadline_at <= now  # said by approval.requested (and its webhook)
+    tools = _tools_of(run.id)
     work = UnitOfWork()
     approval_ids, inv_ids = [], []
     for inv in invocations:
-        spec = REGISTRY.spec(inv.tool_name)
+        spec = tools.spec(inv.tool_name)
         # An uncertain call waits on its own kind unless the reconciler paused it.
         inv_kind = UNCERTAIN_SIDE_EFFECT if kind == INTERRUPTED_SIDE_EFFECT and inv.status == "uncertain" else kind
         presentation = {
@@ -366,6 +380,7 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
         }
         if inv_kind == UNCERTAIN_SIDE_EFFECT:
             presentation["error"] = inv.error
+        presentation.update(shown_by(tools, inv.tool_name))  # an MCP tool's server and hints, as hints
         capability = {"tool": inv.tool_name, "arguments": inv.arguments}
         if pause is not None:
             # The reconciler's keys are kept, but what runs is always shown
@@ -433,14 +448,14 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
     return _end(claim, outcome, work)
 
 
-def rerun_conflict(tool_name: str, arguments: Any) -> tuple[str, bool] | None:
+def rerun_conflict(tool_name: str, arguments: Any, tools: Any = REGISTRY) -> tuple[str, bool] | None:
     """Seed 000: a call whose outcome is unknown can wait for an approval only
     while its tool is registered and its recorded arguments pass the tool's
     schema. Otherwise the reason it cannot, and whether the invocation ends
     `invalid_decision` (the schema case). Also used for `uncertain` calls."""
-    if REGISTRY.spec(tool_name) is None:
+    if tools.spec(tool_name) is None:
         return f"tool {tool_name!r} is no longer registered", False
-    if not isinstance(arguments, dict) or REGISTRY.validate(tool_name, arguments):
+    if not isinstance(arguments, dict) or tools.validate(tool_name, arguments):
         return "the interrupted call's arguments no longer pass its schema", True
     return None
 
@@ -449,8 +464,9 @@ def _cannot_wait(claim: Claim, unknown: list[ToolInvocation]) -> str | None:
     """End the run `reconcile_conflict` when an unknown outcome has nothing
     valid to pause on (never an approval to re-run a call that cannot run)."""
     now = CLOCK.now()
+    tools = _tools_of(claim.run_id)
     for inv in unknown:
-        conflict = rerun_conflict(inv.tool_name, inv.arguments)
+        conflict = rerun_conflict(inv.tool_name, inv.arguments, tools)
         if conflict is None:
             continue
         message, invalid = conflict

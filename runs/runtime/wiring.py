@@ -1,7 +1,7 @@
 """The composition root of the runtime: where the domain's ports get their adapters.
 
 `build_context` wires one claimed run: the Django store, the tool registry
-and its tenant's allowed tools, the policy engine over the agent's policy
+(with the MCP tools its version pins) and its tenant's allowed tools, the policy engine over the agent's policy
 and its tenant's floor, the budget
 ledger, the approval gate, the provider (streaming deltas through
 `DeltaBatcher`), the supervisor as the lease, the fault hook. `connect_cluster`
@@ -39,6 +39,7 @@ from runs.runtime.queue import Claim
 from runs.store.reads import claimed_run
 from runs.store.repository import DjangoRunStore
 from runs.tools import REGISTRY
+from runs.tools.mcp import tools_for
 
 log = logging.getLogger("agentrt.executor")
 
@@ -167,7 +168,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
             epoch=claim.epoch,
             code_version=settings.AGENTRT_CODE_VERSION,
         ),
-        tools=REGISTRY,
+        tools=tools_for(definition),  # the registry, with the MCP tools the version pins (runs.tools.mcp)
         policy=policy,
         budgets=Ledger(limits, run.deadline_at),
         token=token,

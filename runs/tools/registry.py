@@ -197,6 +197,10 @@ class ToolRegistry:
         with self._lock:
             self._tools, self._typed, self._accept = dict(snapshot[0]), dict(snapshot[1]), dict(snapshot[2])
 
+    def unavailable(self, name: str) -> tuple[str, str] | None:
+        """A registered tool is there or not: nothing in between (a run's MCP pins say otherwise)."""
+        return None
+
     def validate(self, name: str, arguments: Any) -> list[str]:
         entry = self._tools.get(name)
         if entry is None:

@@ -233,6 +233,9 @@ class FakeRegistry:
         entry = self._tools.get(name)
         return entry[0] if entry else None
 
+    def unavailable(self, name: str) -> tuple[str, str] | None:
+        return None
+
     def validate(self, name: str, arguments: Any) -> list[str]:
         entry = self._tools.get(name)
         if entry is None:

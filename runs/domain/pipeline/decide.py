@@ -84,7 +84,12 @@ def _resolve(ctx: RunContext, entry: _Entry) -> None:
     if call.name in ctx.agent.tools:
         entry.spec = ctx.tools.spec(call.name)
     if entry.spec is None:
-        _fail(entry, "unknown_tool", f"no tool named {scrub_text(call.name)[:100]!r} is available to this agent")
+        # A tool the version lists that cannot be used now (an MCP tool no longer as pinned: `tool_changed`).
+        why = ctx.tools.unavailable(call.name) if call.name in ctx.agent.tools else None
+        _fail(
+            entry,
+            *(why or ("unknown_tool", f"no tool named {scrub_text(call.name)[:100]!r} is available to this agent")),
+        )
         return
     if not ctx.agent.tool_allowed(call.name):
         _fail(entry, *_not_allowed(call.name))

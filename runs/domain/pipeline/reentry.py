@@ -232,6 +232,10 @@ def _triage(
         decision = ctx.approvals.decision_for(row.id)
         if decision is None or decision.status != ApprovalStatus.APPROVED:
             raise UnknownOutcome(f"invocation {row.id} is waiting for a decision")
+        gone = ctx.tools.unavailable(row.tool_name) if entry.spec is None else None
+        if gone is not None:  # the tool is no longer what was approved (an MCP tool changed since its pin)
+            _not_as_approved(results, entry, decision, gone, now)
+            return "answered", None
         valid = entry.spec is not None and not ctx.tools.validate(row.tool_name, entry.arguments)
         if not (valid and _as_approved(ctx, step_number, entry, row, decision)):
             return "invalidated", decision
@@ -271,6 +275,21 @@ def _triage(
         entry.authorized = entry.delegates = True
         return "delegate", None
     return "run", approved
+
+
+def _not_as_approved(
+    results: UnitOfWork, entry: _Entry, decision: ApprovalDecision, why: tuple[str, str], now: datetime
+) -> None:
+    """An approved call whose tool can no longer run as approved (`ToolRegistry.unavailable`): the approval is
+    invalidated with the reason, nothing is sent, and the model sees the failure (`tool_changed`)."""
+    results.event(
+        EventType.APPROVAL_INVALIDATED,
+        {"approval": str(decision.id), "invocation": str(entry.invocation_id), "reason": why[1]},
+        now,
+    )
+    results.approval_invalidations.append(decision.id)
+    _fail(entry, *why)
+    _record_not_run(results, entry, now)
 
 
 def _ask_again(
