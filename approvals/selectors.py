@@ -42,7 +42,8 @@ def _iso(dt) -> str | None:
 
 
 def approval_card(approval: Approval, *, with_tenant: bool = False) -> dict[str, Any]:
-    """What a person is shown of one approval before deciding it (plain data: pages set it as text)."""
+    """What a person is shown of one approval before deciding it (plain data: pages set it as text): the
+    REST shape (ApprovalOut's fields) and, beside it, the run's agent and status and the card's parts."""
     run = approval.run
     now = CLOCK.now()
     presentation = approval.presentation if isinstance(approval.presentation, dict) else {}
@@ -51,6 +52,7 @@ def approval_card(approval: Approval, *, with_tenant: bool = False) -> dict[str,
     card = {
         "id": str(approval.id),
         "run": str(approval.run_id),
+        "invocation": str(approval.invocation_id) if approval.invocation_id else None,
         "run_short": str(approval.run_id).replace("-", "")[-8:],
         "agent": run.agent.name,
         "run_status": run.status,
@@ -59,6 +61,7 @@ def approval_card(approval: Approval, *, with_tenant: bool = False) -> dict[str,
         "tool": presentation.get("tool") or "",
         "side_effect": presentation.get("side_effect") or "",
         "notice": presentation.get("notice") or "",
+        "presentation": presentation,
         "arguments": arguments,
         "arguments_preview": preview[:ARGUMENTS_PREVIEW] + ("…" if len(preview) > ARGUMENTS_PREVIEW else ""),
         "request_hash": approval.request_hash,

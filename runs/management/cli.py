@@ -47,17 +47,15 @@ EXIT_CODES_HELP = (
 _BY_STATUS = {400: EXIT_USAGE, 403: EXIT_FORBIDDEN, 404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT, 429: EXIT_CONFLICT}
 
 
-class CliError(CommandError):
-    """A refusal with its stable code (the API's) and the exit code scripts see."""
-
-    def __init__(self, code: str, message: str, *, exit_code: int = EXIT_ERROR, fields: dict | None = None):
-        super().__init__(f"{code}: {message}", returncode=exit_code)
-        self.code = code
-        self.message = message
-        self.fields = fields or {}
+def cli_error(code: str, message: str, *, exit_code: int = EXIT_ERROR, fields: dict | None = None) -> CommandError:
+    """A refusal as Django's CommandError (printed `code: message`, exiting `exit_code`), carrying its
+    stable code (the API's) for --json."""
+    error = CommandError(f"{code}: {message}", returncode=exit_code)
+    error.code, error.message, error.fields = code, message, fields or {}
+    return error
 
 
-def refusal(exc: RunError, *, options: dict[str, str] | None = None) -> CliError:
+def refusal(exc: RunError, *, options: dict[str, str] | None = None) -> CommandError:
     """A service's error as the CLI's: its code, its message, the exit code of its HTTP status; a field the
     message names is the option the operator typed (`options`: field -> option)."""
     message = exc.message
@@ -65,7 +63,7 @@ def refusal(exc: RunError, *, options: dict[str, str] | None = None) -> CliError
         if field in exc.fields:
             message = f"{option}: {exc.fields[field][0]}"
             break
-    return CliError(exc.code, message, exit_code=_BY_STATUS.get(exc.status, EXIT_ERROR), fields=exc.fields)
+    return cli_error(exc.code, message, exit_code=_BY_STATUS.get(exc.status, EXIT_ERROR), fields=exc.fields)
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -87,9 +85,9 @@ def acting_user(username: str):
     """The active user `--as` names, who must belong to a tenant unless a superuser."""
     user = get_user_model().objects.filter(username=username).first()
     if user is None or not user.is_active:
-        raise CliError("unknown_user", f"no active user {username!r} (--as)", exit_code=EXIT_USAGE)
+        raise cli_error("unknown_user", f"no active user {username!r} (--as)", exit_code=EXIT_USAGE)
     if scoping.tenant_for(user) is None and not scoping.sees_every_tenant(user):
-        raise CliError("no_tenant", f"{username} is a member of no tenant", exit_code=EXIT_FORBIDDEN)
+        raise cli_error("no_tenant", f"{username} is a member of no tenant", exit_code=EXIT_FORBIDDEN)
     return user
 
 
@@ -112,10 +110,14 @@ def emit_json(stream, value: Any) -> None:
     stream.write(json.dumps(value, indent=2, sort_keys=True, default=str))
 
 
-def emit_error_json(error: CliError) -> None:
+def emit_error_json(error: CommandError) -> None:
     """With --json, a refusal is also a JSON object on stdout: `{"error": {"code", "message", "exit"}}`."""
-    body: dict[str, Any] = {"code": error.code, "message": error.message, "exit": error.returncode}
-    if error.fields:
+    body: dict[str, Any] = {
+        "code": getattr(error, "code", "error"),
+        "message": getattr(error, "message", str(error)),
+        "exit": error.returncode,
+    }
+    if getattr(error, "fields", None):
         body["fields"] = error.fields
     sys.stdout.write(json.dumps({"error": body}, sort_keys=True) + "\n")
 

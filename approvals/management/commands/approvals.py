@@ -8,20 +8,19 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from approvals.models import Approval
 from approvals.selectors import approval_card
 from approvals.services import approval_confirm, approval_decide, approval_for
-from runs.api.serializers import ApprovalOut
 from runs.errors import RunError
 from runs.management.cli import (
     EXIT_CODES_HELP,
     EXIT_NOT_FOUND,
     EXIT_USAGE,
-    CliError,
     acting_user,
     card_lines,
+    cli_error,
     common_options,
     emit_error_json,
     emit_json,
@@ -122,7 +121,7 @@ class Command(BaseCommand):
         try:
             user = acting_user(opts["as_user"])
             getattr(self, "do_" + opts["action"])(user, opts)
-        except CliError as error:
+        except CommandError as error:
             if self.json:
                 emit_error_json(error)
             raise
@@ -137,7 +136,7 @@ class Command(BaseCommand):
         try:
             return approval_for(user=user, approval_id=ref, acting=acting)
         except RunError:
-            raise CliError(
+            raise cli_error(
                 "not_found", f"no approval {ref} that {user.get_username()} may see", exit_code=EXIT_NOT_FOUND
             ) from None
 
@@ -145,7 +144,7 @@ class Command(BaseCommand):
 
     def do_list(self, user, opts) -> None:
         if not 1 <= opts["limit"] <= 200:
-            raise CliError("invalid", "--limit: from 1 to 200", exit_code=EXIT_USAGE)
+            raise cli_error("invalid", "--limit: from 1 to 200", exit_code=EXIT_USAGE)
         # What the user may decide (its own tenant's); a superuser may look at another tenant's by name.
         qs = scoping.approvals_actionable_by(user)
         if opts["tenant"]:
@@ -155,7 +154,7 @@ class Command(BaseCommand):
         if opts["run"]:
             run = scoping.as_uuid(opts["run"])
             if run is None:
-                raise CliError("invalid", "--run: must be a run's id", exit_code=EXIT_USAGE)
+                raise cli_error("invalid", "--run: must be a run's id", exit_code=EXIT_USAGE)
             qs = qs.filter(run_id=run)
         order = ("created_at", "id") if opts["status"] == "pending" else ("-created_at", "-id")
         cards = [approval_card(a) for a in qs.order_by(*order)[: opts["limit"]]]
@@ -225,7 +224,7 @@ class Command(BaseCommand):
         request_hash = opts["request_hash"]
         if not request_hash:
             if self.json or not sys.stdin.isatty():
-                raise CliError(
+                raise cli_error(
                     "request_hash_required",
                     "--request-hash: give the request hash of the card you decide (shown by `approvals show`)",
                     exit_code=EXIT_USAGE,
@@ -237,7 +236,7 @@ class Command(BaseCommand):
             )
             answer = input(f"{verb} this card (request hash {card['request_hash'][:12]}…)? [y/N] ").strip().lower()
             if answer not in ("y", "yes"):
-                raise CliError("not_decided", "nothing decided", exit_code=EXIT_USAGE)
+                raise cli_error("not_decided", "nothing decided", exit_code=EXIT_USAGE)
             request_hash = card["request_hash"]
         try:
             decided = decision(request_hash)
@@ -246,4 +245,4 @@ class Command(BaseCommand):
         text = f"{decided.status} by {user.get_username()} via cli" + (
             f": {safe(decided.reason)}" if decided.reason else ""
         )
-        self.out(ApprovalOut(decided).data, text)
+        self.out(approval_card(decided), text)

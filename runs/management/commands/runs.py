@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.utils.dateparse import parse_datetime
 
 from approvals.selectors import approval_card
@@ -21,9 +21,9 @@ from runs.management.cli import (
     EXIT_NOT_FOUND,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
-    CliError,
     acting_user,
     card_lines,
+    cli_error,
     common_options,
     emit_error_json,
     emit_json,
@@ -172,7 +172,7 @@ class Command(BaseCommand):
         try:
             user = acting_user(opts["as_user"])
             getattr(self, "do_" + opts["action"])(user, opts)
-        except CliError as error:
+        except CommandError as error:
             if self.json:
                 emit_error_json(error)
             raise
@@ -286,9 +286,9 @@ class Command(BaseCommand):
         run = self.run_of(user, opts["run"])
         limit = opts["limit"]
         if limit is not None and not 1 <= limit <= 500:
-            raise CliError("invalid", "--limit: from 1 to 500", exit_code=EXIT_USAGE)
+            raise cli_error("invalid", "--limit: from 1 to 500", exit_code=EXIT_USAGE)
         if opts["after"] < 0:
-            raise CliError("invalid", "--after: 0 or more", exit_code=EXIT_USAGE)
+            raise cli_error("invalid", "--after: 0 or more", exit_code=EXIT_USAGE)
         events, after, next_after = [], opts["after"], None
         while True:
             page, next_after = run_events(run=run, after=after, limit=limit or 500)
@@ -322,7 +322,7 @@ class Command(BaseCommand):
         run = self.run_of(user, opts["run"], acting=True)
         service = retry_service()
         if service is None:
-            raise CliError(
+            raise cli_error(
                 "not_available",
                 "retrying a run is not available in this version yet (POST /api/runs/{id}/retry/ is not there either)",
                 exit_code=EXIT_UNAVAILABLE,
@@ -347,12 +347,12 @@ class Command(BaseCommand):
             matches = [m for m in matches if m.hex.startswith(bare) or m.hex.endswith(bare)]
             if len(matches) > 1:
                 shown = ", ".join(str(m) for m in matches[:5])
-                raise CliError("ambiguous", f"{ref} names more than one run: {shown}", exit_code=EXIT_USAGE)
+                raise cli_error("ambiguous", f"{ref} names more than one run: {shown}", exit_code=EXIT_USAGE)
             key = matches[0] if matches else None
         try:
             return (scoping.run_actionable if acting else scoping.run_visible)(user, key)
         except RunError:
-            raise CliError(
+            raise cli_error(
                 "not_found", f"no run {ref} that {user.get_username()} may see", exit_code=EXIT_NOT_FOUND
             ) from None
 
@@ -387,7 +387,7 @@ def cancel(*, run: Run, by: str, reason: str | None) -> str:
     if "reason" in accepts:
         kwargs["reason"] = reason
     elif reason:
-        raise CliError("not_available", "--reason: this version records no cancel reason", exit_code=EXIT_UNAVAILABLE)
+        raise cli_error("not_available", "--reason: this version records no cancel reason", exit_code=EXIT_UNAVAILABLE)
     return run_cancel(run=run, by=by, **kwargs)
 
 
