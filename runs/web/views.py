@@ -6,10 +6,10 @@ from __future__ import annotations
 from csp.decorators import csp_update
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponseRedirect
+from django.http import Http404, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from approvals.errors import ApprovalError
 from approvals.models import Approval
@@ -22,8 +22,9 @@ from runs.domain.values import ApprovalStatus
 from runs.errors import RunError, RunNotFound
 from runs.models import Run
 from runs.services.lifecycle import run_cancel
+from runs.services.run_list import run_summary
 from runs.services.scoping import as_uuid, in_scope, run_actionable, run_visible, runs_visible_to, scoped_one
-from runs.services.selectors import run_to_dict, with_children
+from runs.services.selectors import run_to_dict
 
 # The live pages' own scripts build nodes and set text only, so the browser may refuse every string-to-markup
 # sink there (Trusted Types): an innerHTML with data, added later by mistake, throws instead of rendering.
@@ -36,22 +37,6 @@ def _run_or_404(user, run_id, *, acting: bool = False) -> Run:
         return (run_actionable if acting else run_visible)(user, run_id)
     except RunNotFound:
         raise Http404("no such run") from None
-
-
-@csp_update(LIVE_PAGE_CSP)
-@login_required
-def runs_list(request):
-    runs = list(with_children(runs_visible_to(request.user)).order_by("-created_at")[:100])
-    waiting = {
-        a["run_id"]: a["kind"]
-        for a in Approval.objects.filter(run__in=runs, status=ApprovalStatus.PENDING).values("run_id", "kind")
-    }
-    # A run WAITING_FOR_APPROVAL with no pending approval waits for its child runs (suspension kind child_run).
-    rows = [
-        {**run_to_dict(r), "waiting": waiting.get(r.id, "child runs" if r.status == "WAITING_FOR_APPROVAL" else "")}
-        for r in runs
-    ]
-    return render(request, "runs/list.html", {"runs": rows, "event_types": page_vocabulary()})
 
 
 @csp_update(LIVE_PAGE_CSP)
@@ -81,11 +66,22 @@ def run_detail(request, run_id):
                 for a in pending
             ],
             "can_resolve": can_resolve(request.user) and in_scope(request.user, run.tenant_id, acting=True),
+            # Actions are drawn only where they apply, and follow the run live (runs/static/runs/detail.js).
+            "summary": run_summary(run),
+            "can_act": in_scope(request.user, run.tenant_id, acting=True),
             "event_types": page_vocabulary(),
             "ancestors": _ancestors(request.user, run),
             "tree": _descendants(request.user, run),
         },
     )
+
+
+@login_required
+@require_GET
+def run_summary_view(request, run_id):
+    """The run page's live figures (status, steps, usage, cost, whether a cancel applies), read again
+    when its socket brings an event that may have changed them."""
+    return JsonResponse(run_summary(_run_or_404(request.user, run_id)))
 
 
 OPEN_QUESTION_CANCEL = (

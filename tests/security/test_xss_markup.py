@@ -134,10 +134,14 @@ def test_hostile_text_reaches_the_run_pages_only_escaped(operator_client, hostil
         assert "<script>window.__pwned" not in html and "<img" not in html
         scripts = re.findall(r"<script\b[^>]*>", html)
         assert scripts == [
+            '<script src="/static/runs/fmt.js" defer>',
+            '<script src="/static/runs/live.js" defer>',
+            '<script src="/static/runs/header.js" defer>',
             '<script id="run-data" type="application/json">',
             '<script id="pending-data" type="application/json">',
             '<script id="can-resolve" type="application/json">',
             '<script id="event-types" type="application/json">',
+            '<script id="summary-data" type="application/json">',
             '<script src="/static/runs/detail.js" defer>',
         ], scripts
         assert "\\u003C/script\\u003E\\u003Cscript\\u003Ewindow.__pwned=1" in html  # json_script's escaping

@@ -26,6 +26,15 @@
   const T = EVENTS.types;
   const CLASS = EVENTS.classes;
   const STATUS = EVENTS.status_after;
+  // Cancel events by wire name too, so the page shows them wherever the vocabulary has them.
+  const CANCEL_REQUESTED = T.RUN_CANCEL_REQUESTED || 'run.cancel_requested';
+  const CANCEL_TOO_LATE = T.RUN_CANCEL_TOO_LATE || 'run.cancel_too_late';
+  const ENDED = new Set(['COMPLETED', 'FAILED', 'CANCELLED']);
+  const FMT = window.agentrtFmt;
+  // What a page's figures are read again after (a debounce: at most one read in flight).
+  const USAGE_EVENTS = new Set([T.MODEL_RESPONSE_COMPLETED, T.MODEL_RESPONSE_FAILED, T.TOOL_CALL_COMPLETED,
+    T.TOOL_CALL_FAILED, T.RUN_CHECKPOINTED, T.RUN_COMPLETED, T.RUN_FAILED, T.RUN_CANCELLED, T.RUN_WAITING_FOR_APPROVAL,
+    T.RUN_WAITING_FOR_USER, T.RUN_REQUEUED, T.MODEL_REQUEST_STARTED, CANCEL_REQUESTED]);
 
   function data(id) { return JSON.parse(document.getElementById(id).textContent); }
 
@@ -40,6 +49,12 @@
 
   function hidden(name, value) {
     const input = el('input'); input.type = 'hidden'; input.name = name; input.value = value; return input;
+  }
+
+  // A cancel's who, how and why, as run.cancel_requested records them and run.cancelled repeats them.
+  function who(p) {
+    return (p.by ? 'by ' + p.by : '') + (p.via ? ' via ' + p.via : '') + (p.reason ? ': ' + p.reason : '') +
+      (p.parent ? ' (its parent run was cancelled)' : '');
   }
 
   function describe(e) {
@@ -65,6 +80,9 @@
       case T.MODEL_RESPONSE_DELTA: return p.text || '';
       case T.RUN_CLAIMED: return p.lease_owner + ' epoch ' + p.lease_epoch;
       case T.RUN_FENCED: return 'epoch ' + p.lease_epoch + (p.late ? ' (late outcome recorded)' : '');
+      case T.RUN_CANCELLED: return who(p);
+      case CANCEL_REQUESTED: return who(p);
+      case CANCEL_TOO_LATE: return 'the run ended first' + (p.by ? ' (cancel ' + who(p) + ')' : '');
       default: return '';
     }
   }
@@ -78,9 +96,97 @@
     const answer = document.getElementById('answer');
     const failure = document.getElementById('failure');
     const shownApprovals = new Set();
+    const tools = new Map();  // approval id -> the tool it asks about (from approval.requested), for the decisions
+    const cancelForm = document.getElementById('cancel-form');
+    const cancelInfo = document.getElementById('cancel-info');
+    const decisions = document.getElementById('decisions');
+    const duration = document.getElementById('duration');
+    const CAN_ACT = cancelForm.dataset.canAct === '1';  // the user may act on this run (its own tenant's)
+    let summary = data('summary-data');
+    let status = RUN.status;
+    let cancelAsked = Boolean(summary.cancel_requested_at);
     let last = 0;
+    let lastAt = null;
 
-    function setStatus(s) { const b = document.getElementById('status'); b.textContent = s; b.className = 'badge s-' + s; }
+    // Cancel is offered only while it applies: to a run that has not ended, once (a second request adds nothing).
+    function showActions() {
+      cancelForm.hidden = !(CAN_ACT && summary.cancellable !== false && !ENDED.has(status) && !cancelAsked);
+    }
+
+    // Events up to HISTORY happened before the page was drawn: they draw the timeline, while the status and the
+    // actions stay as the server drew them (a replay passes through RUNNING on its way to COMPLETED).
+    const HISTORY = summary.last_sequence || 0;
+
+    function setStatus(s, e) {
+      if (e && e.sequence <= HISTORY) return;
+      const b = document.getElementById('status'); b.textContent = s; b.className = 'badge s-' + s;
+      if (ENDED.has(status) && !ENDED.has(s)) {  // going again (a retry): it has not ended, and may be cancelled
+        duration.dataset.ended = '';
+        cancelAsked = false;
+      }
+      status = s;
+      showActions();
+    }
+
+    // Usage only grows: a read that answers late never shows less than one that answered before it.
+    function showSummary(next) {
+      const u = summary.usage || {};
+      const n = next.usage || {};
+      const most = {};
+      for (const k of Object.keys(n)) most[k] = Math.max(Number(n[k]) || 0, Number(u[k]) || 0);
+      summary = Object.assign({}, next, { usage: most, step_count: Math.max(next.step_count || 0, summary.step_count || 0) });
+      document.getElementById('steps').textContent = summary.step_count;
+      document.getElementById('tokens').textContent = (most.input_tokens || 0) + ' in / ' + (most.output_tokens || 0) + ' out';
+      document.getElementById('cached').textContent = (most.cache_read_input_tokens || 0) + ' read / ' + (most.cache_creation_input_tokens || 0) + ' written';
+      document.getElementById('calls').textContent = (most.model_calls || 0) + ' model / ' + (most.tool_calls || 0) + ' tool';
+      document.getElementById('cost').textContent = '$' + FMT.cost(most.cost_usd);
+      if (summary.cancel_requested_at) cancelAsked = true;
+      if (summary.ended_at && !duration.dataset.ended) duration.dataset.ended = summary.ended_at;
+      showActions();
+      tick();
+    }
+
+    let reading = false;
+    let readAgain = false;
+    function readSummary() {
+      if (reading) { readAgain = true; return; }
+      reading = true;
+      fetch('/runs/' + encodeURIComponent(RUN.id) + '/summary/', { credentials: 'same-origin', headers: { Accept: 'application/json' } })
+        .then((r) => (r.ok ? r.json() : null))
+        .then((next) => { if (next) showSummary(next); })
+        .catch(() => {})
+        .finally(() => { reading = false; if (readAgain) { readAgain = false; readSummary(); } });
+    }
+
+    function tick() {
+      const s = FMT.seconds(duration.dataset.created, duration.dataset.ended || null);
+      duration.textContent = s === null ? '' : FMT.duration(s) + (duration.dataset.ended ? '' : ' so far');
+      document.querySelectorAll('.head time[datetime]').forEach((t) => { t.textContent = FMT.ago(t.dateTime); t.title = FMT.absolute(t.dateTime); });
+    }
+
+    function showCancel(e) {
+      const p = e.payload || {};
+      const text = e.type === CANCEL_TOO_LATE ? 'Cancel requested ' + who(p) + ', but the run had ended first.'
+        : (e.type === T.RUN_CANCELLED ? 'Cancelled ' : 'Cancel requested ') + who(p);
+      cancelInfo.replaceChildren(el('span', null, text + ' '), timeAt(e.occurred_at));
+      cancelInfo.hidden = false;
+    }
+
+    function timeAt(iso) {
+      const t = el('time', 'muted', FMT.ago(iso)); t.dateTime = iso || ''; t.title = FMT.absolute(iso); return t;
+    }
+
+    function addDecision(p, at) {
+      const li = el('li', 'decision d-' + (p.decision || ''));
+      li.dataset.approval = p.approval || '';
+      li.appendChild(el('span', 'badge', p.decision || ''));
+      li.appendChild(el('span', 'tool', tools.get(p.approval) || p.kind || ''));
+      li.appendChild(el('span', null, (p.decided_by ? 'by ' + p.decided_by : 'by nobody') + (p.decided_via ? ' via ' + p.decided_via : '')));
+      li.appendChild(timeAt(p.decided_at || at));
+      if (p.reason) li.appendChild(el('span', 'reason', '“' + p.reason + '”'));
+      decisions.appendChild(li);
+      document.getElementById('decisions-panel').hidden = false;
+    }
 
     // The tree of child runs (seed 002, M6). Rows the server drew, and rows for children started while the page is
     // open (from this run's child_run wait); each badge follows its run over the tenant's status stream.
@@ -103,21 +209,16 @@
       family.hidden = false;
     }
 
+    // Each badge of the tree follows its run over the page's shared socket to the tenant's status stream.
     function watchFamily() {
       if (watching || !document.querySelector('#family [data-run]')) return;
       watching = true;
-      function connect() {
-        const ws = new WebSocket((location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/ws/runs/');
-        ws.onmessage = (m) => {
-          const f = JSON.parse(m.data);
-          if (!f.run || !f.run_status) return;
-          document.querySelectorAll('#family [data-run]').forEach((b) => {
-            if (b.dataset.run === String(f.run)) { b.textContent = f.run_status; b.className = 'badge s-' + f.run_status; }
-          });
-        };
-        ws.onclose = () => { setTimeout(connect, 1000); };
-      }
-      connect();
+      window.agentrtRuns.onFrame((f) => {
+        if (!f.run || !f.run_status) return;
+        document.querySelectorAll('#family [data-run]').forEach((b) => {
+          if (b.dataset.run === String(f.run)) { b.textContent = f.run_status; b.className = 'badge s-' + f.run_status; }
+        });
+      });
     }
 
     // The decisions the card offers: what the server says it accepts now (`decisions`, on the cards it drew), or
@@ -180,13 +281,28 @@
       const li = el('li', 'ev ' + (CLASS[e.type] || '') + (e.type === T.MODEL_REQUEST_STARTED ? ' step' : ''));
       li.dataset.sequence = e.sequence;
       li.appendChild(el('span', 'seq', '#' + e.sequence));
+      const at = el('time', 'at', FMT.clock(e.occurred_at)); at.dateTime = e.occurred_at || ''; at.title = FMT.absolute(e.occurred_at);
+      li.appendChild(at);
+      const gap = el('span', 'delta', lastAt ? FMT.delta(lastAt, e.occurred_at) : '');
+      gap.title = lastAt ? 'since the event before' : 'the first event';
+      li.appendChild(gap);
+      lastAt = e.occurred_at;
       li.appendChild(el('span', 'type', e.type));
       const d = el('span', 'mono', describe(e)); d.title = e.occurred_at || ''; li.appendChild(d);
       timeline.appendChild(li);
-      if (e.type === T.MODEL_REQUEST_STARTED) document.getElementById('steps').textContent = p.step;
+      if (e.type === T.MODEL_REQUEST_STARTED) document.getElementById('steps').textContent = Math.max(p.step || 0, summary.step_count || 0);
+      if (e.type === T.APPROVAL_REQUESTED && p.approval) tools.set(p.approval, p.tool || '');
+      if (e.type === T.APPROVAL_RESOLVED) addDecision(p, e.occurred_at);
+      if (e.type === CANCEL_REQUESTED || e.type === CANCEL_TOO_LATE || (e.type === T.RUN_CANCELLED && p.by)) {
+        if (e.type === CANCEL_REQUESTED) cancelAsked = true;
+        showCancel(e);
+      }
+      if (e.sequence > HISTORY && ENDED.has(STATUS[e.type])) duration.dataset.ended = e.occurred_at;
+      if (USAGE_EVENTS.has(e.type)) readSummary();
       if (e.type === T.APPROVAL_REQUESTED) approvalCard({ id: p.approval, kind: p.kind, request_hash: p.request_hash, tool: p.tool, presentation: p.presentation || { tool: p.tool }, deadline_passed: p.deadline_passed === true, ends_run: p.deadline_passed === true ? 'deadline_exceeded' : null });
       if (e.type === T.APPROVAL_RESOLVED) { const c = document.getElementById('approval-' + p.approval); if (c) c.remove(); }
-      if (STATUS[e.type]) setStatus(STATUS[e.type]);
+      if (STATUS[e.type]) setStatus(STATUS[e.type], e);
+      else showActions();
       if (e.type === T.RUN_WAITING_FOR_APPROVAL && p.kind === 'child_run' && Array.isArray(p.children)) { p.children.forEach(addChild); watchFamily(); }
       if (e.type === T.MODEL_RESPONSE_DELTA) showAnswer('Answer (streaming…)', 'delta:' + p.step + ':' + p.attempt).textContent += p.text || '';
       if (e.type === T.RUN_COMPLETED) showAnswer('Answer', 'final').textContent = p.final_message || '';
@@ -195,6 +311,13 @@
 
     data('pending-data').forEach(approvalCard);
     watchFamily();
+    showActions();
+    tick();
+    setInterval(tick, 1000);
+    if (location.hash.startsWith('#approval-')) {
+      const card = document.getElementById(location.hash.slice(1));
+      if (card) card.scrollIntoView();
+    }
     function connect() {
       const ws = new WebSocket((location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/ws/runs/' + encodeURIComponent(RUN.id) + '/?after=' + last);
       ws.onopen = () => { document.getElementById('live').textContent = 'live'; };
