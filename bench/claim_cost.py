@@ -12,8 +12,8 @@ set back to COMPLETED (not timed), so its tenant holds no lease at the next.
 The modes alternate round by round on one connection:
 
 - `share=0`: the claim without a share (one UPDATE, as before issue 34);
-- `share=1`: the claim under a share (the tenant's lock and the guarded
-  UPDATE, sent together);
+- `share=1`: the claim under a share (the one UPDATE, whose guard takes the
+  tenant's lock and counts its leases: agentrt_tenant_leases);
 - `refused`: a claim while the tenant holds its one lease (the run stays
   QUEUED);
 - `look, N queued`: what a run's release adds (`lease.next_for_tenant`:
@@ -22,7 +22,10 @@ The modes alternate round by round on one connection:
 - `look, none queued`: the same for a tenant with nothing queued (most
   releases).
 
-Code that predates the share (no `share` parameter) measures `share=0` only:
+`--no-flush-wait` sets synchronous_commit = off on the claiming connection:
+on a host whose WAL flush swings (a shared disk), what is left is the
+statements and their round trips. Code that predates the share (no `share`
+parameter) measures `share=0` only:
 run the script from a checkout of that code for the figure before. Prints one
 JSON line on stdout and a table on stderr: the median and p90 per call, µs.
 """
@@ -46,6 +49,12 @@ def main(argv=None) -> dict:
     p.add_argument("--runs", type=int, default=400, help="runs claimed per mode and round (default 400)")
     p.add_argument("--rounds", type=int, default=5, help="rounds, the modes alternating (default 5)")
     p.add_argument(
+        "--no-flush-wait",
+        action="store_true",
+        help="synchronous_commit = off on the claiming connection: a commit does not wait for its WAL flush, so "
+        "what is timed is the statements and their round trips, not the disk (for a host whose flush latency swings)",
+    )
+    p.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/agentrt_claim_bench",
     )
@@ -62,6 +71,9 @@ def main(argv=None) -> dict:
     from runs.store import lease
 
     shared = "share" in inspect.signature(lease.claim).parameters
+    if a.no_flush_wait:
+        with connection.cursor() as cursor:
+            cursor.execute("SET synchronous_commit = off")
     modes = ["share=0", "share=1", "refused", "look, N queued", "look, none queued"] if shared else ["share=0"]
     times: dict[str, list[float]] = {m: [] for m in modes}
 
@@ -113,11 +125,13 @@ def main(argv=None) -> dict:
         "runs": a.runs,
         "rounds": a.rounds,
         "load_1min_before": round(load[0], 2),
+        "no_flush_wait": a.no_flush_wait,
         "pg_floor": probe,
         "results": figures,
     }
     print(json.dumps(result))
-    print(f"claim cost, in-process, {a.runs} x {a.rounds} per mode (load {load[0]:.2f})", file=sys.stderr)
+    wait = ", commits not waiting for their flush" if a.no_flush_wait else ""
+    print(f"claim cost, in-process, {a.runs} x {a.rounds} per mode{wait} (load {load[0]:.2f})", file=sys.stderr)
     print(
         f"  floor: SELECT 1 {probe['select1_txn_ms']} ms, INSERT+COMMIT {probe['insert_commit_ms']} ms", file=sys.stderr
     )

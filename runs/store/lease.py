@@ -11,20 +11,23 @@ Fair workers: with a share (settings.AGENTRT_TENANT_MAX_RUNNING), a claim
 also requires that the run's tenant holds fewer than `share` RUNNING runs;
 a run over its tenant's share stays QUEUED, and `next_for_tenant` finds it
 when a run of that tenant releases its lease. On PostgreSQL a count alone
-is not enough: under READ COMMITTED two claims of one tenant would each
-count before the other commits. So every claim first takes a
-transaction-scoped advisory lock on its tenant, in a statement of its own,
-and counts in the next statement, whose snapshot is taken once the lock is
-held: it sees every claim of that tenant that committed before. Both are
-sent in one round trip (pipeline mode, with the transaction's BEGIN). The
-two-key lock has a key space of its own, apart from the sweeps' one-key
-locks (runs/store/locks.py). SQLite runs one write transaction at a time
-(BEGIN IMMEDIATE), so its count is already alone.
+is not enough: under READ COMMITTED a statement counts in the snapshot it
+started with, so two claims of one tenant would each count before the
+other commits. So a claim first takes a transaction-scoped advisory lock on
+its tenant (held to its commit), and counts in a snapshot taken once the
+lock is held, which sees every claim of that tenant that committed before:
+the claim by id calls `agentrt_tenant_leases(tenant)` in its guard, a
+VOLATILE function (ops/migrations/0007) that takes the lock and then counts
+(each query of a VOLATILE function takes a snapshot of its own), so the
+claim stays one prepared statement, its round trips those of a claim
+without a share; claim-next and a release's look do the same. The two-key
+lock (SHARE_LOCK, the tenant's hash) has a key space of its own, apart from
+the sweeps' one-key locks (runs/store/locks.py). SQLite runs one write
+transaction at a time (BEGIN IMMEDIATE), so its count is already alone.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -35,10 +38,8 @@ from django.db import connection, transaction
 
 from runs.clock import CLOCK
 from runs.domain.writes import EventWrite
-from runs.store.cursor import is_pg, pipelined, sql_dt, sql_json, sql_uuid, statement_cursor
+from runs.store.cursor import is_pg, sql_dt, sql_json, sql_uuid, statement_cursor
 from runs.store.events import append_events
-
-log = logging.getLogger("agentrt.queue")
 
 
 @dataclass(frozen=True)
@@ -63,32 +64,35 @@ def _uuid(value: Any) -> UUID:
     return value if isinstance(value, UUID) else UUID(str(value))
 
 
-# The tenant lock's first key: crc32("agentrt.tenant_share") & 0x7fffffff; the second is the tenant's hash.
+# The tenant lock's first key: crc32("agentrt.tenant_share") & 0x7fffffff; the second is the tenant's hash
+# (ops/migrations/0007 writes the same number into agentrt_tenant_leases).
 SHARE_LOCK = 1096884023
 
-# A claim's share check: the run's tenant holds fewer than %s RUNNING runs (read from runs_active_tenant_idx).
+# A claim's share check: the run's tenant holds fewer than %s RUNNING runs (read from runs_active_tenant_idx),
+# counted in the statement's snapshot: on PostgreSQL only once the tenant's lock is held (claim-next), or ...
 _UNDER_SHARE = (
     " AND (SELECT count(*) FROM runs held WHERE held.tenant_id = runs.tenant_id AND held.status = 'RUNNING') < %s"
 )
+# ... by agentrt_tenant_leases, which takes the lock and then counts in a snapshot of its own (the claim by id).
+_UNDER_SHARE_LOCKED = " AND agentrt_tenant_leases(runs.tenant_id) < %s"
 # The tenants that hold their share (%s): claim-next passes over their runs.
 _FULL_TENANTS = "SELECT tenant_id FROM runs WHERE status = 'RUNNING' GROUP BY tenant_id HAVING count(*) >= %s"
 
 
 def _claim_queued_sql(shared: bool = False) -> str:
-    under_share = _UNDER_SHARE if shared else ""
     if is_pg():
         return (
             "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
             " lease_expires_at = now() + make_interval(secs => %s), attempts = attempts + 1, updated_at = now()"
             " WHERE id = %s AND (status || '') = 'QUEUED'"
-            f"{under_share}"
+            f"{_UNDER_SHARE_LOCKED if shared else ''}"
             " RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id"
         )
     return (
         "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
         " lease_expires_at = %s, attempts = attempts + 1, updated_at = %s"
         " WHERE id = %s AND (status || '') = 'QUEUED'"
-        f"{under_share}"
+        f"{_UNDER_SHARE if shared else ''}"
         " RETURNING runs.id, runs.lease_epoch, runs.tenant_id, runs.session_id"
     )
 
@@ -126,16 +130,9 @@ def _claim_next_sql(shared: bool = False) -> str:
     )
 
 
-def _tenant_lock_sql() -> str:
-    """PostgreSQL: the named QUEUED run's tenant locked (nothing when the run is not QUEUED)."""
-    return (
-        f"SELECT tenant_id, pg_advisory_xact_lock({SHARE_LOCK}, hashtext(tenant_id::text))"
-        " FROM runs WHERE id = %s AND (status || '') = 'QUEUED'"
-    )
-
-
 def _next_tenant_sql() -> str:
-    """PostgreSQL: the tenant of the next runnable run, among tenants under their share, locked."""
+    """PostgreSQL: the tenant of the next runnable run, among tenants under their share, locked (before any
+    row lock: the claim by id takes the tenant's lock, then its run's row; so does claim-next)."""
     return (
         f"SELECT tenant_id, pg_advisory_xact_lock({SHARE_LOCK}, hashtext(tenant_id::text)) FROM ("
         "SELECT tenant_id FROM runs WHERE status = 'QUEUED' AND (scheduled_for IS NULL OR scheduled_for <= now())"
@@ -165,19 +162,10 @@ def claim(*, run_id: UUID | None, owner: str, lease_seconds: float, share: int =
                     cursor.execute(_claim_queued_sql(), [*lease_params, sql_uuid(run_id)])
                 else:
                     cursor.execute(_claim_next_sql(), lease_params)
-            elif not is_pg():
-                if run_id is not None:
-                    cursor.execute(_claim_queued_sql(True), [*lease_params, sql_uuid(run_id), share])
-                else:
-                    cursor.execute(_claim_next_sql(True), [*lease_params, share])
             elif run_id is not None:
-                with statement_cursor() as locking:
-                    with pipelined():  # BEGIN, the lock, the claim: one round trip
-                        locking.execute(_tenant_lock_sql(), [sql_uuid(run_id)])
-                        cursor.execute(_claim_queued_sql(True), [*lease_params, sql_uuid(run_id), share])
-                    queued = locking.fetchone()
-                if queued is not None and cursor.rowcount == 0:
-                    log.info("run %s stays queued: its tenant %s holds its %s leases", run_id, queued[0], share)
+                cursor.execute(_claim_queued_sql(True), [*lease_params, sql_uuid(run_id), share])
+            elif not is_pg():
+                cursor.execute(_claim_next_sql(True), [*lease_params, share])
             else:
                 cursor.execute(_next_tenant_sql(), [share])
                 tenant = cursor.fetchone()
@@ -204,30 +192,33 @@ def next_for_tenant(*, tenant_id: UUID, released: UUID, share: int) -> UUID | No
     tenant's oldest QUEUED run but `released`, when the tenant holds fewer
     than `share` RUNNING runs now; else None.
 
-    On PostgreSQL the tenant's lock is taken first (autocommit: it is let go
-    at once), so every claim of the tenant that was between its count and its
-    commit has committed before this count: a claim that left a run queued
-    because the released run still counted is seen here, and its run found.
+    On PostgreSQL the count is agentrt_tenant_leases's, once, before the scan
+    (an InitPlan): it waits for the tenant's lock (autocommit: let go with
+    the statement), so every claim of the tenant that was between its count
+    and its commit has committed before this count; a claim that left a run
+    queued because the released run still counted is seen here, and its run
+    found (it was QUEUED before the statement began).
 
     Read from runs_active_tenant_idx alone (tenant, status, and the id it
     includes): run ids are time-ordered (UUIDv7), and the order is the id's
     text so that no index's order can lead the planner to walk the whole
     queue, or the tenant's history, for the first match. What it reads is
     the tenant's queued runs, never more than its active-run quota."""
-    check = (
-        "SELECT id FROM runs WHERE tenant_id = %s AND status = 'QUEUED' AND id <> %s"
-        " AND (SELECT count(*) FROM runs held WHERE held.tenant_id = %s AND held.status = 'RUNNING') < %s"
-        " ORDER BY id::text LIMIT 1"
-    )
     tenant = sql_uuid(tenant_id)
     with statement_cursor() as cursor:
         if is_pg():
-            with statement_cursor() as locking:
-                with pipelined():  # the lock, then the count: one round trip
-                    locking.execute(f"SELECT pg_advisory_xact_lock({SHARE_LOCK}, hashtext(%s::uuid::text))", [tenant])
-                    cursor.execute(check, [tenant, released, tenant, share])
+            cursor.execute(
+                "SELECT id FROM runs WHERE tenant_id = %s AND status = 'QUEUED' AND id <> %s"
+                " AND (SELECT agentrt_tenant_leases(%s)) < %s ORDER BY id::text LIMIT 1",
+                [tenant, released, tenant, share],
+            )
         else:
-            cursor.execute(check.replace("id::text", "id"), [tenant, sql_uuid(released), tenant, share])
+            cursor.execute(
+                "SELECT id FROM runs WHERE tenant_id = %s AND status = 'QUEUED' AND id <> %s"
+                " AND (SELECT count(*) FROM runs held WHERE held.tenant_id = %s AND held.status = 'RUNNING') < %s"
+                " ORDER BY id LIMIT 1",
+                [tenant, sql_uuid(released), tenant, share],
+            )
         row = cursor.fetchone()
     return _uuid(row[0]) if row else None
 

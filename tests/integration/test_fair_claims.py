@@ -206,6 +206,16 @@ def tenant_lock_waiters() -> int:
         return cursor.fetchone()[0]
 
 
+def test_every_claim_of_a_tenant_takes_the_same_lock():
+    """The claim by id's guard (agentrt_tenant_leases, ops/migrations/0007) and
+    claim-next (runs.store.lease) lock a tenant under one key."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_get_functiondef('agentrt_tenant_leases(uuid)'::regprocedure)")
+        body = cursor.fetchone()[0]
+    assert f"pg_advisory_xact_lock({lease.SHARE_LOCK}, hashtext(p_tenant::text))" in body, body
+    assert f"pg_advisory_xact_lock({lease.SHARE_LOCK}, hashtext(tenant_id::text))" in lease._next_tenant_sql()
+
+
 def test_a_claim_waits_for_a_concurrent_claim_of_its_tenant_then_counts_it(share, load_agent, submit, monkeypatch):
     """The race made certain: the first claim is held open after its UPDATE,
     before its commit; the second, for another run of the tenant, must wait
