@@ -4,7 +4,6 @@ exit codes, output)."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import re
@@ -32,7 +31,7 @@ from runs.management.cli import (
     table,
 )
 from runs.models import Run
-from runs.services import run_get, scoping
+from runs.services import lifecycle, run_get, scoping
 from runs.services.lifecycle import run_cancel
 from runs.services.run_list import (
     FILTER_PARAMS,
@@ -79,12 +78,8 @@ def _limit(text: str) -> int:
 
 
 def retry_service():
-    """The service that gives a failed run a new attempt, where this version has one (None otherwise)."""
-    try:
-        module = importlib.import_module("runs.runtime.retry")
-    except ImportError:
-        return None
-    return getattr(module, "run_retry", None)
+    """The lifecycle service's retry (a failed run's new attempt), where this version has one (None otherwise)."""
+    return getattr(lifecycle, "run_retry", None)
 
 
 class Command(BaseCommand):
@@ -328,7 +323,7 @@ class Command(BaseCommand):
                 exit_code=EXIT_UNAVAILABLE,
             )
         try:
-            service(run_id=run.id, by=user.get_username(), via="cli")
+            service(run=run, by=user.get_username(), via="cli")
         except RunError as exc:
             raise refusal(exc) from None
         retried = run_get(tenant=None, run_id=run.id)
