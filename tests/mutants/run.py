@@ -194,6 +194,9 @@ def run_one(mutant: Mutant, index: int, base: Path, work: Path, db_url: str, tim
 
 
 def main(argv=None) -> int:
+    # The MCP tests' servers (tests/mcptools/servers.py) live under the ignored var/, which scratch copies lack:
+    # every copy uses this checkout's venv (installed there once if it is not).
+    os.environ.setdefault("AGENTRT_TEST_MCP_VENV", str(ROOT / "var" / "mcp-servers"))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="only these mutants (file stems)")
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("MUTANTS_JOBS", "2")))
