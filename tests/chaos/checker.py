@@ -1118,6 +1118,14 @@ def check(
     for d in decisions:
         if d.get("expect") == "refused" and d.get("ok"):
             v.add("I7", f"a {d.get('why')} decision on approval {d['approval']} was accepted", d.get("run"))
+        if d.get("expect") == "ok" and d.get("ok") is False:
+            # the operator's decision was refused for a reason nobody expected: its run is left waiting on it
+            v.add(
+                "I7",
+                f"the operator's {d.get('decision')} of approval {d['approval']} ({d.get('kind')}) was refused: "
+                f"{d.get('error')}",
+                d.get("run"),
+            )
     requeues = Counter()
     for e in snapshot["events"]:
         if e["type"] == "run.requeued" and e["payload"].get("reason") == "approval":

@@ -140,6 +140,9 @@ from tests.procfs import comm, stat
 LEASE = 2.0
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 WINDOW_RANK = ("watermark_to_result", "before_watermark", "after_result", "no_effect")
+# approve refused because the run cannot go on after the decision (approvals/errors.py): confirm or reject instead
+CLOSING_REFUSALS = ("run_cancel_requested", "run_deadline_passed", "run_budget_exhausted")
+CONFIRMABLE = ("interrupted_side_effect", "uncertain_side_effect")  # confirm (took_effect) is offered for these
 ROLE_OF_TYPE = {"qcluster_main": "main", "run_maintenance": "maintenance", "web_node": "web", "pg_backend": "backend"}
 
 
@@ -1517,7 +1520,20 @@ class Soak:
                 self.decide(
                     item, item["approve"], "0" * 64, expect="refused", why="wrong-hash", confirm=item["confirm"]
                 )
-            self.decide(item, item["approve"], item["hash"], expect="ok", why="decision", confirm=item["confirm"])
+            entry = self.decide(
+                item, item["approve"], item["hash"], expect="ok", why="decision", confirm=item["confirm"]
+            )
+            if entry.get("error") in CLOSING_REFUSALS:
+                # approve (a re-send) of an unknown outcome whose run cannot go on — a cancel was requested while it
+                # waited, its deadline passed, its budget is spent — is refused (approvals/unknown.py): the operator
+                # says what happened instead, which ends the run
+                entry.update(
+                    expect="refused", why=f"approve of an unknown outcome whose run cannot go on ({entry['error']})"
+                )
+                crng = random.Random(f"{self.seed}:closing:{item['approval']}")
+                u = crng.random()
+                took = (u < 1 / 3) if item["kind"] in CONFIRMABLE and u < 2 / 3 else None
+                self.decide(item, False, item["hash"], expect="ok", why="after a refused approve", confirm=took)
             if item["cancel_after"]:
                 self.cancel_now(item["run"], plan="approve+cancel@after_watermark", point="after_approval")
             if item["twice"]:
@@ -1546,7 +1562,7 @@ class Soak:
 
     def decide(
         self, item: dict, approve: bool, digest: str, *, expect: str, why: str, confirm: bool | None = None
-    ) -> None:
+    ) -> dict:
         """approve / reject (approval_decide) or, with `confirm` set, the operator's
         took_effect knowledge (approval_confirm, `POST /api/approvals/{id}/confirm/`)."""
         from approvals.services import approval_confirm, approval_decide
@@ -1591,10 +1607,12 @@ class Soak:
             entry["committed_unacknowledged"] = bool(entry["ok"])
             if expect == "ok" and not entry["ok"]:
                 item["done"], item["at"] = False, time.time() + 0.5  # not decided: the operator tries again
+                entry["expect"] = "retried"
         except Exception as exc:
             entry["ok"] = False
             entry["error"] = getattr(exc, "code", type(exc).__name__)
         self.decisions.append(entry)
+        return entry
 
     def committed_anyway(self, approval_id: str, decision: str) -> bool:
         from approvals.models import Approval

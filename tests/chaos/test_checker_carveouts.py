@@ -357,6 +357,16 @@ def test_kills_of_young_processes_stops_by_target_and_the_drain_are_counted():
     assert cov["drain"]["deaths"] == 1 and cov["drain"]["stops"] == 1
 
 
+def test_an_operator_decision_refused_for_a_reason_nobody_expected_is_a_violation():
+    snapshot, sink, faults, decisions = history()
+    refused = {"approval": "a9", "run": RUN, "kind": "reconcile", "decision": "approve", "expect": "ok", "ok": False}
+    report = check(snapshot, sink, faults, decisions + [dict(refused, error="approval_error")])
+    assert invariants(report) == ["I7"], report["violations"]
+    # refused as the product says it must be (the run cannot go on), or lost with the database and tried again
+    for entry in (dict(refused, expect="refused", error="run_cancel_requested"), dict(refused, expect="retried")):
+        assert check(snapshot, sink, faults, decisions + [entry])["violations"] == []
+
+
 # -- artifacts -------------------------------------------------------------------------------------
 
 
