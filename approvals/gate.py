@@ -8,6 +8,7 @@ from typing import Any
 
 from django.conf import settings
 
+from approvals.fork import fork_presentation
 from approvals.hashing import request_hash, tool_spec_dict
 from approvals.models import UNKNOWN_OUTCOME_KINDS, Approval
 from runs.domain.records import ApprovalDecision
@@ -59,7 +60,9 @@ class ApprovalGate:
             presentation=presentation,
         )
 
-    def request(self, *, step_number: int, invocation_id, tool, arguments, kind: str, at) -> ApprovalInsert:
+    def request(
+        self, *, step_number: int, invocation_id, tool, arguments, kind: str, at, call_index: int | None = None
+    ) -> ApprovalInsert:
         return self._insert(
             step_number=step_number,
             invocation_id=invocation_id,
@@ -67,7 +70,12 @@ class ApprovalGate:
             arguments=arguments,
             kind=kind,
             # An MCP tool's server and its hints as pinned, labelled as hints (runs.tools.mcp): bound by the hash too.
-            presentation={**self.presentation(tool, arguments), **shown(tool.name, self._definition())},
+            presentation=self._forked(
+                {**self.presentation(tool, arguments), **shown(tool.name, self._definition())},
+                step_number,
+                call_index,
+                invocation_id,
+            ),
             capability={"tool": tool.name, "arguments": arguments},
             at=at,
         )
@@ -113,6 +121,12 @@ class ApprovalGate:
 
     def _definition(self) -> Any:
         return getattr(self.run, "pinned_definition", None)
+
+    def _forked(self, presentation: dict, step_number: int, call_index: int | None, invocation_id) -> dict:
+        """A fork's card also says what the original did at this position (approvals.fork)."""
+        if getattr(self.run, "forked_from_id", None) is None:
+            return presentation
+        return fork_presentation(self.run, presentation, step_number, call_index, invocation_id)
 
     def decision_for(self, invocation_id) -> ApprovalDecision | None:
         row = (

@@ -142,3 +142,31 @@ class PolicyEngine:
         if decision == "deny":
             return decision
         return stricter(decision, evaluate(floor, tool_name, arguments, read_only=read_only))
+
+
+class PersonFirst:
+    """The policy of a fork whose side effects wait for a person (`effects:
+    "approve"`): a call that could touch the world — a tool that is not
+    read-only (or whose kind is unknown) and `delegate_run` (a child could) —
+    needs an approval whatever the run's own policy allows, and a deny stays a
+    deny. It wraps the engine the run would have had (its floor, its
+    inherited policies), which still decides every other call."""
+
+    def __init__(self, engine: Any, *, needs_person: Callable[[str], bool]):
+        self.engine = engine
+        self.needs_person = needs_person
+
+    def _gated(self, tool_name: str, decision: str) -> str:
+        if decision == "deny":
+            return decision
+        try:
+            person = self.needs_person(tool_name)
+        except Exception:  # the tool's kind could not be read: it may have an effect
+            person = True
+        return "require_approval" if person else decision
+
+    def evaluate(self, tool_name: str, arguments: Any) -> str:
+        return self._gated(tool_name, self.engine.evaluate(tool_name, arguments))
+
+    def evaluate_under(self, tool_name: str, arguments: Any, floor: dict | None) -> str:
+        return self._gated(tool_name, self.engine.evaluate_under(tool_name, arguments, floor))

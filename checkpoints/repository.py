@@ -15,6 +15,7 @@ end. Identical-call counts are counted from the invocation rows.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from uuid import UUID
 
 from django.db.models import Max
@@ -28,6 +29,7 @@ from runs.domain.values import InvocationStatus
 from runs.models import Event, Run, ToolInvocation
 from runs.store.cursor import sql_uuid, statement_cursor
 from runs.store.json_text import parsed
+from runs.store.lineage import lineage_base
 
 
 def checkpoint_latest(run_id) -> CheckpointState | None:
@@ -109,9 +111,150 @@ def session_history(run) -> list[dict]:
 
 
 def seed_state(run) -> CheckpointState:
-    """Build the state from history and the run's committed log (no checkpoint)."""
-    base = CheckpointState(conversation=session_history(run) + [{"role": "user", "content": run.input}], step=0)
+    """Build the state from history and the run's committed log (no checkpoint).
+    A fork or a replay starts from the run it came from (`lineage_seed`)."""
+    base = lineage_seed(run)
+    if base is None:
+        base = CheckpointState(conversation=session_history(run) + [{"role": "user", "content": run.input}], step=0)
     return catch_up(run, base, always=True)
+
+
+def lineage_seed(run) -> CheckpointState | None:
+    """The state a fork or a replay starts from, rebuilt from the run it came
+    from (None: the run has no lineage): its conversation through the base
+    step, then — for a fork given one — the fork's input. What the submit's
+    seed checkpoint holds, read again when that row is gone."""
+    base = lineage_base(run)
+    if base is None:
+        return None
+    origin = Run.objects.filter(id=base.run_id).first()
+    start = state_through(origin, base.step).state if origin is not None else None
+    if start is None:
+        raise Run.DoesNotExist(f"the run {base.run_id} that {run.id} starts from no longer holds step {base.step}")
+    conversation = list(start.conversation)
+    if run.forked_from_id is not None and run.input:
+        conversation.append({"role": "user", "content": run.input})
+    return CheckpointState(conversation=conversation, step=base.step)
+
+
+@dataclass(frozen=True)
+class Through:
+    """A run's state through the end of a step, or why there is none."""
+
+    state: CheckpointState | None
+    problem: str | None = None
+
+
+def state_through(run, step: int) -> Through:
+    """The run's conversation through the end of `step`: its model turn and
+    every call of it answered from the record (step 0: what the run started
+    with). Read from the newest checkpoint at or before the step, caught up
+    from the log; from the seed and the log when the checkpoints are gone
+    (pruned, or deleted); a step before a fork's own first one from the run
+    it was forked from. `problem` says why there is no such state: the run
+    never finished that step's model turn, or a call of it has no recorded
+    result (it still waits, or its outcome is unknown)."""
+    base = lineage_base(run)
+    start = base.step if base is not None else 0
+    if base is not None and step < start:
+        origin = Run.objects.filter(id=base.run_id).first()
+        if origin is None:
+            return Through(None, f"the run this one starts from is gone; step {step} is not recorded")
+        return state_through(origin, step)
+    state = _checkpoint_at(run.id, step) or lineage_seed(run)  # the checkpoints gone: the seed, rebuilt
+    if state is None:
+        conversation = session_history(run) + [{"role": "user", "content": run.input}]
+        state = CheckpointState(conversation=conversation, step=0)
+    return _caught_up_to(run, state, step)
+
+
+def _checkpoint_at(run_id, step: int) -> CheckpointState | None:
+    """The newest checkpoint of the run whose step is at most `step`, materialised (None: none, or its
+    chain is broken)."""
+    newest = (
+        Checkpoint.objects.filter(run_id=run_id, state__step__lte=step)
+        .order_by("-version")
+        .values_list("version", "full", "base_version")
+        .first()
+    )
+    if newest is None:
+        return None
+    version, full, base = newest
+    low = version if full else base
+    if low is None:
+        return None
+    rows = list(
+        Checkpoint.objects.filter(run_id=run_id, version__gte=low, version__lte=version)
+        .order_by("version")
+        .values_list("version", "full", "state")
+    )
+    return materialise_rows(run_id, rows)
+
+
+def _caught_up_to(run, state: CheckpointState, step: int) -> Through:
+    """`state` brought forward from the log to the end of `step` (every model
+    turn after `state.step`, each batch answered from its record), strictly:
+    a call with no recorded answer, or no turn at `step`, is a problem."""
+    turns: dict[int, dict] = {}
+    for payload in (
+        Event.objects.filter(run_id=run.id, type=EventType.MODEL_RESPONSE_COMPLETED)
+        .order_by("sequence")
+        .values_list("payload", flat=True)
+    ):
+        at = payload.get("step", 0) if isinstance(payload, dict) else 0
+        if state.step < at <= step:
+            turns.setdefault(at, payload)
+    rows = {
+        (r["step_number"], r["call_id"]): r
+        for r in ToolInvocation.objects.filter(
+            run_id=run.id, step_number__gte=state.step, step_number__lte=step
+        ).values("step_number", "call_id", "status", "result")
+    }
+    logged: dict = {}
+    for type_, payload in (
+        Event.objects.filter(run_id=run.id, type__in=ANSWER_EVENTS).order_by("sequence").values_list("type", "payload")
+    ):
+        if isinstance(payload, dict) and not payload.get("awaiting_decision"):
+            logged.setdefault(payload.get("call_id"), (type_, payload))
+    conversation = list(state.conversation)
+    at = state.step
+    for turn_step in sorted(turns):
+        if not _answered(conversation, at, rows, logged):
+            return Through(None, f"a call of step {at} has no recorded result")
+        payload = turns[turn_step]
+        conversation.append(assistant_item(payload.get("text"), payload.get("tool_calls") or []))
+        at = turn_step
+    if at != step:
+        return Through(None, f"the run has no completed model turn at step {step}")
+    if not _answered(conversation, at, rows, logged):
+        return Through(None, f"a call of step {step} has no recorded result (it waits, or its outcome is unknown)")
+    return Through(CheckpointState(conversation=conversation, step=step))
+
+
+def _answered(conversation: list[dict], step: int, rows: dict, logged: dict) -> bool:
+    """Answer the last turn's calls the conversation has no answer for, from
+    their rows, else from their events; False when one has neither."""
+    for i in range(len(conversation) - 1, -1, -1):
+        if conversation[i].get("role") == "assistant":
+            calls = conversation[i].get("tool_calls") or []
+            answered = {m.get("tool_call_id") for m in conversation[i + 1 :] if m.get("role") == "tool"}
+            break
+    else:
+        return True
+    for call in calls:
+        call_id = call.get("id")
+        if call_id in answered:
+            continue
+        row = rows.get((step, call_id))
+        if row is not None and row["status"] in ANSWERED and row["result"] is not None:
+            conversation.append(tool_item(call_id, call.get("name"), row["result"], row["status"] != "completed"))
+        elif call_id in logged:
+            type_, payload = logged[call_id]
+            failed = type_ == EventType.TOOL_CALL_FAILED
+            conversation.append(tool_item(call_id, call.get("name"), payload.get("result"), failed))
+        else:
+            return False
+    return True
 
 
 def checkpoint_current(run, *, first_lease: bool = False) -> CheckpointState:

@@ -111,6 +111,14 @@ class RunNotRunning(RunError):
     status = 409
 
 
+class RunNotForkable(RunError):
+    """The run cannot be forked or replayed: a child run (it runs under its parent's budget and policies), or
+    one whose start is no longer recorded."""
+
+    code = "run_not_forkable"
+    status = 409
+
+
 class RunNotWaitingForUser(RunError):
     """Input goes only to a run that waits for the user."""
 

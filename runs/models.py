@@ -146,6 +146,18 @@ class Run(models.Model):
         db_index=False,
     )
     parent_invocation = models.UUIDField(null=True, blank=True, editable=False)
+    # Lineage: a fork continues another run's conversation after its step `forked_from_step` (what came
+    # before is never run again), its side effects waiting for a person unless `fork_effects` is "policy";
+    # a replay calls the model again and answers each call the original made at the same position with the
+    # original's recorded result, executing nothing. Indexed only where set: most runs are neither.
+    forked_from = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="forks", editable=False, db_index=False
+    )
+    forked_from_step = models.IntegerField(null=True, blank=True, editable=False)
+    fork_effects = models.CharField(max_length=8, null=True, blank=True, editable=False)  # "approve" | "policy"
+    replay_of = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="replays", editable=False, db_index=False
+    )
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     request_hash = models.CharField(max_length=64, null=True, blank=True)
     # The principal the run acts for, stamped at submission (seed 002): the submitting user (no FK — a user
@@ -175,6 +187,8 @@ class Run(models.Model):
             models.Index(fields=["status", "priority", "created_at"], name="runs_status_queue_idx"),
             models.Index(fields=["tenant", "-created_at"], name="runs_tenant_created_idx"),
             models.Index(fields=["parent"], condition=Q(parent__isnull=False), name="runs_parent_idx"),
+            models.Index(fields=["forked_from"], condition=Q(forked_from__isnull=False), name="runs_forked_from_idx"),
+            models.Index(fields=["replay_of"], condition=Q(replay_of__isnull=False), name="runs_replay_of_idx"),
             # The runs list's filters (runs.services.run_list): an agent's runs newest first; a tenant's failed
             # or cancelled ones, which only a run's end writes into (a claim or a wait writes nothing here).
             models.Index(fields=["agent", "-created_at"], name="runs_agent_created_idx"),

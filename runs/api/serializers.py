@@ -181,6 +181,51 @@ class InputText(StrictSerializer):
         return value
 
 
+class StrictIntegerField(serializers.IntegerField):
+    """An IntegerField that takes only JSON integers (DRF's also takes "3", 3.0 and true)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+AGENT_VERSION_HELP = (
+    "A version of the run's agent as the agents API shows it (its `id` or its `version`), or `latest`; "
+    "default: the version the run is pinned to."
+)
+
+
+class ForkRequest(StrictSerializer):
+    """Fork a run: continue its conversation after one of its steps."""
+
+    from_step = StrictIntegerField(
+        min_value=0, help_text="The fork's conversation is the run's through the end of this step (0: its start)."
+    )
+    agent_version = StrictCharField(
+        max_length=64, required=False, allow_null=True, default=None, help_text=AGENT_VERSION_HELP
+    )
+    input = StrictCharField(
+        max_length=100_000,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="A user message added after that step (optional).",
+    )
+    effects = serializers.ChoiceField(
+        choices=["approve", "policy"],
+        required=False,
+        default="approve",
+        help_text="approve (default): every side-effect call of the fork waits for a person; policy: the agent's "
+        "policy decides, as for a fresh run (needs `runs.publish_agent`).",
+    )
+
+    def validate_input(self, value):
+        if value is not None and not value.strip():
+            raise serializers.ValidationError("must not be empty")
+        return value
+
+
 class ApprovalDecision(StrictSerializer):
     """A decision, bound to the request_hash that was shown."""
 
@@ -246,6 +291,18 @@ class ChildRunOut(serializers.Serializer):
     status = serializers.ChoiceField(choices=[s.value for s in RunStatus])
 
 
+class ForkedFromOut(serializers.Serializer):
+    run = serializers.UUIDField()
+    step = serializers.IntegerField(help_text="The fork's conversation is the run's through the end of this step.")
+
+
+class ForkOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    step = serializers.IntegerField(help_text="The step it was forked from.")
+    status = serializers.ChoiceField(choices=[s.value for s in RunStatus])
+    agent_version = serializers.CharField()
+
+
 class RunOut(serializers.Serializer):
     id = serializers.UUIDField()
     session = serializers.UUIDField()
@@ -261,6 +318,11 @@ class RunOut(serializers.Serializer):
         allow_null=True, help_text="The run whose `delegate_run` call started this one; null for a submitted run."
     )
     children = ChildRunOut(many=True, help_text="The child runs this run started, in the order of its calls.")
+    forked_from = ForkedFromOut(
+        allow_null=True, help_text="The run and the step this run was forked from; null for a run that is no fork."
+    )
+    forks = ForkOut(many=True, help_text="The runs forked from this one, oldest first.")
+    replay_of = serializers.UUIDField(allow_null=True, help_text="The run this run replays; null for no replay.")
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 

@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from runs.api import views
+from runs.api import lineage, views
 from runs.api.errors import api_not_found
 from webhooks import api as webhooks
 
@@ -16,6 +16,7 @@ urlpatterns = [
     path("runs/<str:id>/cancel/", views.RunCancel.as_view(), name="run-cancel"),
     path("runs/<str:id>/resume/", views.RunResume.as_view(), name="run-resume"),
     path("runs/<str:id>/input/", views.RunInput.as_view(), name="run-input"),
+    path("runs/<str:id>/fork/", lineage.RunFork.as_view(), name="run-fork"),
     path("approvals/", views.ApprovalList.as_view(), name="approval-list"),
     path("approvals/<str:id>/", views.ApprovalDetail.as_view(), name="approval-detail"),
     path("approvals/<str:id>/approve/", views.ApprovalApprove.as_view(), name="approval-approve"),

@@ -175,9 +175,18 @@ class ApprovalGate(Protocol):
     and reads decisions back when a run re-enters an open batch."""
 
     def request(
-        self, *, step_number: int, invocation_id: UUID, tool: ToolSpec, arguments: Any, kind: str, at: datetime
+        self,
+        *,
+        step_number: int,
+        invocation_id: UUID,
+        tool: ToolSpec,
+        arguments: Any,
+        kind: str,
+        at: datetime,
+        call_index: int | None = None,
     ) -> ApprovalInsert:
-        """A new pending approval for one call, its hash bound to what it presents."""
+        """A new pending approval for one call (`call_index`: its position in
+        the batch), its hash bound to what it presents."""
 
     def request_again(
         self,

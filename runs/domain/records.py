@@ -39,3 +39,21 @@ class ApprovalDecision:
     presentation: dict[str, Any]
     capability: dict[str, Any]
     decided_at: datetime | None = None  # a call approved before the run's deadline is exempt from its reserve
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedCall:
+    """A call another run made at some position, as a fork's approval card
+    and a replay compare against it: what was proposed and how it ended."""
+
+    run_id: UUID  # the run that made it (for a step before a fork's, the run the fork was taken from)
+    invocation_id: UUID
+    step_number: int
+    call_index: int
+    tool_name: str
+    arguments: Any  # the parsed arguments, or None when they were not a JSON object
+    raw_arguments: str
+    status: str  # an InvocationStatus value
+    result: Any
+    outcome: str | None
+    started: bool  # a side effect's watermark was set: it may have taken effect

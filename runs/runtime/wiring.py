@@ -18,7 +18,7 @@ from django.conf import settings
 from django_q.signals import post_spawn
 
 from approvals.gate import ApprovalGate
-from approvals.policy import PolicyEngine
+from approvals.policy import PersonFirst, PolicyEngine
 from checkpoints.repository import checkpoint_current
 from runs.clock import CLOCK, IDS
 from runs.domain.budgets import Ledger
@@ -75,6 +75,12 @@ def tenant_floor(tenant_id, step_of=None, store=None):
 def _read_only_of(tool_name: str) -> bool | None:
     spec = REGISTRY.spec(tool_name)
     return None if spec is None else bool(spec.read_only)
+
+
+def _needs_person(tool_name: str) -> bool:
+    """Whether a forked run's call waits for a person (`effects: "approve"`): it could touch the world."""
+    spec = REGISTRY.spec(tool_name)
+    return spec is None or not spec.read_only or spec.control == "delegate"
 
 
 def ancestry(parent_id) -> tuple[int, list[dict]]:
@@ -140,6 +146,9 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
     )
     delegates = tuple(definition.get("delegates") or ())
     policy = PolicyEngine(definition.get("policy"), read_only_of=_read_only_of, inherited=inherited)
+    # A fork's side effects wait for a person unless it was asked to follow the policy (the engine stays the
+    # one the floor is set on below; the wrapper asks it first).
+    gated = PersonFirst(policy, needs_person=_needs_person) if run.fork_effects == "approve" else policy
     ctx = RunContext(
         run=snapshot,
         agent=AgentSpec(
@@ -169,7 +178,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
             code_version=settings.AGENTRT_CODE_VERSION,
         ),
         tools=tools_for(definition),  # the registry, with the MCP tools the version pins (runs.tools.mcp)
-        policy=policy,
+        policy=gated,
         budgets=Ledger(limits, run.deadline_at),
         token=token,
         lease=lease,

@@ -42,6 +42,9 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "result": run.result,
         "parent": str(run.parent_id) if run.parent_id else None,
         "children": run_children(run),
+        "forked_from": {"run": str(run.forked_from_id), "step": run.forked_from_step} if run.forked_from_id else None,
+        "forks": run_forks(run),
+        "replay_of": str(run.replay_of_id) if run.replay_of_id else None,
         "created_at": _iso(run.created_at),
         "updated_at": _iso(run.updated_at),
     }
@@ -60,9 +63,26 @@ def run_children(run: Run) -> list[dict[str, Any]]:
     return [{"id": str(rid), "agent": agent, "status": status} for rid, agent, status, _ in rows]
 
 
+def run_forks(run: Run) -> list[dict[str, Any]]:
+    """The runs forked from `run`, oldest first: `{"id", "step", "status",
+    "agent_version"}` each (from the list's prefetch when there is one)."""
+    prefetched = getattr(run, "_prefetched_objects_cache", {}).get("forks")
+    if prefetched is not None:
+        rows = [(f.id, f.forked_from_step, f.status, f.agent_version, f.created_at) for f in prefetched]
+    else:
+        rows = list(
+            Run.objects.filter(forked_from_id=run.id).values_list(
+                "id", "forked_from_step", "status", "agent_version", "created_at"
+            )
+        )
+    rows.sort(key=lambda r: (r[4], str(r[0])))
+    return [{"id": str(rid), "step": step, "status": status, "agent_version": v} for rid, step, status, v, _ in rows]
+
+
 def with_children(queryset: QuerySet) -> QuerySet:
-    """`queryset` of runs with their children (and the children's agents) fetched in one more query."""
-    return queryset.prefetch_related(Prefetch("children", queryset=Run.objects.select_related("agent")))
+    """`queryset` of runs with their children (and the children's agents) and their forks fetched in two
+    more queries."""
+    return queryset.prefetch_related(Prefetch("children", queryset=Run.objects.select_related("agent")), "forks")
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def test_the_run_list_reads_children_in_one_query_whatever_the_number_of_runs(
 ):
     client = as_user(alice)
     client.get("/api/runs/")  # warm the auth and throttle caches
-    with django_assert_max_num_queries(8):  # 7 here; a query per run would make it 13
+    with django_assert_max_num_queries(8):  # 8 here (children, forks: a query each); one per run would make it 19
         response = client.get("/api/runs/", {"page_size": 100})
     assert response.json()["count"] == 6
 

@@ -32,7 +32,7 @@ def api_routes() -> list[tuple[str, str, str]]:
                 if sub.name in NOT_ROUTES:
                     continue
                 cls = getattr(sub.callback, "cls", None) or getattr(sub.callback, "view_class", None)
-                template = "/api/" + str(sub.pattern).replace("<str:id>", "{id}")
+                template = "/api/" + str(sub.pattern).replace("<str:id>", "{id}").replace("<str:other>", "{other}")
                 for method in ("get", "post", "put", "patch", "delete"):
                     if hasattr(cls, method):
                         found.append((sub.name, template, method.upper()))
@@ -48,6 +48,7 @@ TARGETS = {
     "run-cancel": ("queued", lambda w: {}),
     "run-resume": ("queued", lambda w: {}),
     "run-input": ("asking", lambda w: {"text": "eu-west"}),
+    "run-fork": ("done", lambda w: {"from_step": 1}),
     "approval-list": (None, None),
     "approval-detail": ("approval", None),
     "approval-approve": ("approval", lambda w: {"request_hash": w.approval.request_hash}),
@@ -68,8 +69,8 @@ ROUTES = api_routes()
 def test_every_api_route_is_in_the_matrix():
     assert {name for name, _, _ in ROUTES} == set(TARGETS)
     # 13 operations of DESIGN §16 + confirm (§17) + schema, docs, redoc
-    # + webhooks (list, create, get, change, delete, test, deliveries)
-    assert len(ROUTES) == 24
+    # + webhooks (list, create, get, change, delete, test, deliveries) + fork (§18)
+    assert len(ROUTES) == 25
 
 
 def snapshot(tenant):
@@ -110,7 +111,7 @@ def call(client, method, path, body):
 def test_idor_matrix(world, other_world, alice, operator, bob, as_user, anon, name, template, method):
     attr, make_body = TARGETS[name]
     target = getattr(world, attr) if attr else None
-    path = template.format(id=target.id) if target is not None else template
+    path = template.format(id=target.id, other=world.queued.id) if target is not None else template
     body = make_body(world) if make_body else None
     secret = owned_ids(world)
 
@@ -235,6 +236,7 @@ def test_a_superuser_views_another_tenants_run_everywhere_but_acts_on_it_nowhere
         (f"/api/runs/{target.queued.id}/cancel/", {}),
         (f"/api/runs/{target.queued.id}/resume/", {}),
         (f"/api/runs/{target.asking.id}/input/", {"text": "x"}),
+        (f"/api/runs/{target.done.id}/fork/", {"from_step": 0}),
         (f"/api/approvals/{target.approval.id}/approve/", {"request_hash": target.approval.request_hash}),
         (f"/api/approvals/{target.approval.id}/reject/", {"request_hash": target.approval.request_hash}),
     ]:

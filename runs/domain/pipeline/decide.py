@@ -206,6 +206,7 @@ def _record_decision(
             arguments=entry.arguments,
             kind="policy",
             at=now,
+            call_index=entry.index,
         )
         work.approval_inserts.append(approval)
         work.events.append(_approval_requested(approval, insert.id, "policy", entry.tool.name, step_number, now))

@@ -1,0 +1,48 @@
+"""Fork (REST): each parses, authorizes (the caller acts
+on its own tenant's run; another tenant's is 404), calls one service and
+renders the run's REST shape."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.response import Response
+
+from runs.api import serializers as s
+from runs.api.views import ID_PARAM, PUBLISH_PERMISSION, WRITE_ERRORS, ApiView, actionable_run, errors, parse
+from runs.services.lineage import run_fork
+
+
+class RunFork(ApiView):
+    """Fork a run from one of its steps."""
+
+    throttle_scope = "runs_create"  # a fork is a submit
+
+    @extend_schema(
+        operation_id="runs_fork",
+        tags=["runs"],
+        summary="Fork a run from one of its steps",
+        description="201 with the new run (`forked_from`): its conversation is the run's through the end of "
+        "`from_step` (nothing before it runs again), continuing at the next step under `agent_version` with "
+        "limits of its own, in a session of its own. Each side-effect call it proposes waits for an approval "
+        "whose card says what the original did at that position (`effects: approve`), unless `effects: policy` "
+        "(needs `runs.publish_agent`, 403 otherwise). 400 naming the field: `from_step` out of range or not "
+        "finished (a call of it without a recorded result), an unknown `agent_version`, a bad `effects`; 409 "
+        "`run_not_forkable` for a child run; 429 `quota_exceeded`.",
+        parameters=[ID_PARAM],
+        request=s.ForkRequest,
+        responses={201: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)},
+    )
+    def post(self, request, id):
+        run = actionable_run(request, id)
+        data = parse(s.ForkRequest, request.data)
+        fork = run_fork(
+            run=run,
+            from_step=data["from_step"],
+            agent_version=data.get("agent_version"),
+            input=data.get("input"),
+            effects=data.get("effects"),
+            principal=request.user,
+            may_publish=request.user.has_perm(PUBLISH_PERMISSION),
+        )
+        return Response(s.RunOut(fork).data, status=status.HTTP_201_CREATED)

@@ -1,0 +1,73 @@
+"""Forks through a real `qcluster` (issue 37's evidence): the effect sink is
+the ground truth of what was sent. A run sends two effects; a fork from step 1
+never sends the first again and sends the second once, after a person
+approved it."""
+
+from __future__ import annotations
+
+import pytest
+
+from approvals.models import Approval
+from runs.models import Event, Run, ToolInvocation
+from tests.api.conftest import token_client
+from tests.conftest import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def post(sink, n):
+    return {"tool_calls": [{"name": "http_post", "arguments": {"url": sink.url, "json": {"effect": n}}}]}
+
+
+def bodies(sink):
+    return [s["body"] for s in sink.sends]
+
+
+def settled(run_id, *statuses):
+    def check():
+        return Run.objects.filter(id=run_id, status__in=statuses).exists()
+
+    return check
+
+
+@pytest.fixture
+def original(cluster, load_agent, submit, sink):
+    """A run that sent two effects (steps 1 and 2), on a running cluster."""
+    version = load_agent(name="payer", turns=[post(sink, 1), post(sink, 2), {"text": "paid"}], tools=("http_post",))
+    c = cluster(AGENTRT_LEASE_SECONDS=3, AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host)
+    run = submit(agent="payer", text="pay twice")
+    wait_for(settled(run.id, "COMPLETED", "FAILED"), timeout=60, message=f"the original to end\n{c.output()}")
+    assert Run.objects.get(id=run.id).status == "COMPLETED"
+    assert bodies(sink) == [{"effect": 1}, {"effect": 2}]
+    return run, version, c
+
+
+def test_a_fork_from_step_1_sends_the_first_effect_never_and_the_second_once_after_approval(original, sink, operator):
+    run, _, c = original
+    client = token_client(operator)
+    response = client.post(f"/api/runs/{run.id}/fork/", {"from_step": 1}, format="json")
+    assert response.status_code == 201, response.json()
+    fork_id = response.json()["id"]
+    wait_for(settled(fork_id, "WAITING_FOR_APPROVAL", "COMPLETED", "FAILED"), timeout=60, message=c.output())
+    assert Run.objects.get(id=fork_id).status == "WAITING_FOR_APPROVAL"
+    assert bodies(sink) == [{"effect": 1}, {"effect": 2}]  # the fork has sent nothing yet
+    approval = Approval.objects.get(run_id=fork_id, status="pending")
+    card = client.get(f"/api/approvals/{approval.id}/").json()["presentation"]
+    assert card["fork"]["run"] == str(run.id) and card["fork"]["step"] == 1
+    assert card["fork"]["same_tool"] and card["fork"]["same_arguments"]
+    assert card["notice"].startswith(f"This run is a fork of run {run.id} at step 1")
+
+    decided = client.post(
+        f"/api/approvals/{approval.id}/approve/", {"request_hash": approval.request_hash}, format="json"
+    )
+    assert decided.status_code == 200, decided.json()
+    wait_for(settled(fork_id, "COMPLETED", "FAILED"), timeout=60, message=c.output())
+    fork = Run.objects.get(id=fork_id)
+    assert fork.status == "COMPLETED" and fork.final_message == "paid"
+    assert bodies(sink) == [{"effect": 1}, {"effect": 2}, {"effect": 2}]  # the second, once; the first, never again
+    sent = ToolInvocation.objects.get(run_id=fork_id)
+    assert sent.step_number == 2 and sink.count(sent.idempotency_key) == 1
+    assert client.get(f"/api/runs/{run.id}/").json()["forks"][0]["id"] == fork_id
+    # The fork went through the same machinery: claimed under a lease, fenced steps, its own events.
+    types = list(Event.objects.filter(run_id=fork_id).order_by("sequence").values_list("type", flat=True))
+    assert types[:3] == ["run.created", "run.claimed", "run.started"] and types[-1] == "run.completed"
