@@ -92,6 +92,7 @@ class ApprovalAdmin(TenantScoped):
         "status",
         "tool",
         "side_effect",
+        "server_hints",
         "arguments_pretty",
         "notice",
         "run_link",
@@ -118,6 +119,19 @@ class ApprovalAdmin(TenantScoped):
     @admin.display(description="side effect")
     def side_effect(self, obj):
         return (obj.presentation or {}).get("side_effect", "")
+
+    @admin.display(description="MCP server's hints")
+    def server_hints(self, obj):
+        """An MCP tool's server and its annotations as pinned: hints, never what decides (runs.tools.mcp)."""
+        mcp = (obj.presentation or {}).get("mcp")
+        if not isinstance(mcp, dict):
+            return "-"
+        return format_html(
+            "server {}, tool {}: {} <em>(hints from the server, not trusted; the operator classified this tool)</em>",
+            mcp.get("server", ""),
+            mcp.get("tool", ""),
+            json.dumps(mcp.get("server_hints") or {}, sort_keys=True, ensure_ascii=False),
+        )
 
     @admin.display(description="notice")
     def notice(self, obj):

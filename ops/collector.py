@@ -29,6 +29,21 @@ def _counter(name: str, doc: str, label: str, data: dict[str, int]) -> CounterMe
     return family
 
 
+def _mcp_calls(data: dict[str, int]) -> CounterMetricFamily:
+    """`agent_mcp_calls_total{server,tool,outcome}` from the fleet's "mcp__<server>__<tool> <outcome>" labels."""
+    family = CounterMetricFamily(
+        "agent_mcp_calls",
+        "Calls of MCP servers' tools that ran, by server, tool and outcome (succeeded, failed, uncertain).",
+        labels=["server", "tool", "outcome"],
+    )
+    for label, n in sorted(data.items()):
+        name, _, outcome = label.partition(" ")
+        server, sep, tool = name.removeprefix("mcp__").partition("__")
+        if name.startswith("mcp__") and sep and server and tool:
+            family.add_metric([server, tool, outcome], n)
+    return family
+
+
 class DeploymentCollector(Collector):
     """Seed 002's seven series plus the fleet gauges."""
 
@@ -48,6 +63,7 @@ class DeploymentCollector(Collector):
         yield _counter(
             "agent_tool_uncertain", "Tool calls whose outcome is unknown, by tool.", "tool", c["tool_uncertain"]
         )
+        yield _mcp_calls(c["mcp_calls"])
         yield _histogram(
             "agent_run_waiting_seconds",
             "Time runs spent waiting, by suspension kind (observed when the wait ends).",

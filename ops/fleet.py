@@ -51,7 +51,13 @@ COUNTED = (
     " 'tool.call.failed', 'run.waiting_for_approval', 'run.waiting_for_user'"
 )
 HISTOGRAMS = {"run_steps": STEP_BUCKETS, "waiting": WAIT_BUCKETS}
-COUNTERS = ("cancelled", "leases_lost", "requeued", "compactions", "tool_uncertain")
+COUNTERS = ("cancelled", "leases_lost", "requeued", "compactions", "tool_uncertain", "mcp_calls")
+# The results of MCP tool calls (issue 36), read through their own partial index, events_mcp_calls_idx
+# (ops/migrations/0008: the same predicate), which no other event writes to. `%%` is `%` once the
+# statement's parameters are bound.
+MCP_CALLS = (
+    "x.type IN ('tool.call.completed', 'tool.call.failed') AND x.payload->>'tool' LIKE 'mcp\\_\\_%%' ESCAPE '\\'"
+)
 
 
 @dataclass(frozen=True)
@@ -140,9 +146,11 @@ def contributions(scope: Scope | None = None) -> tuple[str, tuple]:
     Each run's counted events are read once."""
     if scope is None:
         events, ended, params = _rows_of("events", None, f"x.type IN ({COUNTED})"), None, ()
+        mcp = _rows_of("events", None, MCP_CALLS)
     else:
         events = _rows_of("events", scope.runs, f"x.type IN ({COUNTED})")
-        ended, params = scope.ended, scope.params + scope.params
+        mcp = _rows_of("events", scope.runs, MCP_CALLS)
+        ended, params = scope.ended, scope.params * 3  # events, ended, mcp
     runs = _rows_of("runs", ended, f"x.status IN {TERMINAL}")
     kind = "COALESCE(payload->>'kind', CASE WHEN type = 'run.waiting_for_user' THEN 'user' ELSE 'approval' END)"
     secs = _seconds("LEAD(occurred_at) OVER (PARTITION BY run_id ORDER BY id)", "occurred_at")
@@ -151,6 +159,7 @@ def contributions(scope: Scope | None = None) -> tuple[str, tuple]:
         f"WITH ev AS {materialized}(SELECT e.run_id, e.id, e.type, e.lease_epoch, e.occurred_at, e.payload"
         f"  FROM {events} e),"
         f" ended AS {materialized}(SELECT r.status, r.step_count FROM {runs} r),"
+        f" mcp AS {materialized}(SELECT m.payload FROM {mcp} m),"
         # Each wait to the next event of its run that ended it (requeued by a
         # decision or input, cancelled, failed); an open wait is not observed.
         f" waits AS (SELECT kind, secs FROM (SELECT type, {kind} AS kind, {secs} AS secs FROM ev"
@@ -174,6 +183,9 @@ def contributions(scope: Scope | None = None) -> tuple[str, tuple]:
         # The invocation outcome classes: the same events runs.services.selectors.tool_uncertain_counts reads.
         " UNION ALL SELECT 'tool_uncertain', COALESCE(payload->>'tool', 'unknown'), '', COUNT(*) FROM ev"
         "  WHERE type = 'tool.call.failed' AND payload->>'outcome' = 'uncertain' GROUP BY 2"
+        # An MCP call's result, once per attempt that ran (not a call refused before it ran): "<tool> <outcome>".
+        " UNION ALL SELECT 'mcp_calls', (payload->>'tool') || ' ' || COALESCE(payload->>'outcome', 'unknown'), '',"
+        "  COUNT(*) FROM mcp WHERE payload->'executed' = 'true' GROUP BY 2"
         " UNION ALL SELECT 'leases_lost', CASE rank "
         + " ".join(f"WHEN {rank} THEN '{phase}'" for rank, phase in LEASE_PHASES.items())
         + " END, '', COUNT(*) FROM takeovers GROUP BY 2"

@@ -77,7 +77,7 @@ def env(ctx: Context) -> list[str]:
     return sorted(os.environ)
 
 
-@server.tool(annotations=LIES)
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True, title="<script>alert('title')</script>"))
 def write(name: str, ctx: Context) -> str:
     """Record an effect named `name`. <script>alert('description')</script>"""
     _called("write", ctx)

@@ -58,7 +58,8 @@ def test_publishing_pins_each_tools_listing_into_the_version(fx, load_agent):
     pin = pins[WRITE]
     assert pin["server"] == "fx" and pin["tool"] == "write" and len(pin["digest"]) == 64
     assert pin["input_schema"]["properties"]["name"]["type"] == "string"
-    assert pin["annotations"] == {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True}
+    # The server's annotations, kept as hints (its title, markup and all, is text to escape wherever it is shown).
+    assert pin["annotations"] == {"readOnlyHint": True, "title": "<script>alert('title')</script>"}
     assert fx.calls() == []  # listing is not calling
     # Publishing the same definition again, the server unchanged: the same version.
     assert load_agent(tools=(WRITE, "mcp__fx__echo", "echo")).version == version.version

@@ -254,6 +254,8 @@
       card.appendChild(el('div', null, (TITLES[a.kind] || 'Approval needed: ') + (p.tool || a.tool || '')));
       if (p.notice) card.appendChild(el('div', 'muted', p.notice));
       if (p.side_effect) card.appendChild(el('div', 'muted', 'side effect: ' + p.side_effect));
+      if (p.mcp) card.appendChild(el('div', 'muted mcp', 'MCP server ' + p.mcp.server + ', tool ' + p.mcp.tool +
+        ". The server's hints, not trusted (the operator classified this tool): " + pretty(p.mcp.server_hints || {})));
       if (p.arguments !== undefined) card.appendChild(el('pre', null, pretty(p.arguments)));
       if (p.error) card.appendChild(el('div', 'muted', 'error: ' + pretty(p.error)));
       if (a.ends_run || a.deadline_passed) {
