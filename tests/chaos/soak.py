@@ -475,6 +475,10 @@ class Soak:
                 "AGENTRT_LOG_LEVEL": "WARNING",
                 "PYTHONUNBUFFERED": "1",
                 "AGENTRT_THROTTLE_RUNS_CREATE": "100000/min",
+                # one tenant runs every soak run: its share of the leases is the whole deployment's (the share's
+                # claim path still runs; README "Workers and tenants": a value of the workers or more holds
+                # nobody back), not the default half of one node's workers
+                "AGENTRT_TENANT_MAX_RUNNING": str(self.workers),
                 # the reconciled runs' tool and its reconciler (tests/chaos/tools.py), which asks the sink
                 "AGENTRT_TOOL_MODULES": TOOL_MODULE,
                 SINK_ENV: str(self.out / "sink.jsonl"),
