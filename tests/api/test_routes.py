@@ -45,6 +45,9 @@ RUN_KEYS = {
     "result",
     "parent",
     "children",
+    "forked_from",
+    "forks",
+    "replay_of",
     "created_at",
     "updated_at",
 }
@@ -489,6 +492,7 @@ def test_schema_and_docs_are_served_to_authenticated_users(world, alice, as_user
         "/api/runs/{id}/cancel/",
         "/api/runs/{id}/resume/",
         "/api/runs/{id}/input/",
+        "/api/runs/{id}/fork/",
         "/api/approvals/",
         "/api/approvals/{id}/",
         "/api/approvals/{id}/approve/",
