@@ -96,6 +96,7 @@ def _node(run: Run, depth: int) -> dict:
     return {
         "id": str(run.id),
         "agent": run.agent.name,
+        "version": run.agent_version[:10],  # the version pinned when the child started
         "status": run.status,
         "input": run.input[:INPUT_PREVIEW] + ("…" if len(run.input) > INPUT_PREVIEW else ""),
         "depth": depth,

@@ -71,6 +71,8 @@ def test_the_run_page_draws_the_tree_of_child_runs_with_their_status(family, ten
     assert f'<span class="badge s-WAITING_FOR_APPROVAL" data-run="{middle.id}">WAITING_FOR_APPROVAL</span>' in html
     assert f'<span class="badge s-QUEUED" data-run="{leaf.id}">QUEUED</span>' in html
     assert f'href="/runs/{grandchild.id}/"' in html
+    # each child shows the agent version it was pinned to when it started
+    assert f'title="the agent version pinned when it started">{middle.agent_version[:10]}</span>' in html
 
 
 def test_a_child_page_names_the_runs_above_it(family, tenant):
