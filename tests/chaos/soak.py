@@ -246,10 +246,12 @@ def parse_args(argv):
     p.add_argument(
         "--grace",
         type=float,
-        default=20.0,
+        default=40.0,
         help="each generation of a qcluster node (its main process and sentinel), of run_maintenance and of a web "
-        "node may be killed once it has been up a seeded U(0, GRACE) s: kills land from its first second on, but a "
-        "process is not killed faster than it starts (a crash loop). Its other processes die from their start",
+        "node may be killed once it has been up a seeded U(0, GRACE) s: a node lives 20 s on average, as with the "
+        "fixed 20 s grace this replaces, but half of those kills land in its first 20 s, some in its first second "
+        "(none at all kills nodes faster than they start: a crash loop, not a fault). Its other processes die from "
+        "their start",
     )
     p.add_argument(
         "--cover-types",
@@ -475,10 +477,10 @@ class Soak:
                 "AGENTRT_LOG_LEVEL": "WARNING",
                 "PYTHONUNBUFFERED": "1",
                 "AGENTRT_THROTTLE_RUNS_CREATE": "100000/min",
-                # one tenant runs every soak run: its share of the leases is the whole deployment's (the share's
-                # claim path still runs; README "Workers and tenants": a value of the workers or more holds
-                # nobody back), not the default half of one node's workers
-                "AGENTRT_TENANT_MAX_RUNNING": str(self.workers),
+                # one tenant runs every soak run, so its share of the leases never holds one back: at most
+                # --max-inflight runs are unfinished at a time, each counted while a dead worker's lease lasts (the
+                # share's claim path still runs); not the default, half of one node's workers
+                "AGENTRT_TENANT_MAX_RUNNING": str(self.max_inflight),
                 # the reconciled runs' tool and its reconciler (tests/chaos/tools.py), which asks the sink
                 "AGENTRT_TOOL_MODULES": TOOL_MODULE,
                 SINK_ENV: str(self.out / "sink.jsonl"),
