@@ -99,6 +99,8 @@ def test_a_cluster_that_stops_stops_its_mcp_servers(fx_cluster, fx_state, submit
     assert not gone(effect["pid"])  # the worker keeps its server for its next call
     c.stop()
     wait_for(lambda: gone(effect["pid"]), timeout=30, message="the stopped worker's MCP server to exit")
+    # Stopped on the worker's way out (its stdin closed), not killed: it exited cleanly.
+    assert {"pid": effect["pid"]} in fx_state.lines("exited.jsonl"), c.output()[-3000:]
 
 
 def test_sigkill_after_git_create_branch_asks_before_any_second_branch(

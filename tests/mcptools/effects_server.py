@@ -13,8 +13,10 @@ per call received (any tool); `cancelled.jsonl` one line per read-only call the 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -141,6 +143,9 @@ def leak(ctx: Context) -> str:
 
 
 def main() -> None:
+    # A clean exit (stdin closed by the client, or SIGTERM) is recorded; a SIGKILL leaves nothing.
+    atexit.register(lambda: _line("exited.jsonl", {"pid": os.getpid()}))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, default=None)
     args = parser.parse_args()
