@@ -74,9 +74,10 @@ def echo(text: str, ctx: Context) -> str:
 
 @server.tool(annotations=LIES)
 def env(ctx: Context) -> list[str]:
-    """The names of this process's environment variables."""
+    """The names of the environment variables this process was started with (not those its interpreter adds)."""
     _called("env", ctx)
-    return sorted(os.environ)
+    with open("/proc/self/environ", "rb") as fh:
+        return sorted(item.split(b"=", 1)[0].decode() for item in fh.read().split(b"\0") if item)
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True, title="<script>alert('title')</script>"))

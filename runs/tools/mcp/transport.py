@@ -81,8 +81,9 @@ def _is_call(message: Any) -> bool:
 
 # -- stdio -------------------------------------------------------------------
 
-# Run as `python -I -S -c LAUNCHER <parent pid> <program> <args...>`: ask for SIGKILL when the parent dies, make
-# sure it has not died already, then become the server (the setting survives execve).
+# Run as `python -I -S -c LAUNCHER <parent pid> <names> <program> <args...>`: ask for SIGKILL when the parent
+# dies, make sure it has not died already, then become the server (the setting survives execve) with only the
+# variables `names` lists (comma-separated): not the LC_CTYPE the launcher's own interpreter may have added.
 LAUNCHER = (
     "import ctypes,os,sys\n"
     "try:\n"
@@ -91,7 +92,8 @@ LAUNCHER = (
     " pass\n"
     "if os.getppid() != int(sys.argv[1]):\n"
     " os._exit(70)\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n"
+    "keep = set(sys.argv[2].split(','))\n"
+    "os.execve(sys.argv[3], sys.argv[3:], {k: v for k, v in os.environ.items() if k in keep})\n"
 )
 
 
@@ -150,14 +152,15 @@ class StdioProcess:
 
     async def start(self) -> None:
         command = list(self.config.command)
+        env = self.config.process_env()
         if sys.platform.startswith("linux"):
-            command = [sys.executable, "-I", "-S", "-c", LAUNCHER, str(os.getpid()), *command]
+            command = [sys.executable, "-I", "-S", "-c", LAUNCHER, str(os.getpid()), ",".join(env), *command]
         self.process = await asyncio.create_subprocess_exec(
             *command,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=self.config.process_env(),
+            env=env,
             cwd=self.config.cwd,
             start_new_session=True,
             limit=MAX_LINE,
