@@ -119,6 +119,13 @@ class RunNotForkable(RunError):
     status = 409
 
 
+class RunNotFinished(RunError):
+    """A replay is of a run that has ended."""
+
+    code = "run_not_finished"
+    status = 409
+
+
 class RunNotWaitingForUser(RunError):
     """Input goes only to a run that waits for the user."""
 

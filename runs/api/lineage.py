@@ -1,4 +1,4 @@
-"""Fork (REST): each parses, authorizes (the caller acts
+"""Fork and replay (REST): each parses, authorizes (the caller acts
 on its own tenant's run; another tenant's is 404), calls one service and
 renders the run's REST shape."""
 
@@ -10,7 +10,7 @@ from rest_framework.response import Response
 
 from runs.api import serializers as s
 from runs.api.views import ID_PARAM, PUBLISH_PERMISSION, WRITE_ERRORS, ApiView, actionable_run, errors, parse
-from runs.services.lineage import run_fork
+from runs.services.lineage import run_fork, run_replay
 
 
 class RunFork(ApiView):
@@ -46,3 +46,30 @@ class RunFork(ApiView):
             may_publish=request.user.has_perm(PUBLISH_PERMISSION),
         )
         return Response(s.RunOut(fork).data, status=status.HTTP_201_CREATED)
+
+
+class RunReplay(ApiView):
+    """Replay a run against an agent version."""
+
+    throttle_scope = "runs_create"
+
+    @extend_schema(
+        operation_id="runs_replay",
+        tags=["runs"],
+        summary="Replay a finished run against an agent version",
+        description="201 with the new run (`replay_of`): it starts where the run started and calls the model "
+        "for real, but executes no tool call: a call proposed at the same position with the same tool and "
+        "arguments as the original's gets the original's recorded result (`replayed: true` on its "
+        "`tool.call.completed` / `tool.call.failed`); the first that differs ends it FAILED `replay_diverged`, "
+        "both calls in the failure's details, as does reaching a call whose outcome the original never learned "
+        "(`outcome_unknown`). 409 `run_not_finished` unless the run has ended; 409 `run_not_forkable` for a "
+        "child run; 400 for an unknown `agent_version`; 429 `quota_exceeded`.",
+        parameters=[ID_PARAM],
+        request=s.ReplayRequest,
+        responses={201: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)},
+    )
+    def post(self, request, id):
+        run = actionable_run(request, id)
+        data = parse(s.ReplayRequest, request.data)
+        replay = run_replay(run=run, agent_version=data.get("agent_version"), principal=request.user)
+        return Response(s.RunOut(replay).data, status=status.HTTP_201_CREATED)

@@ -226,6 +226,14 @@ class ForkRequest(StrictSerializer):
         return value
 
 
+class ReplayRequest(StrictSerializer):
+    """Replay a run: call the model again, answer every call from the run's record."""
+
+    agent_version = StrictCharField(
+        max_length=64, required=False, allow_null=True, default=None, help_text=AGENT_VERSION_HELP
+    )
+
+
 class ApprovalDecision(StrictSerializer):
     """A decision, bound to the request_hash that was shown."""
 

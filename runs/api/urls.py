@@ -17,6 +17,7 @@ urlpatterns = [
     path("runs/<str:id>/resume/", views.RunResume.as_view(), name="run-resume"),
     path("runs/<str:id>/input/", views.RunInput.as_view(), name="run-input"),
     path("runs/<str:id>/fork/", lineage.RunFork.as_view(), name="run-fork"),
+    path("runs/<str:id>/replay/", lineage.RunReplay.as_view(), name="run-replay"),
     path("approvals/", views.ApprovalList.as_view(), name="approval-list"),
     path("approvals/<str:id>/", views.ApprovalDetail.as_view(), name="approval-detail"),
     path("approvals/<str:id>/approve/", views.ApprovalApprove.as_view(), name="approval-approve"),

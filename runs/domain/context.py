@@ -21,6 +21,7 @@ from runs.domain.ports import (
     ModelProvider,
     PolicyEngine,
     PrincipalCheck,
+    RecordedCalls,
     RunStore,
     ToolRegistry,
     Tracer,
@@ -147,6 +148,7 @@ class RunContext:
     resumed: bool = False
     approvals: ApprovalGate | None = None  # None = require_approval fails closed
     principals: PrincipalCheck | None = None  # None = the principal is never revalidated
+    replay: RecordedCalls | None = None  # a replay: every call answered from the original's record, none executed
     tracer: Tracer = field(default_factory=NullTracer)  # seed 002's spans; no-op unless wired
     progress: StepProgress = field(default_factory=StepProgress)
 

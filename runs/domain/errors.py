@@ -118,6 +118,20 @@ class ToolLoopDetected(RuntimeCoreError):
         self.details = {"tool": tool, "count": count, "limit": limit, "ignored_synthesis": ignored_synthesis}
 
 
+class ReplayDiverged(RuntimeCoreError):
+    """A replay's model proposed, at some position, another call than the
+    original made there (another tool, other arguments, a call where it made
+    none, none where it made one), or the same call whose outcome the original
+    never learned. Permanent: the run fails `replay_diverged`; `details` holds
+    the position, the reason and both calls."""
+
+    reason = FailureReason.REPLAY_DIVERGED
+
+    def __init__(self, message: str, **details: Any):
+        super().__init__(message)
+        self.details = details
+
+
 class PrincipalRevoked(RuntimeCoreError):
     """At resumption after an approval or input, the principal the run acts
     for no longer may: the user was deactivated, deleted or removed from the

@@ -16,12 +16,14 @@ from runs.domain.errors import (
     EmptyModelTurn,
     ModelError,
     PrincipalRevoked,
+    ReplayDiverged,
     RunCancelled,
     ToolLoopDetected,
     WorkerFenced,
 )
 from runs.domain.events import EventType
 from runs.domain.pipeline import BatchResult, RerunConflict, dispatch, open_batch, resume_batch
+from runs.domain.pipeline.replay import replay_final
 from runs.domain.scrub import scrub_text, scrub_turn
 from runs.domain.stored_form import assistant_item
 from runs.domain.values import (
@@ -75,7 +77,7 @@ def run_loop(ctx: RunContext) -> RunOutcome:
             "EmptyModelTurn",
             "the model returned empty turns on every attempt of the step",
         )
-    except (ToolLoopDetected, PrincipalRevoked) as exc:  # permanent: never requeued
+    except (ToolLoopDetected, PrincipalRevoked, ReplayDiverged) as exc:  # permanent: never requeued
         return failed(ctx, exc.reason, type(exc).__name__, str(exc), details=exc.details)
     except _ModelFailure as exc:
         return failed(ctx, exc.reason, exc.error_class, str(exc))
@@ -144,6 +146,8 @@ def _loop(ctx: RunContext) -> RunOutcome:
         ctx.state.link(item, progress.turn_event)
         ctx.state.step = step_number
         if not turn.tool_calls:
+            if ctx.replay is not None:  # a final answer where the original called a tool is a divergence
+                replay_final(ctx, step_number)
             return RunOutcome(kind=OutcomeKind.COMPLETED, final_message=turn.text or "", pending=progress.pending)
         checkpoint(ctx, "model_response")
         work, progress.pending = progress.pending, UnitOfWork()

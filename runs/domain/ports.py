@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
-from runs.domain.records import ApprovalDecision, InvocationRecord
+from runs.domain.records import ApprovalDecision, InvocationRecord, RecordedCall
 from runs.domain.values import (
     BudgetScope,
     CancelReason,
@@ -168,6 +168,14 @@ class PrincipalCheck(Protocol):
     def revoked(self, principal: Any) -> str | None:
         """Why `principal` may no longer act for the run (deactivated, deleted,
         removed from the run's tenant), or None while it still may."""
+
+
+class RecordedCalls(Protocol):
+    """What the run a replay replays did: its calls, read a step at a time
+    (the replay answers each proposal from them and executes nothing)."""
+
+    def at_step(self, step_number: int) -> list[RecordedCall]:
+        """The calls made at this step of the original's lineage, in call order (empty: none)."""
 
 
 class ApprovalGate(Protocol):

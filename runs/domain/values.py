@@ -101,6 +101,7 @@ class FailureReason(StrEnum):
     PRINCIPAL_REVOKED = "principal_revoked"  # issue 15: the submitter lost access while the run waited
     AGENT_VERSION_MISSING = "agent_version_missing"  # issue 15: the pinned version is gone; never falls back
     ENDPOINT_NOT_ALLOWED = "endpoint_not_allowed"  # issue 34: the tenant no longer allows the agent's model endpoint
+    REPLAY_DIVERGED = "replay_diverged"  # a replay proposed what its original did not (or met an unknown outcome)
 
 
 class Principal(Frozen):

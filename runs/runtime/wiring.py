@@ -36,6 +36,7 @@ from runs.runtime.drain import draining
 from runs.runtime.faults import hook_for
 from runs.runtime.principals import Revalidation, principal_for
 from runs.runtime.queue import Claim
+from runs.store.lineage import RecordedCallsReader
 from runs.store.reads import claimed_run
 from runs.store.repository import DjangoRunStore
 from runs.tools import REGISTRY
@@ -189,6 +190,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         resumed=state.version > 1 or run.attempts > 1,
         approvals=ApprovalGate(run=run, clock=clock, ids=ids),
         principals=Revalidation(),
+        replay=RecordedCallsReader(run.replay_of_id) if run.replay_of_id is not None else None,
         progress=StepProgress(
             usage=RunUsage(**(run.usage or {})), step_count=run.step_count, next_attempt=(last_attempt or 0) + 1
         ),

@@ -1,16 +1,18 @@
-"""Forks: new runs that start from another run's record.
+"""Forks and replays: new runs that start from another run's record.
 
 A fork continues a run's conversation after one of its steps — read from its
 checkpoint chain and its log, never run again — under the version asked for
 (default: the one the original is pinned to), with limits of its own. Its
 side effects wait for a person unless `effects="policy"` (runs.runtime.wiring
-wraps the policy; the approval card says what the original did there).
+wraps the policy; the approval card says what the original did there). A
+replay starts where its original started and calls the model again; every
+call it proposes is answered from the original's record or ends it
+`replay_diverged` (runs.domain.pipeline.replay): it executes nothing.
 
-A fork is a run like any other: created in the caller's tenant by a member
-who may submit, counted against the tenant's quota, seeded with a checkpoint
-and rung in one transaction, then executed by the same workers, fence and
-lease. It gets a session of its own (the original's session goes on without
-it)."""
+Both are runs like any other: created in the caller's tenant by a member who
+may submit, counted against the tenant's quota, seeded with a checkpoint and
+rung in one transaction, then executed by the same workers, fence and lease.
+Each gets a session of its own (the original's session goes on without it)."""
 
 from __future__ import annotations
 
@@ -28,14 +30,15 @@ from runs.clock import CLOCK, IDS
 from runs.domain.checkpoint import CheckpointState
 from runs.domain.scrub import scrub_text
 from runs.domain.writes import EventWrite
-from runs.errors import InvalidInput, PublishForbidden, RunNotForkable
-from runs.models import AgentVersion, Run, Session
+from runs.errors import InvalidInput, PublishForbidden, RunNotFinished, RunNotForkable
+from runs.models import TERMINAL, AgentVersion, Run, Session
 from runs.runtime.finalize import enqueue_drive
 from runs.services.agent_schema import resolve_limits
 from runs.services.submit import _check_quota, _principal_stamp
 from runs.services.validation import check_text
 from runs.store.cursor import statement_cursor
 from runs.store.events import append_events
+from runs.store.lineage import own_start
 
 EFFECTS = ("approve", "policy")
 
@@ -91,9 +94,33 @@ def run_fork(
     )
 
 
+def run_replay(*, run: Run, agent_version: Any = None, principal: Any = None) -> Run:
+    """A new run that starts where `run` started and calls the model again
+    under `agent_version` (default: the version `run` is pinned to); each call
+    it proposes is answered with `run`'s recorded result for that position,
+    or ends it `replay_diverged`. `run` must have ended."""
+    _not_a_child(run, "replayed")
+    if run.status not in TERMINAL:
+        raise RunNotFinished(f"the run is {run.status}; a run is replayed once it has ended")
+    version = _version_of(run, agent_version)
+    start = own_start(run.id)
+    through = state_through(run, start)
+    if through.state is None:
+        raise RunNotForkable(f"the run's start is no longer recorded: {through.problem}")
+    return _create(
+        origin=run,
+        version=version,
+        conversation=list(through.state.conversation),
+        step=start,
+        input=run.input,
+        principal=principal,
+        lineage={"replay_of_id": run.id},
+    )
+
+
 def _not_a_child(run: Run, done: str) -> None:
-    """A child run is never forked on its own: it runs under its parent's
-    budget and policies, which a run of its own would escape."""
+    """A child run is never forked or replayed on its own: it runs under its
+    parent's budget and policies, which a run of its own would escape."""
     if run.parent_id is not None:
         raise RunNotForkable(f"a child run is not {done} on its own; {done[:-2]} its parent instead")
 
@@ -205,4 +232,6 @@ def _lineage_fields(run: Run) -> dict[str, Any]:
             "forked_from": {"run": str(run.forked_from_id), "step": run.forked_from_step},
             "effects": run.fork_effects,
         }
+    if run.replay_of_id is not None:
+        return {"replay_of": str(run.replay_of_id)}
     return {}

@@ -49,6 +49,7 @@ TARGETS = {
     "run-resume": ("queued", lambda w: {}),
     "run-input": ("asking", lambda w: {"text": "eu-west"}),
     "run-fork": ("done", lambda w: {"from_step": 1}),
+    "run-replay": ("done", lambda w: {}),
     "approval-list": (None, None),
     "approval-detail": ("approval", None),
     "approval-approve": ("approval", lambda w: {"request_hash": w.approval.request_hash}),
@@ -69,8 +70,8 @@ ROUTES = api_routes()
 def test_every_api_route_is_in_the_matrix():
     assert {name for name, _, _ in ROUTES} == set(TARGETS)
     # 13 operations of DESIGN §16 + confirm (§17) + schema, docs, redoc
-    # + webhooks (list, create, get, change, delete, test, deliveries) + fork (§18)
-    assert len(ROUTES) == 25
+    # + webhooks (list, create, get, change, delete, test, deliveries) + fork, replay (§18)
+    assert len(ROUTES) == 26
 
 
 def snapshot(tenant):
@@ -237,6 +238,7 @@ def test_a_superuser_views_another_tenants_run_everywhere_but_acts_on_it_nowhere
         (f"/api/runs/{target.queued.id}/resume/", {}),
         (f"/api/runs/{target.asking.id}/input/", {"text": "x"}),
         (f"/api/runs/{target.done.id}/fork/", {"from_step": 0}),
+        (f"/api/runs/{target.done.id}/replay/", {}),
         (f"/api/approvals/{target.approval.id}/approve/", {"request_hash": target.approval.request_hash}),
         (f"/api/approvals/{target.approval.id}/reject/", {"request_hash": target.approval.request_hash}),
     ]:

@@ -1,6 +1,7 @@
-"""Forks over REST (issue 37): 201 with the new run's JSON (`forked_from`),
-the original's `forks`, 400 naming the field, 403 for a policy fork without
-the publish permission, 404 for another tenant's run, 409 for a child run."""
+"""Fork and replay over REST (issue 37): 201 with the new run's JSON
+(`forked_from`, `replay_of`), the original's `forks`, 400 naming the field,
+403 for a policy fork without the publish permission, 404 for another
+tenant's run, 409 for a child run or an unfinished replay."""
 
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ def test_a_fork_answers_201_with_its_lineage_and_the_original_lists_it(world, al
     ]
     row = Run.objects.get(id=fork["id"])
     assert row.tenant_id == world.tenant.id and row.principal_user_id == alice.id and row.fork_effects == "approve"
+
+
+def test_a_replay_answers_201_with_replay_of(world, alice, as_user):
+    response = as_user(alice).post(f"/api/runs/{world.done.id}/replay/", {"agent_version": "latest"}, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["replay_of"] == str(world.done.id) and response.json()["forked_from"] is None
 
 
 @pytest.mark.parametrize(
@@ -64,15 +71,18 @@ def test_a_fork_under_the_policy_is_403_without_the_publish_permission(world, al
 
 def test_another_tenants_run_is_404_and_nothing_is_created(world, other_world, bob, as_user):
     before = Run.objects.count()
-    for path, body in (("fork", {"from_step": 0}),):
+    for path, body in (("fork", {"from_step": 0}), ("replay", {})):
         response = as_user(bob).post(f"/api/runs/{world.done.id}/{path}/", body, format="json")
         assert response.status_code == 404, (path, response.json())
     assert Run.objects.count() == before
 
 
-def test_a_child_run_is_409(world, alice, as_user):
-    child = as_user(alice).post(f"/api/runs/{world.child.id}/fork/", {"from_step": 0}, format="json")
+def test_a_child_run_is_409_and_a_running_replay_is_409(world, alice, as_user):
+    client = as_user(alice)
+    child = client.post(f"/api/runs/{world.child.id}/fork/", {"from_step": 0}, format="json")
     assert child.status_code == 409 and child.json()["code"] == "run_not_forkable"
+    waiting = client.post(f"/api/runs/{world.waiting.id}/replay/", {}, format="json")
+    assert waiting.status_code == 409 and waiting.json()["code"] == "run_not_finished"
 
 
 def test_forks_count_against_the_quota(world, alice, as_user):
@@ -81,7 +91,7 @@ def test_forks_count_against_the_quota(world, alice, as_user):
     )
     world.tenant.save(update_fields=["max_active_runs"])
     before = Run.objects.count()
-    for path, body in (("fork", {"from_step": 0}),):
+    for path, body in (("fork", {"from_step": 0}), ("replay", {})):
         response = as_user(alice).post(f"/api/runs/{world.done.id}/{path}/", body, format="json")
         assert response.status_code == 429 and response.json()["code"] == "quota_exceeded"
     assert Run.objects.count() == before

@@ -493,6 +493,7 @@ def test_schema_and_docs_are_served_to_authenticated_users(world, alice, as_user
         "/api/runs/{id}/resume/",
         "/api/runs/{id}/input/",
         "/api/runs/{id}/fork/",
+        "/api/runs/{id}/replay/",
         "/api/approvals/",
         "/api/approvals/{id}/",
         "/api/approvals/{id}/approve/",

@@ -1,7 +1,9 @@
-"""Forks through a real `qcluster` (issue 37's evidence): the effect sink is
-the ground truth of what was sent. A run sends two effects; a fork from step 1
-never sends the first again and sends the second once, after a person
-approved it."""
+"""Fork and replay through a real `qcluster` (issue 37's evidence): the effect
+sink is the ground truth of what was sent. A run sends two effects; a fork
+from step 1 never sends the first again and sends the second once, after a
+person approved it; a replay with the same version completes sending nothing;
+a replay with a version whose step-2 arguments differ fails
+`replay_diverged`, sending nothing."""
 
 from __future__ import annotations
 
@@ -71,3 +73,36 @@ def test_a_fork_from_step_1_sends_the_first_effect_never_and_the_second_once_aft
     # The fork went through the same machinery: claimed under a lease, fenced steps, its own events.
     types = list(Event.objects.filter(run_id=fork_id).order_by("sequence").values_list("type", flat=True))
     assert types[:3] == ["run.created", "run.claimed", "run.started"] and types[-1] == "run.completed"
+
+
+def test_a_replay_with_the_same_version_completes_with_no_send(original, sink, operator):
+    run, version, c = original
+    response = token_client(operator).post(f"/api/runs/{run.id}/replay/", {}, format="json")
+    assert response.status_code == 201, response.json()
+    replay_id = response.json()["id"]
+    wait_for(settled(replay_id, "COMPLETED", "FAILED", "WAITING_FOR_APPROVAL"), timeout=60, message=c.output())
+    replay = Run.objects.get(id=replay_id)
+    assert replay.status == "COMPLETED" and replay.final_message == "paid", replay.failure
+    assert replay.agent_version == version.version and replay.replay_of_id == run.id
+    assert bodies(sink) == [{"effect": 1}, {"effect": 2}]  # 0 sends
+    answered = Event.objects.filter(run_id=replay_id, type="tool.call.completed")
+    assert answered.count() == 2 and all(e.payload["replayed"] for e in answered)
+
+
+def test_a_replay_whose_step_2_arguments_differ_fails_replay_diverged_with_no_send(
+    original, sink, operator, load_agent
+):
+    run, _, c = original
+    changed = load_agent(name="payer", turns=[post(sink, 1), post(sink, 3), {"text": "paid"}], tools=("http_post",))
+    body = {"agent_version": str(changed.id)}  # the version's id, as the agents API shows it
+    response = token_client(operator).post(f"/api/runs/{run.id}/replay/", body, format="json")
+    assert response.status_code == 201, response.json()
+    replay_id = response.json()["id"]
+    wait_for(settled(replay_id, "COMPLETED", "FAILED", "WAITING_FOR_APPROVAL"), timeout=60, message=c.output())
+    replay = Run.objects.get(id=replay_id)
+    assert replay.status == "FAILED" and replay.failure["reason"] == "replay_diverged", replay.failure
+    details = replay.failure["details"]
+    assert details["step"] == 2 and details["reason"] == "different_call"
+    assert details["original"]["arguments"]["json"] == {"effect": 2}
+    assert details["replayed"]["arguments"]["json"] == {"effect": 3}
+    assert bodies(sink) == [{"effect": 1}, {"effect": 2}]  # 0 sends

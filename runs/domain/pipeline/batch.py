@@ -11,6 +11,7 @@ from uuid import UUID
 from runs.domain import events
 from runs.domain.breaker import call_fingerprint
 from runs.domain.context import RunContext
+from runs.domain.events import EventType
 from runs.domain.ports import SentCommit
 from runs.domain.records import ApprovalDecision
 from runs.domain.scrub import scrub_text
@@ -141,6 +142,22 @@ def _insert_row(
         created_at=now,
         **decided,
     )
+
+
+def _record_proposal(work: UnitOfWork, entry: _Entry, step_number: int, now: datetime) -> str:
+    """Step 1: `tool.call.proposed` for the call into `work`; return the tool's name as recorded."""
+    tool_name = scrub_text(entry.call.name)[:200]
+    proposed = {
+        "invocation": str(entry.invocation_id),
+        "call_id": entry.call.call_id,
+        "tool": tool_name,
+        "arguments": entry.arguments
+        if entry.arguments is not None
+        else scrub_text(entry.call.raw_arguments or "")[:4096],
+        "step": step_number,
+    }
+    work.event(EventType.TOOL_CALL_PROPOSED, proposed, now)
+    return tool_name
 
 
 def _approval_requested(

@@ -22,9 +22,11 @@ from runs.domain.pipeline.batch import (
     _fail,
     _insert_row,
     _not_allowed,
+    _record_proposal,
     _time_refusal,
 )
 from runs.domain.pipeline.execute import _run_batch
+from runs.domain.pipeline.replay import replay_batch
 from runs.domain.scrub import scrub, scrub_text
 from runs.domain.values import (
     CancelReason,
@@ -50,6 +52,8 @@ def dispatch(ctx: RunContext, step_number: int, calls: list[ToolCallRequest], wo
     ]
     for entry in entries:
         _resolve(ctx, entry)
+    if ctx.replay is not None:  # a replay executes nothing: every call is answered from the original's record
+        return replay_batch(ctx, step_number, entries, work)
     _fit_budget(ctx, entries)
     _fit_time(ctx, entries)
     for entry in entries:
@@ -161,17 +165,7 @@ def _record_decision(
 ) -> None:
     """Steps 7–8 for one call: `tool.call.proposed`, then its row and event —
     refused, waiting for approval, cancelled before it ran, or authorized."""
-    tool_name = scrub_text(entry.call.name)[:200]
-    proposed = {
-        "invocation": str(entry.invocation_id),
-        "call_id": entry.call.call_id,
-        "tool": tool_name,
-        "arguments": entry.arguments
-        if entry.arguments is not None
-        else scrub_text(entry.call.raw_arguments or "")[:4096],
-        "step": step_number,
-    }
-    work.event(EventType.TOOL_CALL_PROPOSED, proposed, now)
+    tool_name = _record_proposal(work, entry, step_number, now)
     if entry.is_error:
         work.invocation_inserts.append(
             _insert_row(
