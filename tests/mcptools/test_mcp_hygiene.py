@@ -73,3 +73,36 @@ def test_an_http_server_behind_an_allowed_name_that_resolves_to_loopback_is_refu
     settings.AGENTRT_OUTBOUND_INTERNAL_NAMES = ["localhost"]
     mcp_servers({"fxh": {"url": named, "tools": {"echo": "read_only"}}}, hosts=[f"localhost:{port}"])
     assert "mcp__fxh__echo" in load_agent(tools=("mcp__fxh__echo",)).definition["mcp_tools"]
+
+
+def test_a_server_of_the_2025_11_25_era_is_spoken_to_with_the_handshake(mcp_servers, fx_state, load_agent, submit):
+    """`protocol: auto` probes `server/discover`; a server that does not know it gets `initialize` and a session:
+    whichever the server answers."""
+    legacy = {
+        "command": [sys.executable, str(servers.EFFECTS_SERVER.parent / "legacy_server.py")],
+        "env": {"MCP_TEST_STATE": str(fx_state.path)},
+        "tools": {"write": "side_effect"},
+    }
+    mcp_servers({"old": legacy})
+    load_agent(turns=[call("mcp__old__write", name="x"), {"text": "done"}], tools=("mcp__old__write",))
+    run = submit()
+    run_drive(run_id=run.id)
+    methods = [line["method"] for line in fx_state.lines("legacy.jsonl")]
+    assert methods[:3] == ["server/discover", "initialize", "notifications/initialized"]
+    assert "tools/call" in methods and methods.count("tools/call") == 1
+    inv = ToolInvocation.objects.get(run=run)
+    assert inv.outcome == "succeeded" and inv.effect_sent_at is not None and not inv.read_only
+    (effect,) = fx_state.effects()
+    assert effect["key"] == inv.idempotency_key
+
+
+@pytest.mark.parametrize("protocol", ["2025-11-25", "2026-07-28"])
+def test_either_era_may_be_forced_over_http(protocol, mcp_servers, fx_state, fx_http, load_agent, submit):
+    url, host, _ = fx_http
+    mcp_servers({"fxh": {"url": url, "tools": {"write": "side_effect"}, "protocol": protocol}}, hosts=[host])
+    load_agent(turns=[call("mcp__fxh__write", name=protocol), {"text": "done"}], tools=("mcp__fxh__write",))
+    run = submit()
+    run_drive(run_id=run.id)
+    inv = ToolInvocation.objects.get(run=run)
+    (effect,) = fx_state.effects()
+    assert effect["name"] == protocol and effect["key"] == effect["header_key"] == inv.idempotency_key

@@ -62,6 +62,7 @@ STDERR_LINE = 500
 STDERR_LINES_PER_MINUTE = 120
 STOP_GRACE = 2.0  # seconds for a server to exit after its stdin closes, then after SIGTERM
 IDEMPOTENCY_META = "io.agentrt/idempotency-key"
+HTTP_READ_GRACE = 60.0  # seconds an HTTP response may stay silent beyond the call's timeout
 
 
 @dataclass
@@ -329,7 +330,9 @@ def http_client(config: ServerConfig, *, internal_names: tuple[str, ...] = ()) -
     pool._network_backend = GuardedBackend(min(timeout, 10.0) / 2, internal_names)  # noqa: SLF001
     return httpx2.AsyncClient(
         headers=config.headers(),
-        timeout=httpx2.Timeout(timeout),
+        # A side effect's stream is held past its call's timeout, then closed (at 2026-07-28 closing it is the
+        # cancellation, which the server may ignore): its outcome is already unknown by then.
+        timeout=httpx2.Timeout(timeout, read=timeout + HTTP_READ_GRACE),
         trust_env=False,
         follow_redirects=False,
         transport=transport,
