@@ -73,6 +73,7 @@ def seeds(world, tenant):
         "POST /api/runs/{id}/resume/": {"path_parameters": by_id(dead)},
         "POST /api/runs/{id}/input/": {"path_parameters": by_id(world.asking), "body": {"text": "eu-west"}},
         "POST /api/runs/{id}/fork/": {"path_parameters": by_id(world.done), "body": {"from_step": 0}},
+        "POST /api/runs/{id}/replay/": {"path_parameters": by_id(world.done)},
         "GET /api/approvals/": {},
         "GET /api/approvals/{id}/": {"path_parameters": {"id": str(world.approval.id)}},
         "POST /api/approvals/{id}/approve/": {
