@@ -1,15 +1,27 @@
-"""Fork and replay (REST): each parses, authorizes (the caller acts
+"""Fork, replay and compare (REST): each parses, authorizes (the caller acts
 on its own tenant's run; another tenant's is 404), calls one service and
 renders the run's REST shape."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 
 from runs.api import serializers as s
-from runs.api.views import ID_PARAM, PUBLISH_PERMISSION, WRITE_ERRORS, ApiView, actionable_run, errors, parse
+from runs.api.views import (
+    ID_PARAM,
+    PUBLISH_PERMISSION,
+    READ_ERRORS,
+    WRITE_ERRORS,
+    ApiView,
+    actionable_run,
+    errors,
+    parse,
+    visible_run,
+)
+from runs.services.compare import run_compare
 from runs.services.lineage import run_fork, run_replay
 
 
@@ -73,3 +85,38 @@ class RunReplay(ApiView):
         data = parse(s.ReplayRequest, request.data)
         replay = run_replay(run=run, agent_version=data.get("agent_version"), principal=request.user)
         return Response(s.RunOut(replay).data, status=status.HTTP_201_CREATED)
+
+
+class RunCompare(ApiView):
+    """Two runs side by side, step by step."""
+
+    @extend_schema(
+        operation_id="runs_compare",
+        tags=["runs"],
+        summary="Compare two runs step by step",
+        description="Both runs' summaries and, for each step, what each run's model said, the calls it made "
+        "(tool, arguments, how each ended, whether it was `replayed` from a record), and the usage and cost of "
+        "its model attempts; a fork's steps before its fork point, and a replay's before its first own step, "
+        "are the original's (`inherited`). `diverged_at`: the first step whose calls or results differ, or "
+        "that only one run has (null: none); a different wording of the model's text is `same_text: false`, "
+        "not a divergence. 404 unless you may see both runs.",
+        parameters=[ID_PARAM, OpenApiParameter("other", OpenApiTypes.UUID, OpenApiParameter.PATH)],
+        responses={200: OpenApiTypes.OBJECT, **errors(*READ_ERRORS, 404)},
+    )
+    def get(self, request, id, other):
+        return Response(run_compare(a=visible_run(request, id), b=visible_run(request, other)))
+
+
+class RunCompareBare(RunCompare):
+    """The same comparison at the path without the trailing slash."""
+
+    @extend_schema(
+        operation_id="runs_compare_bare",
+        tags=["runs"],
+        summary="Compare two runs step by step (the path without its trailing slash)",
+        description="As `GET /api/runs/{id}/compare/{other}/`.",
+        parameters=[ID_PARAM, OpenApiParameter("other", OpenApiTypes.UUID, OpenApiParameter.PATH)],
+        responses={200: OpenApiTypes.OBJECT, **errors(*READ_ERRORS, 404)},
+    )
+    def get(self, request, id, other):
+        return super().get(request, id, other)

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from runs.web import console, views
+from runs.web import console, lineage, views
 
 urlpatterns = [
     # Members are not staff, so the live pages have their own login (the admin's admits staff only).
@@ -17,6 +17,7 @@ urlpatterns = [
     path("runs/<uuid:run_id>/summary/", views.run_summary_view, name="run-summary"),
     path("runs/<uuid:run_id>/decide/", views.run_decide, name="run-decide"),
     path("runs/<uuid:run_id>/cancel/", views.run_cancel_view, name="run-cancel"),
+    path("runs/<uuid:run_id>/compare/<uuid:other_id>/", lineage.run_compare_page, name="run-compare"),
     path("approvals/", console.approvals_inbox, name="approvals-inbox"),
     path("approvals/rows/", console.approvals_rows, name="approvals-rows"),
     path("approvals/count/", console.approvals_count, name="approvals-count"),

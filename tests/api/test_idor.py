@@ -50,6 +50,8 @@ TARGETS = {
     "run-input": ("asking", lambda w: {"text": "eu-west"}),
     "run-fork": ("done", lambda w: {"from_step": 1}),
     "run-replay": ("done", lambda w: {}),
+    "run-compare": ("done", None),  # against the tenant's queued run (`other`)
+    "run-compare-bare": ("done", None),
     "approval-list": (None, None),
     "approval-detail": ("approval", None),
     "approval-approve": ("approval", lambda w: {"request_hash": w.approval.request_hash}),
@@ -70,8 +72,9 @@ ROUTES = api_routes()
 def test_every_api_route_is_in_the_matrix():
     assert {name for name, _, _ in ROUTES} == set(TARGETS)
     # 13 operations of DESIGN §16 + confirm (§17) + schema, docs, redoc
-    # + webhooks (list, create, get, change, delete, test, deliveries) + fork, replay (§18)
-    assert len(ROUTES) == 26
+    # + webhooks (list, create, get, change, delete, test, deliveries)
+    # + fork, replay, compare (§18; compare with and without the trailing slash)
+    assert len(ROUTES) == 28
 
 
 def snapshot(tenant):

@@ -494,6 +494,8 @@ def test_schema_and_docs_are_served_to_authenticated_users(world, alice, as_user
         "/api/runs/{id}/input/",
         "/api/runs/{id}/fork/",
         "/api/runs/{id}/replay/",
+        "/api/runs/{id}/compare/{other}/",
+        "/api/runs/{id}/compare/{other}",
         "/api/approvals/",
         "/api/approvals/{id}/",
         "/api/approvals/{id}/approve/",

@@ -62,6 +62,7 @@ def seeds(world, tenant):
     agent = dict(agent_definitions()[0], name="fuzzed")
     doomed, _ = webhook_world(tenant, world.done)  # the one DELETE removes
     by_id = lambda run: {"id": str(run.id)}  # noqa: E731
+    pair = {"id": str(world.done.id), "other": str(world.queued.id)}  # two runs to compare
     return {
         "GET /api/agents/": {},
         "POST /api/agents/": {"body": agent},
@@ -74,6 +75,8 @@ def seeds(world, tenant):
         "POST /api/runs/{id}/input/": {"path_parameters": by_id(world.asking), "body": {"text": "eu-west"}},
         "POST /api/runs/{id}/fork/": {"path_parameters": by_id(world.done), "body": {"from_step": 0}},
         "POST /api/runs/{id}/replay/": {"path_parameters": by_id(world.done)},
+        "GET /api/runs/{id}/compare/{other}/": {"path_parameters": pair},
+        "GET /api/runs/{id}/compare/{other}": {"path_parameters": pair},
         "GET /api/approvals/": {},
         "GET /api/approvals/{id}/": {"path_parameters": {"id": str(world.approval.id)}},
         "POST /api/approvals/{id}/approve/": {

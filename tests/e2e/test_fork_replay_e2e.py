@@ -106,3 +106,45 @@ def test_a_replay_whose_step_2_arguments_differ_fails_replay_diverged_with_no_se
     assert details["original"]["arguments"]["json"] == {"effect": 2}
     assert details["replayed"]["arguments"]["json"] == {"effect": 3}
     assert bodies(sink) == [{"effect": 1}, {"effect": 2}]  # 0 sends
+
+
+def test_replay_runs_prints_how_many_ended_the_same_diverged_or_failed(cluster, load_agent, submit, sink):
+    """Two runs under a version whose step 2 sends effect 2, two under one that sends effect 3; replayed against
+    the second: two the same, two diverged at step 2. Then a replay that cannot end the same (its version asks
+    for another tool at step 1) fails the check: exit 1."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, subprocess_env
+
+    first = load_agent(name="payer", turns=[post(sink, 1), post(sink, 2), {"text": "paid"}], tools=("http_post",))
+    c = cluster(AGENTRT_LEASE_SECONDS=3, AGENTRT_HTTP_TOOL_ALLOWED_HOSTS=sink.host)
+    old = [submit(agent="payer", text=f"old {i}") for i in range(2)]
+    second = load_agent(name="payer", turns=[post(sink, 1), post(sink, 3), {"text": "paid"}], tools=("http_post",))
+    new = [submit(agent="payer", text=f"new {i}") for i in range(2)]
+    for run in old + new:
+        wait_for(settled(run.id, "COMPLETED", "FAILED"), timeout=90, message=f"the originals to end\n{c.output()}")
+    sends = sink.count()
+    assert sends == 8 and first.version != second.version
+
+    done = subprocess.run(
+        [sys.executable, "manage.py", "replay_runs", "--agent", "payer", "--version", second.version,
+         "--since", "1h", "--tenant", "acme", "--concurrency", "2", "--timeout", "90"],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 1, (done.returncode, out, done.stderr)
+    lines = out.strip().splitlines()
+    assert lines, done.stderr
+    assert lines[0].split() == ["run", "replay", "original", "replay", "verdict"]
+    verdicts = {line.split()[0]: line.split(maxsplit=4)[4] for line in lines[1:-1]}
+    assert verdicts == {
+        **{str(r.id)[:8]: "diverged at step 2 (different_call)" for r in old},
+        **{str(r.id)[:8]: "same" for r in new},
+    }, out
+    assert lines[-1] == (
+        f"4 runs of payer replayed against version {second.version[:10]}: 2 the same, 2 diverged (step 2: 2), 0 failed"
+    )
+    assert sink.count() == sends  # replays send nothing
+    replays = Run.objects.filter(replay_of__in=[r.id for r in old + new])
+    assert replays.count() == 4 and all(r.agent_version == second.version for r in replays)
