@@ -66,6 +66,19 @@ def _depth(value: Any, level: int = 0) -> int:
     return level
 
 
+def _remote_ref(value: Any) -> bool:
+    """Whether `value` holds a `$ref`/`$dynamicRef` outside the schema itself (anything but `#...`)."""
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            if key in ("$ref", "$dynamicRef") and not (isinstance(sub, str) and sub.startswith("#")):
+                return True
+            if _remote_ref(sub):
+                return True
+    elif isinstance(value, list):
+        return any(_remote_ref(v) for v in value)
+    return False
+
+
 def schema_problem(schema: Any) -> str | None:
     """Why `schema` cannot be a pinned input schema, or None."""
     if not isinstance(schema, dict):
@@ -76,6 +89,8 @@ def schema_problem(schema: Any) -> str | None:
         return f"the input schema nests deeper than {MAX_SCHEMA_DEPTH} levels"
     if schema.get("type") != "object":
         return 'the input schema is not {"type": "object", ...}'
+    if _remote_ref(schema):
+        return "the input schema refers outside itself ($ref other than #...): it is never fetched"
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:

@@ -235,7 +235,11 @@ class PinnedTools:
         if validator is None:
             validator = self._validators[name] = Draft202012Validator(self._pins[name]["input_schema"])
         errors = []
-        for err in sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path)):
+        try:
+            found = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+        except Exception as exc:  # a server's schema that cannot be applied refuses the call, never the run
+            return [f"(arguments): the pinned input schema could not be applied ({type(exc).__name__})"]
+        for err in found:
             where = ".".join(str(p) for p in err.absolute_path) or "(arguments)"
             errors.append(f"{where}: {scrub_text(err.message)[:200]}")
         return errors[:10]
