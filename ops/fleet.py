@@ -173,8 +173,9 @@ def contributions(scope: Scope | None = None) -> tuple[str, tuple]:
         "  ON s.type = 'step.interrupted' AND s.run_id = t.run_id AND s.lease_epoch = t.lease_epoch"
         "  WHERE t.type = 'lease.taken_over' GROUP BY t.id)"
         # A run ends CANCELLED only on request here (a passed deadline fails
-        # it `deadline_exceeded`); events written without a reason are requests.
-        " SELECT 'cancelled', COALESCE(payload->>'reason', 'requested'), '', COUNT(*) FROM ev"
+        # it `deadline_exceeded`). The event's `reason` is the words of the
+        # person who cancelled (issue 38), never a label.
+        " SELECT 'cancelled', 'requested', '', COUNT(*) FROM ev"
         "  WHERE type = 'run.cancelled' GROUP BY 2"
         " UNION ALL SELECT 'requeued', COALESCE(payload->>'reason', 'unknown'), '', COUNT(*) FROM ev"
         "  WHERE type = 'run.requeued' GROUP BY 2"

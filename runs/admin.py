@@ -190,7 +190,10 @@ class RunAdmin(TenantScoped):
             return page
         for run in runs:
             try:
-                if run_cancel(run=run, by=request.user.get_username()) == "WAITING_FOR_APPROVAL":
+                after = run_cancel(
+                    run=run, by=request.user.get_username(), via="admin", reason=request.POST.get("reason")
+                )
+                if after == "WAITING_FOR_APPROVAL":
                     self.message_user(
                         request,
                         f"{run.id}: cancel requested; it waits on an unknown outcome and ends once someone "

@@ -181,6 +181,19 @@ class InputText(StrictSerializer):
         return value
 
 
+class CancelRequest(StrictSerializer):
+    """A cancel request: why, optionally (recorded on `run.cancel_requested` and `run.cancelled`)."""
+
+    reason = StrictCharField(
+        max_length=2000,
+        required=False,
+        allow_blank=True,
+        allow_null=True,
+        default=None,
+        help_text="Why the run is cancelled (at most 2000 characters; secrets in it are scrubbed).",
+    )
+
+
 class StrictIntegerField(serializers.IntegerField):
     """An IntegerField that takes only JSON integers (DRF's also takes "3", 3.0 and true)."""
 
@@ -331,6 +344,11 @@ class RunOut(serializers.Serializer):
     )
     forks = ForkOut(many=True, help_text="The runs forked from this one, oldest first.")
     replay_of = serializers.UUIDField(allow_null=True, help_text="The run this run replays; null for no replay.")
+    cancel_requested_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="When a cancel was first requested (null: never). Set on a run that then ended anyway — its "
+        "events say why (`run.cancel_too_late`) — or that waits on an unknown outcome's decision.",
+    )
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 

@@ -406,15 +406,19 @@ class RunCancel(ApiView):
         description="202 with the run: a queued or waiting run ends CANCELLED at once, a running one is asked to "
         "stop. A run waiting on an unknown outcome (an interrupted or uncertain side effect) keeps its question: "
         "it stays WAITING_FOR_APPROVAL, its approval offers only confirm and reject, and it ends CANCELLED right "
-        "after the decision. A second cancel is 202 again; 409 `run_terminal` on a finished run.",
+        "after the decision. A second cancel is 202 again; 409 `run_terminal` on a finished run (nothing is "
+        "recorded). Every accepted request is the event `run.cancel_requested` (`by`, `via`: `api`, the optional "
+        "`reason`) before this answers; the run's worker hears of it at once (the cancel doorbell) and stops at "
+        "its next observation point, and `run.cancelled` repeats who and why. A run already past its last "
+        "observation point ends as it would have, followed by `run.cancel_too_late`.",
         parameters=[ID_PARAM],
-        request=NO_FIELDS,
+        request=s.CancelRequest,
         responses={202: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)},
     )
     def post(self, request, id):
         run = actionable_run(request, id)
-        parse(s.Empty, request.data)
-        run_cancel(run=run, by=request.user.get_username())
+        data = parse(s.CancelRequest, request.data)
+        run_cancel(run=run, by=request.user.get_username(), via="api", reason=data.get("reason"))
         return Response(s.RunOut(run_get(tenant=None, run_id=run.id)).data, status=status.HTTP_202_ACCEPTED)
 
 

@@ -53,6 +53,8 @@ class EventType(StrEnum):
     RUN_COMPLETED = "run.completed"
     RUN_FAILED = "run.failed"
     RUN_CANCELLED = "run.cancelled"
+    RUN_CANCEL_REQUESTED = "run.cancel_requested"
+    RUN_CANCEL_TOO_LATE = "run.cancel_too_late"
 
 
 E = EventType
@@ -100,6 +102,8 @@ BAD_EVENTS: tuple[EventType, ...] = (
     E.RUN_CANCELLED,
 )
 WARN_EVENTS: tuple[EventType, ...] = (
+    E.RUN_CANCEL_REQUESTED,
+    E.RUN_CANCEL_TOO_LATE,
     E.STEP_INTERRUPTED,
     E.LEASE_TAKEN_OVER,
     E.APPROVAL_REQUESTED,
@@ -210,3 +214,26 @@ def model_response_failed(
         },
         at,
     )
+
+
+# How a cancel request arrived (`run.cancel_requested`'s `via`): a person's surface, or a parent's cascade.
+CANCEL_VIAS = ("api", "live", "admin", "cli", "parent")
+
+
+def cancel_requested(*, by: str, via: str, reason: str | None, at: datetime, parent: UUID | None = None) -> EventWrite:
+    """`run.cancel_requested`: who asked, through which surface and why, written
+    in the transaction that accepts the request (a queued or waiting run's
+    `run.cancelled` follows it in the same transaction)."""
+    payload: dict[str, Any] = {"by": by, "via": via, "reason": reason}
+    if parent is not None:
+        payload["parent"] = str(parent)
+    return EventWrite(E.RUN_CANCEL_REQUESTED, payload, at)
+
+
+def cancel_request_fields(payload: dict[str, Any] | None) -> dict[str, Any]:
+    """The request's `by`, `via` and `reason`, as `run.cancelled` and
+    `run.cancel_too_late` repeat them (nothing for a run cancelled without a
+    recorded request: a child past its deadline)."""
+    if not payload:
+        return {}
+    return {key: payload.get(key) for key in ("by", "via", "reason")}

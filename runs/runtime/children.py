@@ -34,7 +34,7 @@ from approvals.models import Approval, open_questions
 from runs.clock import IDS
 from runs.domain.budgets import Ledger
 from runs.domain.errors import BudgetExceeded
-from runs.domain.events import EventType
+from runs.domain.events import EventType, cancel_requested
 from runs.domain.pipeline import UNKNOWN_OUTCOME
 from runs.domain.scrub import bound
 from runs.domain.values import (
@@ -49,6 +49,7 @@ from runs.domain.values import (
 )
 from runs.domain.writes import EventWrite
 from runs.models import Agent, AgentVersion, Run, Session, ToolInvocation
+from runs.runtime.cancel_bell import ring
 from runs.runtime.enqueue import enqueue_drive
 from runs.store.events import record_events
 from runs.store.reads import active_runs_and_quota
@@ -337,7 +338,14 @@ def _fail_parent(parent_id: UUID, exc: BudgetExceeded, child_id: UUID, now: date
 
 
 def run_end_leaseless(
-    *, run_id: UUID, now: datetime, by: str, parent: UUID | None = None, after_decision: dict | None = None
+    *,
+    run_id: UUID,
+    now: datetime,
+    by: str,
+    parent: UUID | None = None,
+    after_decision: dict | None = None,
+    via: str | None = None,
+    reason: str | None = None,
 ) -> bool:
     """Cancel a run that holds no lease (QUEUED or waiting), inside the
     caller's transaction, with its `run.cancelled` event: its pending
@@ -347,7 +355,8 @@ def run_end_leaseless(
     outcome's question is not ended (False): no cancel closes that question
     (approvals.models.open_questions; `request_cancel_open` asks it to end
     after the decision instead). `after_decision`: the decision that ended
-    such a run, for its event."""
+    such a run, for its event; `via` and `reason`: the cancel request's
+    (runs.services.lifecycle.run_cancel), repeated on `run.cancelled`."""
     if connection.vendor == "postgresql":  # the run's row before its approvals, as every decision locks them
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1 FROM runs WHERE id = %s FOR NO KEY UPDATE", [run_id])
@@ -365,6 +374,8 @@ def run_end_leaseless(
     ).update(status="interrupted", error=UNKNOWN_OUTCOME, updated_at=now)
     run = Run.objects.filter(id=run_id).values("tenant_id", "session_id", "lease_epoch").get()
     payload: dict[str, Any] = {"by": by, "direct": True}
+    if via is not None:
+        payload.update(via=via, reason=reason)
     if parent is not None:
         payload["parent"] = str(parent)
     if after_decision is not None:
@@ -409,9 +420,19 @@ def children_cancel(*, parent_id: UUID, now: datetime, by: str) -> None:
             continue
         if status == WAITING_FOR_CHILDREN and request_cancel_open(run_id=child_id, now=now):
             continue  # a child waiting on an unknown outcome keeps its question; it ends after the decision
-        Run.objects.filter(id=child_id, status__unindexed=RunStatus.RUNNING.value).update(
+        if Run.objects.filter(id=child_id, status__unindexed=RunStatus.RUNNING.value).update(
             cancel_requested_at=requested, updated_at=now
-        )
+        ):
+            # Recorded like a person's request (its worker's run.cancelled repeats it), and rung at commit.
+            child = Run.objects.filter(id=child_id).values("tenant_id", "session_id", "lease_epoch").get()
+            record_events(
+                tenant_id=child["tenant_id"],
+                session_id=child["session_id"],
+                run_id=child_id,
+                epoch=child["lease_epoch"],
+                events=[cancel_requested(by=by, via="parent", reason=None, at=now, parent=parent_id)],
+            )
+            ring(child_id)
     ToolInvocation.objects.filter(
         run_id=parent_id, status=InvocationStatus.AWAITING_APPROVAL.value, suspended_kind=CHILD_RUN
     ).update(status=InvocationStatus.CANCELLED.value, suspended_kind=None, updated_at=now)

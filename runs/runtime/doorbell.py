@@ -40,13 +40,14 @@ def enabled() -> bool:
     return settings.AGENTRT_Q_DOORBELL and connections[Conf.ORM].vendor == "postgresql"
 
 
-def listen_connection() -> psycopg.Connection:
-    """A connection of its own (autocommit, outside Django's), listening on the doorbell's channel."""
+def listen_connection(channel: str = CHANNEL) -> psycopg.Connection:
+    """A connection of its own (autocommit, outside Django's), listening on
+    `channel` (the doorbell's, or the cancel doorbell's: runs/runtime/cancel_bell.py)."""
     params = connections[Conf.ORM].get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("prepare_threshold", None)
     listener = psycopg.connect(**params, autocommit=True)
-    listener.execute(f"LISTEN {CHANNEL}")
+    listener.execute(f"LISTEN {channel}")
     return listener
 
 

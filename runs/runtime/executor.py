@@ -3,7 +3,8 @@
 The doorbell task (`drive_run`) claims its run or, when it finds the run
 abandoned (RUNNING, lease expired), resumes it. `execute_run` builds the
 run's context (runs/runtime/wiring.py), starts the supervisor (heartbeats,
-cancel and deadline watch), runs the domain loop and hands whatever it
+cancel and deadline watch) and watches the cancel doorbell
+(runs/runtime/cancel_bell.py), runs the domain loop and hands whatever it
 computed to `finalize` (runs/runtime/finalize.py), the only place a leased run ends.
 """
 
@@ -25,6 +26,7 @@ from runs.domain.loop import failed, run_loop
 from runs.domain.values import BudgetScope, FailureReason, OutcomeKind, RunFailure, RunOutcome
 from runs.domain.writes import UnitOfWork
 from runs.models import Run
+from runs.runtime.cancel_bell import BELL
 from runs.runtime.finalize import finalize
 from runs.runtime.queue import Claim, db_now, run_claim, worker_identity
 from runs.runtime.resume import RunLeased, RunNotRunning, run_resume, settle_unknown
@@ -73,6 +75,7 @@ def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
         log_context(run=str(claim.run_id), tenant=str(claim.tenant_id), epoch=claim.epoch, worker=claim.owner),
         run_span(claim),
         keyed_plans(),
+        BELL.watching(claim.run_id, token),  # before the claim's read of the run: no request falls between
     ):
         try:
             ctx = build_context(claim, token=token, lease=supervisor, clock=clock, ids=ids)

@@ -15,20 +15,21 @@ import logging
 from typing import cast
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from runs.clock import CLOCK
 from runs.domain.context import RunContext
 from runs.domain.errors import WorkerFenced
-from runs.domain.events import checkpointed
+from runs.domain.events import EventType, cancel_request_fields, checkpointed
 from runs.domain.values import OutcomeKind, RunOutcome, SuspensionKind
 from runs.domain.writes import EventWrite, ModelCallFinish, UnitOfWork
-from runs.runtime.children import child_ended, children_start
+from runs.models import Event, Run
+from runs.runtime.children import child_ended, children_start, run_end_leaseless
 from runs.runtime.enqueue import enqueue_drive
 from runs.runtime.faults import hook_for
 from runs.runtime.queue import Claim, ring_for_queued
 from runs.store.events import append_event_unfenced
-from runs.store.family import lock_parent
+from runs.store.family import lock_family, lock_parent
 from runs.store.fence import Transition
 from runs.store.repository import DjangoRunStore
 
@@ -96,6 +97,7 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
         return RunOutcome(kind=OutcomeKind.FENCED, late=late)
     _released(claim)
     hook_for(claim.run_id)("finalize.after_transition")
+    _cancel_after_the_end(claim, outcome, clock)
     return outcome
 
 
@@ -159,6 +161,8 @@ def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_
             payload["failure"] = outcome.failure.as_json()
         if outcome.result is not None:
             payload["result"] = outcome.result
+        if outcome.kind is OutcomeKind.CANCELLED:  # who asked, how and why (nothing for a child past its deadline)
+            payload.update(cancel_request_fields(first_cancel_request(claim.run_id)))
         transition = Transition(
             status=status,
             release_lease=True,
@@ -172,6 +176,64 @@ def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_
     else:
         raise ValueError(f"finalize cannot perform outcome {outcome.kind}")
     return transition, after, before
+
+
+def first_cancel_request(run_id) -> dict | None:
+    """The payload of the run's first `run.cancel_requested` (the request that
+    set `cancel_requested_at`), or None."""
+    return (
+        Event.objects.filter(run_id=run_id, type=EventType.RUN_CANCEL_REQUESTED)
+        .order_by("sequence")
+        .values_list("payload", flat=True)
+        .first()
+    )
+
+
+def _cancel_after_the_end(claim: Claim, outcome: RunOutcome, clock) -> None:
+    """A cancel accepted while the run was past its last observation point
+    (issue 38 item 1): the request committed before this transition (a later
+    one finds the run ended: 409 `run_terminal`), so the run's row, read
+    once the transition has committed, says for certain whether there was
+    one. A run that ended COMPLETED or FAILED gets `run.cancel_too_late`
+    after its end event, with the request's `by`, `via` and `reason`: it
+    ended first. A run that has just started to wait ends CANCELLED at once,
+    as a cancel of a waiting run does (one waiting on an unknown outcome's
+    question keeps it, and ends after the decision). Never fails the
+    outcome already committed."""
+    if outcome.kind not in (OutcomeKind.COMPLETED, OutcomeKind.FAILED, OutcomeKind.SUSPENDED):
+        return
+    try:
+        requested_at = Run.objects.filter(id=claim.run_id).values_list("cancel_requested_at", flat=True).first()
+        if requested_at is None:
+            return
+        request = cancel_request_fields(first_cancel_request(claim.run_id))
+        now = clock.now()
+        if outcome.kind is OutcomeKind.SUSPENDED:
+            with transaction.atomic(durable=True):
+                with connection.cursor() as cursor:
+                    parent = lock_family(cursor, claim.run_id)
+                ended = run_end_leaseless(
+                    run_id=claim.run_id,
+                    now=now,
+                    by=request.get("by") or "",
+                    via=request.get("via") or "api",
+                    reason=request.get("reason"),
+                )
+                if ended and parent is not None:
+                    child_ended(run_id=claim.run_id, now=now)
+            return
+        status = _TERMINAL[outcome.kind][0]
+        payload = {"requested_at": requested_at.isoformat(), **request, "status": status}
+        append_event_unfenced(
+            tenant_id=claim.tenant_id,
+            session_id=claim.session_id,
+            run_id=claim.run_id,
+            epoch=claim.epoch,
+            event=EventWrite(EventType.RUN_CANCEL_TOO_LATE, payload, now),
+        )
+        log.info("run %s: a cancel came after its last observation point; it ended %s first", claim.run_id, status)
+    except Exception:
+        log.exception("run %s: could not record the cancel that came too late", claim.run_id)
 
 
 def _join_hooks(run_id, now):
@@ -214,6 +276,7 @@ def finalize_detached(
         return RunOutcome(kind=OutcomeKind.FENCED)
     _released(claim)
     hook_for(claim.run_id)("finalize.after_transition")
+    _cancel_after_the_end(claim, outcome, clock)
     return outcome
 
 

@@ -45,6 +45,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "forked_from": {"run": str(run.forked_from_id), "step": run.forked_from_step} if run.forked_from_id else None,
         "forks": run_forks(run),
         "replay_of": str(run.replay_of_id) if run.replay_of_id else None,
+        "cancel_requested_at": _iso(run.cancel_requested_at),
         "created_at": _iso(run.created_at),
         "updated_at": _iso(run.updated_at),
     }

@@ -181,7 +181,8 @@ def run_decide(request, run_id):
 def run_cancel_view(request, run_id):
     run = _run_or_404(request.user, run_id, acting=True)
     try:
-        if run_cancel(run=run, by=request.user.get_username()) == "WAITING_FOR_APPROVAL":
+        after = run_cancel(run=run, by=request.user.get_username(), via="live", reason=request.POST.get("reason"))
+        if after == "WAITING_FOR_APPROVAL":
             messages.success(request, OPEN_QUESTION_CANCEL)
         else:
             messages.success(request, "Cancel requested.")

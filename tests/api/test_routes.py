@@ -48,6 +48,7 @@ RUN_KEYS = {
     "forked_from",
     "forks",
     "replay_of",
+    "cancel_requested_at",
     "created_at",
     "updated_at",
 }
