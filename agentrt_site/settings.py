@@ -383,6 +383,24 @@ AGENTRT_MAX_CALL_SECONDS = env_float("AGENTRT_MAX_CALL_SECONDS", 300)
 AGENTRT_MODEL_KEEPALIVE_SECONDS = env_float("AGENTRT_MODEL_KEEPALIVE_SECONDS", 15)
 if AGENTRT_MODEL_KEEPALIVE_SECONDS < 0:
     raise ValueError("AGENTRT_MODEL_KEEPALIVE_SECONDS must be 0 or more")
+# The model-call retry policy (README, "When the model server is down"): a step's model call gets up to
+# AGENTRT_MODEL_ATTEMPTS attempts (each its own model_calls row and model.response.failed); within one attempt
+# an HTTP provider retries a failure before any output (connection refused or reset, 429, 5xx, a timeout
+# before the first byte) up to AGENTRT_MODEL_RETRY_TRIES tries, waiting AGENTRT_MODEL_RETRY_BACKOFF_SECONDS
+# x 2^(n-1) with equal jitter, at most AGENTRT_MODEL_RETRY_BACKOFF_MAX_SECONDS per wait (a Retry-After is
+# honoured), and never more than AGENTRT_MODEL_RETRY_MAX_WAIT_SECONDS of waiting in all per attempt (nor
+# past AGENTRT_MAX_CALL_SECONDS). The defaults ride out an outage of about 8 s in one attempt.
+AGENTRT_MODEL_ATTEMPTS = env_int("AGENTRT_MODEL_ATTEMPTS", 3)
+AGENTRT_MODEL_RETRY_TRIES = env_int("AGENTRT_MODEL_RETRY_TRIES", 6)
+AGENTRT_MODEL_RETRY_BACKOFF_SECONDS = env_float("AGENTRT_MODEL_RETRY_BACKOFF_SECONDS", 0.5)
+AGENTRT_MODEL_RETRY_BACKOFF_MAX_SECONDS = env_float("AGENTRT_MODEL_RETRY_BACKOFF_MAX_SECONDS", 8)
+AGENTRT_MODEL_RETRY_MAX_WAIT_SECONDS = env_float("AGENTRT_MODEL_RETRY_MAX_WAIT_SECONDS", 30)
+if AGENTRT_MODEL_ATTEMPTS < 1 or AGENTRT_MODEL_RETRY_TRIES < 1:
+    raise ValueError("AGENTRT_MODEL_ATTEMPTS and AGENTRT_MODEL_RETRY_TRIES must be at least 1")
+if min(AGENTRT_MODEL_RETRY_BACKOFF_SECONDS, AGENTRT_MODEL_RETRY_BACKOFF_MAX_SECONDS) < 0:
+    raise ValueError("AGENTRT_MODEL_RETRY_BACKOFF_SECONDS and ..._MAX_SECONDS must be 0 or more")
+if AGENTRT_MODEL_RETRY_MAX_WAIT_SECONDS < 0:
+    raise ValueError("AGENTRT_MODEL_RETRY_MAX_WAIT_SECONDS must be 0 or more")
 AGENTRT_RECONCILER = os.environ.get("AGENTRT_RECONCILER", "")
 # A project's tools and providers (issue 13): comma-separated dotted module
 # paths imported by every process at startup (runs.extensions), in addition

@@ -143,6 +143,7 @@ class RunContext:
     lease: LeaseMonitor
     fault: Callable[[str], None]
     slice_seconds: float = 120.0
+    model_attempts: int = 3  # attempts of one step's model call (AGENTRT_MODEL_ATTEMPTS)
     draining: Callable[[], bool] = _never
     started_monotonic: float = 0.0
     resumed: bool = False

@@ -328,9 +328,10 @@ def _invoke_model(ctx: RunContext, step_number: int) -> ModelTurn:
 
 
 def _attempts(ctx: RunContext, step_number: int) -> ModelTurn:
-    """The attempts of one step's model call: up to MAX_STEP_FAILURES, each
-    with its own model-call row. A transient error or an empty turn is tried
-    again; anything else ends the step (`_ModelFailure`, a budget, a cancel)."""
+    """The attempts of one step's model call: up to `ctx.model_attempts`
+    (AGENTRT_MODEL_ATTEMPTS, default MAX_STEP_FAILURES), each with its own
+    model-call row. A transient error or an empty turn is tried again;
+    anything else ends the step (`_ModelFailure`, a budget, a cancel)."""
     attempt = ctx.progress.next_attempt
     ctx.progress.next_attempt = 1
     step_failures = 0
@@ -339,14 +340,14 @@ def _attempts(ctx: RunContext, step_number: int) -> ModelTurn:
         if error is not None:
             _record_failed_attempt(ctx, error, step_number, attempt, prefix)
             step_failures += 1
-            if error.retryable and step_failures < MAX_STEP_FAILURES:
+            if error.retryable and step_failures < ctx.model_attempts:
                 attempt += 1
                 continue
             raise _model_failure(error) from error
         assert turn is not None  # one of the two is set
         if _empty_turn(ctx, turn, step_number, attempt, prefix, synthesis):
             step_failures += 1
-            if step_failures < MAX_STEP_FAILURES:
+            if step_failures < ctx.model_attempts:
                 attempt += 1
                 continue
             raise EmptyModelTurn()

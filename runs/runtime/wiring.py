@@ -185,6 +185,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         lease=lease,
         fault=hook_for(run.id),
         slice_seconds=float(settings.AGENTRT_SLICE_SECONDS),
+        model_attempts=int(settings.AGENTRT_MODEL_ATTEMPTS),
         draining=draining,
         started_monotonic=clock.monotonic(),
         resumed=state.version > 1 or run.attempts > 1,

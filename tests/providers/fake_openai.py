@@ -114,7 +114,7 @@ def text_stream(*pieces: str, finish: str = "stop", usage: tuple[int, int] | Non
 
 
 class FakeOpenAI:
-    def __init__(self, *, keep_alive: bool = False, drop_after: bool = False):
+    def __init__(self, *, keep_alive: bool = False, drop_after: bool = False, port: int = 0):
         self.keep_alive = keep_alive  # answer as HTTP/1.1 servers do: the connection stays open for the next request
         self.drop_after = drop_after  # ... but close it once the answer is sent, as an idle timeout would
         self.connections = 0  # TCP connections accepted
@@ -227,7 +227,7 @@ class FakeOpenAI:
                 with fake._lock:
                     fake.closed += 1
 
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = Server(("127.0.0.1", port), Handler)  # a given port: the same server address again, later
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property

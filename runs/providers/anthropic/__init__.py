@@ -43,6 +43,7 @@ from runs.providers import prices
 from runs.providers.anthropic.client import AnthropicProvider
 from runs.providers.config import EndpointModel
 from runs.providers.registry import register_provider
+from runs.providers.wire.retry import retry_policy
 
 
 class AnthropicModel(EndpointModel):
@@ -65,7 +66,11 @@ class AnthropicModel(EndpointModel):
 )
 def build(endpoint, block: dict, on_delta=None) -> AnthropicProvider:
     return AnthropicProvider(
-        endpoint, str(block.get("model") or ""), max_tokens=int(block.get("max_tokens") or 4096), on_delta=on_delta
+        endpoint,
+        str(block.get("model") or ""),
+        max_tokens=int(block.get("max_tokens") or 4096),
+        on_delta=on_delta,
+        **retry_policy(),
     )
 
 

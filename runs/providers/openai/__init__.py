@@ -15,8 +15,9 @@ operator configuration (`runs/providers/endpoints.py`,
   even when it is not JSON — the tool pipeline answers that to the model).
 * Retries are the provider's only while nothing has been streamed
   (`stream_had_output` false): HTTP 408/409/429/5xx, connect errors, timeouts
-  and a connection lost before the first delta; at most `max_tries` (3) tries,
-  exponential backoff with jitter from an injectable RNG, `Retry-After`
+  and a connection lost before the first delta; at most `max_tries` tries
+  within `max_wait` seconds of waiting (the settings' AGENTRT_MODEL_RETRY_*:
+  6 tries, 30 s), exponential backoff with jitter from an injectable RNG, `Retry-After`
   (or `retry-after-ms`) honoured, every sleep a `token.wait(delay)` so
   cancellation interrupts it. Once a text or tool-call delta has arrived, any
   failure is `ModelError(transient=True, stream_had_output=True)` and never
@@ -63,6 +64,7 @@ from runs.providers import prices
 from runs.providers.config import EndpointModel
 from runs.providers.openai.client import OpenAIProvider
 from runs.providers.registry import register_provider
+from runs.providers.wire.retry import retry_policy
 
 
 class OpenAIModel(EndpointModel):
@@ -82,7 +84,7 @@ class OpenAIModel(EndpointModel):
     api_key_env="OPENAI_API_KEY",
 )
 def build(endpoint, block: dict, on_delta=None) -> OpenAIProvider:
-    return OpenAIProvider(endpoint, str(block.get("model") or ""), on_delta=on_delta)
+    return OpenAIProvider(endpoint, str(block.get("model") or ""), on_delta=on_delta, **retry_policy())
 
 
 __all__ = ["OpenAIModel", "OpenAIProvider"]

@@ -72,6 +72,7 @@ class HTTPModelProvider:
         backoff_base: float = 0.5,
         backoff_cap: float = 8.0,
         max_retry_after: float = 60.0,
+        max_wait: float | None = None,
         connect_timeout: float = 10.0,
         read_timeout: float = 120.0,
         max_call_seconds: float | None = None,
@@ -99,6 +100,7 @@ class HTTPModelProvider:
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.max_retry_after = max_retry_after
+        self.max_wait = max_wait  # the waits between the tries of one attempt, in all (None: only max_tries bounds)
         self.timeout = httpx.Timeout(
             connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout
         )
@@ -182,6 +184,7 @@ class HTTPModelProvider:
         del key
         deadline = CLOCK.monotonic() + self.max_call_seconds if self.max_call_seconds else None
         tries = 0
+        waited = 0.0
         while True:
             tries += 1
             try:
@@ -206,6 +209,14 @@ class HTTPModelProvider:
                         f"{failure.message} (no time left to retry within the call limit)",
                         transient=True,
                     ) from None
+                if self.max_wait is not None and waited + delay > self.max_wait:
+                    raise ModelError(
+                        failure.error_class,
+                        f"{failure.message} (gave up after {tries} tries: waiting {delay:.1f}s more would pass the"
+                        f" {self.max_wait:.0f}s the retry policy allows)",
+                        transient=True,
+                    ) from None
+                waited += delay
                 if token.wait(delay) is not None:
                     return ModelTurn(stop_reason=StopReason.CANCELLED)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import email.utils
 import math
 from datetime import UTC
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 from django.conf import settings
@@ -22,6 +22,25 @@ def default_max_call_seconds() -> float:
     except Exception:  # pragma: no cover - settings unusable: fall back
         pass
     return 300.0
+
+
+class RetryPolicy(TypedDict):
+    max_tries: int
+    backoff_base: float
+    backoff_cap: float
+    max_wait: float
+
+
+def retry_policy() -> RetryPolicy:
+    """The HTTP providers' retry of a failure before any output, from the
+    settings (AGENTRT_MODEL_RETRY_*): the keyword arguments of
+    `HTTPModelProvider` a provider's `build` passes."""
+    return {
+        "max_tries": int(getattr(settings, "AGENTRT_MODEL_RETRY_TRIES", 6)),
+        "backoff_base": float(getattr(settings, "AGENTRT_MODEL_RETRY_BACKOFF_SECONDS", 0.5)),
+        "backoff_cap": float(getattr(settings, "AGENTRT_MODEL_RETRY_BACKOFF_MAX_SECONDS", 8.0)),
+        "max_wait": float(getattr(settings, "AGENTRT_MODEL_RETRY_MAX_WAIT_SECONDS", 30.0)),
+    }
 
 
 class Retry(Exception):
