@@ -10,6 +10,11 @@ from typing import Any
 from runs.models import ToolInvocation
 from runs.store.lineage import recorded_calls
 
+FORK_NOTICE = (
+    "Every side effect of a fork waits for a person. Approving runs this call once with these arguments; nothing "
+    "the original did is sent again."
+)
+
 
 def fork_presentation(
     run: Any, presentation: dict[str, Any], step_number: int, call_index: int | None, invocation_id: Any
@@ -36,7 +41,9 @@ def fork_presentation(
         "same_tool": same_tool,
         "same_arguments": same_arguments,
     }
-    return {**presentation, "fork": facts, "notice": f"{fork_notice(facts)} {presentation.get('notice', '')}".strip()}
+    # A fork whose effects wait for a person asks because it is a fork, not because of a rule: it says so.
+    why = FORK_NOTICE if run.fork_effects == "approve" else presentation.get("notice", "")
+    return {**presentation, "fork": facts, "notice": f"{fork_notice(facts)} {why}".strip()}
 
 
 def fork_notice(facts: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from runs.services.lifecycle import run_cancel
 from runs.services.run_list import run_summary
 from runs.services.scoping import as_uuid, in_scope, run_actionable, run_visible, runs_visible_to, scoped_one
 from runs.services.selectors import run_to_dict
+from runs.web.lineage import run_lineage
 
 # The live pages' own scripts build nodes and set text only, so the browser may refuse every string-to-markup
 # sink there (Trusted Types): an innerHTML with data, added later by mistake, throws instead of rendering.
@@ -72,6 +73,7 @@ def run_detail(request, run_id):
             "event_types": page_vocabulary(),
             "ancestors": _ancestors(request.user, run),
             "tree": _descendants(request.user, run),
+            "lineage": run_lineage(request.user, run),
         },
     )
 

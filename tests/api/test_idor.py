@@ -204,6 +204,8 @@ def live_routes(world):
             f"/runs/{world.waiting.id}/decide/",
             {"approval": str(world.approval.id), "decision": "approve", "request_hash": world.approval.request_hash},
         ),
+        ("POST", f"/runs/{world.done.id}/fork/", {"from_step": "0"}),
+        ("POST", f"/runs/{world.done.id}/replay/", {}),
     ]
 
 

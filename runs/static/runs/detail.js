@@ -246,6 +246,18 @@
       return f;
     }
 
+    // "Fork from here": a new run whose conversation is this one's through the end of that step (runs/web/lineage.py).
+    const CAN_FORK = Boolean(document.getElementById('fork-form'));
+    function forkHere(step) {
+      const f = el('form', 'fork-from-here'); f.method = 'post'; f.action = '/runs/' + encodeURIComponent(RUN.id) + '/fork/';
+      f.appendChild(hidden('csrfmiddlewaretoken', CSRF));
+      f.appendChild(hidden('from_step', String(step)));
+      const b = el('button', null, 'Fork from here'); b.type = 'submit';
+      b.title = 'A new run that continues after step ' + step + '; its side effects wait for approval';
+      f.appendChild(b);
+      return f;
+    }
+
     function approvalCard(a) {
       if (shownApprovals.has(a.id)) return;
       shownApprovals.add(a.id);
@@ -257,6 +269,7 @@
       if (p.mcp) card.appendChild(el('div', 'muted mcp', 'MCP server ' + p.mcp.server + ', tool ' + p.mcp.tool +
         ". The server's hints, not trusted (the operator classified this tool): " + pretty(p.mcp.server_hints || {})));
       if (p.arguments !== undefined) card.appendChild(el('pre', null, pretty(p.arguments)));
+      if (p.fork && p.fork.original && !p.fork.same_arguments) card.appendChild(el('pre', 'fork-original', 'the original: ' + p.fork.original.tool + ' ' + pretty(p.fork.original.arguments)));
       if (p.error) card.appendChild(el('div', 'muted', 'error: ' + pretty(p.error)));
       if (a.ends_run || a.deadline_passed) {
         card.appendChild(el('div', 'notice', (a.deadline_passed ? "The run's deadline has passed. " : '') +
@@ -292,6 +305,7 @@
       li.appendChild(el('span', 'type', e.type));
       const d = el('span', 'mono', describe(e)); d.title = e.occurred_at || ''; li.appendChild(d);
       timeline.appendChild(li);
+      if (e.type === T.MODEL_RESPONSE_COMPLETED && CAN_FORK && Number.isInteger(p.step)) d.appendChild(forkHere(p.step));
       if (e.type === T.MODEL_REQUEST_STARTED) document.getElementById('steps').textContent = Math.max(p.step || 0, summary.step_count || 0);
       if (e.type === T.APPROVAL_REQUESTED && p.approval) tools.set(p.approval, p.tool || '');
       if (e.type === T.APPROVAL_RESOLVED) addDecision(p, e.occurred_at);
