@@ -339,6 +339,7 @@ REST_FRAMEWORK = {
             "runs_create",
             "runs_cancel",
             "runs_resume",
+            "runs_retry",
             "runs_input",
             "approvals_decide",
             "agents_create",

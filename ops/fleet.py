@@ -308,6 +308,31 @@ def fold(batch: int, settled_seconds: float) -> int:
         return len(ids)
 
 
+def reopened(run_id: UUID) -> None:
+    """In the transaction that makes an ended run live again (a retry,
+    runs.runtime.retry), before its status changes: its figures stay counted
+    once. Its end is an observation (`agent_run_steps`) like any end — folded
+    now if the sweep has not folded it yet — and its counted events leave the
+    totals, since a scrape reads a live run's events itself (`UNFOLDED`); when
+    it ends again, the sweep folds them all with its new end. No-op on SQLite
+    (a scrape reads the tables whole there)."""
+    if not _is_pg():
+        return
+    sql, params = contributions(runs_scope([run_id]))
+    add = (
+        "INSERT INTO metric_totals (series, label, bucket, value)"
+        " SELECT series, label, bucket, {sign}value FROM ({sql}) AS c(series, label, bucket, value)"
+        " WHERE value <> 0{only}"
+        " ON CONFLICT (series, label, bucket) DO UPDATE SET value = metric_totals.value + EXCLUDED.value"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(_NO_JIT)
+        cursor.execute("DELETE FROM metric_unfolded_runs WHERE run_id = %s RETURNING run_id", [run_id])
+        if cursor.fetchone() is not None:  # not folded yet: its figures as an ended run go in now, once
+            cursor.execute(add.format(sign="", sql=sql, only=""), list(params))
+        cursor.execute(add.format(sign="-", sql=sql, only=" AND series <> 'run_steps'"), list(params))
+
+
 def fleet_snapshot() -> dict:
     """The fleet at a glance: runs by status, the queue, live workers,
     pending approvals. Ages are measured on the database's clock."""

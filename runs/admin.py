@@ -10,7 +10,6 @@ approval actions. The auth, django-q2, knox and axes admins are superuser-only.
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Q
 from django.http import Http404
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -21,7 +20,7 @@ from runs.models import Agent, AgentVersion, Event, Run, Tenant, ToolInvocation
 from runs.runtime.resume import run_resume
 from runs.services import policy_floor_check, scoping, tenant_configure
 from runs.services.allowlists import names_check
-from runs.services.lifecycle import run_cancel
+from runs.services.lifecycle import run_cancel, run_retry
 
 
 class ScopedAdmin(admin.ModelAdmin):
@@ -117,6 +116,12 @@ RUN_ACTIONS = {
         "Resuming takes over a RUNNING run whose lease expired (its worker died).",
         "Yes, resume",
     ),
+    "retry_runs": (
+        "Retry failed runs",
+        "Retrying gives a run that failed for a transient reason (dependency_unavailable, internal_error, "
+        "max_attempts_exceeded) a new attempt from its last checkpoint; recorded tool results are not sent again.",
+        "Yes, retry",
+    ),
 }
 
 
@@ -125,7 +130,7 @@ class RunAdmin(TenantScoped):
     list_display = ("id", "agent", "status", "step_count", "failure_reason", "cost", "parent_link", "created_at")
     list_filter = ("status",)
     search_fields = ("id", "parent__id")
-    readonly_fields = [f.name for f in Run._meta.fields] + ["parent_link", "children_links", "lineage_links"]
+    readonly_fields = [f.name for f in Run._meta.fields] + ["parent_link", "children_links"]
     inlines = [InvocationInline, EventInline]
 
     def unscoped_queryset(self, request):
@@ -149,26 +154,7 @@ class RunAdmin(TenantScoped):
             )
         return format_html("<ul>{}</ul>", items) if items else "-"
 
-    @admin.display(description="lineage")
-    def lineage_links(self, obj):
-        """The run this one was forked from or replays and the runs forked from it or replaying it, each a link to
-        its page here and to the two runs compared on the live page (one tenant's runs: the page's scope)."""
-        related = []  # (role, the related run, the pair compared: original first)
-        if obj.forked_from_id or obj.replay_of_id:
-            origin = obj.forked_from_id or obj.replay_of_id
-            related.append(("forked from" if obj.forked_from_id else "replays", origin, (origin, obj.id)))
-        later = Run.objects.filter(Q(forked_from_id=obj.id) | Q(replay_of_id=obj.id)).order_by("created_at", "id")
-        for rid, forked in later.values_list("id", "forked_from_id"):
-            related.append(("fork" if forked == obj.id else "replay", rid, (obj.id, rid)))
-        items = ""
-        for role, rid, pair in related:
-            change, compare = reverse("admin:runs_run_change", args=[rid]), reverse("run-compare", args=pair)
-            items = format_html(
-                '{}<li>{} <a href="{}">{}</a> · <a href="{}">compare</a></li>', items, role, change, rid, compare
-            )
-        return format_html("<ul>{}</ul>", items) if items else "-"
-
-    actions = ["cancel_runs", "resume_runs"]
+    actions = ["cancel_runs", "resume_runs", "retry_runs"]
 
     @admin.display(description="failure")
     def failure_reason(self, obj):
@@ -221,6 +207,22 @@ class RunAdmin(TenantScoped):
                     )
                 else:
                     self.message_user(request, f"{run.id}: cancel requested")
+            except RunError as exc:
+                self.message_user(request, f"{run.id}: {exc.message}", messages.WARNING)
+        return None
+
+    def has_retry_permission(self, request):
+        return self.has_resume_permission(request)  # a retry is a resume of a failed run: the same operators
+
+    @admin.action(description="Retry selected failed runs (transient failures only)", permissions=["retry"])
+    def retry_runs(self, request, queryset):
+        page, runs = self._confirm(request, queryset, "retry_runs")
+        if page is not None:
+            return page
+        for run in runs:
+            try:
+                after = run_retry(run=run, by=request.user.get_username(), via="admin")
+                self.message_user(request, f"{run.id}: retried, now {after}")
             except RunError as exc:
                 self.message_user(request, f"{run.id}: {exc.message}", messages.WARNING)
         return None

@@ -111,6 +111,21 @@ class RunNotRunning(RunError):
     status = 409
 
 
+class RunNotFailed(RunError):
+    """Retry applies only to a FAILED run."""
+
+    code = "run_not_failed"
+    status = 409
+
+
+class RunNotRetryable(RunError):
+    """The run failed for a reason a new attempt would not change (the message names it), it is a child run,
+    or its deadline has passed."""
+
+    code = "run_not_retryable"
+    status = 409
+
+
 class RunNotForkable(RunError):
     """The run cannot be forked or replayed: a child run (it runs under its parent's budget and policies), or
     one whose start is no longer recorded."""

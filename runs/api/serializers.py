@@ -349,6 +349,10 @@ class RunOut(serializers.Serializer):
         help_text="When a cancel was first requested (null: never). Set on a run that then ended anyway — its "
         "events say why (`run.cancel_too_late`) — or that waits on an unknown outcome's decision.",
     )
+    retryable = serializers.BooleanField(
+        help_text="`POST /api/runs/{id}/retry/` would give this FAILED run a new attempt (a transient failure, "
+        "not a child run, deadline not passed)."
+    )
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 

@@ -15,6 +15,7 @@ urlpatterns = [
     path("runs/<str:id>/events/", views.RunEvents.as_view(), name="run-events"),
     path("runs/<str:id>/cancel/", views.RunCancel.as_view(), name="run-cancel"),
     path("runs/<str:id>/resume/", views.RunResume.as_view(), name="run-resume"),
+    path("runs/<str:id>/retry/", views.RunRetry.as_view(), name="run-retry"),
     path("runs/<str:id>/input/", views.RunInput.as_view(), name="run-input"),
     path("runs/<str:id>/fork/", lineage.RunFork.as_view(), name="run-fork"),
     path("runs/<str:id>/replay/", lineage.RunReplay.as_view(), name="run-replay"),

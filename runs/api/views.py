@@ -39,7 +39,7 @@ from runs.runtime.resume import run_resume
 from runs.services import agent_load, run_get, run_submit, scoping
 from runs.services.agent_schema import AgentDefinition
 from runs.services.inputs import run_input
-from runs.services.lifecycle import run_cancel
+from runs.services.lifecycle import run_cancel, run_retry
 from runs.services.run_list import FILTER_PARAMS, WAITING_ON, run_filters_from, runs_filtered
 from runs.services.selectors import run_events, with_children
 
@@ -419,6 +419,33 @@ class RunCancel(ApiView):
         run = actionable_run(request, id)
         data = parse(s.CancelRequest, request.data)
         run_cancel(run=run, by=request.user.get_username(), via="api", reason=data.get("reason"))
+        return Response(s.RunOut(run_get(tenant=None, run_id=run.id)).data, status=status.HTTP_202_ACCEPTED)
+
+
+class RunRetry(ApiView):
+    """Retry a run that failed for a transient reason."""
+
+    throttle_scope = "runs_retry"
+
+    @extend_schema(
+        operation_id="runs_retry",
+        tags=["runs"],
+        summary="Retry a run that failed for a transient reason",
+        description="202 with the run: a new attempt of the same run (same id, session and record), continuing from "
+        "its last checkpoint — back to QUEUED, or WAITING_FOR_APPROVAL when a side effect's outcome is unknown and "
+        "must be decided first. A tool call with a recorded result is answered from the record, never sent again. "
+        "Only `dependency_unavailable`, `internal_error` and `max_attempts_exceeded` are retried: any other "
+        "failure reason, a child run or a run past its deadline is 409 `run_not_retryable` (the message names the "
+        "reason); a run that is not FAILED is 409 `run_not_failed`; 409 `session_busy` when its session has "
+        "another active run; 429 `quota_exceeded`. Recorded as `run.retried` (`by`, `via`: `api`, the failure).",
+        parameters=[ID_PARAM],
+        request=NO_FIELDS,
+        responses={202: s.RunOut, **errors(*WRITE_ERRORS, 404, 409)},
+    )
+    def post(self, request, id):
+        run = actionable_run(request, id)
+        parse(s.Empty, request.data)
+        run_retry(run=run, by=request.user.get_username(), via="api")
         return Response(s.RunOut(run_get(tenant=None, run_id=run.id)).data, status=status.HTTP_202_ACCEPTED)
 
 

@@ -55,6 +55,7 @@ class EventType(StrEnum):
     RUN_CANCELLED = "run.cancelled"
     RUN_CANCEL_REQUESTED = "run.cancel_requested"
     RUN_CANCEL_TOO_LATE = "run.cancel_too_late"
+    RUN_RETRIED = "run.retried"
 
 
 E = EventType
@@ -87,6 +88,7 @@ STATUS_AFTER: dict[EventType, RunStatus] = {
     E.RUN_CANCELLED: RunStatus.CANCELLED,
     E.RUN_WAITING_FOR_APPROVAL: RunStatus.WAITING_FOR_APPROVAL,
     E.RUN_WAITING_FOR_USER: RunStatus.WAITING_FOR_USER,
+    E.RUN_RETRIED: RunStatus.RUNNING,
 }
 
 # A tool call's recorded answer: what the checkpoint rebuild reads back.
@@ -104,6 +106,7 @@ BAD_EVENTS: tuple[EventType, ...] = (
 WARN_EVENTS: tuple[EventType, ...] = (
     E.RUN_CANCEL_REQUESTED,
     E.RUN_CANCEL_TOO_LATE,
+    E.RUN_RETRIED,
     E.STEP_INTERRUPTED,
     E.LEASE_TAKEN_OVER,
     E.APPROVAL_REQUESTED,

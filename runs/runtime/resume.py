@@ -129,40 +129,19 @@ def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeove
     now = CLOCK.now()
 
     def events(taken: lease.TakenOver) -> list[EventWrite]:
-        out = [
-            EventWrite(
-                "lease.taken_over",
-                {
-                    "previous_owner": taken.previous_owner,
-                    "previous_epoch": seen_epoch,
-                    "lease_owner": owner,
-                    "lease_epoch": taken.leased.epoch,
-                    "via": via,
-                    "lease_expirations": taken.lease_expirations,
-                },
-                now,
-            )
-        ]
-        for step, attempt in taken.model_calls:
-            out.append(EventWrite("step.interrupted", {"step": step, "attempt": attempt, "phase": "deciding"}, now))
-        for calls, read_only, outcome in ((taken.reads, True, "interrupted"), (taken.effects, False, "unknown")):
-            for call in calls:
-                out.append(
-                    EventWrite(
-                        "step.interrupted",
-                        {
-                            "step": call.step,
-                            "phase": "executing",
-                            "invocation": str(call.invocation),
-                            "call_id": call.call_id,
-                            "tool": call.tool,
-                            "read_only": read_only,
-                            "outcome": outcome,
-                        },
-                        now,
-                    )
-                )
-        return out
+        taken_over = EventWrite(
+            "lease.taken_over",
+            {
+                "previous_owner": taken.previous_owner,
+                "previous_epoch": seen_epoch,
+                "lease_owner": owner,
+                "lease_epoch": taken.leased.epoch,
+                "via": via,
+                "lease_expirations": taken.lease_expirations,
+            },
+            now,
+        )
+        return [taken_over, *interrupted_events(taken, now)]
 
     taken = lease.take_over(
         run_id=run_id,
@@ -189,6 +168,32 @@ def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeove
         previous_epoch=seen_epoch,
         interrupted=[{"invocation": call.invocation, "step": call.step} for call in taken.effects],
     )
+
+
+def interrupted_events(taken: lease.TakenOver, now) -> list[EventWrite]:
+    """`step.interrupted` for each in-flight row a take-over (or a retry) marked interrupted."""
+    out = [
+        EventWrite("step.interrupted", {"step": step, "attempt": attempt, "phase": "deciding"}, now)
+        for step, attempt in taken.model_calls
+    ]
+    for calls, read_only, outcome in ((taken.reads, True, "interrupted"), (taken.effects, False, "unknown")):
+        for call in calls:
+            out.append(
+                EventWrite(
+                    "step.interrupted",
+                    {
+                        "step": call.step,
+                        "phase": "executing",
+                        "invocation": str(call.invocation),
+                        "call_id": call.call_id,
+                        "tool": call.tool,
+                        "read_only": read_only,
+                        "outcome": outcome,
+                    },
+                    now,
+                )
+            )
+    return out
 
 
 def _failure(reason: FailureReason, error_class: str, message: str, **details) -> RunFailure:

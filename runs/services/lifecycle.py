@@ -23,6 +23,7 @@ from runs.errors import InvalidInput, RunTerminal
 from runs.models import TERMINAL, Run
 from runs.runtime.cancel_bell import ring
 from runs.runtime.children import child_ended, children_cancel, request_cancel_open, run_end_leaseless
+from runs.runtime.retry import run_retry as retry_run
 from runs.store.events import record_events
 from runs.store.family import lock_family, lock_parent
 
@@ -99,6 +100,15 @@ def run_cancel(*, run: Run, by: str = "", via: str = "api", reason: str | None =
             ring(run.id)
             return "RUNNING"
         raise RunTerminal("the run has already ended")  # (rolls the request back: nothing is recorded)
+
+
+def run_retry(*, run: Run, by: str = "", via: str = "api") -> str:
+    """Give a run that FAILED for a transient reason a new attempt of the same
+    run, from its last checkpoint (runs.runtime.retry: who may, what is never
+    sent again, the 409s); `via` is the surface (api, live, admin, cli).
+    Return the status the run is in afterwards (QUEUED, or
+    WAITING_FOR_APPROVAL when a side effect's outcome must be decided first)."""
+    return retry_run(run_id=run.id, by=by, via=via)
 
 
 def hold_run(run_id: Any) -> None:

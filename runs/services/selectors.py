@@ -8,6 +8,7 @@ from django.db.models import Count, Prefetch, QuerySet
 from django.db.models.fields.json import KeyTextTransform
 
 from runs.models import Event, Run
+from runs.services.retrying import retryable
 
 USAGE_KEYS = (
     "input_tokens",
@@ -46,6 +47,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "forks": run_forks(run),
         "replay_of": str(run.replay_of_id) if run.replay_of_id else None,
         "cancel_requested_at": _iso(run.cancel_requested_at),
+        "retryable": retryable(run),
         "created_at": _iso(run.created_at),
         "updated_at": _iso(run.updated_at),
     }

@@ -343,29 +343,9 @@ def take_over(
                 return None
             epoch, tenant_id, session_id, expirations = got
             leased = Leased(run_id=run_id, tenant_id=_uuid(tenant_id), session_id=_uuid(session_id), epoch=epoch)
-            cursor.execute(
-                "UPDATE model_calls SET status = 'interrupted', finished_at = %s WHERE run_id = %s AND status ="
-                " 'started'"
-                " RETURNING step_number, attempt_number",
-                [sql_dt(now), sql_uuid(run_id)],
+            model_calls, reads, effects = _interrupt_in_flight(
+                cursor, run_id, epoch, now, read_observation, unknown_outcome
             )
-            model_calls = [(step, attempt) for step, attempt in cursor.fetchall()]
-            cursor.execute(
-                "UPDATE tool_invocations SET status = 'interrupted', result = %s, error = %s, updated_at = %s,"
-                " lease_epoch = %s"
-                " WHERE run_id = %s AND status = 'authorized' AND read_only = %s"
-                " RETURNING id, step_number, call_id, tool_name",
-                [sql_json(read_observation), sql_json(read_observation), sql_dt(now), epoch, sql_uuid(run_id), True],
-            )
-            reads = [InterruptedCall(_uuid(inv), step, call_id, tool) for inv, step, call_id, tool in cursor.fetchall()]
-            cursor.execute(
-                "UPDATE tool_invocations SET status = 'interrupted', error = %s, updated_at = %s, lease_epoch = %s"
-                " WHERE run_id = %s AND status = 'executing' RETURNING id, step_number, call_id, tool_name",
-                [sql_json(unknown_outcome), sql_dt(now), epoch, sql_uuid(run_id)],
-            )
-            effects = [
-                InterruptedCall(_uuid(inv), step, call_id, tool) for inv, step, call_id, tool in cursor.fetchall()
-            ]
             taken = TakenOver(
                 leased=leased,
                 previous_owner=previous[0] if previous else None,
@@ -382,4 +362,109 @@ def take_over(
                 epoch=epoch,
                 events=events(taken),
             )
+    return taken
+
+
+def _interrupt_in_flight(
+    cursor: Any,
+    run_id: UUID,
+    epoch: int,
+    now: datetime,
+    read_observation: dict[str, Any],
+    unknown_outcome: dict[str, Any],
+) -> tuple[list[tuple[int, int]], list[InterruptedCall], list[InterruptedCall]]:
+    """Every in-flight row of the run marked interrupted, in the caller's
+    transaction (a take-over's, a retry's): model calls, read-only calls (with
+    `read_observation` as their result: they may run again), executing side
+    effects (with `unknown_outcome`: someone decides)."""
+    cursor.execute(
+        "UPDATE model_calls SET status = 'interrupted', finished_at = %s WHERE run_id = %s AND status ="
+        " 'started'"
+        " RETURNING step_number, attempt_number",
+        [sql_dt(now), sql_uuid(run_id)],
+    )
+    model_calls = [(step, attempt) for step, attempt in cursor.fetchall()]
+    cursor.execute(
+        "UPDATE tool_invocations SET status = 'interrupted', result = %s, error = %s, updated_at = %s,"
+        " lease_epoch = %s"
+        " WHERE run_id = %s AND status = 'authorized' AND read_only = %s"
+        " RETURNING id, step_number, call_id, tool_name",
+        [sql_json(read_observation), sql_json(read_observation), sql_dt(now), epoch, sql_uuid(run_id), True],
+    )
+    reads = [InterruptedCall(_uuid(inv), step, call_id, tool) for inv, step, call_id, tool in cursor.fetchall()]
+    cursor.execute(
+        "UPDATE tool_invocations SET status = 'interrupted', error = %s, updated_at = %s, lease_epoch = %s"
+        " WHERE run_id = %s AND status = 'executing' RETURNING id, step_number, call_id, tool_name",
+        [sql_json(unknown_outcome), sql_dt(now), epoch, sql_uuid(run_id)],
+    )
+    effects = [InterruptedCall(_uuid(inv), step, call_id, tool) for inv, step, call_id, tool in cursor.fetchall()]
+    return model_calls, reads, effects
+
+
+# -- retry -----------------------------------------------------------------------------
+
+
+def _reopen_sql() -> str:
+    """A FAILED run leased again under a new epoch, its failure cleared (it
+    stays in `run.failed` and `run.retried`), a fresh allowance of lost leases,
+    no cancel pending. Guarded by the status and no lease held."""
+    if is_pg():
+        return (
+            "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1,"
+            " lease_expires_at = now() + make_interval(secs => %s), attempts = attempts + 1, lease_expirations = 0,"
+            " failure = NULL, cancel_requested_at = NULL, updated_at = now()"
+            " WHERE id = %s AND (status || '') = 'FAILED' AND lease_owner IS NULL"
+            " RETURNING lease_epoch, tenant_id, session_id"
+        )
+    return (
+        "UPDATE runs SET status = 'RUNNING', lease_owner = %s, lease_epoch = lease_epoch + 1, lease_expires_at = %s,"
+        " attempts = attempts + 1, lease_expirations = 0, failure = NULL, cancel_requested_at = NULL, updated_at = %s"
+        " WHERE id = %s AND (status || '') = 'FAILED' AND lease_owner IS NULL"
+        " RETURNING lease_epoch, tenant_id, session_id"
+    )
+
+
+def reopen(
+    cursor: Any,
+    *,
+    run_id: UUID,
+    owner: str,
+    lease_seconds: float,
+    now: datetime,
+    read_observation: dict[str, Any],
+    unknown_outcome: dict[str, Any],
+    events: Callable[[TakenOver], list[EventWrite]],
+) -> TakenOver | None:
+    """In the caller's transaction (runs.runtime.retry, which has checked the
+    run under its lock): the FAILED run leased by `owner` under a new epoch
+    (`_reopen_sql`), whatever its failed execution left in flight marked
+    interrupted as a take-over marks it, then `events(taken)` appended. None
+    when the run was not FAILED (or held a lease)."""
+    if is_pg():
+        params: list[Any] = [owner, lease_seconds, run_id]
+    else:
+        params = [owner, sql_dt(now + timedelta(seconds=lease_seconds)), sql_dt(now), run_id.hex]
+    cursor.execute(_reopen_sql(), params)
+    got = cursor.fetchone()
+    if got is None:
+        return None
+    epoch, tenant_id, session_id = got
+    leased = Leased(run_id=run_id, tenant_id=_uuid(tenant_id), session_id=_uuid(session_id), epoch=epoch)
+    model_calls, reads, effects = _interrupt_in_flight(cursor, run_id, epoch, now, read_observation, unknown_outcome)
+    taken = TakenOver(
+        leased=leased,
+        previous_owner=None,
+        lease_expirations=0,
+        model_calls=model_calls,
+        reads=reads,
+        effects=effects,
+    )
+    append_events(
+        cursor,
+        tenant_id=leased.tenant_id,
+        session_id=leased.session_id,
+        run_id=run_id,
+        epoch=epoch,
+        events=events(taken),
+    )
     return taken

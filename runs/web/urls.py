@@ -17,6 +17,7 @@ urlpatterns = [
     path("runs/<uuid:run_id>/summary/", views.run_summary_view, name="run-summary"),
     path("runs/<uuid:run_id>/decide/", views.run_decide, name="run-decide"),
     path("runs/<uuid:run_id>/cancel/", views.run_cancel_view, name="run-cancel"),
+    path("runs/<uuid:run_id>/retry/", views.run_retry_view, name="run-retry"),
     path("runs/<uuid:run_id>/fork/", lineage.run_fork_view, name="run-fork"),
     path("runs/<uuid:run_id>/replay/", lineage.run_replay_view, name="run-replay"),
     path("runs/<uuid:run_id>/compare/<uuid:other_id>/", lineage.run_compare_page, name="run-compare"),

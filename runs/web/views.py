@@ -21,7 +21,7 @@ from runs.domain.pipeline import MAX_DELEGATION_DEPTH
 from runs.domain.values import ApprovalStatus
 from runs.errors import RunError, RunNotFound
 from runs.models import Run
-from runs.services.lifecycle import run_cancel
+from runs.services.lifecycle import run_cancel, run_retry
 from runs.services.run_list import run_summary
 from runs.services.scoping import as_uuid, in_scope, run_actionable, run_visible, runs_visible_to, scoped_one
 from runs.services.selectors import run_to_dict
@@ -86,6 +86,10 @@ def run_summary_view(request, run_id):
     return JsonResponse(run_summary(_run_or_404(request.user, run_id)))
 
 
+RETRY_UNKNOWN_OUTCOME = (
+    "Retry started. A side effect of the failed attempt has an unknown outcome: the run waits until someone "
+    "confirms whether it took effect, or decides to run it again."
+)
 OPEN_QUESTION_CANCEL = (
     "Cancel requested. The run waits on a call whose outcome is unknown: it ends as soon as someone confirms "
     "whether the call took effect, or rejects it (it is not sent again)."
@@ -188,6 +192,20 @@ def run_cancel_view(request, run_id):
             messages.success(request, OPEN_QUESTION_CANCEL)
         else:
             messages.success(request, "Cancel requested.")
+    except RunError as exc:
+        messages.error(request, exc.message)
+    return HttpResponseRedirect(reverse("run-detail", args=[run.id]))
+
+
+@login_required
+@require_POST
+def run_retry_view(request, run_id):
+    run = _run_or_404(request.user, run_id, acting=True)
+    try:
+        if run_retry(run=run, by=request.user.get_username(), via="live") == "WAITING_FOR_APPROVAL":
+            messages.success(request, RETRY_UNKNOWN_OUTCOME)
+        else:
+            messages.success(request, "Retry started: the run continues from its last checkpoint.")
     except RunError as exc:
         messages.error(request, exc.message)
     return HttpResponseRedirect(reverse("run-detail", args=[run.id]))

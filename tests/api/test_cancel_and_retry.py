@@ -1,19 +1,34 @@
-"""The cancel request's record on every surface (issue 38 item 1): REST, the
-live page, the admin action and the service the command line calls. Runs are
-driven in this process (run_drive); the real qcluster cases are
-tests/e2e/test_cancel_recorded.py."""
+"""The cancel request's record and the retry's rules on every surface (issue
+38 items 1 and 5): REST, the live page, the admin action and the service the
+command line calls. Runs are driven in this process (run_drive); the real
+qcluster cases are tests/e2e/test_cancel_recorded.py and test_retry.py."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
 
+from runs.clock import CLOCK
 from runs.models import Event, Run
-from runs.services.lifecycle import CANCEL_REASON_MAX, run_cancel
+from runs.runtime.executor import run_drive
+from runs.services import agent_load, run_submit
+from runs.services.lifecycle import CANCEL_REASON_MAX, run_cancel, run_retry
 from tests.api.test_routes import assert_error
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+TRANSIENT = {"name": "flaky", "model": {"provider": "scripted", "turns": [{"error": "transient"}]}}
+PERMANENT = {"name": "refused", "model": {"provider": "scripted", "turns": [{"error": "permanent"}]}}
+
+
+def failed_run(tenant, definition=TRANSIENT) -> Run:
+    agent_load(tenant=tenant, definition={"instructions": "x", "tools": [], **definition})
+    run, _ = run_submit(tenant=tenant, agent=definition["name"], input="hello")
+    run_drive(run_id=run.id)
+    return Run.objects.select_related("agent").get(id=run.id)
 
 
 def payloads(run, type_: str) -> list[dict]:
@@ -111,3 +126,105 @@ def operator_user(tenant):
     _, user = tenant_create(name=tenant.name, username="op", password="pw", operator=True)
     user.user_permissions.add(*Permission.objects.filter(codename__in=["cancel_run", "resume_run"]))
     return type(user).objects.get(pk=user.pk)
+
+
+# -- retry ------------------------------------------------------------------------------------------
+
+
+def test_only_a_transient_failure_is_retried_and_a_refusal_names_the_reason(tenant, alice, as_user):
+    refused = failed_run(tenant, PERMANENT)
+    assert refused.failure["reason"] == "model_permanent_error"
+    client = as_user(alice)
+    body = client.get(f"/api/runs/{refused.id}/").json()
+    assert body["retryable"] is False
+    error = assert_error(client.post(f"/api/runs/{refused.id}/retry/"), 409, "run_not_retryable")
+    assert "model_permanent_error" in error["message"]
+    assert Run.objects.get(id=refused.id).status == "FAILED" and payloads(refused, "run.retried") == []
+
+    flaky = failed_run(tenant)
+    assert flaky.failure["reason"] == "dependency_unavailable"
+    assert client.get(f"/api/runs/{flaky.id}/").json()["retryable"] is True
+    answer = client.post(f"/api/runs/{flaky.id}/retry/")
+    assert answer.status_code == 202 and answer.json()["status"] == "QUEUED" and answer.json()["failure"] is None
+    (retried,) = payloads(flaky, "run.retried")
+    assert (retried["by"], retried["via"], retried["failure"]["reason"]) == ("alice", "api", "dependency_unavailable")
+
+
+def test_a_run_that_did_not_fail_is_409_and_another_tenants_run_is_404(world, other_world, alice, as_user):
+    client = as_user(alice)
+    for run in (world.done, world.queued, world.waiting):
+        assert_error(client.post(f"/api/runs/{run.id}/retry/"), 409, "run_not_failed")
+    assert_error(client.post(f"/api/runs/{other_world.done.id}/retry/"), 404, "not_found")
+
+
+def test_a_child_run_or_one_past_its_deadline_is_not_retried(tenant, alice, as_user):
+    client = as_user(alice)
+    late = failed_run(tenant)
+    Run.objects.filter(id=late.id).update(deadline_at=CLOCK.now() - timedelta(seconds=1))
+    error = assert_error(client.post(f"/api/runs/{late.id}/retry/"), 409, "run_not_retryable")
+    assert "deadline" in error["message"]
+    child = failed_run(tenant)
+    Run.objects.filter(id=child.id).update(parent_id=late.id)
+    error = assert_error(client.post(f"/api/runs/{child.id}/retry/"), 409, "run_not_retryable")
+    assert "child run" in error["message"]
+
+
+def test_a_retried_run_continues_in_process_and_the_live_page_and_admin_can_retry(tenant, alice, operator_user):
+    page = Client()
+    page.force_login(alice)
+    run = failed_run(tenant)
+    assert page.post(f"/runs/{run.id}/retry/").status_code == 302
+    assert Run.objects.get(id=run.id).status == "QUEUED"
+    assert payloads(run, "run.retried")[0]["via"] == "live"
+    run_drive(run_id=run.id)  # the scripted model fails again: a new failure, retried once more by the admin
+    assert Run.objects.get(id=run.id).status == "FAILED"
+
+    admin = Client()
+    admin.force_login(operator_user)
+    form = {"action": "retry_runs", "_selected_action": [str(run.id)]}
+    assert admin.post("/admin/runs/run/", form).status_code == 200  # the confirmation page
+    admin.post("/admin/runs/run/", {**form, "confirm": "yes"})
+    assert Run.objects.get(id=run.id).status == "QUEUED"
+    assert [p["via"] for p in payloads(run, "run.retried")] == ["live", "admin"]
+
+
+def test_the_cli_service_retries_and_refuses_like_the_api(tenant):
+    from runs.errors import RunNotFailed
+
+    run = failed_run(tenant)
+    assert run_retry(run=run, by="ops", via="cli") == "QUEUED"
+    with pytest.raises(RunNotFailed):
+        run_retry(run=run, by="ops", via="cli")
+    assert payloads(run, "run.retried")[0]["via"] == "cli"
+
+
+@pytest.mark.parametrize("folded", [True, False], ids=["folded", "not folded yet"])
+def test_a_retried_runs_figures_stay_counted_once(tenant, folded):
+    from ops import fleet
+    from runs.services.inputs import run_input
+
+    asks = {"tool_calls": [{"name": "ask_user", "arguments": {"question": "Which region?"}}]}
+    definition = {"name": "asker", "model": {"provider": "scripted", "turns": [asks, {"error": "transient"}]}}
+    agent_load(tenant=tenant, definition={"instructions": "x", "tools": ["ask_user"], **definition})
+    run, _ = run_submit(tenant=tenant, agent="asker", input="hello")
+    run_drive(run_id=run.id)
+    run_input(run=Run.objects.get(id=run.id), text="eu-west", by="alice")  # a counted event: run.requeued input
+    run_drive(run_id=run.id)
+    run = Run.objects.get(id=run.id)
+    assert run.failure["reason"] == "dependency_unavailable"
+    before = fleet.deployment_counters()
+    assert before["requeued"]["input"] == 1 and before["run_steps"]["failed"].count == 1
+    if folded:
+        assert fleet.fold(batch=100, settled_seconds=0) >= 1
+        assert fleet.deployment_counters() == before  # folding changes no figure
+    assert run_retry(run=run, by="ops", via="cli") == "QUEUED"
+    after = fleet.deployment_counters()
+    # Its events are counted once (from the live run now), its failed end stays one observation.
+    assert after["requeued"]["input"] == 1 and after["waiting"]["user"].count == before["waiting"]["user"].count
+    assert after["run_steps"]["failed"].count == 1
+    assert after["requeued"]["resume"] == before["requeued"]["resume"] + 1  # the retry's own run.requeued
+    run_drive(run_id=run.id)  # the scripted model fails again
+    fleet.fold(batch=100, settled_seconds=0)
+    again = fleet.deployment_counters()
+    assert again["run_steps"]["failed"].count == 2  # two ends, each counted once
+    assert again["requeued"] == after["requeued"]

@@ -47,6 +47,7 @@ TARGETS = {
     "run-events": ("done", None),
     "run-cancel": ("queued", lambda w: {}),
     "run-resume": ("queued", lambda w: {}),
+    "run-retry": ("queued", lambda w: {}),
     "run-input": ("asking", lambda w: {"text": "eu-west"}),
     "run-fork": ("done", lambda w: {"from_step": 1}),
     "run-replay": ("done", lambda w: {}),
@@ -73,8 +74,8 @@ def test_every_api_route_is_in_the_matrix():
     assert {name for name, _, _ in ROUTES} == set(TARGETS)
     # 13 operations of DESIGN §16 + confirm (§17) + schema, docs, redoc
     # + webhooks (list, create, get, change, delete, test, deliveries)
-    # + fork, replay, compare (§18; compare with and without the trailing slash)
-    assert len(ROUTES) == 28
+    # + fork, replay, compare (§18; compare with and without the trailing slash) + retry (issue 38)
+    assert len(ROUTES) == 29
 
 
 def snapshot(tenant):

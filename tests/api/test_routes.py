@@ -49,6 +49,7 @@ RUN_KEYS = {
     "forks",
     "replay_of",
     "cancel_requested_at",
+    "retryable",
     "created_at",
     "updated_at",
 }
@@ -491,6 +492,7 @@ def test_schema_and_docs_are_served_to_authenticated_users(world, alice, as_user
         "/api/runs/{id}/",
         "/api/runs/{id}/events/",
         "/api/runs/{id}/cancel/",
+        "/api/runs/{id}/retry/",
         "/api/runs/{id}/resume/",
         "/api/runs/{id}/input/",
         "/api/runs/{id}/fork/",

@@ -59,6 +59,7 @@ def seeds(world, tenant):
         cur.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [dead.id])
     rejectable = Approval.objects.get(run=submit_driven(tenant, "approver"))
     confirmable = uncertain_approval(tenant)
+    retryable = failed_transiently(tenant)  # the first retry is 202, the next ones 409 run_not_failed
     agent = dict(agent_definitions()[0], name="fuzzed")
     doomed, _ = webhook_world(tenant, world.done)  # the one DELETE removes
     by_id = lambda run: {"id": str(run.id)}  # noqa: E731
@@ -72,6 +73,7 @@ def seeds(world, tenant):
         "GET /api/runs/{id}/events/": {"path_parameters": by_id(world.done)},
         "POST /api/runs/{id}/cancel/": {"path_parameters": by_id(running)},
         "POST /api/runs/{id}/resume/": {"path_parameters": by_id(dead)},
+        "POST /api/runs/{id}/retry/": {"path_parameters": by_id(retryable)},
         "POST /api/runs/{id}/input/": {"path_parameters": by_id(world.asking), "body": {"text": "eu-west"}},
         "POST /api/runs/{id}/fork/": {"path_parameters": by_id(world.done), "body": {"from_step": 0}},
         "POST /api/runs/{id}/replay/": {"path_parameters": by_id(world.done)},
@@ -99,6 +101,17 @@ def seeds(world, tenant):
         "POST /api/webhooks/{id}/test/": {"path_parameters": {"id": str(world.subscription.id)}},
         "GET /api/webhooks/{id}/deliveries/": {"path_parameters": {"id": str(world.subscription.id)}},
     }
+
+
+def failed_transiently(tenant) -> Run:
+    """A run FAILED `dependency_unavailable` (its scripted model fails transiently on every attempt)."""
+    from runs.services import agent_load
+
+    flaky = {"provider": "scripted", "turns": [{"error": "transient"}]}
+    agent_load(tenant=tenant, definition={"name": "flaky", "instructions": "x", "tools": [], "model": flaky})
+    run = submit_driven(tenant, "flaky")
+    assert run.failure["reason"] == "dependency_unavailable"
+    return run
 
 
 def uncertain_approval(tenant) -> Approval:

@@ -445,6 +445,8 @@ WRITERS: dict[str, frozenset[str]] = {
     "runs/store/lease.py::_claim_next_sql": frozenset({"status", *LEASE_COLUMNS}),
     "runs/store/lease.py::renew": frozenset({"lease_expires_at"}),
     "runs/store/lease.py::_take_over_sql": frozenset(LEASE_COLUMNS),
+    # A retry (issue 38 item 5): a FAILED run leased again, then ended through finalize like a take-over.
+    "runs/store/lease.py::_reopen_sql": frozenset({"status", *LEASE_COLUMNS}),
     # Runs that hold no lease: cancel of a queued / waiting run (run_cancel's, and the children of a
     # parent that ends while they run), a waiting run failed,
     # WAITING_FOR_APPROVAL → QUEUED after the last decision, WAITING_FOR_USER → QUEUED on input.
