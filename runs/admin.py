@@ -10,6 +10,7 @@ approval actions. The auth, django-q2, knox and axes admins are superuser-only.
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Q
 from django.http import Http404
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -130,7 +131,7 @@ class RunAdmin(TenantScoped):
     list_display = ("id", "agent", "status", "step_count", "failure_reason", "cost", "parent_link", "created_at")
     list_filter = ("status",)
     search_fields = ("id", "parent__id")
-    readonly_fields = [f.name for f in Run._meta.fields] + ["parent_link", "children_links"]
+    readonly_fields = [f.name for f in Run._meta.fields] + ["parent_link", "children_links", "lineage_links"]
     inlines = [InvocationInline, EventInline]
 
     def unscoped_queryset(self, request):
@@ -151,6 +152,25 @@ class RunAdmin(TenantScoped):
             link = reverse("admin:runs_run_change", args=[child.id])
             items = format_html(
                 '{}<li><a href="{}">{}</a> {} {}</li>', items, link, child.id, child.agent.name, child.status
+            )
+        return format_html("<ul>{}</ul>", items) if items else "-"
+
+    @admin.display(description="lineage")
+    def lineage_links(self, obj):
+        """The run this one was forked from or replays and the runs forked from it or replaying it, each a link to
+        its page here and to the two runs compared on the live page (one tenant's runs: the page's scope)."""
+        related = []  # (role, the related run, the pair compared: original first)
+        if obj.forked_from_id or obj.replay_of_id:
+            origin = obj.forked_from_id or obj.replay_of_id
+            related.append(("forked from" if obj.forked_from_id else "replays", origin, (origin, obj.id)))
+        later = Run.objects.filter(Q(forked_from_id=obj.id) | Q(replay_of_id=obj.id)).order_by("created_at", "id")
+        for rid, forked in later.values_list("id", "forked_from_id"):
+            related.append(("fork" if forked == obj.id else "replay", rid, (obj.id, rid)))
+        items = ""
+        for role, rid, pair in related:
+            change, compare = reverse("admin:runs_run_change", args=[rid]), reverse("run-compare", args=pair)
+            items = format_html(
+                '{}<li>{} <a href="{}">{}</a> · <a href="{}">compare</a></li>', items, role, change, rid, compare
             )
         return format_html("<ul>{}</ul>", items) if items else "-"
 

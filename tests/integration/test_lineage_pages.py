@@ -88,3 +88,15 @@ def test_another_tenant_neither_sees_nor_forks_nor_compares(done):
     assert page.get(f"/runs/{done.id}/compare/{replay_id}/").status_code == 404
     assert Run.objects.filter(forked_from_id=done.id).count() == 0
     assert Run.objects.filter(replay_of_id=done.id).count() == 1
+
+
+def test_the_admin_links_a_run_to_its_lineage_and_the_compare_page(done, operator):
+    from runs.services.lineage import run_fork
+
+    fork = run_fork(run=done, from_step=1, principal=operator)
+    admin = Client()
+    admin.force_login(operator)
+    original = admin.get(f"/admin/runs/run/{done.id}/change/").content.decode()
+    assert f"/admin/runs/run/{fork.id}/change/" in original and f"/runs/{done.id}/compare/{fork.id}/" in original
+    forked = admin.get(f"/admin/runs/run/{fork.id}/change/").content.decode()
+    assert "forked from" in forked and f"/admin/runs/run/{done.id}/change/" in forked
