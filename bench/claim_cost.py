@@ -20,7 +20,10 @@ The modes alternate round by round on one connection:
   the tenant's lock, then its oldest queued run if it has room), with the
   tenant's `--runs` runs queued;
 - `look, none queued`: the same for a tenant with nothing queued (most
-  releases).
+  releases);
+- `paired`: `share=0` and `share=1` claim by claim, the order swapped every
+  pair, and the median of each pair's difference: the share's cost on a
+  host whose speed drifts (the modes above run `--runs` claims at a time).
 
 `--no-flush-wait` sets synchronous_commit = off on the claiming connection:
 on a host whose WAL flush swings (a shared disk), what is left is the
@@ -108,17 +111,43 @@ def main(argv=None) -> dict:
                 settle([run_id])
         settle(Run.objects.filter(status__in=["QUEUED", "RUNNING"]).values_list("id", flat=True))
 
+    def paired(n: int) -> list[tuple[float, float]]:
+        """share=0 and share=1 claim by claim, the order swapped every pair: a host whose speed drifts
+        moves both alike, and each pair's difference is the share's cost."""
+        pairs = []
+        for i in range(n):
+            got = {}
+            ids = fresh(2)  # a pair at a time: the tenant's active-run quota
+            for share in (0, 1) if i % 2 == 0 else (1, 0):
+                run_id = ids[share]
+                t0 = time.perf_counter()
+                assert lease.claim(run_id=run_id, owner="w", lease_seconds=30, share=share) is not None
+                got[share] = time.perf_counter() - t0
+                settle([run_id])
+            pairs.append((got[0], got[1]))
+        return pairs
+
     for mode in modes:  # warm: every statement prepared
         one_mode(mode, measured=False)
     for r in range(a.rounds):
         for mode in modes if r % 2 == 0 else list(reversed(modes)):
             one_mode(mode, measured=True)
+    pairs = paired(a.runs * a.rounds) if shared else []
     connection.close()
 
     def us(values: list[float], q: float) -> float:
         return round(bench.pct(values, q) * 1e6, 1)
 
     figures = {m: {"median_us": us(v, 0.5), "p90_us": us(v, 0.9), "n": len(v)} for m, v in times.items()}
+    if pairs:
+        figures["paired"] = {
+            "share=0_median_us": us([a for a, _ in pairs], 0.5),
+            "share=1_median_us": us([b for _, b in pairs], 0.5),
+            "difference_median_us": us([b - a for a, b in pairs], 0.5),
+            "difference_p25_us": us([b - a for a, b in pairs], 0.25),
+            "difference_p75_us": us([b - a for a, b in pairs], 0.75),
+            "n": len(pairs),
+        }
     result = {
         "bench": "claim_cost",
         "code_has_share": shared,
@@ -136,6 +165,14 @@ def main(argv=None) -> dict:
         f"  floor: SELECT 1 {probe['select1_txn_ms']} ms, INSERT+COMMIT {probe['insert_commit_ms']} ms", file=sys.stderr
     )
     for m, f in figures.items():
+        if m == "paired":
+            print(
+                f"  paired ({f['n']}): share=0 {f['share=0_median_us']:.1f} us, share=1 {f['share=1_median_us']:.1f}"
+                f" us; share=1 - share=0 median {f['difference_median_us']:.1f} us"
+                f" (p25 {f['difference_p25_us']:.1f}, p75 {f['difference_p75_us']:.1f})",
+                file=sys.stderr,
+            )
+            continue
         print(f"  {m:<18} median {f['median_us']:8.1f} us   p90 {f['p90_us']:8.1f} us", file=sys.stderr)
     return result
 
