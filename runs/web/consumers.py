@@ -26,7 +26,7 @@ from runs.models import Event, Run
 from runs.runtime.wake import run_group, tenant_group
 from runs.services import scoping
 from runs.services.selectors import event_to_dict
-from runs.web.ws_auth import credential_of, credential_still_valid
+from runs.web.ws_auth import anonymous_reason, credential_of, credential_still_valid
 from runs.web.ws_limits import RENEW_EVERY_SECONDS, ws_admit, ws_release, ws_renew
 
 log = logging.getLogger("agentrt.live")
@@ -96,8 +96,8 @@ class _Streaming(AsyncJsonWebsocketConsumer):
         return True
 
     async def refuse(self, code: int, why: str, *args) -> None:
-        """Close before accepting (the client sees HTTP 403) and say why in the log."""
-        log.info("websocket refused (%s): " + why, code, *args)
+        """Close before accepting (the client sees HTTP 403) and say why in the log (never a credential)."""
+        log.info("websocket refused (%s) %s: " + why, code, self.scope.get("path", "")[:200], *args)
         await self.close(code=code)
 
     async def start_streaming(self):
@@ -144,6 +144,10 @@ class _Streaming(AsyncJsonWebsocketConsumer):
         try:
             while True:
                 if not await self._still_allowed():
+                    log.info(
+                        "websocket closed (4401) %s: its login or token is no longer valid, or the access is lost",
+                        self.scope.get("path", "")[:200],
+                    )
                     await self.close(code=4401)  # logged out, token revoked, or access lost
                     return
                 sent = await self.send_new()
@@ -163,6 +167,9 @@ class _Streaming(AsyncJsonWebsocketConsumer):
 class RunEventsConsumer(_Streaming):
     async def connect(self):
         user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.refuse(4403, "%s", anonymous_reason(self.scope))
+            return
         tenant_id = await _tenant_of(user)
         run_id = self.scope["url_route"]["kwargs"]["run_id"]
         query = parse_qs(self.scope.get("query_string", b"").decode())
@@ -172,7 +179,7 @@ class RunEventsConsumer(_Streaming):
             self.cursor = -1
         run = await self._run(user, run_id)
         if run is None:  # before any frame: the handshake is refused
-            await self.refuse(4404, "no run the user can see")
+            await self.refuse(4404, "no run %s that user %s can see", str(run_id)[:64], user.pk)
             return
         if self.cursor < 0:
             await self.refuse(4400, "`after` is not a number")
@@ -214,9 +221,12 @@ class RunsConsumer(_Streaming):
 
     async def connect(self):
         user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.refuse(4403, "%s", anonymous_reason(self.scope))
+            return
         tenant_id = await _tenant_of(user)
         if tenant_id is None:
-            await self.refuse(4403, "not signed in, or a member of no tenant")
+            await self.refuse(4403, "user %s is a member of no tenant", user.pk)
             return
         if not await self.admit(user, tenant_id):
             return

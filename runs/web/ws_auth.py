@@ -45,14 +45,19 @@ class TokenAuthMiddleware(BaseMiddleware):
             user, digest = await _user_for(auth[6:].strip())
             if user is not None:
                 scope = dict(scope, user=user, auth_token_digest=digest)
-            else:
-                scope = dict(scope, user=AnonymousUser())
+            else:  # never the session beside a bad token; the consumer refuses, saying why (never the token)
+                scope = dict(scope, user=AnonymousUser(), auth_refusal="the token is not valid (unknown or expired)")
         return await super().__call__(scope, receive, send)
 
 
 def TokenAuthMiddlewareStack(inner):
     # The session stack runs first and sets scope["user"]; a token header overrides it.
     return AuthMiddlewareStack(TokenAuthMiddleware(inner))
+
+
+def anonymous_reason(scope) -> str:
+    """Why a socket has no user, for the refusal's log line."""
+    return scope.get("auth_refusal") or "not signed in (no valid session cookie, no `Authorization: Token ...`)"
 
 
 def credential_of(scope) -> tuple[str, str | None]:

@@ -12,12 +12,21 @@ The server's own origin is Django's, computed as Django computes it for the
 CSRF check of a POST: the scheme from the connection (`wss` is https) or
 the trusted proxy header (SECURE_PROXY_SSL_HEADER), the host and port from
 `Host` (validated against ALLOWED_HOSTS; a missing or disallowed one refuses
-the socket). A handshake without an Origin (not a browser), with `null`, or
-with any other origin is refused before any consumer runs (HTTP 403)."""
+the socket). A handshake with `null`, or with any other origin, is refused
+before any consumer runs (HTTP 403), and so is one without an Origin — unless
+it authenticates with `Authorization: Token …` (issue 38 item 6): a browser
+always sends an Origin and cannot put that header on a WebSocket, so such a
+handshake is a script's, and the token, checked next (ws_auth), is its only
+credential (the session cookie is never used beside it: a token that is not
+valid leaves the socket anonymous, refused by the consumer). A token
+handshake that does send an Origin must send an allowed one, like a browser.
+Every refusal is logged (logger `agentrt.live`, INFO) with its reason and
+the path, never a credential."""
 
 from __future__ import annotations
 
 import io
+import logging
 from urllib.parse import urlsplit
 
 from channels.security.websocket import WebsocketDenier
@@ -25,6 +34,8 @@ from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest
 from django.utils.http import is_same_domain
+
+log = logging.getLogger("agentrt.live")
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -61,27 +72,45 @@ def own_origin(scope) -> tuple[str, str, int] | None:
     return _origin("https" if request.is_secure() else "http", host)
 
 
-def origin_allowed(scope) -> bool:
+def token_handshake(scope) -> bool:
+    """The handshake authenticates with `Authorization: Token …` (valid or not: ws_auth decides)."""
+    return (_header(scope, b"authorization") or "").lower().startswith("token ")
+
+
+def origin_refusal(scope) -> str | None:
+    """Why the handshake's Origin refuses the socket, or None when it may go on."""
     given = _header(scope, b"origin")
-    if not given or "://" not in given:
-        return False
+    if given is None:
+        if token_handshake(scope):
+            return None  # a script authenticating with its token (module docstring)
+        return "no Origin header (a browser always sends one; a script authenticates with `Authorization: Token ...`)"
+    shown = repr(given[:100])
+    if "://" not in given:
+        return f"the Origin {shown} is not an http(s) origin"
     scheme, _, netloc = given.partition("://")
     if any(c in netloc for c in "/?#@\\"):  # an origin is scheme://host[:port], nothing more
-        return False
+        return f"the Origin {shown} is not an origin (scheme://host[:port])"
     origin = _origin(scheme.lower(), netloc)
     own = own_origin(scope)
-    if origin is None or own is None:
-        return False
+    if own is None:
+        return "the handshake's Host is missing or not in ALLOWED_HOSTS"
+    if origin is None:
+        return f"the Origin {shown} is not an http(s) origin"
     if origin == own:
-        return True
+        return None
     for trusted in settings.CSRF_TRUSTED_ORIGINS:
         t_scheme, _, t_netloc = trusted.partition("://")
         if "*" in t_netloc:  # https://*.example.com, as Django's CSRF check reads it
             if t_scheme.lower() == origin[0] and is_same_domain(netloc.lower(), t_netloc[1:].lower()):
-                return True
+                return None
         elif _origin(t_scheme.lower(), t_netloc) == origin:
-            return True
-    return False
+            return None
+    own_text = f"{own[0]}://{own[1]}:{own[2]}"
+    return f"the Origin {shown} is neither this server's ({own_text}) nor in CSRF_TRUSTED_ORIGINS"
+
+
+def origin_allowed(scope) -> bool:
+    return origin_refusal(scope) is None
 
 
 class SameOriginValidator:
@@ -93,6 +122,9 @@ class SameOriginValidator:
         self.application = application
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "websocket" and not origin_allowed(scope):
-            return await WebsocketDenier()(scope, receive, send)
+        if scope["type"] == "websocket":
+            why = origin_refusal(scope)
+            if why is not None:
+                log.info("websocket refused (403) %s: %s", scope.get("path", "")[:200], why)
+                return await WebsocketDenier()(scope, receive, send)
         return await self.application(scope, receive, send)
