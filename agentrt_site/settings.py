@@ -253,6 +253,8 @@ STATIC_ROOT = os.environ.get("AGENTRT_STATIC_ROOT") or None
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 LOGIN_URL = "/accounts/login/"  # the live pages' login: members are not staff
+# A login without ?next= lands on the runs list (Django's default, /accounts/profile/, is a 404).
+LOGIN_REDIRECT_URL = "/runs/"
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 
 # --- Content-Security-Policy (django-csp 4) ---------------------------------

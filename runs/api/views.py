@@ -22,7 +22,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework import exceptions, generics, status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.permissions import BasePermission, IsAuthenticated
-from rest_framework.renderers import JSONRenderer
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -63,6 +63,42 @@ class HasTenant(BasePermission):
         if not (user and user.is_authenticated):
             return False
         return caller_tenant(request) is not None or scoping.sees_every_tenant(user)
+
+
+class _WithoutSerializer:
+    """A view as the browsable API's raw-data form sees it: our views parse their bodies with their own
+    serializers (no `serializer_class`), so the form starts empty instead of asking for one."""
+
+    def __init__(self, view):
+        self._view = view
+
+    def __getattr__(self, name):
+        if name == "get_serializer":
+            raise AttributeError(name)
+        return getattr(self._view, name)
+
+
+class ApiBrowsableRenderer(BrowsableAPIRenderer):
+    """DRF's browsable API over views that are not model-bound: the raw JSON form (media type and content),
+    no HTML forms (the API takes JSON only) and no filter form (the filters are query parameters, described
+    in the OpenAPI schema and on /api/docs/)."""
+
+    def get_filter_form(self, data, view, request):
+        return None
+
+    def get_raw_data_form(self, data, view, method, request):
+        if getattr(view, "serializer_class", None) is None:
+            view = _WithoutSerializer(view)
+        return super().get_raw_data_form(data, view, method, request)
+
+
+def browsable(request) -> bool:
+    """Whether DRF's browsable API may answer this request: its user is signed in. Reading the user
+    authenticates the request here, during content negotiation: a credential that fails (a bad token, a
+    session write without its CSRF token) raises its own error now, answered in JSON (the user is anonymous
+    from then on)."""
+    user = request.user
+    return bool(user and user.is_authenticated)
 
 
 def caller_tenant(request):
@@ -146,6 +182,17 @@ class ApiView(APIView):
 
     permission_classes = [IsAuthenticated, HasTenant]
     throttle_classes = [WriteScopedRateThrottle]
+
+    def get_renderers(self):
+        # JSON for everyone; DRF's browsable API as well for a signed-in user whose client asks for HTML (a
+        # browser). Anyone else gets JSON whatever it asks (an anonymous browser: the 401 body, not a 406).
+        renderers = super().get_renderers()
+        if browsable(self.request):
+            renderers.append(ApiBrowsableRenderer())
+        return renderers
+
+    def perform_content_negotiation(self, request, force=False):
+        return super().perform_content_negotiation(request, force=force or not browsable(request))
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)

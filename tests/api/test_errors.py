@@ -31,7 +31,7 @@ def test_drf_errors_are_mapped_to_the_error_body(world, alice, as_user, anon):
     body_of(anon.get("/api/runs/"), 401, "not_authenticated")
     body_of(client.delete("/api/runs/"), 405, "method_not_allowed")
     body_of(client.put(f"/api/runs/{world.done.id}/", {}, format="json"), 405, "method_not_allowed")
-    body_of(client.get("/api/runs/", HTTP_ACCEPT="text/html"), 406, "not_acceptable")
+    body_of(client.get("/api/runs/", HTTP_ACCEPT="application/xml"), 406, "not_acceptable")
     body_of(
         client.generic("POST", "/api/runs/", b'{"agent": "bot"', content_type="application/json"), 400, "parse_error"
     )
@@ -43,7 +43,7 @@ def test_drf_errors_are_mapped_to_the_error_body(world, alice, as_user, anon):
         415,
         "unsupported_media_type",
     )
-    body_of(client.get(f"/api/runs/{world.done.id}/", {"format": "api"}), 404, "not_found")
+    body_of(client.get(f"/api/runs/{world.done.id}/", {"format": "xml"}), 404, "not_found")
 
 
 def test_validation_errors_name_every_field(world, alice, as_user):
@@ -144,3 +144,20 @@ def test_throttled_writes_are_429_with_retry_after_and_reads_are_not_throttled(w
         assert client.get("/api/runs/").status_code == 200
     assert client.post(f"/api/runs/{world.queued.id}/cancel/").status_code == 202
     body_of(client.post(f"/api/runs/{world.done.id}/cancel/"), 429, "throttled")
+
+
+def test_the_browsable_api_answers_signed_in_browsers_and_json_everyone_else(world, alice, as_user, anon):
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(alice)
+    page = browser.get(f"/api/runs/{world.done.id}/", HTTP_ACCEPT="text/html,application/xhtml+xml,*/*;q=0.8")
+    assert page.status_code == 200 and page["Content-Type"].startswith("text/html")
+    assert str(world.done.id).encode() in page.content and b'name="_content"' not in page.content  # GET only
+    assert "script-src 'self'" in page["Content-Security-Policy"]  # DRF's own static scripts, nothing inline
+    listing = browser.get("/api/runs/", HTTP_ACCEPT="text/html")
+    assert listing.status_code == 200 and b'name="_content"' in listing.content  # the raw JSON form to POST
+    # Not signed in, a browser gets the JSON 401, not a 406 or a login page; a script gets JSON whatever it asks.
+    body_of(anon.get("/api/runs/", HTTP_ACCEPT="text/html"), 401, "not_authenticated")
+    assert as_user(alice).get("/api/runs/", HTTP_ACCEPT="*/*")["Content-Type"].startswith("application/json")
+    assert browser.get("/api/runs/")["Content-Type"].startswith("application/json")  # no Accept: JSON
