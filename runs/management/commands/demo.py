@@ -1,5 +1,7 @@
 """`make run`: migrate, create the demo tenant, operator and agents, start
-web + worker + maintenance, submit demo runs, print where to look.
+web + worker + maintenance, submit the demo runs (once: later starts find
+them), print where to look. A port already in use stops it before anything
+starts, saying how to pick another (`PORT=N make run`, `--port N`).
 
 Ctrl-C, SIGTERM (docker stop, systemd, a closing terminal's supervisor) and
 SIGHUP each stop everything it started: the worker drains (its runs yield
@@ -13,6 +15,7 @@ whatever supervises it."""
 import json
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -32,11 +35,31 @@ class _Stop(Exception):
     pass
 
 
+class _WebDown(Exception):
+    pass
+
+
+def port_free(port: int) -> bool:
+    """Whether the web server could bind 127.0.0.1:`port` now (SO_REUSEADDR, as daphne binds)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 class Command(BaseCommand):
     help = "Start agentrt with a demo tenant, operator and agents (what `make run` does)."
 
     def add_arguments(self, parser):
-        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))
+        parser.add_argument(
+            "--port",
+            type=int,
+            default=int(os.environ.get("PORT", 8000)),
+            help="the web server's port on 127.0.0.1 (default: $PORT, else 8000; `PORT=8001 make run`)",
+        )
         parser.add_argument("--no-serve", action="store_true", help="set up and submit, but start no processes")
 
     def handle(self, *args, **opts):
@@ -52,6 +75,13 @@ class Command(BaseCommand):
 
     def _serve(self, opts):
         port = opts["port"]
+        if not opts["no_serve"] and not port_free(port):
+            # Before anything starts: nothing to stop, and no "agentrt is running" over a server that cannot bind.
+            self.stderr.write(
+                f"agentrt: port {port} on 127.0.0.1 is already in use (another `make run`, or another server).\n"
+                f"Stop it, or pick another port: PORT={port + 1} make run   (or: manage.py demo --port {port + 1})"
+            )
+            sys.exit(1)
         call_command("migrate", verbosity=0)
         # The demo's well-known operator/operator exists only here: tenant_create
         # sets the password without the validators (AUTH_PASSWORD_VALIDATORS
@@ -98,12 +128,17 @@ class Command(BaseCommand):
             )
             procs.append(start_child(manage + ["qcluster"], env))
             procs.append(start_child(manage + ["run_maintenance"], env))
-            self._wait_for_web(port, procs[0])
+            if not self._wait_for_web(port, procs[0]):
+                # The server did not come up (the port taken meanwhile, a crash): say so, never "running".
+                code = procs[0].poll()
+                raise _WebDown(f"the web server on port {port} did not start" + (f" (exit {code})" if code else ""))
             self._submit_and_print(tenant, port)
             while all(p.poll() is None for p in procs):
                 CLOCK.sleep(0.5)
             died = next(n for n, p in zip(names, procs, strict=True) if p.poll() is not None)
             reason = f"{died} exited with code {procs[names.index(died)].returncode}"
+        except _WebDown as down:
+            reason = f"{down.args[0]}: if the port is taken, pick another: PORT={port + 1} make run"
         except _Stop as stop:
             self.stdout.write(f"\n{stop.args[0]}: stopping web, worker and maintenance (the worker yields its runs)")
         finally:
@@ -114,21 +149,33 @@ class Command(BaseCommand):
             self.stderr.write(f"{reason}; stopped the rest")
             sys.exit(1)
 
-    def _wait_for_web(self, port, web, timeout: float = 60.0) -> None:
+    def _wait_for_web(self, port, web, timeout: float = 60.0) -> bool:
         """Announce the URLs once they answer: a web server that has bound its
-        port may still be starting (and not yet handling a stop signal). Gives
-        up after `timeout` (the supervision loop then reports a dead server)."""
+        port may still be starting (and not yet handling a stop signal).
+        False when it exited or did not answer within `timeout`."""
         deadline = CLOCK.monotonic() + timeout
-        while web.poll() is None and not answers(port, "/healthz") and CLOCK.monotonic() < deadline:
+        while web.poll() is None and CLOCK.monotonic() < deadline:
+            if answers(port, "/healthz"):
+                return True
             CLOCK.sleep(0.1)
+        return False
 
     def _submit_and_print(self, tenant, port):
-        reader, _ = run_submit(tenant=tenant, agent="reader", input="Check that the service is healthy.")
-        release, _ = run_submit(tenant=tenant, agent="release-bot", input="Ship release 1.4.2.")
+        # The demo's two runs are submitted once: later starts find them by their Idempotency-Keys (the same
+        # agent and input), so each `make run` shows the same two runs instead of adding two more.
+        reader, _ = run_submit(
+            tenant=tenant, agent="reader", input="Check that the service is healthy.", idempotency_key="demo-reader"
+        )
+        release, _ = run_submit(
+            tenant=tenant, agent="release-bot", input="Ship release 1.4.2.", idempotency_key="demo-release-bot"
+        )
+        release.refresh_from_db(fields=["status"])
         base = f"http://127.0.0.1:{port}"
         self.stdout.write(self.style.SUCCESS("\nagentrt is running on the embedded default (SQLite)."))
         self.stdout.write(f"  live runs: {base}/runs/            login operator / operator")
-        self.stdout.write(f"  waiting:   {base}/runs/{release.id}/   (release-bot asks approval for its http_post)")
+        ended = release.status in ("COMPLETED", "FAILED", "CANCELLED")
+        waiting = f"ended {release.status}" if ended else "asks approval for its http_post"
+        self.stdout.write(f"  waiting:   {base}/runs/{release.id}/   (release-bot {waiting})")
         self.stdout.write(f"  approvals: {base}/admin/approvals/approval/")
         self.stdout.write(f"  API:       {base}/api/docs/")
         self.stdout.write(f"  demo runs: reader {reader.id}\n             release-bot {release.id}")
