@@ -318,6 +318,25 @@ if os.environ.get("REDIS_URL"):
         }
     }
 
+# django-q2's cluster status (each node's sentinel saves its workers every guard cycle, for 3 s): what
+# `agentrt_status` and /metrics count live workers from (ops/fleet.py). It needs a cache every process shares:
+# Redis with REDIS_URL (the default cache), else files on this machine (the embedded default's one node), one
+# folder per database so that two deployments or test databases never count each other's workers.
+if os.environ.get("REDIS_URL"):
+    AGENTRT_Q_STATUS_CACHE = "default"
+else:
+    import hashlib as _hashlib
+
+    AGENTRT_Q_STATUS_CACHE = "agentrt_q_status"
+    _q_status_dir = _hashlib.sha256(str(DATABASES["default"]["NAME"]).encode()).hexdigest()[:16]
+    CACHES = {
+        **globals().get("CACHES", {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}),
+        AGENTRT_Q_STATUS_CACHE: {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": os.environ.get("AGENTRT_Q_STATUS_DIR", str(BASE_DIR / "var" / "q-status" / _q_status_dir)),
+        },
+    }
+
 # Wake sockets through the channel layer after each commit. Across processes
 # only Redis carries it; without Redis the consumers' poll delivers.
 AGENTRT_NOTIFY_LIVE = os.environ.get("AGENTRT_NOTIFY_LIVE", "1" if os.environ.get("REDIS_URL") else "0") == "1"
@@ -533,6 +552,7 @@ Q_CLUSTER = {
     "poll": env_float("AGENTRT_Q_POLL", 0.02),
     # On PostgreSQL the pusher waits on LISTEN instead of polling (runs/runtime/doorbell.py).
     "broker_class": "runs.runtime.doorbell.DoorbellORM",
+    "cache": AGENTRT_Q_STATUS_CACHE,  # where each node's status goes: what counts its live workers
     "catch_up": False,
     "save_limit": 100,
     "label": "Django Q2",

@@ -83,7 +83,12 @@ class DeploymentCollector(Collector):
             "Age of the oldest QUEUED run (0 when none).",
             value=s["queue"]["oldest_age_seconds"],
         )
-        yield GaugeMetricFamily("agent_workers_live", "Worker processes renewing a lease now.", value=s["live_workers"])
+        yield GaugeMetricFamily(
+            "agent_workers_live",
+            "Worker processes of the qcluster nodes up now, idle or busy (django-q2's cluster status).",
+            value=s["live_workers"],
+        )
+        yield GaugeMetricFamily("agent_workers_busy", "Worker processes renewing a lease now.", value=s["busy_workers"])
         pending = GaugeMetricFamily("agent_approvals_pending", "Pending approvals, by kind.", labels=["kind"])
         oldest = GaugeMetricFamily(
             "agent_approval_oldest_pending_age_seconds", "Age of the oldest pending approval, by kind.", labels=["kind"]

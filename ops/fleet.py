@@ -333,6 +333,27 @@ def reopened(run_id: UUID) -> None:
         cursor.execute(add.format(sign="-", sql=sql, only=" AND series <> 'run_steps'"), list(params))
 
 
+def cluster_workers() -> dict[str, int]:
+    """The worker processes of each `qcluster` node up now, by cluster id:
+    what each node's sentinel saves every guard cycle (django-q2's cluster
+    status, kept 3 s, in AGENTRT_Q_STATUS_CACHE), stopped nodes left out.
+    Empty when the status cannot be read."""
+    # Not at the top: django_q.status loads its broker and django_q's models, which need the app registry,
+    # and this module is imported while the registry loads (runs.admin -> services -> runtime.retry).
+    from django_q.conf import Conf
+    from django_q.status import Stat
+
+    try:
+        stats = Stat.get_all()
+    except Exception:
+        return {}
+    return {
+        str(stat.cluster_id): len(getattr(stat, "workers", ()) or ())
+        for stat in stats
+        if getattr(stat, "status", None) not in (Conf.STOPPED, None)
+    }
+
+
 def fleet_snapshot() -> dict:
     """The fleet at a glance: runs by status, the queue, live workers,
     pending approvals. Ages are measured on the database's clock."""
@@ -373,12 +394,17 @@ def fleet_snapshot() -> dict:
             )
         }
     )
+    # A worker renewing a lease (its heartbeat) is busy: the owner is host:pid:claim, so host:pid is one
+    # worker process. Live workers are every worker process of the nodes up now, idle ones too (django-q2's
+    # cluster status), and at least the busy ones (a node whose status this process cannot read).
+    busy = len({o.rsplit(":", 1)[0] for o in owners})
+    nodes = cluster_workers()
     return {
         "runs_by_status": by_status,
         "queue": {"depth": int(depth), "oldest_age_seconds": max(0.0, float(oldest_queued or 0))},
-        # A worker is live while it renews a lease (its heartbeat): the
-        # owner is host:pid:claim, so host:pid is one worker process.
-        "live_workers": len({o.rsplit(":", 1)[0] for o in owners}),
+        "live_workers": max(busy, sum(nodes.values())),
+        "busy_workers": busy,
+        "nodes": len(nodes),
         "leased_runs": len(owners),
         "approvals": approvals,
         "oldest_pending_approval_seconds": max((a["oldest_age_seconds"] for a in approvals.values()), default=0.0),

@@ -17,7 +17,10 @@ def _age(seconds: float) -> str:
 
 
 class Command(BaseCommand):
-    help = "Print the fleet at a glance: queue, oldest queued, live workers, runs by status, pending approvals."
+    help = (
+        "Print the fleet at a glance: queue, oldest queued, live workers (every worker process of the qcluster nodes "
+        "up now, idle or busy), runs by status, pending approvals."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="one JSON object instead of text")
@@ -30,7 +33,8 @@ class Command(BaseCommand):
         q = s["queue"]
         lines = [
             f"queue            {q['depth']} queued, oldest {_age(q['oldest_age_seconds']) if q['depth'] else '-'}",
-            f"live workers     {s['live_workers']} (holding {s['leased_runs']} leases)",
+            f"live workers     {s['live_workers']} on {s['nodes']} node{'s' if s['nodes'] != 1 else ''}"
+            f" ({s['busy_workers']} busy, holding {s['leased_runs']} lease{'s' if s['leased_runs'] != 1 else ''})",
             "runs by status   " + ", ".join(f"{k} {v}" for k, v in s["runs_by_status"].items()),
         ]
         pending = sum(a["pending"] for a in s["approvals"].values())
