@@ -104,7 +104,8 @@ def session_history(run) -> list[dict]:
         .values_list("input", "final_message")
     )
     for text, answer in earlier:
-        items.append({"role": "user", "content": text})
+        if text:  # a fork with no message of its own has none (its conversation came from the original)
+            items.append({"role": "user", "content": text})
         if answer:
             items.append({"role": "assistant", "content": answer, "tool_calls": []})
     return items

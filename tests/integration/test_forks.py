@@ -214,3 +214,14 @@ def test_a_child_run_is_not_forked(load_agent, submit, operator):
     child = Run.objects.get(parent_id=lead.id)
     with pytest.raises(RunNotForkable):
         run_fork(run=reload(child), from_step=0, principal=operator)
+
+
+def test_a_run_submitted_into_a_forks_session_sees_no_empty_message(load_agent, submit, sink, operator):
+    original = finished(load_agent, submit, sink)
+    fork = run_fork(run=original, from_step=2, effects="policy", principal=operator, may_publish=True)
+    run_drive(run_id=fork.id)
+    assert reload(fork).status == "COMPLETED" and fork.input == ""
+    follow_up = submit(agent="payer", text="and now?", session=fork.session_id)
+    history = checkpoint_current(follow_up).conversation
+    assert [m["role"] for m in history] == ["assistant", "user"]  # the fork's answer, then the new input
+    assert all(m.get("content") for m in history)
