@@ -115,6 +115,7 @@ def test_replay_runs_prints_how_many_ended_the_same_diverged_or_failed(cluster, 
     import subprocess
     import sys
 
+    from runs.services.run_list import short_id
     from tests.conftest import ROOT, subprocess_env
 
     first = load_agent(name="payer", turns=[post(sink, 1), post(sink, 2), {"text": "paid"}], tools=("http_post",))
@@ -138,9 +139,10 @@ def test_replay_runs_prints_how_many_ended_the_same_diverged_or_failed(cluster, 
     assert lines, done.stderr
     assert lines[0].split() == ["run", "replay", "original", "replay", "verdict"]
     verdicts = {line.split()[0]: line.split(maxsplit=4)[4] for line in lines[1:-1]}
+    assert len(lines) == 6 and len(verdicts) == 4, out  # one line a run, each named by its short id
     assert verdicts == {
-        **{str(r.id)[:8]: "diverged at step 2 (different_call)" for r in old},
-        **{str(r.id)[:8]: "same" for r in new},
+        **{short_id(r.id): "diverged at step 2 (different_call)" for r in old},
+        **{short_id(r.id): "same" for r in new},
     }, out
     assert lines[-1] == (
         f"4 runs of payer replayed against version {second.version[:10]}: 2 the same, 2 diverged (step 2: 2), 0 failed"

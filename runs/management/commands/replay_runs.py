@@ -3,8 +3,9 @@
 Replays a tenant's finished runs of one agent against a version (default:
 its latest) — each replay calls the model for real and executes no tool
 call (runs.services.lineage.run_replay) — waits for the replays to end, and
-prints a table: each run and how its replay ended (the same, diverged at
-which step and why, or failed), then the totals. The replays are runs of the
+prints a table: each run and its replay (by their short ids, as the pages
+show them) and how the replay ended (the same, diverged at which step and
+why, or failed), then the totals. The replays are runs of the
 tenant like any other, executed by the workers (start them with `qcluster`
 or `make cluster`): they count against the tenant's quota, so at most
 `--concurrency` are in flight at once, and a submit the quota refuses waits
@@ -25,6 +26,7 @@ from runs.models import Agent, Run
 from runs.services import tenant_get
 from runs.services.compare import replay_verdict
 from runs.services.lineage import run_replay
+from runs.services.run_list import short_id
 from runs.services.waiting import RunWaitTimeout, wait_for_run
 
 RELATIVE = re.compile(r"^([1-9][0-9]{0,5})([mhd])$")
@@ -161,9 +163,8 @@ class Command(BaseCommand):
                 said = f"diverged at step {verdict['step']}" + (f" ({verdict['why']})" if verdict["why"] else "")
             elif said == "failed":
                 said = f"failed ({verdict['why']})"
-            self.stdout.write(
-                f"{str(original.id)[:8]:<10} {str(replay.id)[:8]:<10} {original.status:<11} {replay.status:<11} {said}"
-            )
+            ids = f"{short_id(original.id):<10} {short_id(replay.id):<10}"
+            self.stdout.write(f"{ids} {original.status:<11} {replay.status:<11} {said}")
         counts = Counter(v["verdict"] for _, _, v in rows)
         steps = Counter(v["step"] for _, _, v in rows if v["verdict"] == "diverged")
         at = ", ".join(f"step {s}: {n}" for s, n in sorted(steps.items(), key=lambda i: (i[0] is None, i[0] or 0)))
