@@ -143,3 +143,20 @@ def test_a_replay_of_a_fork_replays_the_forks_own_steps(original, sink, operator
     replay = drive(run_replay(run=fork))
     assert replay.status == "COMPLETED" and replay.step_count == 4 and replay.usage["steps"] == 1
     assert sink.count() == 2 and sink.gets == 1
+
+
+def test_a_replay_answers_a_question_from_the_record_and_never_waits(load_agent, submit):
+    from runs.services.inputs import run_input
+
+    ask = {"tool_calls": [{"name": "ask_user", "arguments": {"question": "Which region?"}}]}
+    load_agent(name="asker", turns=[ask, {"text": "deploying"}], tools=("ask_user",))
+    run = drive(submit(agent="asker", text="deploy"))
+    assert run.status == "WAITING_FOR_USER"
+    run_input(run=run, text="eu-west", by="alice")
+    run = drive(run)
+    assert run.status == "COMPLETED"
+    replay = drive(run_replay(run=run))
+    assert replay.status == "COMPLETED" and replay.final_message == "deploying", replay.failure
+    assert not Event.objects.filter(run=replay, type="run.waiting_for_user").exists()
+    answered = Event.objects.get(run=replay, type="tool.call.completed")
+    assert answered.payload["replayed"] is True and answered.payload["result"] == {"answer": "eu-west"}
