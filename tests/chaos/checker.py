@@ -1079,9 +1079,11 @@ def check(
     for obs in meta.get("observed_waiting_with_lease") or []:  # the soak's live polls
         v.add("I5", f"observed {obs['status']} holding a lease ({obs['lease_owner']}) during the soak", obs["run"])
 
-    # ---- I6 cancellation never abandons an effect -------------------------
+    # ---- I6 an ending never abandons an effect ----------------------------
     # The outcome of a sent call must be recorded: a result, or recorded as unknown — `interrupted` by a takeover,
     # or `uncertain` by the live worker whose request the cancel cut (its tool.call.failed says so, for that attempt).
+    # Whatever ended the run: a run that ended with a side effect still `executing` (watermark committed, no
+    # result, never labelled unknown) lost what happened to it, and nobody will be asked.
     recorded_unknown = {
         (e["payload"].get("invocation"), e["payload"].get("attempt"))
         for e in snapshot["events"]
@@ -1097,6 +1099,20 @@ def check(
             v.add(
                 "I6",
                 f"cancelled run keeps watermarked invocation {inv['id']} ({inv['status']}) with no result",
+                r["id"],
+            )
+        elif (
+            r
+            and r["status"] in TERMINAL
+            and inv["effect_sent_at"] is not None
+            and not inv["has_result"]
+            and inv["status"] == "executing"
+        ):
+            reason = (r.get("failure") or {}).get("reason")
+            v.add(
+                "I6",
+                f"run ended {r['status']}{':' + reason if reason else ''} with side-effect invocation {inv['id']} "
+                f"still executing: sent (watermark committed), no result, its outcome never recorded as unknown",
                 r["id"],
             )
 

@@ -357,6 +357,23 @@ def test_kills_of_young_processes_stops_by_target_and_the_drain_are_counted():
     assert cov["drain"]["deaths"] == 1 and cov["drain"]["stops"] == 1
 
 
+def test_a_run_that_ended_with_a_side_effect_still_executing_abandoned_it():
+    snapshot, sink, faults, decisions = history()
+    # the worker lost its connection in the next call's watermark and the run was failed internal_error: the
+    # first call had been sent (the sink holds it), its result never written, nobody asked
+    snapshot["events"] = snapshot["events"][:3] + [ev(4, "run.failed", 1, 13, failure={"reason": "internal_error"})]
+    snapshot["sessions"][0]["event_seq"] = 4
+    snapshot["runs"][0].update(status="FAILED", failure={"reason": "internal_error"}, lease_epoch=1)
+    snapshot["invocations"][0].update(status="executing", has_result=False, attempt=1, lease_epoch=1, xid=12)
+    snapshot["model_calls"], snapshot["checkpoints"], snapshot["approvals"] = snapshot["model_calls"][:1], [], []
+    snapshot["model_calls"][0].update(status="completed", xid=11)
+    report = check(snapshot, sink[:1], [], [])
+    assert invariants(report) == ["I1", "I6"], report["violations"]
+    assert "still executing" in next(v["detail"] for v in report["violations"] if v["invariant"] == "I6")
+    snapshot["invocations"][0]["status"] = "interrupted"  # labelled unknown: not abandoned (I1 still says why not)
+    assert invariants(check(snapshot, sink[:1], [], [])) == ["I1"]
+
+
 def test_an_operator_decision_refused_for_a_reason_nobody_expected_is_a_violation():
     snapshot, sink, faults, decisions = history()
     refused = {"approval": "a9", "run": RUN, "kind": "reconcile", "decision": "approve", "expect": "ok", "ok": False}
