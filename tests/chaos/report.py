@@ -277,6 +277,16 @@ def render_markdown(r: dict) -> str:
         "",
         f"Violations by invariant: {r.get('violations_by_invariant') or {}}",
         "",
+        *(
+            [
+                f"## Findings (written by hand, `{r['findings']['path']}`: what the violations are)",
+                "",
+                r["findings"]["text"],
+                "",
+            ]
+            if r.get("findings")
+            else []
+        ),
         *deaths_section(r),
         *carve_outs_section(r),
         *outside_section(r),
@@ -500,8 +510,9 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
-def from_bundle(bundle: Path) -> tuple[dict, str]:
-    """The report re-derived from an artifact bundle (tests/chaos/bundle.py)."""
+def from_bundle(bundle: Path, findings: Path | None = None) -> tuple[dict, str]:
+    """The report re-derived from an artifact bundle (tests/chaos/bundle.py); `findings`, a markdown file
+    written by hand (what the violations are), is shown as it is under the verdict."""
     import tempfile
 
     from tests.chaos.bundle import unpack
@@ -509,10 +520,13 @@ def from_bundle(bundle: Path) -> tuple[dict, str]:
     with tempfile.TemporaryDirectory() as tmp:
         report, _ = rerender(unpack(bundle, Path(tmp)))
     where = shown_path(bundle)
+    also = f" --findings {shown_path(findings)}" if findings is not None else ""
     report["config"]["bundle"] = (
         f"re-derived from the artifact bundle `{where}` ({bundle.stat().st_size / 1e6:.2f} MB): "
-        f"`python -m tests.chaos.report --from {where}`"
+        f"`python -m tests.chaos.report --from {where}{also}`"
     )
+    if findings is not None:
+        report["findings"] = {"path": shown_path(findings), "text": findings.read_text().strip()}
     return report, render_markdown(report)
 
 
@@ -525,13 +539,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("folder", nargs="?", help="a soak's artifact folder (its report.json and report.md are rewritten)")
     p.add_argument("--from", dest="bundle", default=None, help="an artifact bundle (tests/chaos/bundle.py)")
+    p.add_argument(
+        "--findings", default=None, help="with --from: a markdown file, written by hand, on what the violations are"
+    )
     p.add_argument("--out", default=None, help="also write the markdown here")
     p.add_argument("--check", default=None, help="exit 1 unless the markdown is exactly this file's")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     if (a.folder is None) == (a.bundle is None):
         p.error("give an artifact folder or --from BUNDLE")
     if a.bundle:
-        report, md = from_bundle(Path(a.bundle))
+        report, md = from_bundle(Path(a.bundle), Path(a.findings) if a.findings else None)
     else:
         report, md = rerender(Path(a.folder))
         (Path(a.folder) / "report.json").write_text(json.dumps(report, indent=2, default=str))
