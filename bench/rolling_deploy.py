@@ -65,8 +65,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests import secret_env  # noqa: E402,F401  (a throw-away DJANGO_SECRET_KEY for this process and the cluster)
+from tests.chaos.infra import EffectSink  # noqa: E402
 from tests.chaos.procs import recreate_database  # noqa: E402
-from tests.chaos.soak import SINK_SCRIPT  # noqa: E402
 from tests.procfs import in_sessions  # noqa: E402
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
@@ -314,15 +314,10 @@ class Rolling:
         connections.close_all()
 
     def start_sink(self) -> None:
-        self.sink_log = open(self.out / "sink.stderr", "wb")
-        cfg = {"seed": 0, "drop": 0.0, "delay": 0.0, "delay_s": 0.0}
-        self.sink = subprocess.Popen(
-            [sys.executable, "-c", SINK_SCRIPT, str(self.out / "sink.jsonl"), str(ROOT), json.dumps(cfg)],
-            stdout=subprocess.PIPE,
-            stderr=self.sink_log,
-            start_new_session=True,
-        )
-        self.sink_host = f"127.0.0.1:{int(self.sink.stdout.readline().decode().strip())}"
+        """The soak's effect sink (its own process, a log of every POST), answering every call at once."""
+        sink = EffectSink(self.out, seed=0, drop=0.0, delay=0.0, delay_s=0.0).start()
+        self.sink = sink.proc
+        self.sink_host = sink.host
         log(f"sink on {self.sink_host}")
 
     def start_cluster(self) -> None:

@@ -934,6 +934,7 @@ ERROR_EXCEPTIONS: dict[str, str] = {
     "runs/tools/mcp/pin.py::PinFailed": "becomes InvalidInput naming `tools` when a version is published",
     "runs/tools/mcp/client.py::Unavailable": "an MCP server not reached: becomes a failed tool result (nothing sent)",
     "runs/management/commands/demo.py::_Stop": "private control flow of the demo supervisor",
+    "runs/management/commands/demo.py::_WebDown": "private control flow of the demo supervisor (web not started)",
     "runs/api/parsers.py::_Duplicate": "private control flow of the JSON parser (duplicate keys)",
     "runs/domain/loop.py::_ModelFailure": "private control flow of the loop",
     # Domain errors still beside the code that raises them (runs/domain is being reshaped in the same issue).
