@@ -241,6 +241,7 @@ class OutcomeKind(StrEnum):
     FENCED = "fenced"
     YIELDED = "yielded"
     UNKNOWN = "unknown"  # a side-effect call ended uncertain: the reconciler or an operator decides (seed 000)
+    LOST = "lost"  # the slice lost its database: nothing more is written, the lease lapses, a takeover resumes
 
 
 class SuspensionKind(StrEnum):

@@ -14,6 +14,7 @@ import logging
 from uuid import UUID
 
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
 
 from ops.instrument import instrument
 from ops.logs import log_context
@@ -105,10 +106,17 @@ def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
                 ),
             )
         except Exception as exc:  # never swallowed: typed, recorded, the run fails visibly
-            log.exception("run %s: unhandled error", claim.run_id)
-            outcome = _unhandled(ctx, exc, clock, ids)
+            if _database_lost(exc):
+                outcome = _lost(claim, exc)
+            else:
+                log.exception("run %s: unhandled error", claim.run_id)
+                outcome = _unhandled(ctx, exc, clock, ids)
         finally:
             supervisor.stop()
+        if outcome.kind is OutcomeKind.LOST:
+            if watch is not None:
+                watch.close()
+            return outcome
         result = finalize(ctx, claim, outcome, clock=clock)
         if result.kind is OutcomeKind.UNKNOWN:  # committed under the lease: Resume decides, then ends it
             result = RunOutcome(kind=_DECIDED[settle_unknown(claim)])
@@ -116,6 +124,37 @@ def execute_run(claim: Claim, *, clock=CLOCK, ids=IDS) -> RunOutcome:
             watch.close()
         log.info("run %s: slice ended %s", claim.run_id, result.kind.value)
         return result
+
+
+def _database_lost(exc: BaseException) -> bool:
+    """Whether the slice failed because the database went away (a cut or
+    closed connection, a restart, a refused statement): the chain of causes
+    holds one of Django's OperationalError or InterfaceError."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (OperationalError, InterfaceError)):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _lost(claim: Claim, exc: BaseException) -> RunOutcome:
+    """A lost database is a lost lease, not a failed run: whatever the slice
+    was writing (a watermark with the batch's earlier results, say) never
+    committed, so nothing more is written from here, not even a verdict on a
+    fresh connection. The connection is closed, the heartbeats have stopped,
+    and the lease lapses; the takeover's Resume finds what was in flight,
+    marks it interrupted and asks."""
+    log.warning(
+        "run %s: lost the database in the slice (%s: %s); the lease lapses and the run is taken over",
+        claim.run_id,
+        type(exc).__name__,
+        str(exc).splitlines()[0] if str(exc) else "",
+    )
+    connection.close()
+    return RunOutcome(kind=OutcomeKind.LOST)
 
 
 def _failed(ctx: RunContext, reason: FailureReason, error_class: str, message: str) -> RunOutcome:

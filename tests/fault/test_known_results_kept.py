@@ -66,3 +66,65 @@ def test_a_kill_during_the_second_side_effect_asks_about_that_call_alone(
     assert sink.count(first.idempotency_key) == 1  # never sent again
     assert sink.count(second.idempotency_key) == 2  # the approved re-run, same key
     assert Run.objects.get(id=run.id).final_message == "both sent"
+
+
+LOST_APP = "agentrt-fault-lost-db"  # application_name of the cluster's connections (libpq's PGAPPNAME)
+
+
+def terminate_cluster_backends() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = %s AND pid <> pg_backend_pid()",
+            [LOST_APP],
+        )
+        return cursor.fetchone()[0]
+
+
+def test_a_lost_database_connection_before_the_second_watermark_is_a_lost_lease_not_a_failed_run(
+    stack, load_agent, submit, sink, operator
+):
+    """Every backend of the cluster cut while the first of two `http_post`
+    calls waits for its answer: the worker's next statement (the second
+    call's watermark, which carries the first call's result) meets a dead
+    connection. That is a lost lease, not an internal error: nothing is
+    committed on a fresh connection, the lease lapses, the takeover finds the
+    first call sent with no result, marks it interrupted and asks; the second
+    call was never sent."""
+    sink.behaviours = ["delay:120"]  # the first POST is held until the backends are cut
+    load_agent(
+        turns=[
+            {
+                "tool_calls": [
+                    {"name": "http_post", "arguments": {"url": sink.url, "json": {"n": 1}}},
+                    {"name": "http_post", "arguments": {"url": sink.url, "json": {"n": 2}}},
+                ]
+            },
+            {"text": "both sent"},
+        ],
+        tools=("http_post",),
+    )
+    c = stack(PGAPPNAME=LOST_APP)
+    run = submit()
+    wait_for(lambda: sink.count() == 1, timeout=60, message=f"the first POST to arrive\n{c.output()[-3000:]}")
+    assert terminate_cluster_backends() >= 1  # the worker's connection among them
+    sink.release.set()  # the answer comes back to a worker whose database connection is gone
+
+    wait_for(lambda: status(run) not in ("QUEUED", "RUNNING"), timeout=90, message="the takeover to park the run")
+    row = Run.objects.get(id=run.id)
+    assert row.status == "WAITING_FOR_APPROVAL", (row.status, row.failure, c.output()[-3000:])
+    assert "lost the database in the slice" in c.output()
+    first, second = ToolInvocation.objects.filter(run=run).order_by("call_index")
+    assert first.status == "interrupted" and first.effect_sent_at is not None and first.result is None
+    assert second.effect_sent_at is None  # never sent
+    assert sink.count() == 1
+    pending = list(Approval.objects.filter(run=run, status="pending"))
+    assert [(a.invocation_id, a.kind) for a in pending] == [(first.id, "interrupted_side_effect")]
+    assert not Event.objects.filter(run=run, type="run.failed").exists()
+
+    approval = pending[0]  # the operator checked: it did not happen; send it again
+    approval_decide(user=operator, approval_id=approval.id, approve=True, request_hash=approval.request_hash, via="api")
+    wait_for(lambda: status(run) == "COMPLETED", timeout=60, message=f"completion\n{c.output()[-3000:]}")
+    assert sink.count(first.idempotency_key) == 2 and sink.count(second.idempotency_key) == 1
