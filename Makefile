@@ -9,7 +9,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentrt
 # TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: run cluster test venv dev browser nginx mcp-servers smoke bench mutants clean
+.PHONY: run cluster test venv dev browser nginx mcp-servers docs smoke bench mutants clean
 
 # requirements.txt / requirements-dev.txt are hashed locks compiled from the
 # .in files (README, "Dependencies"); pip refuses anything whose hash differs.
@@ -82,6 +82,15 @@ lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# The documentation (docs/, mkdocs.yml) built into site/ with MkDocs in strict mode: a broken link, a missing
+# anchor or a page left out of the navigation fails the build. Its tools come from a hashed lock of their own.
+$(VENV)/.docs-installed: requirements-docs.txt $(VENV)/.dev-installed
+	$(PIP) install -q --require-hashes -r requirements-docs.txt
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 # Real MCP servers from PyPI (mcp-server-time, mcp-server-git) for the MCP tests, in a venv of their own
 # (var/mcp-servers), installed from a hashed lock once: tests/mcptools/servers.py.
 mcp-servers: dev
@@ -102,4 +111,4 @@ bench: venv
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) bench/steps.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) db.sqlite3* var
+	rm -rf $(VENV) db.sqlite3* var site

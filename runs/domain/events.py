@@ -2,11 +2,11 @@
 
 `EventType` names every event the runtime writes; a value is what lands in
 `events.type` and on the wire, so a member's value never changes. Adding an
-event type means: a member here, a line in README's "Event types" list, and
+event type means: a member here, a line in the documentation's Event types page (docs/events.md), and
 (when the run page should show it specially) nothing else — the page, the
 sockets and the checkpoint rebuild read their lists from the groups below.
 `tests/gates/test_vocabulary.py` fails on an event written with a string that
-is not a member, and on a member README does not list.
+is not a member, and on a member that page does not list.
 
 The builders are the payload contracts that more than one module writes;
 each returns the `EventWrite`, so a caller cannot get a key wrong.

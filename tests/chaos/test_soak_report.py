@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
+
+import pytest
 
 from tests.chaos.report import HEADLINE_RE, parse_headline
 from tests.conftest import ROOT
@@ -35,23 +38,28 @@ def soak_command(text: str) -> list[str]:
     return out
 
 
-def readme_soak_section() -> str:
-    text = README.read_text()
+EVIDENCE = ROOT / "docs" / "evidence.md"
+
+
+def readme_soak_section(path: Path = README) -> str:
+    text = path.read_text()
     start = text.index("<!-- soak-figures -->")
     end = text.index("<!-- /soak-figures -->")
     return text[start:end]
 
 
-def test_readme_quotes_the_committed_soak_reports_figures():
+@pytest.mark.parametrize("path", [README, EVIDENCE], ids=["README.md", "docs/evidence.md"])
+def test_readme_quotes_the_committed_soak_reports_figures(path):
     report = parse_headline(REPORT.read_text())
-    quoted = parse_headline(readme_soak_section())
+    quoted = parse_headline(readme_soak_section(path))
     assert report is not None, "the committed report has no headline"
     assert quoted is not None, "the README's soak section quotes no headline"
     assert quoted == report
 
 
-def test_readme_quotes_the_command_that_regenerates_the_committed_report():
-    assert soak_command(readme_soak_section()) == soak_command(REPORT.read_text())
+@pytest.mark.parametrize("path", [README, EVIDENCE], ids=["README.md", "docs/evidence.md"])
+def test_readme_quotes_the_command_that_regenerates_the_committed_report(path):
+    assert soak_command(readme_soak_section(path)) == soak_command(REPORT.read_text())
 
 
 def test_the_committed_report_has_at_least_10000_process_deaths_of_every_type_and_one_restart_each():

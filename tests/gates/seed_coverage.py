@@ -1,4 +1,4 @@
-"""The seed-coverage gate (issue 15): ARCHITECTURE.md's "Seed 002 coverage"
+"""The seed-coverage gate (issue 15): docs/seed-coverage.md's "Seed 002 coverage"
 table against seed 002's milestone table and the repository, as pure
 functions over text and source files (nothing is imported or run).
 
@@ -67,7 +67,7 @@ class Finding:
     message: str
 
     def __str__(self) -> str:
-        return f"ARCHITECTURE.md:{self.line}: [{self.kind}] {self.message}"
+        return f"docs/seed-coverage.md:{self.line}: [{self.kind}] {self.message}"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The seed-coverage gate (issue 15): ARCHITECTURE.md's "Seed 002 coverage"
+"""The seed-coverage gate (issue 15): docs/seed-coverage.md's "Seed 002 coverage"
 table names a row with a real test for every line of seed 002's milestone
 table, and everything it names exists. It runs over the real table and must
 find nothing, and over doctored copies of it and must find each planted fault.
@@ -18,7 +18,7 @@ from tests.gates.seed_coverage import (
 )
 from tests.gates.structure import ROOT
 
-TABLE = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+TABLE = (ROOT / "docs" / "seed-coverage.md").read_text(encoding="utf-8")
 
 
 def report(findings: list[Finding]) -> str:
@@ -180,7 +180,7 @@ def test_one_doctored_copy_with_a_missing_test_module_and_capability_reports_all
 def test_a_capability_added_to_the_seed_is_reported_missing():
     seed = list(SEED_MILESTONES) + [("projection catch-up, replay", "M8")]
     assert [str(f) for f in check(TABLE, seed=seed)] == [
-        "ARCHITECTURE.md:0: [capability] 'projection catch-up, replay' has no row naming a test"
+        "docs/seed-coverage.md:0: [capability] 'projection catch-up, replay' has no row naming a test"
     ]
 
 

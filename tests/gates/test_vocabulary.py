@@ -1,5 +1,5 @@
 """The event vocabulary gate (issue 12 item 1): every event type written or
-queried by name is an `EventType` member, and README lists every member.
+queried by name is an `EventType` member, and docs/events.md lists every member.
 Each check runs over the code and must find nothing, and over its planted
 fixture and must find exactly the planted lines."""
 
@@ -32,8 +32,8 @@ def test_the_gate_catches_each_planted_event_type():
     assert found == planted
 
 
-def test_every_member_is_documented_in_the_readme():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_every_member_is_documented_in_the_event_types_page():
+    readme = (ROOT / "docs" / "events.md").read_text(encoding="utf-8")
     assert documentation_violations(readme) == []
 
 
@@ -42,8 +42,8 @@ def test_the_documentation_check_catches_a_missing_and_an_unknown_name():
     readme = "# agentrt\n\n## Event types\n\n" + ", ".join(f"`{n}`" for n in listed) + ", `run.exploded`.\n\n## Next\n"
     assert documented_event_types(readme) == set(listed) | {"run.exploded"}
     assert documentation_violations(readme) == [
-        "approval.invalidated: an EventType member README's 'Event types' does not list",
-        "run.exploded: listed in README's 'Event types' but not an EventType member",
+        "approval.invalidated: an EventType member docs/events.md does not list",
+        "run.exploded: listed in docs/events.md but not an EventType member",
     ]
 
 

@@ -1,6 +1,6 @@
 """The event-vocabulary gate (issue 12 item 1), as pure functions over source
 files: every event type the code writes or queries by name is an
-`EventType` member, and every member is documented in README's "Event
+`EventType` member, and every member is documented in docs/events.md's "Event
 types" list. Nothing is imported from the scanned files; they are parsed."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def event_type_violations(paths: Iterable[Path], root: Path = ROOT) -> list[Viol
 
 
 def documented_event_types(readme: str) -> set[str]:
-    """The backticked names in README's "Event types" section (up to the next heading)."""
+    """The backticked names in docs/events.md's "Event types" section (up to the next heading)."""
     match = re.search(r"^#+ Event types\s*$(.*?)(?=^#)", readme + "\n#", re.M | re.S)
     if match is None:
         return set()
@@ -95,10 +95,10 @@ def documented_event_types(readme: str) -> set[str]:
 
 
 def documentation_violations(readme: str) -> list[str]:
-    """Members README does not list, and listed names that are not members."""
+    """Members docs/events.md does not list, and listed names that are not members."""
     listed = documented_event_types(readme)
     missing = sorted(MEMBERS - listed)
     unknown = sorted(listed - MEMBERS)
-    return [f"{name}: an EventType member README's 'Event types' does not list" for name in missing] + [
-        f"{name}: listed in README's 'Event types' but not an EventType member" for name in unknown
+    return [f"{name}: an EventType member docs/events.md does not list" for name in missing] + [
+        f"{name}: listed in docs/events.md but not an EventType member" for name in unknown
     ]
