@@ -526,6 +526,20 @@ Q_WORKERS = env_int("AGENTRT_WORKERS", 2)
 # Fair workers (README, "Workers and tenants"): leases one tenant may hold at once, checked at every claim.
 # Default: half the workers, at least 1. A node knows only its own AGENTRT_WORKERS: with several worker nodes
 # set it (the same everywhere) to half their sum, as `manage.py cluster` does. 0 = no limit.
+# Retention: the ended runs (COMPLETED, FAILED, CANCELLED) last written more than this many days ago lose
+# their detail to the maintenance sweep (maintenance/retention.py); unset or 0: kept for ever.
+try:
+    AGENTRT_RETENTION_DAYS = float(os.environ.get("AGENTRT_RETENTION_DAYS") or 0)
+    if not 0 <= AGENTRT_RETENTION_DAYS < 100_000:
+        raise ValueError
+except ValueError:
+    from django.core.exceptions import ImproperlyConfigured  # not at the top: only a bad value needs it
+
+    raise ImproperlyConfigured(
+        f"AGENTRT_RETENTION_DAYS must be a number of days, 0 or more (0 or unset: off), "
+        f"not {os.environ.get('AGENTRT_RETENTION_DAYS')!r}"
+    ) from None
+
 AGENTRT_TENANT_MAX_RUNNING = env_int("AGENTRT_TENANT_MAX_RUNNING", max(1, Q_WORKERS // 2))
 if AGENTRT_TENANT_MAX_RUNNING < 0:
     from django.core.exceptions import ImproperlyConfigured

@@ -12,7 +12,8 @@ from maintenance.sweeps.deliveries import sweep_deliveries
 from maintenance.sweeps.expiry import sweep_expiry
 from maintenance.sweeps.metrics import sweep_metrics
 from maintenance.sweeps.prune import sweep_prune
-from maintenance.sweeps.reclaim import sweep_reclaim
+from maintenance.sweeps.reclaim import sweep_dead_owners, sweep_reclaim
+from maintenance.sweeps.retention import sweep_retention
 from maintenance.sweeps.tokens import sweep_tokens
 from runs.clock import CLOCK
 from runs.runtime.backoff import Backoff
@@ -31,6 +32,7 @@ def cadences() -> list[tuple[str, float, Callable[[], dict]]]:
         ("metrics", 10.0, sweep_metrics),
     ]
 
+        ("retention", 300.0, sweep_retention),
 
 def run_once() -> dict:
     return {name: fn() for name, _, fn in cadences()}

@@ -167,6 +167,10 @@ class Run(models.Model):
     principal_scopes = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(default=utcnow, editable=False)
     updated_at = models.DateTimeField(default=utcnow)
+    # When retention (AGENTRT_RETENTION_DAYS, `manage.py purge_runs`) removed the run's detail: its events,
+    # tool invocations, approvals, model calls and checkpoints. The row keeps its input, final message,
+    # result, failure and usage; a run without its detail is never retried, forked or replayed.
+    detail_removed_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "runs"
@@ -196,6 +200,13 @@ class Run(models.Model):
                 fields=["tenant", "status", "-created_at"],
                 condition=Q(status__in=["FAILED", "CANCELLED"]),
                 name="runs_tenant_ended_badly_idx",
+            ),
+            # Retention's candidates: a tenant's ended runs that still hold their detail, oldest first. Only a
+            # run's end writes an entry and its detail's removal takes it out; a step's update stays HOT.
+            models.Index(
+                fields=["tenant", "created_at"],
+                condition=Q(status__in=TERMINAL, detail_removed_at__isnull=True),
+                name="runs_detail_kept_idx",
             ),
         ]
 

@@ -69,6 +69,7 @@ def run_fork(
     if effects == "policy" and not may_publish:
         raise PublishForbidden("a fork whose side effects the policy decides needs the runs.publish_agent permission")
     _not_a_child(run, "forked")
+    _detail_kept(run, "forked")
     if not 0 <= from_step <= run.step_count:
         raise InvalidInput(
             f"from_step must be from 0 to {run.step_count}",
@@ -100,6 +101,7 @@ def run_replay(*, run: Run, agent_version: Any = None, principal: Any = None) ->
     it proposes is answered with `run`'s recorded result for that position,
     or ends it `replay_diverged`. `run` must have ended."""
     _not_a_child(run, "replayed")
+    _detail_kept(run, "replayed")
     if run.status not in TERMINAL:
         raise RunNotFinished(f"the run is {run.status}; a run is replayed once it has ended")
     version = _version_of(run, agent_version)
@@ -123,6 +125,15 @@ def _not_a_child(run: Run, done: str) -> None:
     parent's budget and policies, which a run of its own would escape."""
     if run.parent_id is not None:
         raise RunNotForkable(f"a child run is not {done} on its own; {done[:-2]} its parent instead")
+
+
+def _detail_kept(run: Run, done: str) -> None:
+    """A run whose detail retention removed has no recorded steps or calls to start from."""
+    if run.detail_removed_at is not None:
+        raise RunNotForkable(
+            f"the run's detail (its events, tool calls and checkpoints) was removed by retention on "
+            f"{run.detail_removed_at:%Y-%m-%d}; it cannot be {done}"
+        )
 
 
 def _version_of(run: Run, wanted: Any) -> AgentVersion:

@@ -30,6 +30,11 @@ def retry_refusal(run, now: datetime | None = None) -> RunError | None:
         return RunNotRetryable(
             f"the run failed {reason}, which another attempt would not change; only {', '.join(RETRYABLE)} are retried"
         )
+    if run.detail_removed_at is not None:
+        return RunNotRetryable(
+            "the run's detail (its checkpoints, events and tool calls) was removed by retention: "
+            "there is no checkpoint to continue from"
+        )
     if run.parent_id is not None:
         return RunNotRetryable("a child run is not retried: its parent's model was already told that it failed")
     if run.deadline_at is not None and run.deadline_at <= (now or CLOCK.now()):
