@@ -12,7 +12,7 @@ from maintenance.sweeps.deliveries import sweep_deliveries
 from maintenance.sweeps.expiry import sweep_expiry
 from maintenance.sweeps.metrics import sweep_metrics
 from maintenance.sweeps.prune import sweep_prune
-from maintenance.sweeps.reclaim import sweep_dead_owners, sweep_reclaim
+from maintenance.sweeps.reclaim import sweep_reclaim
 from maintenance.sweeps.retention import sweep_retention
 from maintenance.sweeps.tokens import sweep_tokens
 from runs.clock import CLOCK
@@ -30,9 +30,9 @@ def cadences() -> list[tuple[str, float, Callable[[], dict]]]:
         ("deliveries", float(settings.AGENTRT_DELIVERY_SWEEP_SECONDS), sweep_deliveries),
         ("tokens", 300.0, sweep_tokens),
         ("metrics", 10.0, sweep_metrics),
+        ("retention", 300.0, sweep_retention),
     ]
 
-        ("retention", 300.0, sweep_retention),
 
 def run_once() -> dict:
     return {name: fn() for name, _, fn in cadences()}
