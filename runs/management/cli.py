@@ -15,7 +15,6 @@ Exit codes (scripts can rely on them):
     4  conflict: the object's state refuses it (run_terminal, approval_decided, approval_stale,
        run_deadline_passed, ...); the code is printed
     5  forbidden: the user lacks the permission (approvals.resolve_approval) or belongs to no tenant
-    6  not available in this version (e.g. `runs retry` before the retry service exists)
 """
 
 from __future__ import annotations
@@ -38,11 +37,10 @@ EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_CONFLICT = 4
 EXIT_FORBIDDEN = 5
-EXIT_UNAVAILABLE = 6
 EXIT_CODES_HELP = (
     "exit codes: 0 done, 1 error, 2 usage (bad option or value, unknown --as user), 3 not found, "
     "4 conflict (the code is printed, e.g. run_terminal, approval_stale, run_deadline_passed), "
-    "5 forbidden (permission, no tenant), 6 not available in this version"
+    "5 forbidden (permission, no tenant)"
 )
 _BY_STATUS = {400: EXIT_USAGE, 403: EXIT_FORBIDDEN, 404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT, 429: EXIT_CONFLICT}
 

@@ -17,7 +17,6 @@ from django.contrib.auth.models import Permission
 
 from approvals.models import Approval
 from runs.clock import CLOCK
-from runs.management.commands.runs import retry_service
 from runs.models import Event, Run
 from runs.runtime.executor import run_drive
 from runs.services import agent_load, run_submit, tenant_create
@@ -65,6 +64,18 @@ def agents(tenant, sink_url=None):
                     {"text": "paid"},
                 ],
             },
+        },
+        {
+            "name": "flaky",
+            "instructions": "x",
+            "tools": [],
+            "model": {"provider": "scripted", "turns": [{"error": "transient"}]},
+        },
+        {
+            "name": "refused",
+            "instructions": "x",
+            "tools": [],
+            "model": {"provider": "scripted", "turns": [{"error": "permanent"}]},
         },
     ]
     if sink_url:
@@ -196,24 +207,62 @@ def test_cancel_exit_codes_and_who_is_recorded(world):
     assert cli("runs", "cancel", str(world.theirs.id), "--as", "root").code == 3
     assert cli("runs", "cancel", str(world.theirs.id), "--as", "alice").code == 3
     assert Run.objects.get(id=world.theirs.id).status == "WAITING_FOR_APPROVAL"
-    done = cli("runs", "cancel", str(world.queued.id), "--as", "alice", "--json")
+    # A reason that is too long is a usage error naming --reason, and nothing is recorded.
+    long = cli("runs", "cancel", str(world.queued.id), "--as", "alice", "--reason", "x" * 2001, "--json")
+    assert long.code == 2 and "--reason" in long.err and long.json["error"]["fields"].keys() == {"reason"}
+    assert not Event.objects.filter(run=world.queued, type="run.cancel_requested").exists()
+    done = cli("runs", "cancel", str(world.queued.id), "--as", "alice", "--reason", "dup of #42 " + ESCAPE, "--json")
     assert done.code == 0, done.err
     assert done.json["id"] == str(world.queued.id) and done.json["status"] == "CANCELLED"
+    requested = Event.objects.get(run=world.queued, type="run.cancel_requested")
+    assert requested.payload == {"by": "alice", "via": "cli", "reason": "dup of #42 " + ESCAPE}
     cancelled = Event.objects.get(run=world.queued, type="run.cancelled")
-    assert cancelled.payload["by"] == "alice"
+    assert (cancelled.payload["by"], cancelled.payload["via"], cancelled.payload["reason"]) == (
+        "alice",
+        "cli",
+        "dup of #42 " + ESCAPE,
+    )
     shown = cli("runs", "show", str(world.queued.id), "--as", "alice", "--json").json
-    assert shown["cancel"]["by"] == "alice"
+    assert (shown["cancel"]["by"], shown["cancel"]["via"]) == ("alice", "cli")
+    assert shown["cancel"]["reason"] == "dup of #42 " + ESCAPE
+    text = cli("runs", "show", str(world.queued.id), "--as", "alice").out
+    assert "cancel     run.cancelled by alice via cli" in text and "dup of #42 \\x1b[31mred" in text
+    assert "\x1b" not in text  # the reason is shown, its escape sequence never sent to the terminal
 
 
-def test_retry_is_refused_with_its_own_exit_code(world):
-    """Before the retry service exists: exit 6, said plainly. Once it does: a completed run is a conflict."""
-    retried = cli("runs", "retry", str(world.done.id), "--as", "alice", "--json")
-    if retry_service() is None:
-        assert retried.code == 6 and retried.json["error"]["code"] == "not_available", retried.err
-        assert "not available" in retried.err
-    else:
-        assert retried.code == 4, retried.err
-    assert cli("runs", "retry", str(world.theirs.id), "--as", "alice").code == 3
+def test_retry_gives_a_transient_failure_a_new_attempt_and_refuses_the_rest(world):
+    flaky = submit(world.acme, "flaky")
+    refused = submit(world.acme, "refused")
+    assert (flaky.failure["reason"], refused.failure["reason"]) == ("dependency_unavailable", "model_permanent_error")
+    # Another tenant's run is not found; a run that did not fail, or failed for good, is a conflict naming why.
+    assert cli("runs", "retry", str(flaky.id), "--as", "bob").code == 3
+    theirs = submit(world.globex, "flaky")
+    assert cli("runs", "retry", str(theirs.id), "--as", "root").code == 3  # a superuser acts in its own tenant only
+    assert cli("runs", "retry", str(theirs.id), "--as", "alice").code == 3
+    completed = cli("runs", "retry", str(world.done.id), "--as", "alice", "--json")
+    assert completed.code == 4 and completed.json["error"]["code"] == "run_not_failed", completed.err
+    permanent = cli("runs", "retry", short_id(refused.id), "--as", "alice")
+    assert permanent.code == 4 and "run_not_retryable" in permanent.err and "model_permanent_error" in permanent.err
+    assert not Event.objects.filter(run__in=[flaky, refused, theirs], type="run.retried").exists()
+
+    retried = cli("runs", "retry", short_id(flaky.id), "--as", "alice", "--json")
+    assert retried.code == 0, retried.err
+    assert retried.json["id"] == str(flaky.id) and retried.json["status"] == "QUEUED"
+    assert retried.json["failure"] is None
+    (event,) = Event.objects.filter(run=flaky, type="run.retried")
+    assert (event.payload["by"], event.payload["via"], event.payload["failure"]["reason"]) == (
+        "alice",
+        "cli",
+        "dependency_unavailable",
+    )
+    # The same run, once more: it is QUEUED now, not failed.
+    again = cli("runs", "retry", str(flaky.id), "--as", "alice")
+    assert again.code == 4 and "run_not_failed" in again.err
+    run_drive(run_id=flaky.id)  # the scripted model fails again: a second failure, retried in text mode
+    assert Run.objects.get(id=flaky.id).status == "FAILED"
+    text = cli("runs", "retry", str(flaky.id), "--as", "alice")
+    assert text.code == 0 and "retried; it continues from its last checkpoint" in text.out, text.err
+    assert [e.payload["by"] for e in Event.objects.filter(run=flaky, type="run.retried")] == ["alice", "alice"]
 
 
 def test_a_decision_is_bound_to_the_cards_request_hash(world):

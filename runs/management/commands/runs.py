@@ -4,7 +4,6 @@ exit codes, output)."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from typing import Any
@@ -18,7 +17,6 @@ from runs.errors import RunError
 from runs.management.cli import (
     EXIT_CODES_HELP,
     EXIT_NOT_FOUND,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     acting_user,
     card_lines,
@@ -31,8 +29,8 @@ from runs.management.cli import (
     table,
 )
 from runs.models import Run
-from runs.services import lifecycle, run_get, scoping
-from runs.services.lifecycle import run_cancel
+from runs.services import run_get, scoping
+from runs.services.lifecycle import run_cancel, run_retry
 from runs.services.run_list import (
     FILTER_PARAMS,
     MAX_PAGE_SIZE,
@@ -61,9 +59,9 @@ FILTER_OPTIONS = {
     "q": "--search",
     "cursor": "--cursor",
 }
-CANCEL_EVENTS = {
-    t.value for t in EventType if t.name in ("RUN_CANCEL_REQUESTED", "RUN_CANCELLED", "RUN_CANCEL_TOO_LATE")
-}
+CANCEL_EVENTS = sorted(
+    t.value for t in (EventType.RUN_CANCEL_REQUESTED, EventType.RUN_CANCELLED, EventType.RUN_CANCEL_TOO_LATE)
+)
 _HEXISH = re.compile(r"^[0-9a-fA-F-]{4,36}$")
 
 
@@ -75,11 +73,6 @@ def _limit(text: str) -> int:
     if not 1 <= value <= MAX_PAGE_SIZE:
         raise ValueError(f"from 1 to {MAX_PAGE_SIZE}")
     return value
-
-
-def retry_service():
-    """The lifecycle service's retry (a failed run's new attempt), where this version has one (None otherwise)."""
-    return getattr(lifecycle, "run_retry", None)
 
 
 class Command(BaseCommand):
@@ -156,9 +149,12 @@ class Command(BaseCommand):
         p = sub.add_parser(
             "retry",
             parents=[common],
-            help="retry a run that failed for a transient reason",
+            help="retry a run of your own tenant that failed for a transient reason (a new attempt of the same run)",
             description="Retry a run that failed for a transient reason (dependency_unavailable, internal_error, "
-            "max_attempts_exceeded); another reason is a conflict (exit 4). " + EXIT_CODES_HELP,
+            "max_attempts_exceeded): a new attempt of the same run, from its last checkpoint, recorded with who and "
+            "via cli; a recorded tool result is never sent again, and a side effect whose outcome is unknown is "
+            "asked about first. A run that did not fail (run_not_failed), failed for another reason, is a child "
+            "run or is past its deadline (run_not_retryable, naming why) is a conflict (exit 4). " + EXIT_CODES_HELP,
         )
         p.add_argument("run", metavar="RUN", help="the run's id, or the short id the pages show")
 
@@ -301,7 +297,7 @@ class Command(BaseCommand):
     def do_cancel(self, user, opts) -> None:
         run = self.run_of(user, opts["run"], acting=True)
         try:
-            after = cancel(run=run, by=user.get_username(), reason=opts["reason"])
+            after = run_cancel(run=run, by=user.get_username(), via="cli", reason=opts["reason"])
         except RunError as exc:
             raise refusal(exc, options={"reason": "--reason"}) from None
         now = run_get(tenant=None, run_id=run.id)
@@ -315,19 +311,18 @@ class Command(BaseCommand):
 
     def do_retry(self, user, opts) -> None:
         run = self.run_of(user, opts["run"], acting=True)
-        service = retry_service()
-        if service is None:
-            raise cli_error(
-                "not_available",
-                "retrying a run is not available in this version yet (POST /api/runs/{id}/retry/ is not there either)",
-                exit_code=EXIT_UNAVAILABLE,
-            )
         try:
-            service(run=run, by=user.get_username(), via="cli")
+            after = run_retry(run=run, by=user.get_username(), via="cli")
         except RunError as exc:
             raise refusal(exc) from None
         retried = run_get(tenant=None, run_id=run.id)
-        self.out(run_to_dict(retried), f"run {retried.id}: retried, now {retried.status}")
+        text = {
+            "QUEUED": f"run {run.id}: retried; it continues from its last checkpoint (recorded tool results are "
+            "not sent again)",
+            "WAITING_FOR_APPROVAL": f"run {run.id}: retried; a side effect of the failed attempt has an unknown "
+            "outcome, so the run waits until someone confirms whether it took effect (approvals list)",
+        }.get(after, f"run {run.id}: retried, now {after}")
+        self.out(run_to_dict(retried), text)
 
     # -- helpers ---------------------------------------------------------------------------------------
 
@@ -353,13 +348,7 @@ class Command(BaseCommand):
 
     def cancel_of(self, run: Run) -> dict[str, Any] | None:
         """The latest cancel request (or its end) the run's events record: who, via what, why, when."""
-        if not CANCEL_EVENTS:
-            return None
-        rows = (
-            run.events.filter(type__in=sorted(CANCEL_EVENTS))
-            .order_by("-sequence")
-            .values("type", "payload", "occurred_at")
-        )
+        rows = run.events.filter(type__in=CANCEL_EVENTS).order_by("-sequence").values("type", "payload", "occurred_at")
         row = rows.first()
         if row is None:
             return None
@@ -371,19 +360,6 @@ class Command(BaseCommand):
             "reason": payload.get("reason"),
             "at": row["occurred_at"].isoformat().replace("+00:00", "Z"),
         }
-
-
-def cancel(*, run: Run, by: str, reason: str | None) -> str:
-    """The lifecycle service's cancel, recorded as made from the command line where it records a surface."""
-    accepts = inspect.signature(run_cancel).parameters
-    kwargs: dict[str, Any] = {}
-    if "via" in accepts:
-        kwargs["via"] = "cli"
-    if "reason" in accepts:
-        kwargs["reason"] = reason
-    elif reason:
-        raise cli_error("not_available", "--reason: this version records no cancel reason", exit_code=EXIT_UNAVAILABLE)
-    return run_cancel(run=run, by=by, **kwargs)
 
 
 def event_gap(previous: str | None, current: str) -> str:
