@@ -456,6 +456,8 @@ AGENTRT_OUTBOUND_INTERNAL_NAMES = env_list("AGENTRT_OUTBOUND_INTERNAL_NAMES", ""
 # MCP servers whose tools agents may call (runs/tools/mcp/config.py; README "MCP servers' tools"): JSON, parsed and
 # validated when the apps load (a bad value stops the process naming the field).
 AGENTRT_MCP_SERVERS = os.environ.get("AGENTRT_MCP_SERVERS", "")
+# At most one `tool.call.progress` event per this many milliseconds for one running MCP call (docs/mcp.md).
+AGENTRT_MCP_PROGRESS_INTERVAL_MS = env_int("AGENTRT_MCP_PROGRESS_INTERVAL_MS", 500)
 AGENTRT_APPROVAL_TTL_SECONDS = env_float("AGENTRT_APPROVAL_TTL_SECONDS", 86400)
 AGENTRT_INPUT_TTL_SECONDS = env_float("AGENTRT_INPUT_TTL_SECONDS", 86400)
 # Active (non-terminal) runs per tenant unless Tenant.max_active_runs says otherwise; 0 = no limit.

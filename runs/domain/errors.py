@@ -101,6 +101,19 @@ class OutcomeUnknown(ToolFailure):
         super().__init__(code, message, uncertain=True)
 
 
+class InputRequired(RuntimeCoreError):
+    """A tool that cannot run until the run's user answers (an MCP server's
+    `InputRequiredResult`): nothing took effect. `question` is shown to the
+    user; `handle` (JSON) is kept in the call's record and handed back with
+    the answer (`ToolExecutionContext.continued`) when the call is issued again."""
+
+    def __init__(self, question: str, handle: dict[str, Any], details: dict[str, Any] | None = None):
+        super().__init__(question)
+        self.question = question
+        self.handle = handle
+        self.details = details or {}
+
+
 class ToolLoopDetected(RuntimeCoreError):
     """The circuit breaker (ADR-0136): the model kept proposing the same call
     (same tool, same arguments) up to the identical-call threshold, or

@@ -39,6 +39,7 @@ class EventType(StrEnum):
     TOOL_CALL_STARTED = "tool.call.started"
     TOOL_CALL_COMPLETED = "tool.call.completed"
     TOOL_CALL_FAILED = "tool.call.failed"
+    TOOL_CALL_PROGRESS = "tool.call.progress"
     TOOL_RUN_CANCELLED = "tool.run_cancelled"
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_RESOLVED = "approval.resolved"

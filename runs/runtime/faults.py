@@ -21,6 +21,8 @@ POINTS = (
     "tool.before_watermark",
     "tool.after_watermark",
     "tool.after_execute",
+    # A long operation's handle (an MCP task id) is committed to the call's record; nothing more of it is done yet.
+    "tool.after_remote_recorded",
     "checkpoint.before_write",
     "finalize.before_transition",
     "finalize.after_transition",

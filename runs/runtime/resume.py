@@ -52,6 +52,7 @@ from runs.errors import RunLeased, RunNotFound, RunNotRunning
 from runs.models import AgentVersion, ModelCall, Run, ToolInvocation
 from runs.runtime.faults import fire
 from runs.runtime.finalize import finalize_detached
+from runs.runtime.long_calls import settle_tasks
 from runs.runtime.queue import Claim, run_heartbeat, worker_identity
 from runs.services.selectors import run_to_dict
 from runs.store import lease
@@ -259,6 +260,8 @@ def decide(takeover: Takeover) -> str:
         )
         return _end(claim, outcome, UnitOfWork())
     unknown = list(_unknown_outcomes(run.id).order_by("step_number", "call_index"))
+    if unknown and settle_tasks(claim, unknown):  # an MCP task the server answers for is no unknown outcome
+        unknown = list(_unknown_outcomes(run.id).order_by("step_number", "call_index"))
     if run.cancel_requested_at is not None and not unknown:
         # The operator asked to cancel and nothing is left undecided: end it.
         # With an unknown outcome the cancel waits for the decision below

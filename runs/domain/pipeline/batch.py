@@ -53,6 +53,8 @@ class _Entry:
     outcome: InvocationOutcome | None = None  # once executed (step 11)
     unknown: bool = False  # an uncertain side effect: nobody answers it until someone decides
     event: EventWrite | None = None  # the event that records the result (a checkpoint may name it)
+    remote: dict[str, Any] | None = None  # a long operation's handle the tool recorded (an MCP task)
+    asking: Any = None  # an `InputRequired`: the call waits for the user's answer before it runs
 
     @property
     def tool(self) -> ToolSpec:

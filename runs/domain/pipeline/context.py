@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -49,7 +50,15 @@ class ToolExecutionContext:
     """What a tool is given (DESIGN §7 step 10, §17): the run, the step, the
     idempotency key, the attempt, the run's `deadline` (absolute, or None),
     the `cancelled` signal and the `principal` the run acts for.
-    `step_number` and `token` stay as aliases of `step` and the raw token."""
+    `step_number` and `token` stay as aliases of `step` and the raw token.
+
+    For a tool whose work outlives one request (an MCP server's task or
+    question): `record(handle)` keeps `handle` (JSON) in the call's record in
+    a committed, fenced transaction before it returns (None for a read-only
+    call: running it again is harmless); `report(payload)` writes a
+    `tool.call.progress` event; `continued` is what an earlier attempt of
+    this call left for this one (the handle of its question and the user's
+    `answer`), or None."""
 
     run_id: UUID
     step_number: int
@@ -62,6 +71,9 @@ class ToolExecutionContext:
     deadline: datetime | None = None
     principal: Any = None
     clock: Clock | None = None
+    record: Callable[[dict[str, Any]], None] | None = None
+    report: Callable[[dict[str, Any]], None] | None = None
+    continued: dict[str, Any] | None = None
 
     @property
     def step(self) -> int:

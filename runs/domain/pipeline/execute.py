@@ -7,7 +7,7 @@ from typing import Any
 
 from runs.domain import events
 from runs.domain.context import RunContext
-from runs.domain.errors import PolicyChanged, ToolFailure, WorkerFenced
+from runs.domain.errors import InputRequired, PolicyChanged, ToolFailure, WorkerFenced
 from runs.domain.events import EventType
 from runs.domain.pipeline.batch import (
     RERUN_KINDS,
@@ -34,6 +34,8 @@ from runs.domain.values import (
     CancelReason,
     InvocationOutcome,
     InvocationStatus,
+    Suspension,
+    SuspensionKind,
     ToolSpec,
 )
 from runs.domain.writes import InvocationUpdate, UnitOfWork
@@ -64,7 +66,7 @@ def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry], decisio
         ctx.store.commit(decisions)  # commit 1: the model response and every decision
         stop = _run_in_order(ctx, step_number, to_run, results, late, count_calls=True)
     unknown = [e.invocation_id for e in entries if e.unknown]
-    if sent is not None and (unknown or question_entry is not None or delegated):
+    if sent is not None and (unknown or question_entry is not None or delegated or any(e.asking for e in entries)):
         sent.wait()
         sent = None
     if unknown:
@@ -73,6 +75,9 @@ def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry], decisio
         # A cancel or a deadline does not close the question: the run ends
         # once it is decided (the rest of the batch is already cancelled).
         return BatchResult(work=results, late=late, unknown=unknown)
+    asked = _tool_asks(entries, results, late, stop)
+    if asked is not None:
+        return asked
     if question_entry is not None and stop is None:
         return _ask_user(ctx, entries, question_entry, results, late)
     if delegated:
@@ -137,8 +142,8 @@ def _run_in_order(
             executed += 1
             if count_calls:
                 ctx.state.count_call(_call_fingerprint(entry.call.name, entry.arguments))
-        if entry.unknown and stop is None:
-            break  # the rest of the batch waits, still authorized, for the decision
+        if (entry.unknown or entry.asking is not None) and stop is None:
+            break  # the rest of the batch waits, still authorized, for the decision (or the user's answer)
     if executed:
         progress = ctx.progress
         progress.usage = progress.usage.model_copy(update={"tool_calls": progress.usage.tool_calls + executed})
@@ -175,9 +180,13 @@ def _run_one(
         _judge_again(ctx.policy.evaluate(entry.tool.name, entry.arguments))
     if not spec.read_only:
         _watermark(ctx, entry, attempt, late, results, approved)
-    _execute(ctx, entry, step_number, attempt)
+    _execute(ctx, entry, step_number, attempt, prior_attempts)
     if not spec.read_only:
         ctx.fault("tool.after_execute")
+    if entry.asking is not None:  # the tool asked the user first: nothing took effect
+        _record_question(ctx, entry, attempt, results, prior_attempts)
+        return True, ctx.token.reason
+    if not spec.read_only:
         late.append(
             {
                 "invocation": str(entry.invocation_id),
@@ -312,6 +321,7 @@ def _record_outcome(
             "outcome": entry.outcome,
             "at": at.isoformat(),
             **({"error": entry.result} if entry.is_error else {}),
+            **({"remote": entry.remote} if entry.remote is not None else {}),
         }
     )
     payload = {
@@ -417,7 +427,13 @@ def _cancel(
     )
 
 
-def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1) -> None:
+def _execute(
+    ctx: RunContext,
+    entry: _Entry,
+    step_number: int,
+    attempt: int = 1,
+    prior_attempts: list[dict[str, Any]] | None = None,
+) -> None:
     """Steps 10–12: execute, classify, bound and scrub.
 
     Classification (step 11): a value is `succeeded`; a `ToolFailure` is
@@ -427,8 +443,10 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1)
     out, cancelled while running); a failure after the run's cancellation
     reached the running tool is `uncertain` too. Any other exception is `failed` for a read-only tool
     and `uncertain` for one with a side effect: nobody can tell whether the
-    bug struck before or after the effect."""
+    bug struck before or after the effect. An `InputRequired` is no outcome:
+    the call waits for the user's answer (`entry.asking`)."""
     spec = entry.tool
+    notes = _Notes(ctx, entry, attempt, prior_attempts)
     tctx = ToolExecutionContext(
         run_id=ctx.run.id,
         step_number=step_number,
@@ -441,12 +459,20 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1)
         deadline=ctx.run.deadline_at,
         principal=ctx.run.principal,
         clock=ctx.clock,
+        record=None if spec.read_only else notes.record,
+        report=notes.report,
+        continued=_continued(prior_attempts, attempt),
     )
     cancelled_before = tctx.cancelled.is_set()
     try:
         value = ctx.tools.execute(spec.name, entry.arguments, tctx)
         entry.result, truncated = bound(value)
         entry.outcome = InvocationOutcome.SUCCEEDED
+    except InputRequired as exc:
+        entry.asking = exc
+        entry.remote = exc.handle
+    except WorkerFenced:
+        raise  # recording a handle found the lease gone: the takeover decides the call
     except ToolFailure as exc:
         # A failure that follows a cancellation reaching the running tool is
         # not a definite answer (seed 000: observed as unknown).
@@ -463,3 +489,116 @@ def _execute(ctx: RunContext, entry: _Entry, step_number: int, attempt: int = 1)
         }
         entry.is_error = True
         entry.outcome = InvocationOutcome.UNCERTAIN if uncertain else InvocationOutcome.FAILED
+
+
+class _Notes:
+    """What a running call may write before it ends, each in its own short fenced transaction on this
+    thread's store: the handle of a long operation (`record`: the call's attempt history gets an entry
+    `{"attempt", "outcome": "pending", "remote": handle}`, committed before `record` returns, so a
+    takeover finds it), and `tool.call.progress` events (`report`; a fenced one sets the token)."""
+
+    def __init__(self, ctx: RunContext, entry: _Entry, attempt: int, prior: list[dict[str, Any]] | None):
+        self.ctx, self.entry, self.attempt, self.prior = ctx, entry, attempt, prior
+
+    def record(self, handle: dict[str, Any]) -> None:
+        entry, ctx = self.entry, self.ctx
+        if entry.invocation_id is None:
+            raise RuntimeError("a call that runs has an invocation row")
+        at = ctx.clock.now()
+        history = _attempt_history(self.prior, self.attempt, read_only=entry.tool.read_only)
+        history.append({"attempt": self.attempt, "outcome": "pending", "at": at.isoformat(), "remote": handle})
+        work = UnitOfWork()
+        work.invocation_updates.append(
+            InvocationUpdate(id=entry.invocation_id, status=InvocationStatus.EXECUTING, attempts=history, updated_at=at)
+        )
+        work.event(EventType.TOOL_CALL_PROGRESS, {**self._about(), "remote": handle}, at)
+        ctx.store.commit(work)  # WorkerFenced: nothing recorded, the caller must not go on as if it were
+        entry.remote = handle
+        ctx.fault("tool.after_remote_recorded")
+
+    def _about(self) -> dict[str, Any]:
+        entry = self.entry
+        return {
+            "invocation": str(entry.invocation_id),
+            "call_id": entry.call.call_id,
+            "tool": entry.tool.name,
+            "attempt": self.attempt,
+        }
+
+    def report(self, payload: dict[str, Any]) -> None:
+        ctx = self.ctx
+        shown = {k: payload[k] for k in ("progress", "total", "message") if payload.get(k) is not None}
+        work = UnitOfWork()
+        work.event(EventType.TOOL_CALL_PROGRESS, {**self._about(), **shown}, ctx.clock.now())
+        try:
+            ctx.store.commit(work)
+        except WorkerFenced:
+            ctx.token.cancel(CancelReason.FENCED)
+
+
+def _continued(prior: list[dict[str, Any]] | None, attempt: int) -> dict[str, Any] | None:
+    """The previous attempt's question, answered (`{"remote", "answer"}`), when this attempt issues the
+    call again with the user's answer."""
+    for item in prior or []:
+        if (
+            isinstance(item, dict)
+            and item.get("attempt") == attempt - 1
+            and item.get("outcome") == "input_required"
+            and "answer" in item
+        ):
+            return {"remote": item.get("remote"), "answer": item["answer"]}
+    return None
+
+
+def _record_question(
+    ctx: RunContext, entry: _Entry, attempt: int, results: UnitOfWork, prior: list[dict[str, Any]] | None
+) -> None:
+    """A call whose tool asked the user first: it waits (`awaiting_approval`, `tool_input`) with the
+    question's handle in this attempt's entry of its history; the answer lets it run again."""
+    if entry.invocation_id is None:
+        raise RuntimeError("a call that ran has an invocation row")
+    at = ctx.clock.now()
+    history = _attempt_history(prior, attempt, read_only=entry.tool.read_only)
+    history.append(
+        {"attempt": attempt, "outcome": "input_required", "at": at.isoformat(), "remote": entry.asking.handle}
+    )
+    results.invocation_updates.append(
+        InvocationUpdate(
+            id=entry.invocation_id,
+            status=InvocationStatus.AWAITING_APPROVAL,
+            suspended_kind=TOOL_INPUT,
+            attempt=attempt,
+            attempts=history,
+            updated_at=at,
+        )
+    )
+
+
+TOOL_INPUT = "tool_input"  # `suspended_kind` of a call waiting for the user's answer to its tool's question
+
+
+def _tool_asks(
+    entries: list[_Entry], results: UnitOfWork, late: list[dict[str, Any]], stop: CancelReason | None
+) -> BatchResult | None:
+    """The batch's call whose tool asked the user (at most one: the rest waited): the run waits for
+    the user, the question shown. None when no tool asked, or the run is stopping (the call stays
+    unanswered and took no effect)."""
+    asking = next((e for e in entries if e.asking is not None), None)
+    if asking is None or stop is not None or asking.invocation_id is None:
+        return None
+    return BatchResult(
+        work=results,
+        late=late,
+        suspension=Suspension(
+            kind=SuspensionKind.USER,
+            invocation_ids=[asking.invocation_id],
+            question=asking.asking.question[:4000],
+            details={
+                "tool_input": {
+                    "invocation": str(asking.invocation_id),
+                    "tool": asking.tool.name,
+                    **asking.asking.details,
+                }
+            },
+        ),
+    )

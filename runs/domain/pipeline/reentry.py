@@ -31,7 +31,7 @@ from runs.domain.pipeline.batch import (
 )
 from runs.domain.pipeline.control import _delegate
 from runs.domain.pipeline.decide import _delegate_refusal
-from runs.domain.pipeline.execute import _cancel, _run_in_order
+from runs.domain.pipeline.execute import _cancel, _run_in_order, _tool_asks
 from runs.domain.records import ApprovalDecision, InvocationRecord
 from runs.domain.values import (
     ApprovalStatus,
@@ -195,6 +195,9 @@ def resume_batch(ctx: RunContext, step_number: int, pending: list[dict[str, Any]
     unknown = [p.entry.invocation_id for p in to_run if p.entry.unknown]
     if unknown:  # decided first, even when the run is ending (`_run_batch`)
         return BatchResult(work=results, late=late, unknown=unknown)
+    asked = _tool_asks(entries, results, late, stop)  # a call issued again whose tool asks again
+    if asked is not None:
+        return asked
     if delegated:  # approved, or their suspension was never committed (the worker died first)
         if stop is None:
             return _delegate(ctx, entries, delegated, results, late, count_calls=False)

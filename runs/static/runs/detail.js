@@ -67,6 +67,7 @@
       case T.TOOL_CALL_PROPOSED: return p.tool + ' ' + pretty(p.arguments);
       case T.TOOL_CALL_STARTED: return p.tool + ' attempt ' + p.attempt + ' — watermark set';
       case T.TOOL_CALL_COMPLETED: case T.TOOL_CALL_FAILED: return p.tool + ' → ' + pretty(p.result);
+      case T.TOOL_CALL_PROGRESS: return p.tool + ' ' + (p.remote ? 'runs as task ' + p.remote.task_id : p.progress + (p.total != null ? '/' + p.total : '') + (p.message ? ' — ' + p.message : ''));
       case T.APPROVAL_REQUESTED: return p.kind + ' approval for ' + p.tool;
       case T.APPROVAL_RESOLVED: return p.decision + (p.decided_by ? ' by ' + p.decided_by : '') + (p.decided_via ? ' via ' + p.decided_via : '') + (p.reason ? ': ' + p.reason : '');
       case T.LEASE_TAKEN_OVER: return 'from ' + (p.previous_owner || '?') + ' (epoch ' + p.previous_epoch + ' → ' + p.lease_epoch + ')';

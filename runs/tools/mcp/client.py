@@ -45,6 +45,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
 
 from runs.tools.mcp.config import ServerConfig
+from runs.tools.mcp.long import GetTask, TasksExtension
 from runs.tools.mcp.transport import SENDING, Sending, StdioProcess, http_client, stdio_transport
 
 log = logging.getLogger("agentrt.mcp")
@@ -52,9 +53,9 @@ log = logging.getLogger("agentrt.mcp")
 MAX_PAGES = 20  # of a tools/list
 LIST_TIMEOUT = 10.0  # at most, of a call's time, for the listing it is checked against
 START_TIMEOUT = 30.0  # for a server to start and answer the handshake (or discover), whatever its call timeout
-_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
-    types.CallToolResult | types.InputRequiredResult
-)
+# A call's result is read raw and told apart by its `resultType` (runs.tools.mcp.tools.answer_of): a task
+# (`"task"`, the Tasks extension) must never be read as an empty complete result.
+_RAW: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
 CLIENT_INFO = types.Implementation(name="agentrt", version="1")
 
 
@@ -94,7 +95,9 @@ class Connection:
                     await stack.enter_async_context(http)
                     transport = streamable_http_client(str(self.config.url), http_client=http)
                 mode = {"auto": "auto", "2025-11-25": "legacy"}.get(self.config.protocol, self.config.protocol)
-                client = Client(transport, mode=mode, cache=None, client_info=CLIENT_INFO)
+                client = Client(
+                    transport, mode=mode, cache=None, client_info=CLIENT_INFO, extensions=[TasksExtension()]
+                )
                 await stack.enter_async_context(client)
                 self.client = client
                 self.ready.set()
@@ -233,20 +236,54 @@ class Hub:
         sending: Sending,
         read_timeout: float | None,
         internal_names: tuple[str, ...] = (),
-    ) -> types.CallToolResult | types.InputRequiredResult:
-        """One `tools/call`, sent once. `sending.sent` says whether it left."""
+        progress: Any = None,
+        input_responses: dict[str, Any] | None = None,
+        request_state: str | None = None,
+    ) -> dict[str, Any]:
+        """One `tools/call`, sent once; its result raw. `sending.sent` says whether it left; `progress`
+        gets its progress notifications; `input_responses` and `request_state` answer a server's question."""
         conn = await self.connection(config, START_TIMEOUT, internal_names)
         assert conn.client is not None
-        request = types.CallToolRequest(params=types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta))
+        request = types.CallToolRequest(
+            params=types.CallToolRequestParams(
+                name=tool,
+                arguments=arguments,
+                _meta=meta,
+                input_responses=input_responses,
+                request_state=request_state,
+            )
+        )
         token = SENDING.set(sending)
         try:
-            return await conn.client.session.send_request(request, _RESULT, request_read_timeout_seconds=read_timeout)
+            return await conn.client.session.send_request(
+                request,
+                _RAW,  # type: ignore[type-var]
+                request_read_timeout_seconds=read_timeout,
+                progress_callback=progress,
+            )
         except MCPError as exc:
             if exc.code == types.CONNECTION_CLOSED:
                 await self.drop(config.name, conn)
             raise
         finally:
             SENDING.reset(token)
+
+    async def get_task(
+        self, config: ServerConfig, task_id: str, timeout: float, internal_names: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """One `tasks/get` (the Tasks extension), raw: what the server says of the task now."""
+        conn = await self.connection(config, START_TIMEOUT, internal_names)
+        assert conn.client is not None
+        try:
+            return await conn.client.session.send_request(
+                GetTask(params={"taskId": task_id}),
+                _RAW,  # type: ignore[type-var]
+                request_read_timeout_seconds=timeout,
+            )
+        except MCPError as exc:
+            if exc.code == types.CONNECTION_CLOSED:
+                await self.drop(config.name, conn)
+            raise
 
     async def _stop_all(self) -> None:
         self.stopped = True

@@ -49,11 +49,12 @@ from jsonschema import Draft202012Validator
 from mcp.shared.exceptions import MCPError
 
 from runs.clock import CLOCK
-from runs.domain.errors import OutcomeUnknown, ToolFailure
+from runs.domain.errors import InputRequired, OutcomeUnknown, ToolFailure
 from runs.domain.scrub import scrub_text
 from runs.domain.values import ToolSpec
 from runs.tools.mcp import client as mcp_client
 from runs.tools.mcp.config import ServerConfig, split_name, tool_name
+from runs.tools.mcp.long import Progress, poll, question_of, responses, task_handle, task_result
 from runs.tools.mcp.pin import PinFailed, digest, entry_of, pin_of, valid_pin
 from runs.tools.mcp.transport import IDEMPOTENCY_META, Sending
 from runs.tools.registry import REGISTRY, ToolRegistry
@@ -275,17 +276,21 @@ def tools_for(definition: dict[str, Any] | None, base: ToolRegistry = REGISTRY) 
 TIMED_OUT, CANCELLED = object(), object()
 
 
-def _wait(future: concurrent.futures.Future, seconds: float, signal: Any) -> Any:
+def _wait(future: concurrent.futures.Future, seconds: float, signal: Any, progress: Progress | None = None) -> Any:
     """The call's answer (or its exception), or TIMED_OUT after `seconds`, or CANCELLED once `signal` (a
-    read-only call's cancellation; None for a side effect) is set."""
+    read-only call's cancellation; None for a side effect) is set. Meanwhile `progress` is written (here,
+    on the caller's thread: its store is this thread's)."""
     deadline = CLOCK.monotonic() + seconds
+    watch = signal is not None or (progress is not None and progress.report is not None)
     while True:
         left = deadline - CLOCK.monotonic()
         if left <= 0:
             return TIMED_OUT
         try:
-            return future.result(min(left, POLL) if signal is not None else left)
+            return future.result(min(left, POLL) if watch else left)
         except concurrent.futures.TimeoutError:
+            if progress is not None:
+                progress.drain()
             if signal is not None and signal.is_set():
                 return CANCELLED
 
@@ -349,6 +354,9 @@ def call_pinned(config: ServerConfig, tool: str, pin: dict[str, Any], arguments:
             )
         sending = Sending(key=None if read_only else context.idempotency_key)
         hub = mcp_client.hub()
+        progress = Progress(getattr(context, "report", None))
+        answer = _answer(getattr(context, "continued", None))
+        until = CLOCK.monotonic() + left
         future = hub.submit(
             hub.call(
                 config,
@@ -358,10 +366,12 @@ def call_pinned(config: ServerConfig, tool: str, pin: dict[str, Any], arguments:
                 sending=sending,
                 read_timeout=left if read_only else None,  # a side effect's request is never abandoned by the SDK
                 internal_names=INTERNAL_NAMES[0],
+                progress=progress.callback,
+                **answer,
             )
         )
         try:
-            result = _wait(future, left, signal)
+            result = _wait(future, left, signal, progress)
         except Exception as exc:
             if not sending.sent:
                 raise ToolFailure(
@@ -396,8 +406,116 @@ def call_pinned(config: ServerConfig, tool: str, pin: dict[str, Any], arguments:
         if result is CANCELLED:
             future.cancel()  # notifications/cancelled
             raise OutcomeUnknown("cancelled", "the run was cancelled while the read-only call ran; it was abandoned")
-        return result_of(result)
+        try:
+            return answer_of(config, tool, result, context, until=until, signal=signal, progress=progress)
+        finally:
+            progress.drain(final=True)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _answer(continued: Any) -> dict[str, Any]:
+    """The `inputResponses` and `requestState` of a call issued again with the user's answer to its question."""
+    remote = continued.get("remote") if isinstance(continued, dict) else None
+    if not isinstance(remote, dict) or remote.get("kind") != "mcp_input":
+        return {}
+    try:
+        given = responses(remote, str(continued.get("answer", "")))
+    except ValueError as exc:
+        raise ToolFailure(
+            "mcp_input_invalid", f"the answer cannot be given to the MCP server (it needs {exc}); nothing was sent"
+        ) from None
+    return {"input_responses": given, "request_state": remote.get("request_state")}
+
+
+def answer_of(
+    config: ServerConfig,
+    tool: str,
+    raw: dict[str, Any],
+    context: Any,
+    *,
+    until: float,
+    signal: Any = None,
+    progress: Progress | None = None,
+) -> Any:
+    """A `tools/call`'s answer, told apart by its `resultType`: a task (polled to its end, its id recorded
+    first for a side effect), a question (`InputRequired`: the run asks its user), or the result."""
+    kind = raw.get("resultType") if isinstance(raw, dict) else None
+    if kind == "task":
+        return _task(config, tool, raw, context, until=until, signal=signal, progress=progress)
+    if kind == "input_required":
+        question, handle, shown = question_of(config.name, tool, raw)
+        raise InputRequired(question, handle, {"server": config.name, "mcp_tool": tool, "questions": shown})
+    if kind not in (None, "complete"):
+        raise ToolFailure(
+            "mcp_error",
+            f"the MCP server answered with a result agentrt does not know ({str(kind)[:40]})",
+            uncertain=not config.tools[tool],
+        )
+    try:
+        parsed = types.CallToolResult.model_validate(raw, by_name=False)
+    except ValueError:
+        raise ToolFailure(
+            "mcp_error", "the MCP server's answer is not a tool result", uncertain=not config.tools[tool]
+        ) from None
+    return result_of(parsed)
+
+
+def get_task(config: ServerConfig, task_id: str) -> Any:
+    """`tasks/get` for `task_id` on `config`'s server, as a function of a timeout (`long.poll`'s `get`)."""
+
+    def get(timeout: float) -> dict[str, Any]:
+        hub = mcp_client.hub()
+        return hub.run(hub.get_task(config, task_id, timeout, INTERNAL_NAMES[0]), mcp_client.START_TIMEOUT + timeout)
+
+    return get
+
+
+POLL_ERRORS = (mcp_client.Unavailable, MCPError, TimeoutError, OSError, ValueError)
+
+
+def _task(
+    config: ServerConfig,
+    tool: str,
+    raw: dict[str, Any],
+    context: Any,
+    *,
+    until: float,
+    signal: Any,
+    progress: Progress | None,
+) -> Any:
+    """The server made the call a task: a side effect's task id is committed to the call's record before
+    anything else (`context.record`; a lost lease stops here), then `tasks/get` is polled until the task
+    ends (its result is the call's) or the call's time runs out (unknown, the id kept for the takeover)."""
+    read_only = config.tools[tool]
+    handle = task_handle(config.name, tool, raw)
+    record = getattr(context, "record", None)
+    if record is not None:
+        record(handle)
+    try:
+        task = poll(
+            get_task(config, handle["task_id"]),
+            handle,
+            until - CLOCK.monotonic(),
+            stop=(lambda: signal.is_set()) if signal is not None else (lambda: False),
+            tick=progress.drain if progress is not None else (lambda: None),
+        )
+    except POLL_ERRORS as exc:
+        if read_only:
+            raise ToolFailure("mcp_error", f"the MCP server's task could not be polled ({_reason(exc)})") from None
+        raise OutcomeUnknown(
+            "mcp_task_unknown",
+            f"the MCP server's task {handle['task_id']} could not be polled ({_reason(exc)}); whether it took "
+            "effect is unknown until the server answers for it",
+        ) from None
+    if task is None:
+        if read_only:
+            raise ToolFailure("timeout", f"the MCP server's task {handle['task_id']} did not end in time")
+        raise OutcomeUnknown(
+            "timeout",
+            f"the MCP server's task {handle['task_id']} was still running when the call's time ran out; its id is "
+            "kept, and whether it took effect is known once the server says the task ended",
+        )
+    return result_of(task_result(task))
 
 
 def _content(item: Any) -> dict[str, Any]:
@@ -427,12 +545,6 @@ def _content(item: Any) -> dict[str, Any]:
 
 def result_of(result: Any) -> Any:
     """A server's answer as the call's result (the pipeline scrubs and bounds it)."""
-    if isinstance(result, types.InputRequiredResult):
-        raise ToolFailure(
-            "input_required",
-            "the MCP server asked for input before running the tool; agentrt does not answer MCP input "
-            "requests yet (issue 36 item 5), so the call did not run",
-        )
     content = [_content(c) for c in (result.content or [])[:100]]
     out: dict[str, Any] = {"content": content}
     if result.structured_content is not None:
