@@ -31,7 +31,7 @@ from runs.domain.writes import EventWrite
 from runs.errors import InvalidInput
 from runs.models import Run, ToolInvocation
 from runs.runtime.children import child_ended, run_end_leaseless
-from runs.runtime.finalize import enqueue_drive
+from runs.runtime.enqueue import enqueue_drive
 from runs.services.lifecycle import fail_waiting, hold_run
 from runs.services.scoping import as_uuid, scoped_one
 from runs.store.events import record_events

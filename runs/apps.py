@@ -11,4 +11,5 @@ class RunsConfig(AppConfig):
         from runs.runtime import wiring
 
         wiring.connect_cluster()
+        wiring.connect_intents()  # before anything commits: the store runs what joins a commit through them
         extensions.load()  # the project's tools and providers; a module that fails stops the process

@@ -22,8 +22,8 @@ from django_q.models import OrmQ
 from maintenance.locks import try_sweep_lock
 from runs.clock import CLOCK
 from runs.models import Run
+from runs.runtime.enqueue import enqueue_drive
 from runs.runtime.faults import fire
-from runs.runtime.finalize import enqueue_drive
 from runs.runtime.queue import db_now, tenant_share
 from runs.runtime.resume import RunLeased, RunNotRunning, run_resume
 

@@ -12,7 +12,6 @@ handed back: the executor asks Resume to decide it.
 from __future__ import annotations
 
 import logging
-from typing import cast
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -22,15 +21,21 @@ from runs.domain.context import RunContext
 from runs.domain.errors import WorkerFenced
 from runs.domain.events import EventType, cancel_request_fields, checkpointed
 from runs.domain.values import OutcomeKind, RunOutcome, SuspensionKind
-from runs.domain.writes import EventWrite, ModelCallFinish, UnitOfWork
+from runs.domain.writes import (
+    EventWrite,
+    JoinParent,
+    ModelCallFinish,
+    RingDoorbell,
+    StartChildren,
+    Transition,
+    UnitOfWork,
+)
 from runs.models import Event, Run
-from runs.runtime.children import child_ended, children_start, run_end_leaseless
-from runs.runtime.enqueue import enqueue_drive
+from runs.runtime.children import child_ended, run_end_leaseless
 from runs.runtime.faults import hook_for
 from runs.runtime.queue import Claim, ring_for_queued
 from runs.store.events import append_event_unfenced
-from runs.store.family import lock_family, lock_parent
-from runs.store.fence import Transition
+from runs.store.family import lock_family
 from runs.store.repository import DjangoRunStore
 
 log = logging.getLogger("agentrt.executor")
@@ -79,10 +84,9 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
     elif outcome.kind is OutcomeKind.UNKNOWN:
         return _commit_unknown(ctx, claim, outcome, work, clock)
     reason = "drain" if ctx.draining() else "slice_end"
-    transition, after, before = _transition(claim, outcome, work, now, reason, parent=ctx.run.parent_id)
+    work.transition = _transition(claim, outcome, work, now, reason, parent=ctx.run.parent_id)
     try:
-        # the terminal transition is the adapter's, not part of the domain's RunStore port
-        cast(DjangoRunStore, ctx.store).commit(work, transition=transition, after=after, before=before)
+        ctx.store.commit(work)
     except WorkerFenced:
         late = outcome.late
         if late is None and work.invocation_updates:
@@ -116,18 +120,17 @@ def _commit_unknown(ctx: RunContext, claim: Claim, outcome: RunOutcome, work: Un
 _UNKNOWN = object()  # finalize_detached does not know whether the run has a parent: the join's lock reads it
 
 
-def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_reason: str, parent=_UNKNOWN):
+def _transition(
+    claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_reason: str, parent=_UNKNOWN
+) -> Transition:
     """The run row's change of finalize's fenced UPDATE (a `Transition`), with
-    the outcome's event appended to `work`, and what must join the
-    transaction: `after` runs last in it (a doorbell, children started, the
-    join), `before` first (a child locks its parent's row ahead of its own)."""
-    after = before = None
+    the outcome's event appended to `work` and what must join the
+    transaction as its intents: the doorbell, the children started, a
+    child's join (which locks its parent's row ahead of its own)."""
     if outcome.kind is OutcomeKind.YIELDED:
         work.events.append(EventWrite("run.requeued", {"reason": yield_reason, "lease_epoch": claim.epoch}, now))
         transition = Transition(status="QUEUED", release_lease=True)
-
-        def after(cursor):  # the doorbell joins this transaction
-            enqueue_drive(claim.run_id)
+        work.intents.append(RingDoorbell(claim.run_id))  # the doorbell joins this transaction
 
     elif outcome.kind is OutcomeKind.SUSPENDED:
         assert outcome.suspension is not None  # a SUSPENDED outcome carries its suspension
@@ -147,10 +150,8 @@ def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_
         )
         transition = Transition(status=status, release_lease=True)
         if outcome.suspension.kind is SuspensionKind.CHILD_RUN:
-            suspension = outcome.suspension
-
-            def after(cursor):  # the children start with the suspension, in its transaction
-                children_start(parent_id=claim.run_id, suspension=suspension, now=now)
+            # the children start with the suspension, in its transaction
+            work.intents.append(StartChildren(parent_id=claim.run_id, suspension=outcome.suspension, now=now))
 
     elif outcome.kind in _TERMINAL:
         status, event_type = _TERMINAL[outcome.kind]
@@ -171,11 +172,11 @@ def _transition(claim: Claim, outcome: RunOutcome, work: UnitOfWork, now, yield_
             result=outcome.result,
         )
         work.events.append(EventWrite(event_type, payload, now))
-        if parent is not None:
-            before, after = _join_hooks(claim.run_id, now)
+        if parent is not None:  # a child, or maybe one (finalize_detached): the join's lock reads its parent
+            work.intents.append(JoinParent(run_id=claim.run_id, now=now))
     else:
         raise ValueError(f"finalize cannot perform outcome {outcome.kind}")
-    return transition, after, before
+    return transition
 
 
 def first_cancel_request(run_id) -> dict | None:
@@ -236,21 +237,6 @@ def _cancel_after_the_end(claim: Claim, outcome: RunOutcome, clock) -> None:
         log.exception("run %s: could not record the cancel that came too late", claim.run_id)
 
 
-def _join_hooks(run_id, now):
-    """The join around a child's terminal transition: its parent's row locked
-    first, the join (`child_ended`) last, both in the transition's transaction."""
-    found: list = []
-
-    def before(cursor):
-        found.append(lock_parent(cursor, run_id))
-
-    def after(cursor):
-        if found and found[0] is not None:
-            child_ended(run_id=run_id, now=now)
-
-    return before, after
-
-
 def finalize_detached(
     claim: Claim, outcome: RunOutcome, work: UnitOfWork, *, clock=CLOCK, yield_reason: str = "resume"
 ) -> RunOutcome:
@@ -268,9 +254,9 @@ def finalize_detached(
         epoch=claim.epoch,
         code_version=settings.AGENTRT_CODE_VERSION,
     )
-    transition, after, before = _transition(claim, outcome, work, clock.now(), yield_reason)
+    work.transition = _transition(claim, outcome, work, clock.now(), yield_reason)
     try:
-        store.commit(work, transition=transition, after=after, before=before)
+        store.commit(work)
     except WorkerFenced:
         _record_fenced(claim, None, clock)
         return RunOutcome(kind=OutcomeKind.FENCED)

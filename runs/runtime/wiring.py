@@ -5,8 +5,9 @@
 and its tenant's floor, the budget
 ledger, the approval gate, the provider (streaming deltas through
 `DeltaBatcher`), the supervisor as the lease, the fault hook. `connect_cluster`
-wires the runtime into django-q2 (drain on stop, self-healing queues). Nothing
-else in runs/runtime chooses an adapter.
+wires the runtime into django-q2 (drain on stop, self-healing queues);
+`connect_intents` gives each intent a commit may carry (runs.domain.writes)
+its one handler. Nothing else in runs/runtime chooses an adapter.
 """
 
 from __future__ import annotations
@@ -28,19 +29,24 @@ from runs.domain.errors import AgentVersionMissing, EndpointNotAllowed, WorkerFe
 from runs.domain.pipeline import MAX_DELEGATION_DEPTH
 from runs.domain.scrub import scrub_stream
 from runs.domain.values import CancelReason, RunLimits, RunUsage
-from runs.domain.writes import UnitOfWork
+from runs.domain.writes import EnqueueDeliveries, JoinParent, RingDoorbell, StartChildren, UnitOfWork, Wake
 from runs.models import Agent, AgentVersion, ModelCall, Run, Tenant
 from runs.providers import endpoint_name, provider_for, provider_streams
 from runs.runtime import drain, qheal
+from runs.runtime.children import child_ended, children_start
 from runs.runtime.drain import draining
+from runs.runtime.enqueue import enqueue_drive
 from runs.runtime.faults import hook_for
 from runs.runtime.principals import Revalidation, principal_for
 from runs.runtime.queue import Claim
+from runs.runtime.wake import waker
+from runs.store import intents
 from runs.store.lineage import RecordedCallsReader
 from runs.store.reads import claimed_run
 from runs.store.repository import DjangoRunStore
 from runs.tools import REGISTRY
 from runs.tools.mcp import tools_for
+from webhooks import outbox
 
 log = logging.getLogger("agentrt.executor")
 
@@ -267,3 +273,28 @@ def connect_cluster() -> None:
     post_spawn.connect(drain.install_worker_handlers, dispatch_uid="agentrt.drain")
     qheal.patch()  # first: the drain's stop wraps the supervised one
     drain.patch_sentinel()
+
+
+def connect_intents() -> None:
+    """What joins a commit: each intent type gets its one handler (called from
+    the runs app's `ready`). The store runs them (runs.store.intents)."""
+    intents.register(RingDoorbell, lambda cursor, i: enqueue_drive(i.run_id))
+    intents.register(StartChildren, _start_children)
+    intents.register(JoinParent, lambda cursor, i: child_ended(run_id=i.run_id, now=i.now))
+    intents.register(EnqueueDeliveries, _enqueue_deliveries)
+    intents.register_announced(outbox.wants)
+    intents.register(Wake, lambda cursor, i: waker.wake(i.run_id, i.tenant_id))
+
+
+def _start_children(cursor, intent: StartChildren) -> None:
+    children_start(parent_id=intent.parent_id, suspension=intent.suspension, now=intent.now)
+
+
+def _enqueue_deliveries(cursor, intent: EnqueueDeliveries) -> None:
+    outbox.enqueue(
+        cursor,
+        tenant_id=intent.tenant_id,
+        run_id=intent.run_id,
+        events=list(intent.events),
+        sequences=list(intent.sequences),
+    )

@@ -32,7 +32,7 @@ from runs.domain.scrub import scrub_text
 from runs.domain.writes import EventWrite
 from runs.errors import InvalidInput, PublishForbidden, RunNotFinished, RunNotForkable
 from runs.models import TERMINAL, AgentVersion, Run, Session
-from runs.runtime.finalize import enqueue_drive
+from runs.runtime.enqueue import enqueue_drive
 from runs.services.agent_schema import resolve_limits
 from runs.services.submit import _check_quota, _principal_stamp
 from runs.services.validation import check_text

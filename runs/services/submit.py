@@ -21,7 +21,7 @@ from runs.domain.scrub import scrub_text
 from runs.domain.writes import EventWrite
 from runs.errors import ActiveRunExists, AgentNotFound, IdempotencyConflict, InvalidInput, QuotaExceeded, RunNotFound
 from runs.models import TERMINAL, Agent, AgentVersion, Run, Session, Tenant
-from runs.runtime.finalize import enqueue_drive
+from runs.runtime.enqueue import enqueue_drive
 from runs.services.agent_schema import Limits, resolve_limits
 from runs.services.inputs import run_input
 from runs.services.validation import check_text, pydantic_fields

@@ -1,5 +1,6 @@
 """The event log: appending a session's events (sequences from its counter, in the caller's
-transaction), the hooks' and webhooks' deliveries written with them, and the live pages' NOTIFY."""
+transaction), the hooks' and webhooks' deliveries written with them (`EnqueueDeliveries`), and
+the live pages' wake-up once they commit (`Wake`): intents, run by their handlers (runs.store.intents)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 
-from runs.domain.writes import EventWrite, UnitOfWork
-from runs.runtime.wake import waker
+from runs.domain.writes import EnqueueDeliveries, EventWrite, UnitOfWork, Wake
+from runs.store import intents
 from runs.store.cursor import Cursor, is_pg, sql_dt, sql_json, sql_uuid
 
 
 def _notify(run_id: UUID | None, tenant_id: UUID) -> None:
     """Wake live sockets after commit (a hint only: consumers read the table);
-    sent by runs.runtime.wake's thread, never on the step's path."""
-    waker.wake(run_id, tenant_id)
+    its handler hands it to a thread, never on the step's path."""
+    intents.run(None, Wake(run_id, tenant_id))
 
 
 def append_events(
@@ -82,11 +83,9 @@ def append_events(
 def _deliveries(
     cursor: Cursor, tenant_id: UUID, run_id: UUID | None, events: list[EventWrite], seqs: list[int]
 ) -> None:
-    """Hooks and webhooks for these events, written in their transaction (webhooks.outbox)."""
-    from webhooks import outbox  # not at the top: webhooks.outbox imports this module (sql_json, append_events)
-
-    if outbox.wants(events):
-        outbox.enqueue(cursor, tenant_id=tenant_id, run_id=run_id, events=events, sequences=seqs)
+    """Hooks and webhooks for these events, written in their transaction."""
+    if intents.announces(events):
+        intents.run(cursor, EnqueueDeliveries(tenant_id, run_id, tuple(events), tuple(seqs)))
 
 
 def _committed(work: UnitOfWork, seqs: list[int]) -> None:

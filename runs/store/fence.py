@@ -1,5 +1,6 @@
 """The fenced UPDATE of the run row, the first write of every leased
-transaction (DESIGN §4, §6), and finalize's transition as a typed value.
+transaction (DESIGN §4, §6), and the parameters of finalize's transition
+(`Transition`, a value of runs.domain.writes).
 
 Both write paths of a step — statement by statement and the one-statement
 CTE on PostgreSQL — send one of the two statements below, with the same
@@ -27,14 +28,13 @@ for a 6-step run among 150 running ones; tests/integration/test_run_row_plans.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 from uuid import UUID
 
 from django.db import connection
 
-from runs.domain.writes import UnitOfWork
+from runs.domain.writes import Transition, UnitOfWork
 from runs.store.json_text import compact_or_null as _json
 
 # The guard every leased write carries: the run row, under our lease, RUNNING.
@@ -66,41 +66,16 @@ def transition_fence() -> str:
     )
 
 
-@dataclass(frozen=True)
-class Transition:
-    """What finalize's fenced UPDATE changes on the run row, as a value.
-
-    Columns set: `status` (always), `lease_owner` and `lease_expires_at`
-    (NULL when `release_lease`), and `final_message`, `failure`, `result`
-    when not None (a RUNNING run has none of them yet). The guard is
-    `GUARD`: the row is ours (owner and epoch) and RUNNING; zero rows
-    matched means fenced, and nothing of the unit is written."""
-
-    status: str
-    release_lease: bool
-    final_message: str | None = None
-    failure: dict[str, Any] | None = None
-    result: Any = None
-
-    GUARD: ClassVar[str] = "id = run AND lease_owner = owner AND lease_epoch = epoch AND status = 'RUNNING'"
-    STATUSES: ClassVar[frozenset[str]] = frozenset(
-        {"QUEUED", "WAITING_FOR_USER", "WAITING_FOR_APPROVAL", "COMPLETED", "FAILED", "CANCELLED"}
-    )
-
-    def __post_init__(self) -> None:
-        if self.status not in self.STATUSES:
-            raise ValueError(f"finalize cannot move a run to {self.status!r}")
-
-    def parameters(self) -> list[Any]:
-        """The values of `transition_fence()`'s transition columns, in order."""
-        return [
-            self.status,
-            self.release_lease,
-            self.release_lease,
-            self.final_message,
-            _json(self.failure),
-            _json(self.result),
-        ]
+def transition_parameters(transition: Transition) -> list[Any]:
+    """The values of `transition_fence()`'s transition columns, in order."""
+    return [
+        transition.status,
+        transition.release_lease,
+        transition.release_lease,
+        transition.final_message,
+        _json(transition.failure),
+        _json(transition.result),
+    ]
 
 
 def sql_time(value: datetime) -> Any:
@@ -128,4 +103,4 @@ def fence_statement(
         if after is not None:
             return STEP_FENCE_AFTER, [*params, run_id, owner, epoch, after]
         return STEP_FENCE, [*params, run_id, owner, epoch]
-    return transition_fence(), [*params, *transition.parameters(), run_id, owner, epoch]
+    return transition_fence(), [*params, *transition_parameters(transition), run_id, owner, epoch]

@@ -28,8 +28,9 @@ from psycopg.generators import send as send_pending
 from runs.domain import stored_form
 from runs.domain.errors import PolicyChanged, WorkerFenced
 from runs.domain.records import InvocationRecord
-from runs.domain.writes import EventWrite, UnitOfWork
+from runs.domain.writes import EventWrite, Intent, JoinParent, Transition, UnitOfWork
 from runs.models import ToolInvocation
+from runs.store import intents
 from runs.store.cursor import (
     Cursor,
     _db,
@@ -41,7 +42,8 @@ from runs.store.cursor import (
     statement_cursor,
 )
 from runs.store.events import _committed, _deliveries, _notify, append_event_unfenced, append_events
-from runs.store.fence import Transition, fence_statement
+from runs.store.family import lock_parent
+from runs.store.fence import fence_statement
 from runs.store.json_text import parsed
 from runs.store.pg import Prior, can_batch, unit_statement, watermark_statement
 
@@ -58,20 +60,28 @@ __all__ = [
     "statement_cursor",
 ]
 
-# What runs last inside a commit's transaction (finalize's enqueue of drive_run).
-After = Callable[[Cursor], None]
-
 
 class _Fenced(Exception):
     pass
 
 
-def _announces(work: UnitOfWork) -> bool:
-    """The unit carries an event that hooks or webhooks announce: it commits in
-    a transaction that also writes their deliveries (webhooks.outbox)."""
-    from webhooks import outbox  # not at the top: webhooks.outbox imports this module (sql_json, append_events)
+def _first(cursor: Cursor, work: UnitOfWork) -> list[Intent]:
+    """Ahead of the fence: a child's end (`JoinParent`) locks its parent's row
+    before its own, the family's lock order (runs/store/family.py). Return
+    the intents to run last: all of them but the join of a run that has no
+    parent."""
+    last = []
+    for intent in work.intents:
+        if isinstance(intent, JoinParent) and lock_parent(cursor, intent.run_id) is None:
+            continue  # no parent: nothing to join
+        last.append(intent)
+    return last
 
-    return outbox.wants(work.events)
+
+def _last(cursor: Cursor, pending: list[Intent]) -> None:
+    """The unit's intents, last in its transaction, in order (runs.store.intents)."""
+    for intent in pending:
+        intents.run(cursor, intent)
 
 
 class DjangoRunStore:
@@ -110,32 +120,24 @@ class DjangoRunStore:
         if cursor.rowcount != 1:
             raise _Fenced()
 
-    def commit(
-        self,
-        work: UnitOfWork,
-        *,
-        transition: Transition | None = None,
-        after: After | None = None,
-        before: After | None = None,
-    ) -> list[int]:
-        """Commit `work` in one fenced transaction. `transition` is the run
-        row's change only `finalize` passes (the terminal writer).
-        `after(cursor)` runs last inside the transaction (the drive_run
-        enqueue joins it); `before(cursor)` runs first, ahead of the fence
-        (a child's end locks its parent's row before its own: the lock order
-        of the join)."""
+    def commit(self, work: UnitOfWork) -> list[int]:
+        """Commit `work` in one fenced transaction. `work.transition` is the
+        run row's change only `finalize` makes (the terminal writer);
+        `work.intents` run last inside the transaction (a doorbell, children
+        started, a child's join), and a child's join first locks its parent's
+        row, ahead of the fence (the lock order of the join)."""
         at = work.events[0].occurred_at if work.events else None
         starts = work.model_call_inserts[-1].step_number if work.model_call_inserts else None
+        transition = work.transition
         if is_pg() and can_batch(work):
             built = self._built_before_settling(work, at or _latest(work), transition, starts)
-            return self._commit_one_statement(work, at or _latest(work), transition, after, starts, before, built)
+            return self._commit_one_statement(work, at or _latest(work), transition, starts, built)
         self.settle()
         floor: Any = None
         try:
             with transaction.atomic(durable=True):
                 with connection.cursor() as cursor:
-                    if before is not None:
-                        before(cursor)
+                    pending = _first(cursor, work)
                     self._fence(cursor, work, at or _latest(work), transition)
                     self._apply(cursor, work)
                     seqs = append_events(
@@ -152,8 +154,7 @@ class DjangoRunStore:
                         cursor.execute("SELECT policy_floor FROM tenants WHERE id = %s", [sql_uuid(self.tenant_id)])
                         row = cursor.fetchone()
                         floor = row[0] if row else None
-                    if after is not None:
-                        after(cursor)
+                    _last(cursor, pending)
         except _Fenced:
             raise WorkerFenced("the fenced update affected zero rows") from None
         self.commits += 1
@@ -196,13 +197,11 @@ class DjangoRunStore:
         work: UnitOfWork,
         at: datetime,
         transition: Transition | None,
-        after: After | None,
         starts: int | None,
-        before: After | None = None,
         built: tuple[str, list[Any]] | None = None,
     ) -> list[int]:
         sql, params = built or self._unit_sql(work, at, transition, starts)
-        if after is None and before is None and _alone(work, _db()):
+        if _alone(work, _db()):
             with statement_cursor() as cursor:  # the statement is its own transaction
                 cursor.execute(sql, params)
                 fenced_rows, seqs, floor = cursor.fetchone()
@@ -212,15 +211,13 @@ class DjangoRunStore:
             try:
                 with transaction.atomic(durable=True):
                     with connection.cursor() as cursor:
-                        if before is not None:
-                            before(cursor)
+                        pending = _first(cursor, work)
                         cursor.execute(sql, params)
                         fenced_rows, seqs, floor = cursor.fetchone()
                         if fenced_rows != 1:
                             raise _Fenced()
                         _deliveries(cursor, self.tenant_id, self.run_id, work.events, list(seqs or []))
-                        if after is not None:
-                            after(cursor)
+                        _last(cursor, pending)
             except _Fenced:
                 raise WorkerFenced("the fenced update affected zero rows") from None
         return self._record_committed(work, list(seqs or []), floor, starts)
@@ -575,8 +572,8 @@ class DjangoRunStore:
 
 def _alone(work: UnitOfWork, db: Any) -> bool:
     """The unit commits as one statement in a transaction of its own: no
-    transaction is open and it writes no webhook deliveries."""
-    return bool(db.get_autocommit()) and not _announces(work)
+    transaction is open, it carries no intent and writes no deliveries."""
+    return bool(db.get_autocommit()) and not work.intents and not intents.announces(work.events)
 
 
 class _Sent:

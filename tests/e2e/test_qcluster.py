@@ -96,7 +96,7 @@ def test_the_heartbeat_renews_the_lease_while_a_long_step_runs(cluster, load_age
 
 
 def test_a_duplicate_doorbell_for_a_finished_run_changes_nothing(cluster, load_agent, submit):
-    from runs.runtime.finalize import enqueue_drive
+    from runs.runtime.enqueue import enqueue_drive
 
     load_agent()
     cluster(AGENTRT_LEASE_SECONDS=3)

@@ -97,4 +97,6 @@ def test_the_layer_gate_catches_the_planted_violations():
         ("runs.domain.loop", "runs.services.api"),
         ("runs.services.api", "runs.web"),
         ("runs.services.api", "runs.web.page"),
+        ("runs.store.events", "runs.runtime"),
+        ("runs.store.events", "runs.runtime.wake"),
     }

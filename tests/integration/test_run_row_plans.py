@@ -19,13 +19,14 @@ from django.db import connection, transaction
 from approvals.models import Approval
 from approvals.services import approval_decide
 from runs.clock import CLOCK
+from runs.domain.writes import Transition
 from runs.models import Run, Session
 from runs.runtime.executor import run_drive
 from runs.services import tenant_create
 from runs.services.inputs import run_input
 from runs.services.lifecycle import fail_waiting, run_cancel
 from runs.store import lease
-from runs.store.fence import Transition, fence_statement
+from runs.store.fence import fence_statement
 from runs.store.pg import watermark_statement
 from tests.pgstats import read_during
 

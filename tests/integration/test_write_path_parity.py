@@ -31,12 +31,12 @@ from runs.domain.writes import (
     InvocationUpdate,
     ModelCallFinish,
     ModelCallInsert,
+    Transition,
     UnitOfWork,
 )
 from runs.models import Event, ModelCall, Run, ToolInvocation
 from runs.runtime.queue import run_claim
 from runs.store import repository
-from runs.store.fence import Transition
 from runs.store.pg import can_batch
 from runs.store.repository import DjangoRunStore
 
@@ -178,7 +178,8 @@ def write(run, *, one_statement: bool, ending: str, monkeypatch) -> list[str]:
             patch.setattr(repository, "can_batch", lambda unit: False)
         for unit in work[:-1]:
             store.commit(unit)
-        store.commit(work[-1], transition=transition)
+        work[-1].transition = transition
+        store.commit(work[-1])
     return [q["sql"] for q in sent.captured_queries]
 
 

@@ -75,9 +75,8 @@ def test_the_terminal_transition_writes_each_hooks_delivery_and_its_task_in_its_
 def test_a_fenced_terminal_commit_writes_no_delivery(tenant, load_agent, submit, hook_registry):
     """The deliveries ride on the transition's transaction: no transition, no delivery."""
     from runs.domain.errors import WorkerFenced
-    from runs.domain.writes import EventWrite, UnitOfWork
+    from runs.domain.writes import EventWrite, Transition, UnitOfWork
     from runs.runtime.queue import run_claim
-    from runs.store.fence import Transition
     from runs.store.repository import DjangoRunStore
 
     hook_registry.register("t.one")(lambda view: None)
@@ -94,7 +93,8 @@ def test_a_fenced_terminal_commit_writes_no_delivery(tenant, load_agent, submit,
         )
     )
     with pytest.raises(WorkerFenced):
-        store.commit(work, transition=Transition(status="COMPLETED", release_lease=True))
+        work.transition = Transition(status="COMPLETED", release_lease=True)
+        store.commit(work)
     assert not Delivery.objects.exists() and not doorbells()
 
 
