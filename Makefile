@@ -37,12 +37,16 @@ var/secret_key:
 	@umask 077 && $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@.tmp && mv $@.tmp $@
 
 # PORT=8001 make run serves on another port (a port in use stops it at once, saying so).
+# The recipe `exec`s the supervisor (no shell left between make and it): a SIGTERM to make reaches it,
+# a SIGHUP or SIGINT to make alone it sees in make's handlers, and make's death outright stops it (the
+# kernel's PR_SET_PDEATHSIG; ops/supervise.py). Ctrl-C reaches the whole group. Each stops everything.
 run: venv var/secret_key
-	DJANGO_SECRET_KEY="$$(cat var/secret_key)" AGENTRT_DEMO=1 $(PY) manage.py demo
+	DJANGO_SECRET_KEY="$$(cat var/secret_key)" AGENTRT_DEMO=1 exec $(PY) manage.py demo
 
 # Several nodes on one PostgreSQL and one Redis (deploy/README.md): WORKERS
 # worker nodes, two web nodes on WEB_PORT and WEB_PORT+1, maintenance;
-# migrates first; Ctrl-C / SIGTERM / SIGHUP stop it all (worker nodes drain).
+# migrates first; Ctrl-C / SIGTERM / SIGHUP (to make or to the supervisor) stop it all (worker nodes
+# drain); the recipe `exec`s the supervisor, as `run` does.
 # The secret key is DJANGO_SECRET_KEY if set, else the demo's var/secret_key
 # (every node must share one key: sessions and CSRF cross web nodes).
 WORKERS ?= 2
@@ -52,7 +56,7 @@ CLUSTER_REDIS_URL ?= redis://127.0.0.1:6379/0
 cluster: venv var/secret_key
 	DATABASE_URL=$${DATABASE_URL:-$(CLUSTER_DATABASE_URL)} REDIS_URL=$${REDIS_URL-$(CLUSTER_REDIS_URL)} \
 	DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$(cat var/secret_key)}" \
-	$(PY) manage.py cluster --workers $(WORKERS) --port $(WEB_PORT) --log-dir var/cluster --state-file var/cluster/state.json $(CLUSTER_ARGS)
+	exec $(PY) manage.py cluster --workers $(WORKERS) --port $(WEB_PORT) --log-dir var/cluster --state-file var/cluster/state.json $(CLUSTER_ARGS)
 
 # The browser test drives Debian's chromium (Playwright's own download is not
 # reachable everywhere): install it when it is missing and we may.

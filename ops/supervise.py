@@ -10,7 +10,10 @@ chance to stop it (`PR_SET_PDEATHSIG`, Linux). A stop sends SIGTERM to each
 child's **main process only** — as systemd's `KillMode=mixed` does: the
 `qcluster` main process then drains its cluster in order (a SIGTERM to the
 whole group would leave django-q2's sentinel waiting) — waits up to a grace,
-and then SIGKILLs whatever is left of each child's session."""
+and then SIGKILLs whatever is left of each child's session.
+
+Under `make`, the supervisor also watches make itself (`watch_parent`): a
+stop signal make takes but does not pass on stops the supervisor too."""
 
 from __future__ import annotations
 
@@ -34,6 +37,57 @@ def _stop_with_parent() -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except Exception:
         pass
+
+
+MAKES = ("make", "gmake")
+
+
+def _caught(pid: int) -> int | None:
+    """The mask of signals process `pid` has a handler for (/proc, Linux), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("SigCgt:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def watch_parent() -> Callable[[], str | None]:
+    """Call once at start: a function that says, each time it is called,
+    why this supervisor should stop because of its parent (None: no reason).
+
+    Under `make` (`make run`, `make cluster`, whose recipes `exec` the
+    supervisor, so make is its parent): make forwards a SIGTERM to its
+    recipe, but a SIGHUP or SIGINT sent to make's process alone it only
+    answers by waiting for its recipe to end, then dying of the signal — so
+    that nothing would ever stop. GNU make puts that signal's handler back to
+    the default first (and re-raises it once its recipe has ended), which
+    /proc shows: the watch reads make's caught signals and names the stop
+    signal make no longer catches. It also asks the kernel to SIGTERM this
+    process if make dies outright (`PR_SET_PDEATHSIG`), and says so if make
+    is gone already. Under any other parent (a shell, systemd, a test) it
+    never gives a reason: those deliver their stops to this process."""
+    parent = os.getppid()
+    if comm(parent) not in MAKES:
+        return lambda: None
+    _stop_with_parent()
+    at_start = _caught(parent) or 0
+    watched = [sig for sig in STOP_SIGNALS if at_start & (1 << (sig - 1))]
+
+    def reason() -> str | None:
+        if os.getppid() != parent:
+            return "make exited"
+        now = _caught(parent)
+        if now is None:
+            return "make exited"
+        for sig in watched:
+            if not now & (1 << (sig - 1)):
+                return f"{signal.Signals(sig).name} to make"
+        return None
+
+    return reason
 
 
 def start_child(args: Sequence[str], env: dict, *, stdout=None, cwd=None) -> subprocess.Popen:

@@ -156,3 +156,84 @@ def test_the_cluster_restarts_a_node_that_dies_and_a_signal_stops_every_node(sig
         assert not listening(port) and not listening(port + 1)
     finally:
         c.close()
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: f"{s.name}-to-make")
+def test_a_signal_to_make_cluster_stops_every_node_and_the_run_in_progress_is_yielded(
+    sig, transactional_db, tmp_path, load_agent, submit
+):
+    """`make cluster` signalled at the make process alone (as docker stop or
+    systemd would): every node stops, nothing survives, the ports are free,
+    and the run a worker was executing is handed back to the queue (drain),
+    not lost."""
+    from ops.supervise import STOP_GRACE_SECONDS, descendants
+    from runs.models import Event, Run
+    from tests.procfs import stat
+
+    load_agent(
+        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": str(i)}}], "delay_ms": 300} for i in range(60)]
+        + [{"text": "end"}],
+        limits={"max_steps": 70, "max_model_calls": 70},
+    )
+    port = free_port(2)
+    env = subprocess_env(WEB_PORT=port, WORKERS=1, REDIS_URL=os.environ.get("REDIS_URL", ""))
+    for k in ("MAKEFLAGS", "MFLAGS"):
+        env.pop(k, None)
+    env["CLUSTER_ARGS"] = f"--web 1 --log-dir {tmp_path / 'nodes'} --state-file {tmp_path / 'state.json'}"
+    log_path = tmp_path / "make-cluster.log"
+    with open(log_path, "wb") as log:
+        make = subprocess.Popen(
+            ["make", "--no-print-directory", "-o", ".venv/.installed", "cluster"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    out = lambda: log_path.read_text(errors="replace")  # noqa: E731
+    sessions: set[int] = set()
+    try:
+        wait_for(
+            lambda: "agentrt cluster is running" in out() or make.poll() is not None,
+            timeout=240,
+            message="make cluster to be ready",
+        )
+        assert make.poll() is None, out()
+        nodes = json.loads((tmp_path / "state.json").read_text())["nodes"]
+        sessions = {n["pid"] for n in nodes if n["pid"]}
+        run = submit()
+        wait_for(
+            lambda: Event.objects.filter(run=run, type="tool.call.completed").exists(),
+            timeout=60,
+            message="the run to make progress",
+        )
+        every = set(descendants(make.pid)) | set(in_sessions(sessions))
+        assert len(every) >= 1 + 3 + 3  # the supervisor; web, worker, maintenance; the worker's sentinel & co
+        make.send_signal(sig)  # the make process alone
+        make.wait(timeout=STOP_GRACE_SECONDS + 60)
+        text = out()
+        # make passes a SIGTERM on; a SIGHUP it keeps, and the supervisor reads it in make's handlers
+        said = "SIGTERM: " if sig == signal.SIGTERM else "SIGHUP to make: "
+        assert f"{said}stopping 3 nodes (worker nodes drain" in text, text[-3000:]
+        stopped = text.rsplit("stopped: ", 1)[1].split("\n", 1)[0]
+        assert stopped.startswith("web-1 0, worker-1 0, maintenance "), text[-3000:]
+        wait_for(
+            lambda: all((f := stat(p)) is None or f[0] == "Z" for p in every),
+            timeout=STOP_GRACE_SECONDS,
+            message="every process make cluster started to end",
+        )
+        assert not in_sessions(sessions) and not listening(port)
+        # The run in progress was yielded back to the queue, its lease released: not lost, not failed.
+        assert Event.objects.filter(run=run, type="run.requeued", payload__reason="drain").exists()
+        row = Run.objects.get(id=run.id)
+        assert row.status == "QUEUED" and row.lease_owner is None, (row.status, row.lease_owner)
+    finally:
+        if make.poll() is None:
+            os.killpg(make.pid, signal.SIGKILL)
+            make.wait()
+        for sid in sessions:
+            try:
+                os.killpg(sid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

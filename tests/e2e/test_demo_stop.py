@@ -1,8 +1,10 @@
-"""The embedded default stops as a whole (issue 14, item 7): `manage.py demo`
-(what `make run` runs) stopped with SIGTERM, SIGHUP or Ctrl-C stops the web
-server, the worker (draining it) and maintenance, frees its port, and a
-second start right after starts cleanly. Real processes, a scratch SQLite
-file, a free port."""
+"""The embedded default stops as a whole: `manage.py demo` (what `make run`
+runs) stopped with SIGTERM, SIGHUP or Ctrl-C stops the web server, the
+worker (draining it) and maintenance, frees its port, and a second start
+right after starts cleanly; `make run` itself, signalled as docker stop,
+systemd or a closing terminal would signal it (SIGTERM or SIGHUP to the make
+process alone, SIGINT to its group), leaves nothing behind. Real processes,
+a scratch SQLite file, a free port."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ import sys
 
 import pytest
 
+from ops.supervise import STOP_GRACE_SECONDS, descendants
 from tests.conftest import ROOT, free_port, wait_for
-from tests.procfs import children, comm, in_sessions
+from tests.procfs import children, comm, in_sessions, stat
 
 pytestmark = [pytest.mark.e2e]
 
@@ -117,3 +120,86 @@ def test_a_demo_killed_outright_takes_its_children_with_it(tmp_path):
         wait_for(lambda: not listening(port), timeout=30, message="the port to be free")
     finally:
         demo.close()
+
+
+class MakeRun(Demo):
+    """`make run` itself, in a session of its own (make's pid is its group's id)."""
+
+    def __init__(self, tmp_path, port: int):
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "MAKEFLAGS", "MFLAGS")}
+        env.update(
+            AGENTRT_SQLITE_PATH=str(tmp_path / "demo.sqlite3"),
+            PYTHONUNBUFFERED="1",
+            AGENTRT_LOG_LEVEL="WARNING",
+            PORT=str(port),
+        )
+        self.log_path = tmp_path / "make-run.log"
+        self.log = open(self.log_path, "wb")
+        # -o: the venv is what it is (never reinstalled from a test)
+        self.proc = subprocess.Popen(
+            ["make", "--no-print-directory", "-o", ".venv/.installed", "run"],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def supervisor(self) -> int | None:
+        kids = children(self.proc.pid)
+        return kids[0] if len(kids) == 1 else None
+
+    def started(self) -> list[int] | None:
+        demo = self.supervisor()
+        if demo is None or comm(demo).startswith(("sh", "bash", "dash")):
+            return None  # the recipe `exec`s the demo: make's one child is the demo itself
+        kids = children(demo)
+        if len(kids) != 3 or "agentrt is running" not in self.output():
+            return None
+        roles = {comm(p) for p in in_sessions(set(kids))}
+        return kids if {"qc-sentinel", "qc-worker", "qc-pusher", "qc-monitor"} <= roles else None
+
+
+def gone(pids: set[int]) -> bool:
+    """None of `pids` runs any more (gone, or a zombie nobody has reaped yet)."""
+    return all((fields := stat(p)) is None or fields[0] == "Z" for p in pids)
+
+
+@pytest.mark.parametrize(
+    "sig, to_group",
+    [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGINT, True)],
+    ids=["SIGTERM-to-make", "SIGHUP-to-make", "SIGINT-to-the-group"],
+)
+def test_a_signal_to_make_run_stops_every_process_it_started(sig, to_group, tmp_path):
+    port = free_port()
+    make = MakeRun(tmp_path, port)
+    try:
+        kids = wait_for(make.started, timeout=180, message="make run to start")
+        wait_for(lambda: listening(port), timeout=60, message=f"the web server on port {port}")
+    except AssertionError as exc:
+        make.close()
+        raise AssertionError(f"{exc}\n{make.output()[-4000:]}") from None
+    try:
+        every = set(descendants(make.proc.pid)) | set(in_sessions(set(kids)))
+        assert len(every) >= 1 + 3 + 4  # the demo; web, qcluster, maintenance; the qcluster's processes
+        if to_group:
+            os.killpg(make.proc.pid, sig)  # Ctrl-C in the terminal: the foreground group
+        else:
+            make.proc.send_signal(sig)  # the make process alone
+        make.proc.wait(timeout=STOP_GRACE_SECONDS + 60)
+        out = make.output()
+        # SIGTERM: make passes it on; SIGHUP: make keeps it and the demo reads it in make's handlers;
+        # SIGINT to the group: the demo's own
+        said = {"SIGTERM": "SIGTERM", "SIGHUP": "SIGHUP to make", "SIGINT": "SIGINT"}[sig.name]
+        assert f"{said}: stopping web, worker and maintenance (the worker yields its runs)" in out, out[-3000:]
+        stopped = out.rsplit("stopped: ", 1)[1].split("\n", 1)[0]
+        assert stopped.startswith("web 0, worker 0, maintenance "), out[-3000:]  # the worker drained
+        wait_for(lambda: gone(every), timeout=STOP_GRACE_SECONDS, message="every process make run started to end")
+        assert not in_sessions(set(kids)) and not listening(port)
+    finally:
+        make.close()
+        for sid in kids:  # whatever a failed stop left
+            try:
+                os.killpg(sid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

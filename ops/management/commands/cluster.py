@@ -53,6 +53,7 @@ from ops.supervise import (
     session_alive,
     start_child,
     stop_children,
+    watch_parent,
 )
 from runs.clock import CLOCK
 
@@ -201,6 +202,8 @@ class Command(BaseCommand):
 
         for sig in STOP_SIGNALS:
             signal.signal(sig, on_signal)
+        parent_stop = watch_parent()  # under `make cluster`: a stop make takes but does not pass on
+        self.stop_reason = lambda: self.stopping or parent_stop()
         self.opts = opts
         self.log_dir = Path(opts["log_dir"]) if opts["log_dir"] else None
         if self.log_dir:
@@ -266,7 +269,7 @@ class Command(BaseCommand):
     def _supervise(self) -> str | None:
         o = self.opts
         for n in self.nodes:
-            if self.stopping:
+            if self.stop_reason():
                 break
             n.start()
             assert n.proc is not None  # start() sets it
@@ -274,7 +277,7 @@ class Command(BaseCommand):
         self._write_state()
         deadline = CLOCK.monotonic() + o["start_timeout"]
         announced = False
-        while not self.stopping:
+        while not (stop := self.stop_reason()):
             changed = False
             now = CLOCK.monotonic()
             for n in self.nodes:
@@ -323,10 +326,7 @@ class Command(BaseCommand):
             if changed:
                 self._write_state()
             CLOCK.sleep(0.2)
-        self._say(
-            f"{self.stopping}: stopping {len(self.nodes)} nodes "
-            "(worker nodes drain: their runs yield back to the queue)"
-        )
+        self._say(f"{stop}: stopping {len(self.nodes)} nodes (worker nodes drain: their runs yield back to the queue)")
         return None
 
     def _announce(self) -> None:

@@ -5,7 +5,11 @@ starts, saying how to pick another (`PORT=N make run`, `--port N`).
 
 Ctrl-C, SIGTERM (docker stop, systemd, a closing terminal's supervisor) and
 SIGHUP each stop everything it started: the worker drains (its runs yield
-back to the queue), then the command exits. Each child runs in its own
+back to the queue), then the command exits. Under `make run` (whose recipe
+`exec`s this command) the same holds for a signal sent to make alone: make
+passes a SIGTERM on, and a SIGHUP or SIGINT it keeps to itself is seen in
+make's signal handlers (ops.supervise.watch_parent); if make dies outright,
+the kernel sends this command a SIGTERM. Each child runs in its own
 session, so a signal reaches it only through this command, once; and each is
 told by the kernel to stop if this command dies without a chance to (SIGKILL).
 The supervision is ops/supervise.py, shared with `manage.py cluster`.
@@ -24,7 +28,7 @@ from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from ops.supervise import STOP_SIGNALS, answers, start_child, stop_children
+from ops.supervise import STOP_SIGNALS, answers, start_child, stop_children, watch_parent
 from runs.clock import CLOCK
 from runs.services import agent_load, run_submit, tenant_create
 
@@ -68,6 +72,7 @@ class Command(BaseCommand):
 
         for sig in STOP_SIGNALS:
             signal.signal(sig, on_signal)
+        self.parent_stop = watch_parent()
         try:
             self._serve(opts)
         except _Stop as stop:
@@ -134,7 +139,8 @@ class Command(BaseCommand):
                 raise _WebDown(f"the web server on port {port} did not start" + (f" (exit {code})" if code else ""))
             self._submit_and_print(tenant, port)
             while all(p.poll() is None for p in procs):
-                CLOCK.sleep(0.5)
+                self._check_parent()
+                CLOCK.sleep(0.2)
             died = next(n for n, p in zip(names, procs, strict=True) if p.poll() is not None)
             reason = f"{died} exited with code {procs[names.index(died)].returncode}"
         except _WebDown as down:
@@ -149,12 +155,19 @@ class Command(BaseCommand):
             self.stderr.write(f"{reason}; stopped the rest")
             sys.exit(1)
 
+    def _check_parent(self) -> None:
+        """Stop as on a signal when `make`, our parent, took one it does not pass on (ops.supervise.watch_parent)."""
+        reason = self.parent_stop()
+        if reason:
+            raise _Stop(reason)
+
     def _wait_for_web(self, port, web, timeout: float = 60.0) -> bool:
         """Announce the URLs once they answer: a web server that has bound its
         port may still be starting (and not yet handling a stop signal).
         False when it exited or did not answer within `timeout`."""
         deadline = CLOCK.monotonic() + timeout
         while web.poll() is None and CLOCK.monotonic() < deadline:
+            self._check_parent()
             if answers(port, "/healthz"):
                 return True
             CLOCK.sleep(0.1)
