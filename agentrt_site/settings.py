@@ -180,6 +180,9 @@ CONN_MAX_AGE = env_int("AGENTRT_CONN_MAX_AGE", 600)
 AGENTRT_DB_POOL_SIZE = env_int("AGENTRT_DB_POOL_SIZE", 8)
 AGENTRT_DB_POOL_TIMEOUT = env_float("AGENTRT_DB_POOL_TIMEOUT", 10)  # seconds a request waits for a free connection
 AGENTRT_LEASE_SECONDS = env_float("AGENTRT_LEASE_SECONDS", 30)
+# How often maintenance asks PostgreSQL whether the processes holding live leases still have their sessions
+# (runs/runtime/liveness.py): a dead worker's run is taken over within about this, not a lease later. 0: off.
+AGENTRT_DEAD_OWNER_PROBE_SECONDS = env_float("AGENTRT_DEAD_OWNER_PROBE_SECONDS", 1.0)
 
 if os.environ.get("DATABASE_URL"):
     _db = dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=CONN_MAX_AGE)

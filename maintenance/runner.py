@@ -12,7 +12,7 @@ from maintenance.sweeps.deliveries import sweep_deliveries
 from maintenance.sweeps.expiry import sweep_expiry
 from maintenance.sweeps.metrics import sweep_metrics
 from maintenance.sweeps.prune import sweep_prune
-from maintenance.sweeps.reclaim import sweep_reclaim
+from maintenance.sweeps.reclaim import sweep_dead_owners, sweep_reclaim
 from maintenance.sweeps.retention import sweep_retention
 from maintenance.sweeps.tokens import sweep_tokens
 from runs.clock import CLOCK
@@ -23,7 +23,9 @@ log = logging.getLogger("agentrt.maintenance")
 
 def cadences() -> list[tuple[str, float, Callable[[], dict]]]:
     lease = float(settings.AGENTRT_LEASE_SECONDS)
+    probe = float(settings.AGENTRT_DEAD_OWNER_PROBE_SECONDS)
     return [
+        *([("dead_owners", probe, sweep_dead_owners)] if probe > 0 else []),
         ("reclaim", lease / 6, sweep_reclaim),
         ("expiry", min(5.0, lease / 3), sweep_expiry),
         ("prune", 300.0, sweep_prune),

@@ -22,6 +22,7 @@ from django_q.models import OrmQ
 from maintenance.locks import try_sweep_lock
 from runs.clock import CLOCK
 from runs.models import Run
+from runs.runtime import liveness
 from runs.runtime.enqueue import enqueue_drive
 from runs.runtime.faults import fire
 from runs.runtime.queue import db_now, tenant_share
@@ -107,3 +108,35 @@ def sweep_reclaim(*, queued_grace_seconds: float = 5.0) -> dict:
         "requeued_doorbells": rung,
         "at": CLOCK.now().isoformat(),
     }
+
+
+def sweep_dead_owners() -> dict:
+    """Take over, before their leases expire, the runs whose owner's process
+    has no session any more (runs/runtime/liveness.py): a SIGKILLed or
+    crashed worker's runs go on within a probe tick instead of a lease. The
+    takeover is guarded by the epoch and the owner the probe saw; an owner
+    whose session is there — a stalled or partitioned worker — keeps the
+    lease rule."""
+    if not liveness.enabled():
+        return {"skipped": True}
+    live = list(
+        Run.objects.filter(status="RUNNING", lease_expires_at__gte=db_now())
+        .exclude(lease_owner__isnull=True)
+        .exclude(lease_owner="")
+        .values_list("id", "lease_epoch", "lease_owner")[:BATCH]
+    )
+    dead = liveness.dead_processes(liveness.process_of(owner) for _, _, owner in live)
+    taken = 0
+    for run_id, epoch, owner in live:
+        if liveness.process_of(owner) not in dead:
+            continue
+        try:
+            run_resume(run_id=run_id, via="sweep", seen_epoch=epoch, dead_owner=owner)
+        except (RunLeased, RunNotRunning):
+            continue
+        except Exception:
+            log.exception("dead-owner takeover of run %s failed", run_id)
+            continue
+        log.info("run %s: its owner %s has no session; taken over", run_id, owner)
+        taken += 1
+    return {"probed": len(live), "dead_processes": len(dead), "taken_over": taken}

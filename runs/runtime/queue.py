@@ -23,6 +23,7 @@ from django.conf import settings
 
 from runs.clock import IDS
 from runs.runtime.enqueue import enqueue_drive
+from runs.runtime.liveness import LIVENESS
 from runs.store import lease
 
 
@@ -71,6 +72,7 @@ def run_claim(*, run_id: UUID, owner: str) -> Claim | None:
     """One guarded UPDATE on a QUEUED run, and `run.claimed` in the same
     transaction; None when the run was not QUEUED (a duplicate doorbell) or
     its tenant holds its share of leases (the run stays QUEUED)."""
+    LIVENESS.ensure(owner)  # this process's session holds its lock before it holds a lease
     return _claim(lease.claim(run_id=run_id, owner=owner, lease_seconds=_lease_seconds(), share=tenant_share()), owner)
 
 
@@ -78,6 +80,7 @@ def run_claim_next(*, owner: str) -> Claim | None:
     """Claim the next runnable run of a tenant under its share (FOR UPDATE
     SKIP LOCKED on PostgreSQL). Workers find their runs by doorbell
     (`run_claim`); nothing in the runtime polls with this."""
+    LIVENESS.ensure(owner)
     return _claim(lease.claim(run_id=None, owner=owner, lease_seconds=_lease_seconds(), share=tenant_share()), owner)
 
 

@@ -52,6 +52,7 @@ from runs.errors import RunLeased, RunNotFound, RunNotRunning
 from runs.models import AgentVersion, ModelCall, Run, ToolInvocation
 from runs.runtime.faults import fire
 from runs.runtime.finalize import finalize_detached
+from runs.runtime.liveness import LIVENESS
 from runs.runtime.long_calls import settle_tasks
 from runs.runtime.queue import Claim, run_heartbeat, worker_identity
 from runs.services.selectors import run_to_dict
@@ -99,9 +100,18 @@ class Takeover:
     interrupted: list[dict[str, Any]] = field(default_factory=list)
 
 
-def run_resume(*, run_id: UUID | str, via: str = "api", seen_epoch: int | None = None, owner: str | None = None) -> str:
-    """Resume a RUNNING run whose lease expired; return the outcome's kind
-    (`continue`, `waiting`, `completed`, `failed`, `fenced`)."""
+def run_resume(
+    *,
+    run_id: UUID | str,
+    via: str = "api",
+    seen_epoch: int | None = None,
+    owner: str | None = None,
+    dead_owner: str | None = None,
+) -> str:
+    """Resume a RUNNING run whose lease expired — or, with `dead_owner`, whose
+    lease that owner holds though its process's session is gone
+    (runs/runtime/liveness.py); return the outcome's kind (`continue`,
+    `waiting`, `completed`, `failed`, `fenced`)."""
     try:
         rid = UUID(str(run_id))
     except ValueError:
@@ -116,6 +126,7 @@ def run_resume(*, run_id: UUID | str, via: str = "api", seen_epoch: int | None =
         owner=owner or worker_identity(),
         seen_epoch=row["lease_epoch"] if seen_epoch is None else seen_epoch,
         via=via,
+        dead_owner=dead_owner,
     )
     if takeover is None:
         raise RunLeased("another worker holds a live lease on this run")
@@ -123,7 +134,7 @@ def run_resume(*, run_id: UUID | str, via: str = "api", seen_epoch: int | None =
     return decide(takeover)
 
 
-def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeover | None:
+def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str, dead_owner: str | None = None) -> Takeover | None:
     """One transaction: a new epoch (guarded by the epoch read, the expired
     lease and the status), `lease.taken_over`, and every in-flight step
     marked interrupted with its `step.interrupted` event."""
@@ -144,6 +155,7 @@ def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeove
         )
         return [taken_over, *interrupted_events(taken, now)]
 
+    LIVENESS.ensure(owner)  # this process's session holds its lock before it holds the lease
     taken = lease.take_over(
         run_id=run_id,
         owner=owner,
@@ -153,6 +165,7 @@ def take_over(*, run_id: UUID, owner: str, seen_epoch: int, via: str) -> Takeove
         read_observation=INTERRUPTED_OBSERVATION,
         unknown_outcome=UNKNOWN_OUTCOME,
         events=events,
+        dead_owner=dead_owner,
     )
     if taken is None:
         return None

@@ -11,6 +11,7 @@ import threading
 from django.db import connection
 
 from runs.domain.values import CancelReason
+from runs.runtime.liveness import LIVENESS
 from runs.runtime.queue import run_heartbeat
 
 log = logging.getLogger("agentrt.supervisor")
@@ -69,6 +70,8 @@ class Supervisor:
                     return
                 self.last_ok = self.clock.monotonic()
                 self.beats += 1
+                # The process's liveness lock: its session asked, and taken again if it was lost.
+                LIVENESS.ensure(self.owner, check=True)
                 # Keep renewing after a cancel or a deadline: a call already past
                 # its watermark runs to completion and its result must be kept.
                 if beat.deadline_passed:

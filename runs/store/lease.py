@@ -284,14 +284,19 @@ class TakenOver:
     effects: list[InterruptedCall] = field(default_factory=list)  # side effects: outcome unknown
 
 
-def _take_over_sql() -> str:
+def _take_over_sql(dead_owner: bool = False) -> str:
     if is_pg():
+        # A dead owner's run (its process's session gone: runs/runtime/liveness.py) is taken before its lease
+        # expires, still guarded by the epoch and by that very owner.
+        expired = "lease_expires_at IS NULL OR lease_expires_at < now()" + (
+            " OR lease_owner = %s" if dead_owner else ""
+        )
         return (
             "UPDATE runs SET lease_owner = %s, lease_epoch = lease_epoch + 1,"
             " lease_expires_at = now() + make_interval(secs => %s),"
             " attempts = attempts + 1, lease_expirations = lease_expirations + 1, updated_at = now()"
             " WHERE id = %s AND (status || '') = 'RUNNING' AND lease_epoch = %s"
-            " AND (lease_expires_at IS NULL OR lease_expires_at < now())"
+            f" AND ({expired})"
             " RETURNING lease_epoch, tenant_id, session_id, lease_expirations"
         )
     return (
@@ -303,9 +308,11 @@ def _take_over_sql() -> str:
     )
 
 
-def _take_over_params(*, run_id: UUID, owner: str, seen_epoch: int, lease_seconds: float, now: datetime) -> list[Any]:
+def _take_over_params(
+    *, run_id: UUID, owner: str, seen_epoch: int, lease_seconds: float, now: datetime, dead_owner: str | None = None
+) -> list[Any]:
     if is_pg():
-        return [owner, lease_seconds, run_id, seen_epoch]
+        return [owner, lease_seconds, run_id, seen_epoch] + ([dead_owner] if dead_owner else [])
     return [owner, sql_dt(now + timedelta(seconds=lease_seconds)), sql_dt(now), run_id.hex, seen_epoch, sql_dt(now)]
 
 
@@ -319,11 +326,13 @@ def take_over(
     read_observation: dict[str, Any],
     unknown_outcome: dict[str, Any],
     events: Callable[[TakenOver], list[EventWrite]],
+    dead_owner: str | None = None,
 ) -> TakenOver | None:
     """One transaction: a new epoch (guarded by the epoch read, the expired
-    lease and the status); every in-flight model call and read-only call
-    marked interrupted (a read-only call gets `read_observation` as its
-    result), every executing side effect interrupted with `unknown_outcome`;
+    lease — or, with `dead_owner`, that owner still holding it — and the
+    status); every in-flight model call and read-only call marked
+    interrupted (a read-only call gets `read_observation` as its result),
+    every executing side effect interrupted with `unknown_outcome`;
     then `events(taken)` appended. None when the guard matched no row."""
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
@@ -332,10 +341,16 @@ def take_over(
                 "SELECT lease_owner FROM runs WHERE id = %s AND lease_epoch = %s", [sql_uuid(run_id), seen_epoch]
             )
             previous = cursor.fetchone()
+            dead = dead_owner if is_pg() else None
             cursor.execute(
-                _take_over_sql(),
+                _take_over_sql(dead_owner=dead is not None),
                 _take_over_params(
-                    run_id=run_id, owner=owner, seen_epoch=seen_epoch, lease_seconds=lease_seconds, now=now
+                    run_id=run_id,
+                    owner=owner,
+                    seen_epoch=seen_epoch,
+                    lease_seconds=lease_seconds,
+                    now=now,
+                    dead_owner=dead,
                 ),
             )
             got = cursor.fetchone()
