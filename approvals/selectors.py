@@ -41,6 +41,31 @@ def _iso(dt) -> str | None:
     return dt.isoformat().replace("+00:00", "Z") if dt else None
 
 
+def approval_to_dict(approval: Approval) -> dict[str, Any]:
+    """An approval in its REST shape (runs.api.serializers.ApprovalOut documents its fields): what the REST
+    API answers and what a webhook's `approval.*` payload carries, one function so the two cannot drift."""
+    run = approval.run
+    now = CLOCK.now()
+    return {
+        "id": str(approval.id),
+        "run": str(approval.run_id),
+        "invocation": str(approval.invocation_id) if approval.invocation_id else None,
+        "kind": approval.kind,
+        "status": approval.status,
+        "request_hash": approval.request_hash,
+        "presentation": approval.presentation,
+        "expires_at": _iso(approval.expires_at),
+        "deadline_passed": deadline_passed(run, now),
+        "decisions": decisions_open(approval, run, now),
+        "ends_run": ends_run(approval, run, now),
+        "decided_by": approval.decided_by.get_username() if approval.decided_by_id else None,
+        "decided_at": _iso(approval.decided_at),
+        "decided_via": approval.decided_via,
+        "reason": approval.reason,
+        "created_at": _iso(approval.created_at),
+    }
+
+
 def approval_card(approval: Approval, *, with_tenant: bool = False) -> dict[str, Any]:
     """What a person is shown of one approval before deciding it (plain data: pages set it as text): the
     REST shape (ApprovalOut's fields) and, beside it, the run's agent and status and the card's parts."""

@@ -24,10 +24,15 @@ from django.db import connection
 from django.db.models import F
 
 from runs.domain.scrub import scrub_text
+from runs.hooks import RunView, registered
+from runs.models import Run
 from runs.runtime.faults import fire
 from runs.runtime.queue import db_now
+from runs.services.selectors import run_to_dict
 
+from . import outbound
 from .models import Delivery
+from .secrets import SecretUnreadable, decrypt
 
 log = logging.getLogger("agentrt.webhooks")
 MAX_ERROR = 2000
@@ -109,10 +114,6 @@ def record(
 
 
 def _call_hook(row: Delivery):
-    from runs.hooks import RunView, registered
-    from runs.models import Run
-    from runs.services.selectors import run_to_dict
-
     fn = registered().get(row.hook)
     if fn is None:  # a node without it (a deploy in progress): retried, then failed
         return (
@@ -132,9 +133,6 @@ def _call_hook(row: Delivery):
 
 
 def _send(row: Delivery):
-    from . import outbound
-    from .secrets import SecretUnreadable, decrypt
-
     sub = row.subscription
     if sub is None:
         return False, "the subscription was deleted", None, CANCELLED

@@ -15,6 +15,8 @@ from django.db.models import Q
 
 from runs.clock import new_uuid, utcnow
 
+from .visibility import masked_url
+
 # What a subscription may ask for (issue 17 item 2). `webhook.test` is sent
 # only by "send test event", whatever the subscription's event types.
 EVENT_TYPES = (
@@ -57,8 +59,6 @@ class WebhookSubscription(models.Model):
     def __str__(self):
         # Its name wherever the admin shows one (breadcrumbs, a delivery's subscription, history, deletion) is
         # the URL's origin: the path, query and credentials may hold the receiver's token (webhooks.visibility).
-        from .visibility import masked_url
-
         return masked_url(self.url)
 
 

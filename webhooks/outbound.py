@@ -20,6 +20,7 @@ import ssl
 from urllib.parse import urlsplit
 
 import httpcore
+import httpx
 from django.conf import settings
 from django.db import connection
 
@@ -109,8 +110,6 @@ def post(*, url: str, secret: str, payload: dict, delivery_id: str, event_type: 
     (webhooks.deadline): a receiver that answers late, or trickles its
     answer, fails the attempt at the deadline.
     """
-    import httpx
-
     if connection.in_atomic_block:
         raise RuntimeError("a webhook is never sent inside a database transaction")
     try:

@@ -1,7 +1,9 @@
 """Deliveries are written with the event they announce (issue 17 items 1, 2, 4).
 
-`runs.store.append_events` and the step's one-statement commit call
-`enqueue` inside their transaction, after the events are inserted. So a
+The store raises `EnqueueDeliveries` (runs.domain.writes) in the
+transaction that appends events this module `wants`, once they are
+inserted; its handler, registered by runs/runtime/wiring.py, calls
+`enqueue`. So a
 run's terminal transition, an approval requested or resolved, and a run
 starting to wait for its user commit together with their deliveries and the
 django-q2 tasks that ring them (the ORM broker writes its queue row on the
@@ -20,11 +22,17 @@ from collections.abc import Iterable
 from uuid import UUID
 
 from django.conf import settings
+from django_q.tasks import async_task
 
-from runs.clock import IDS
-from runs.store.cursor import sql_json
+from approvals.models import Approval
+from approvals.selectors import approval_to_dict
+from runs.clock import CLOCK, IDS
+from runs.hooks import registered
+from runs.models import Run, Tenant
+from runs.services.selectors import run_to_dict
+from runs.store.cursor import is_pg, sql_json
 
-from .models import EVENT_TYPES, TERMINAL_EVENTS
+from .models import EVENT_TYPES, TERMINAL_EVENTS, Delivery, WebhookSubscription
 
 WANTED = frozenset(EVENT_TYPES)
 TASK = "webhooks.tasks.deliver"
@@ -36,8 +44,6 @@ def wants(events: Iterable) -> bool:
 
 def ring(delivery_id) -> None:
     """Enqueue the delivery's doorbell; joins the caller's transaction (ORM broker)."""
-    from django_q.tasks import async_task
-
     async_task(TASK, str(delivery_id), task_name=f"deliver {delivery_id}", ack_failure=True)
 
 
@@ -46,10 +52,6 @@ def enqueue(cursor, *, tenant_id: UUID, run_id: UUID | None, events: list, seque
     picked = [(e, seq) for e, seq in zip(events, sorted(sequences), strict=True) if e.type in WANTED]
     if not picked or run_id is None:
         return 0
-    from runs.hooks import registered
-
-    from .models import Delivery, WebhookSubscription
-
     hooks = sorted(registered())
     subscriptions = list(
         WebhookSubscription.objects.filter(tenant_id=tenant_id, active=True).values("id", "event_types")
@@ -108,20 +110,13 @@ def enqueue(cursor, *, tenant_id: UUID, run_id: UUID | None, events: list, seque
 
 
 def _db_now(cursor):
-    from runs.store.cursor import is_pg
-
     if is_pg():
         cursor.execute("SELECT clock_timestamp()")
         return cursor.fetchone()[0]
-    from runs.clock import CLOCK
-
     return CLOCK.now()
 
 
 def _context(tenant_id, run_id) -> dict:
-    from runs.models import Run, Tenant
-    from runs.services.selectors import run_to_dict
-
     run = Run.objects.select_related("agent").get(id=run_id)
     return {
         "tenant": Tenant.objects.filter(id=tenant_id).values_list("name", flat=True).first(),
@@ -162,9 +157,6 @@ def payload(delivery_id, event, sequence: int, context: dict) -> dict:
 
 def _approval(approval_id: str | None, event_payload: dict) -> dict:
     """The approval in its REST shape (DESIGN §16), read in the event's own transaction."""
-    from approvals.models import Approval
-    from runs.api.serializers import ApprovalOut
-
     row = Approval.objects.select_related("decided_by", "run").filter(id=approval_id).first() if approval_id else None
     if row is None:
         return {
@@ -173,4 +165,4 @@ def _approval(approval_id: str | None, event_payload: dict) -> dict:
             "presentation": event_payload.get("presentation"),
             "request_hash": event_payload.get("request_hash"),
         }
-    return dict(ApprovalOut(row).data)
+    return approval_to_dict(row)

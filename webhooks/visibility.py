@@ -26,10 +26,14 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from .services import can_manage
-
+MANAGE = "webhooks.manage_webhooks"
 ANSWER_HIDDEN = "[answer hidden: operators only]"
 _ANSWER = re.compile(r"(HTTP \d{3}): .*", re.S)  # webhooks.outbound.post's `HTTP {code}: <first 200 bytes>`
+
+
+def can_manage(user) -> bool:
+    """Whether `user` is an operator: creates, changes, deletes and tests subscriptions."""
+    return bool(user and user.is_authenticated and user.is_active and user.has_perm(MANAGE))
 
 
 def sees_secrets(user) -> bool:

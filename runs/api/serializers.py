@@ -14,8 +14,7 @@ from pydantic import ValidationError as PydanticValidationError
 from rest_framework import serializers
 
 from approvals.models import Approval
-from approvals.unknown import deadline_passed, decisions_open, ends_run
-from runs.clock import CLOCK
+from approvals.selectors import approval_to_dict
 from runs.domain.values import RunStatus
 from runs.providers import PROVIDERS
 from runs.services.agent_schema import AgentDefinition, Limits, forbidden_model_keys
@@ -445,25 +444,7 @@ class ApprovalOut(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
     def to_representation(self, a):
-        now = CLOCK.now()
-        return {
-            "id": str(a.id),
-            "run": str(a.run_id),
-            "invocation": str(a.invocation_id) if a.invocation_id else None,
-            "kind": a.kind,
-            "status": a.status,
-            "request_hash": a.request_hash,
-            "presentation": a.presentation,
-            "expires_at": _iso(a.expires_at),
-            "deadline_passed": deadline_passed(a.run, now),
-            "decisions": decisions_open(a, a.run, now),
-            "ends_run": ends_run(a, a.run, now),
-            "decided_by": a.decided_by.get_username() if a.decided_by_id else None,
-            "decided_at": _iso(a.decided_at),
-            "decided_via": a.decided_via,
-            "reason": a.reason,
-            "created_at": _iso(a.created_at),
-        }
+        return approval_to_dict(a)
 
 
 class ErrorOut(serializers.Serializer):
