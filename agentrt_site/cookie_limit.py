@@ -29,6 +29,7 @@ wrapper in agentrt_site/asgi.py)."""
 
 from __future__ import annotations
 
+from channels.security.websocket import WebsocketDenier
 from django.http import JsonResponse
 
 MAX_COOKIE_BYTES = 8 * 1024
@@ -83,7 +84,5 @@ class WebsocketCookieLimit:
         if scope["type"] == "websocket":
             header = b"; ".join(value for name, value in scope.get("headers", []) if name.lower() == b"cookie")
             if problem(header) is not None:
-                from channels.security.websocket import WebsocketDenier
-
                 return await WebsocketDenier()(scope, receive, send)
         return await self.application(scope, receive, send)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import ipaddress
 from functools import lru_cache
 
+from axes.attempts import get_cool_off_threshold
 from axes.handlers.database import AxesDatabaseHandler
 from axes.helpers import get_client_username, get_failure_limit
 from axes.models import AccessAttempt
@@ -99,8 +100,6 @@ class LoginThrottle(AxesDatabaseHandler):
             return pair
         attempts = AccessAttempt.objects.all()
         if settings.AXES_COOLOFF_TIME is not None:
-            from axes.attempts import get_cool_off_threshold
-
             attempts = attempts.filter(attempt_time__gte=get_cool_off_threshold(request))
         address = getattr(request, "axes_ip_address", None)
         address_limit = settings.AGENTRT_LOGIN_IP_FAILURE_LIMIT

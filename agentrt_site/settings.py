@@ -292,6 +292,7 @@ AGENTRT_REDIS_SOCKET_TIMEOUT = env_float("AGENTRT_REDIS_SOCKET_TIMEOUT", 15)
 
 def redis_channel_layer(url: str, socket_timeout: float = AGENTRT_REDIS_SOCKET_TIMEOUT) -> dict:
     """The channel layer on Redis at `url`, its reads bounded above the layer's blocking receive."""
+    # settings-time, when a Redis URL is set: only a Redis-backed layer loads channels_redis
     from channels_redis.core import RedisChannelLayer
     from django.core.exceptions import ImproperlyConfigured
 
@@ -439,6 +440,7 @@ AGENTRT_RECONCILE_TIMEOUT = env_float("AGENTRT_RECONCILE_TIMEOUT", 30)
 # Outbound allow-lists (runs/net.py; README "Security model", Outbound requests): `host:port`, or a bare `host`
 # for ports 80 and 443 only; an entry that does not parse stops the process with the entry named.
 def _allow_list(name):
+    # settings-time: settings import as little as they can at the top (a module that read settings would loop)
     from django.core.exceptions import ImproperlyConfigured
 
     from runs.net import parse_entry
@@ -482,6 +484,7 @@ AGENTRT_MODEL_PRICES = (
 # (api.openai.com, OPENAI_API_KEY) exists unless overridden. Validated here so
 # a bad value stops the process with the bad key named.
 def _model_endpoints():
+    # settings-time, as `_allow_list`'s
     from django.core.exceptions import ImproperlyConfigured
 
     from runs.providers.endpoints import EndpointConfigError, parse_endpoints

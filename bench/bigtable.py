@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
 import re
@@ -58,6 +59,8 @@ import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
+
+import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import steps as bench
@@ -98,8 +101,6 @@ def names(url: str) -> tuple[str, str]:
 
 
 def connect(url: str, **kw):
-    import psycopg
-
     return psycopg.connect(url, autocommit=True, **kw)
 
 
@@ -149,6 +150,7 @@ WAITER = {
 def product_setup(url: str, tenants: list[str], quota: int) -> dict:
     """Migrate; tenants with the same agents; returns {tenant name: tenant}."""
     bench.django_setup(url)
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from django.core.management import call_command
 
     from runs.services import agent_load, tenant_configure, tenant_create
@@ -219,6 +221,7 @@ def secondary_indexes(c, table: str) -> list[tuple[str, str, str | None]]:
 
 
 def make_templates(tenant) -> dict:
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from checkpoints.models import Checkpoint
     from runs.models import Run
     from runs.runtime.executor import run_drive
@@ -536,6 +539,7 @@ def explain(args, big: str) -> dict:
 
 def fold_history() -> int:
     """The `metrics` sweep, again and again, until it folds nothing more."""
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from maintenance.sweeps.metrics import sweep_metrics
 
     total = 0
@@ -546,6 +550,7 @@ def fold_history() -> int:
 
 def _explain(url: str) -> dict:
     bench.django_setup(url)
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from asgiref.sync import async_to_sync
     from django.contrib.auth import get_user_model
     from django.db import connection
@@ -656,6 +661,7 @@ def rss(args, big: str) -> dict:
     if not exists(big):
         raise SystemExit(f"{bench.db_name(big)} does not exist: run `bench/bigtable.py fill` first")
     bench.django_setup(big)
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from runs.models import Tenant
 
     tenant = Tenant.objects.get(name="bench")
@@ -663,8 +669,7 @@ def rss(args, big: str) -> dict:
 
 
 def _rss_in_process(args, tenant) -> dict:
-    import gc
-
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from runs.runtime.executor import run_drive
     from runs.services import run_submit
 
@@ -705,6 +710,7 @@ def _growth(samples: list[dict]) -> dict:
 
 
 def _rss_worker(args, big: str, tenant) -> dict:
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from runs.services import run_submit
 
     logs = Path(tempfile.mkdtemp(prefix="agentrt-rss-"))

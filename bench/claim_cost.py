@@ -67,6 +67,7 @@ def main(argv=None) -> dict:
     tenant = bench.fresh_product(url, {"claim": 2})
     probe = bench.floor_probe(url)
 
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from django.db import connection
 
     from runs.models import Run

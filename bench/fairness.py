@@ -91,6 +91,7 @@ def wait_until(condition, timeout: float, what: str, every: float = 0.02):
 
 def spans(run_id) -> list[tuple]:
     """(claimed, released) of each of the run's leases, from its events."""
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from runs.models import Event
 
     out, start = [], None
@@ -119,6 +120,7 @@ def main(argv=None) -> dict:
     load = os.getloadavg()
     bench.recreate_database(url)
     bench.django_setup(url)
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from django.core.management import call_command
 
     from runs.models import Event, Run

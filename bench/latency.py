@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import http.client
 import json
 import os
 import random
@@ -55,6 +56,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import psycopg
+from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import steps as bench
@@ -293,6 +297,7 @@ def setup(url: str, model: ModelServer):
     bench.recreate_database(url)
     os.environ.update(model.env())  # this process validates the agents' endpoint and price
     bench.django_setup(url)
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from django.core.management import call_command
     from knox.models import AuthToken
 
@@ -332,8 +337,6 @@ class DB:
     """Reads on one autocommit connection of this process (not Django's)."""
 
     def __init__(self, url: str):
-        import psycopg
-
         self.conn = psycopg.connect(url, autocommit=True)
 
     def one(self, sql: str, params=()):
@@ -356,8 +359,6 @@ class DB:
 
 
 def rest_submit(port: int, token: str, agent: str, text: str) -> tuple[str, float]:
-    import http.client
-
     body = json.dumps({"agent": agent, "input": text})
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
@@ -392,6 +393,7 @@ def stats(values: list[float]) -> dict | None:
 
 
 def part_first_call(args, url: str, tenant, token: str, logs: Path, model: ModelServer) -> dict:
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from runs.services import run_submit
 
     dep = Deployment(url, logs, redis=True, workers=args.workers)
@@ -410,6 +412,7 @@ def part_first_call(args, url: str, tenant, token: str, logs: Path, model: Model
             text = f"sample {tag} {i}"
             time.sleep(random.uniform(0.2, 0.8))  # a random phase of the pusher's fallback wait
             if via == "python":  # a caller in a Django process holds its connection (CONN_MAX_AGE): not timed
+                # here, not at the top: the script sets Django up at run time, before the project's modules load
                 from django.db import connection
 
                 connection.ensure_connection()
@@ -454,8 +457,6 @@ class Socket:
     """A real WebSocket client on `ws/runs/{id}/`, recording each frame's arrival."""
 
     def __init__(self, port: int, token: str, run_id: str, after: int = 0):
-        from websockets.sync.client import connect
-
         self.ws = connect(
             f"ws://127.0.0.1:{port}/ws/runs/{run_id}/?after={after}",
             origin=f"http://127.0.0.1:{port}",
@@ -495,6 +496,7 @@ class Socket:
 
 
 def _commit_marker(run, i: int) -> tuple[int, float]:
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from django.db import transaction
 
     from runs.clock import CLOCK
@@ -513,6 +515,7 @@ def _commit_marker(run, i: int) -> tuple[int, float]:
 
 
 def part_ws(args, url: str, tenant, token: str, logs: Path) -> dict:
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from django.test import override_settings
 
     from agentrt_site.settings import redis_channel_layer
@@ -583,6 +586,7 @@ def part_ws(args, url: str, tenant, token: str, logs: Path) -> dict:
 
 
 def part_takeover(args, url: str, tenant, token: str, logs: Path) -> dict:
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from runs.services import run_submit
 
     lease = args.lease

@@ -50,6 +50,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psycopg
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import steps as bench  # noqa: E402 (the sibling script, by path)
 
@@ -75,6 +77,7 @@ def long_agent(name: str, steps: int, size: int) -> dict:
 
 
 def setup(url: str, steps: int, size: int):
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from django.core.management import call_command
 
     from runs.services import agent_load, tenant_create
@@ -96,8 +99,6 @@ class Wal:
     on a shared server other databases write most of the WAL."""
 
     def __init__(self, url: str):
-        import psycopg
-
         self.conn = psycopg.connect(url, autocommit=True)
         self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         self.oid = self.conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
@@ -149,8 +150,6 @@ def wait_reading_wal(poller, wal: Wal, ids: list, timeout: float, cluster) -> No
 
 def run_events(url: str, run_id) -> list[tuple]:
     """(sequence, writing transaction id, type, step) of every event of the run."""
-    import psycopg
-
     with psycopg.connect(url, autocommit=True) as c:
         return c.execute(
             "SELECT sequence, xmin::text::bigint, type, (payload->>'step')::int, occurred_at FROM events"

@@ -51,6 +51,7 @@ HOT = [
 
 
 def seed(runs: int, per_run: int, live_every: int = 10) -> None:
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from runs.models import Run
     from runs.services import agent_load, run_submit, tenant_create
 
@@ -145,6 +146,7 @@ def main() -> None:
 
     scrape("before the fold")
     if connection.vendor == "postgresql" and not args.no_fold:
+        # here, not at the top: the script sets Django up at run time, before the project's modules load
         from ops import fleet
 
         started = time.perf_counter()

@@ -46,6 +46,7 @@ def main() -> None:
     name = f"bench-{a.steps}"
     tenant = bench.fresh_product(url, {name: a.steps})
 
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from django.db import connection
 
     from runs.runtime.executor import run_drive

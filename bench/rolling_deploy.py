@@ -61,6 +61,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -276,10 +278,12 @@ class Rolling:
         os.environ["DATABASE_URL"] = self.db_url
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentrt_site.settings")
         os.environ.pop("REDIS_URL", None)  # this process only seeds and reads
+        # here, not at the top: Django reads DATABASE_URL and the settings module, set just above
         import django
 
         django.setup()
         self.start_sink()
+        # here, not at the top: the script sets Django up at run time, before the project's modules load
         from knox.models import AuthToken
 
         from runs.services import agent_load, tenant_create
@@ -309,6 +313,7 @@ class Rolling:
                 },
             },
         )
+        # here, not at the top: the script sets Django up at run time, before the project's modules load
         from django.db import connections
 
         connections.close_all()
@@ -400,6 +405,7 @@ class Rolling:
             return cur.fetchone()[0]
 
     def restart_node(self, name: str) -> dict:
+        # here, not at the top: the script sets Django up at run time, before the project's modules load
         from ops.supervise import descendants
 
         node = self.nodes()[name]
@@ -468,8 +474,6 @@ class Rolling:
 
     # run
     def run(self) -> int:
-        import psycopg
-
         self.load_before = os.getloadavg()
         try:
             self.setup()
@@ -532,6 +536,7 @@ class Rolling:
 
     # the verdict
     def finish(self) -> int:
+        # here, not at the top: the script sets Django up at run time, before the project's modules load
         from runs.runtime.resume import MAX_LEASE_EXPIRATIONS
         from tests.chaos.checker import check
         from tests.chaos.snapshot import take_snapshot

@@ -44,6 +44,8 @@ import threading
 import time
 from pathlib import Path
 
+import psycopg
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -91,8 +93,6 @@ def bench_database(arg: str | None) -> str:
 
 def commit_floor(url: str, clients: int, seconds: float) -> dict:
     """Commits a second that `clients` connections get, each `INSERT; COMMIT` in a loop."""
-    import psycopg
-
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("CREATE TABLE IF NOT EXISTS bench_floor (id bigserial primary key, client int, payload jsonb)")
     counts = [0] * clients
@@ -287,8 +287,6 @@ def main(argv=None) -> list[dict]:
     sb.close_django()
     counters = sb.Counters(url)
     counters.calibrate()
-    import psycopg
-
     with psycopg.connect(url, autocommit=True) as c:
         server_version = c.execute("SHOW server_version").fetchone()[0]
     results = []

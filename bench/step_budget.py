@@ -54,6 +54,7 @@ def main() -> None:
     name = f"budget-{a.steps}"
     tenant = bench.fresh_product(bench.bench_url(a.database_url), {name: a.steps})
 
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from django.db import connection
 
     from runs.runtime.executor import run_drive

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.metadata as md
 import itertools
 import json
 import os
@@ -52,6 +53,8 @@ import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/agentrt_bench"
@@ -147,8 +150,6 @@ def with_db(url: str, name: str) -> str:
 
 
 def recreate_database(url: str) -> None:
-    import psycopg
-
     name = db_name(url)
     with psycopg.connect(with_db(url, "postgres"), autocommit=True) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -168,8 +169,6 @@ class Counters:
         self.pgss = None  # None: unavailable; else True
 
     def read(self) -> dict:
-        import psycopg
-
         with psycopg.connect(self.url, autocommit=True) as c:
             row = c.execute(
                 "SELECT d.xact_commit, d.xact_rollback, d.tup_inserted, d.tup_updated, d.tup_deleted,"
@@ -214,8 +213,6 @@ class Counters:
 
     def try_pg_stat_statements(self) -> str | None:
         """Return None when pg_stat_statements works, else why it does not."""
-        import psycopg
-
         try:
             with psycopg.connect(self.url, autocommit=True) as c:
                 c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -234,8 +231,6 @@ def delta(a: dict, b: dict) -> dict:
 def floor_probe(url: str, n: int = 300) -> dict:
     """The same probe the peers run first: median SELECT 1 round trip and
     BEGIN; INSERT; COMMIT on one connection (a WAL-logged table)."""
-    import psycopg
-
     with psycopg.connect(url) as c:
         c.execute("CREATE TABLE IF NOT EXISTS bench_probe(id bigserial primary key, v jsonb)")
         c.commit()
@@ -259,8 +254,6 @@ def floor_probe(url: str, n: int = 300) -> dict:
 
 
 def checkpoint(url: str) -> None:
-    import psycopg
-
     try:
         with psycopg.connect(url, autocommit=True) as c:
             c.execute("CHECKPOINT")
@@ -344,6 +337,7 @@ def django_setup(url: str) -> None:
     # A throw-away key for a throw-away database (settings refuse to start without one).
     os.environ.setdefault("DJANGO_SECRET_KEY", "bench-" + secrets.token_urlsafe(50))
     sys.path.insert(0, str(ROOT))
+    # here, not at the top: Django reads DATABASE_URL and the settings module, set just above
     import django
 
     django.setup()
@@ -367,6 +361,7 @@ def agent_definition(name: str, steps: int) -> dict:
 
 
 def setup_product(agents: dict[str, int]):
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from django.core.management import call_command
 
     from runs.services import agent_load, tenant_create
@@ -388,6 +383,7 @@ def fresh_product(url: str, agents: dict[str, int]):
 
 
 def submit(tenant, agent: str, k: int, tag: str) -> list:
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from runs.services import run_submit
 
     ids = []
@@ -403,8 +399,6 @@ class Poller:
     (each is one committed transaction) so they can be subtracted."""
 
     def __init__(self, url: str):
-        import psycopg
-
         self.conn = psycopg.connect(url, autocommit=True)
         self.queries = 0
 
@@ -441,6 +435,7 @@ class Poller:
 
 
 def close_django() -> None:
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from django.db import connections
 
     connections.close_all()
@@ -460,8 +455,6 @@ def pct(values: list, q: float) -> float:
 
 
 def event_figures(url: str, ids: list, steps: int) -> dict:
-    import psycopg
-
     with psycopg.connect(url, autocommit=True) as c:
         rows = c.execute(
             "SELECT run_id, type, occurred_at FROM events WHERE run_id = ANY(%s::uuid[])"
@@ -622,8 +615,6 @@ def trace_pass(args, url: str, tenant, agents: dict, log_path: Path) -> dict:
     """Fresh cluster with log_statement=all on the bench database (ALTER DATABASE:
     the settings' libpq `options` would override PGOPTIONS). Two batches that differ
     only in steps per run give the marginal cost of one step."""
-    import psycopg
-
     if not os.access(args.pg_log, os.R_OK):
         return {"error": f"cannot read the server log {args.pg_log}"}
     name = db_name(url)
@@ -647,6 +638,7 @@ def trace_pass(args, url: str, tenant, agents: dict, log_path: Path) -> dict:
         def mark(label):
             poller.conn.execute(f"SELECT 'BENCH_MARK {label}'")
 
+        # here, not at the top: the script sets Django up at run time, before the project's modules load
         from django.db import connection
 
         results = {}
@@ -804,8 +796,6 @@ def main(argv=None) -> dict:
     if counters.pgss and "pgss_calls" in dm:
         stmts = {"raw_per_step": round((dm["pgss_calls"] - poller.queries) / steps_total, 2)}
     trace = trace_pass(args, url, tenant, agents, cluster_log) if args.trace else None
-
-    import importlib.metadata as md
 
     result = {
         "bench": "agentrt_steps",

@@ -41,6 +41,8 @@ import time
 import uuid
 from pathlib import Path
 
+import psycopg
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import steps as bench
 
@@ -48,6 +50,7 @@ import steps as bench
 def capture(url: str, steps: int) -> list[tuple[str, list]]:
     """The statements of one run's units, in the order they were sent."""
     tenant = bench.fresh_product(bench.bench_url(url), {"floor": steps})
+    # here, not at the top: the script sets Django up at run time, before the project's modules load
     from runs.runtime.executor import run_drive
     from runs.store import repository
 
@@ -106,8 +109,6 @@ def main() -> None:
         u for u in sent if "started_model_calls" in u[0] and "changed_invocations" in u[0] and "prior_from" not in u[0]
     ]
     unit1, unit2 = ones[len(ones) // 2], twos[len(twos) // 2]
-
-    import psycopg
 
     conn = psycopg.connect(bench.bench_url(a.database_url))
     run_id, owner, epoch = unit1[1][3], unit1[1][4], unit1[1][5]  # STEP_FENCE's parameters

@@ -5,13 +5,13 @@ free of metrics, and the log context follows the step."""
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import replace
 
 from opentelemetry import trace
 
 from ops import tracing, worker_metrics
 from ops.logs import log_context_update
+from runs.clock import CLOCK
 from runs.domain.context import RunContext
 from runs.domain.errors import ModelError
 from runs.domain.scrub import scrub
@@ -27,45 +27,45 @@ class _Proxy:
 
 class TimedProvider(_Proxy):
     def complete(self, request, token):
-        started = time.perf_counter()
+        started = CLOCK.monotonic()
         outcome = "error"
         try:
             turn = self._inner.complete(request, token)
             outcome = "ok"
             return turn
         finally:
-            worker_metrics.histograms()["model"].labels(outcome).observe(time.perf_counter() - started)
+            worker_metrics.histograms()["model"].labels(outcome).observe(CLOCK.monotonic() - started)
 
 
 class TimedTools(_Proxy):
     def execute(self, name, arguments, context):
-        started = time.perf_counter()
+        started = CLOCK.monotonic()
         try:
             return self._inner.execute(name, arguments, context)
         finally:
-            worker_metrics.histograms()["tool"].labels(name).observe(time.perf_counter() - started)
+            worker_metrics.histograms()["tool"].labels(name).observe(CLOCK.monotonic() - started)
 
 
 class TimedStore(_Proxy):
     def commit(self, *args, **kwargs):
-        started = time.perf_counter()
+        started = CLOCK.monotonic()
         try:
             return self._inner.commit(*args, **kwargs)
         finally:
-            worker_metrics.histograms()["commit"].observe(time.perf_counter() - started)
+            worker_metrics.histograms()["commit"].observe(CLOCK.monotonic() - started)
 
     def send(self, work):  # a unit in flight: the histogram gets send -> answered
-        started = time.perf_counter()
+        started = CLOCK.monotonic()
         sent = self._inner.send(work)
-        sent.on_answer(lambda: worker_metrics.histograms()["commit"].observe(time.perf_counter() - started))
+        sent.on_answer(lambda: worker_metrics.histograms()["commit"].observe(CLOCK.monotonic() - started))
         return sent
 
     def mark_effect_sent(self, *args, **kwargs):  # the watermark: a fenced transaction of its own
-        started = time.perf_counter()
+        started = CLOCK.monotonic()
         try:
             return self._inner.mark_effect_sent(*args, **kwargs)
         finally:
-            worker_metrics.histograms()["commit"].observe(time.perf_counter() - started)
+            worker_metrics.histograms()["commit"].observe(CLOCK.monotonic() - started)
 
 
 class StepWatch:
@@ -80,7 +80,7 @@ class StepWatch:
 
     def __call__(self, point: str) -> None:
         if point == "model.before_call" and self.ctx.progress.current_step != self.step:
-            self.step, self.started = self.ctx.progress.current_step, time.perf_counter()
+            self.step, self.started = self.ctx.progress.current_step, CLOCK.monotonic()
             log_context_update(step=self.step)
         elif point == "checkpoint.before_write":
             self.finish()
@@ -93,7 +93,7 @@ class StepWatch:
 
     def finish(self) -> None:
         if self.started is not None and self.timed:
-            worker_metrics.histograms()["step"].observe(time.perf_counter() - self.started)
+            worker_metrics.histograms()["step"].observe(CLOCK.monotonic() - self.started)
         self.started = None
 
 
