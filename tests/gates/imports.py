@@ -14,8 +14,11 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.gates.apps import APPS, SITE
+
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("runs", "approvals", "checkpoints", "maintenance", "ops")
+# Every app of INSTALLED_APPS, the project package and the benchmarks: no cycle anywhere among them.
+PACKAGES = (*APPS, SITE, "bench")
 
 
 @dataclass(frozen=True)
@@ -123,8 +126,9 @@ def cycles(known: dict[str, Path]) -> list[list[Edge]]:
 
 def unexplained_local_imports(known: dict[str, Path]) -> list[str]:
     """Function-local imports with no reason written next to them: a comment on the import, or on the line
-    above it (or above the run of imports it belongs to). A local import is kept only for a reason (the app
-    registry is not ready yet, settings imports the module, an optional SDK); habit moves to the top."""
+    above it (or above the run of imports it belongs to, its sections of imports separated by one blank line
+    as the import sorter writes them). A local import is kept only for a reason (the app registry is not
+    ready yet, settings imports the module, an optional SDK); habit moves to the top."""
     found = []
     for name, path in known.items():
         text = path.read_text(encoding="utf-8")
@@ -135,8 +139,9 @@ def unexplained_local_imports(known: dict[str, Path]) -> list[str]:
         for node in local:
             own = lines[node.lineno - 1 : node.end_lineno]
             above = node.lineno  # the first line of the run of imports this one belongs to
-            while above - 1 in ends:
-                above = min(n.lineno for n in local if n.end_lineno == above - 1)
+            while above - 1 in ends or (above - 2 in ends and not lines[above - 2].strip()):
+                gap = 1 if above - 1 in ends else 2
+                above = min(n.lineno for n in local if n.end_lineno == above - gap)
             before = lines[above - 2].strip() if above >= 2 else ""
             if not any("#" in line for line in own) and not before.startswith("#"):
                 found.append(f"{name}:{node.lineno} {lines[node.lineno - 1].strip()}")
@@ -170,30 +175,49 @@ LAYERS = (
     ("approvals", "approvals"),
     ("maintenance", "maintenance"),
     ("ops", "ops"),
+    ("webhooks.api", "api"),  # the subscriptions' REST routes, built on the runs API's views and serializers
+    ("webhooks", "webhooks"),  # subscriptions, the outbox (an intent's handler), delivery, its admin
     ("runs", "app"),  # the runs app's root: models, admin, apps, errors, clock, management commands
+    ("agentrt_site", "site"),  # settings, URLs, ASGI, the login and cookie middleware: the outermost
+    ("bench", "bench"),  # the benchmarks: scripts over the whole project, imported by none of it
 )
 _INNER = {"domain", "tools", "providers", "store", "checkpoints"}
+_CORE = {"runtime", "services", "approvals", "maintenance", "ops", "webhooks"}
 _ADAPTERS = {"api", "web"}
 # layer -> the layers it must not import
 FORBIDDEN: dict[str, set[str]] = {
     "domain": {layer for _, layer in LAYERS} - {"domain"},
-    **{inner: {"runtime", "services", "approvals", "maintenance", "ops", *_ADAPTERS} for inner in _INNER},
-    **{core: set(_ADAPTERS) for core in ("runtime", "services", "approvals", "maintenance", "ops")},
-    "api": {"web"},
+    **{inner: {*_CORE, *_ADAPTERS, "site", "bench"} for inner in _INNER},
+    **{core: {*_ADAPTERS, "site", "bench"} for core in _CORE},
+    "api": {"web", "site", "bench"},
+    "web": {"site", "bench"},
+    "app": {"bench"},
+    "site": {"bench"},
 }
 # Known, deliberate crossings: (module, module it imports) -> why. None: what joins a commit is an intent
 # (runs.domain.writes) whose handler the composition root registers, so the store imports nothing above it.
 EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
-def layer_of(module: str) -> str:
-    return next(layer for prefix, layer in LAYERS if module == prefix or module.startswith(prefix + "."))
+def layer_of(module: str) -> str | None:
+    """The layer of the first row whose prefix is `module` or a package of it; None when no row covers it."""
+    return next((layer for prefix, layer in LAYERS if module == prefix or module.startswith(prefix + ".")), None)
+
+
+def unlayered(packages: tuple[str, ...] = PACKAGES, layers: tuple[tuple[str, str], ...] = LAYERS) -> list[str]:
+    """The walked packages (every app of INSTALLED_APPS, the site, bench) with no row of their own in the
+    layer table: the row whose prefix is the package, which places every module of it no narrower row names.
+    An app added to the settings fails the gate until ARCHITECTURE.md and `LAYERS` say where it sits."""
+    rows = {prefix for prefix, _ in layers}
+    return [package for package in packages if package not in rows]
 
 
 def layer_violations(known: dict[str, Path]) -> list[Edge]:
     """Imports that go from an inner layer outwards (the domain imports none of the project)."""
     return [
-        e for e in edges(known) if layer_of(e.target) in FORBIDDEN.get(layer_of(e.source), set()) and not _excepted(e)
+        e
+        for e in edges(known)
+        if layer_of(e.target) in FORBIDDEN.get(layer_of(e.source) or "", set()) and not _excepted(e)
     ]
 
 

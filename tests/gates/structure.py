@@ -16,8 +16,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.gates.apps import APPS
+
 ROOT = Path(__file__).resolve().parents[2]
-RUNTIME_PACKAGES = ("runs", "approvals", "checkpoints", "maintenance", "webhooks")
+RUNTIME_PACKAGES = APPS  # every app of INSTALLED_APPS (tests/gates/apps.py)
 EXCLUDED_DIRS = {"migrations", "__pycache__"}
 
 

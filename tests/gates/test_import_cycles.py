@@ -1,11 +1,14 @@
-"""No import cycle between the project's modules (issue 12 item 3), function-local imports included."""
+"""No import cycle between the project's modules (issue 12 item 3), function-local imports included; every
+app of INSTALLED_APPS walked and placed in a layer (issue 35 item 2)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from tests.gates.apps import APPS, SITE, installed_apps, project_apps
 from tests.gates.imports import (
     EXCEPTIONS,
+    LAYERS,
     PACKAGES,
     ROOT,
     cycles,
@@ -14,10 +17,41 @@ from tests.gates.imports import (
     layer_violations,
     modules,
     unexplained_local_imports,
+    unlayered,
 )
+from tests.gates.structure import RUNTIME_PACKAGES
+from tests.gates.vocabulary import SCANNED_PACKAGES
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "planted_cycle"
 LAYERED = Path(__file__).resolve().parent / "fixtures" / "planted_layers"
+PLANTED_APPS = Path(__file__).resolve().parent / "fixtures" / "planted_apps"
+
+
+def test_the_apps_are_read_from_installed_apps_and_every_gate_walks_them():
+    """One list: the installed apps that are packages of this repository, in the settings' order."""
+    assert APPS == ("runs", "approvals", "checkpoints", "maintenance", "ops", "webhooks")
+    assert set(APPS) <= {entry.split(".")[0] for entry in installed_apps()}
+    assert RUNTIME_PACKAGES == SCANNED_PACKAGES == APPS
+    assert PACKAGES == (*APPS, SITE, "bench")
+
+
+def test_the_app_list_keeps_the_projects_apps_and_leaves_libraries_out():
+    assert project_apps(PLANTED_APPS, PLANTED_APPS / "settings.py") == ("layered", "unlayered")
+
+
+def test_every_app_the_site_and_bench_have_a_layer_row():
+    known = modules()
+
+    assert unlayered() == [], "add a row to tests/gates/imports.py LAYERS (and ARCHITECTURE.md's table)"
+    assert [m for m in known if layer_of(m) is None] == []
+
+
+def test_the_layer_row_gate_catches_the_planted_app():
+    apps = project_apps(PLANTED_APPS, PLANTED_APPS / "settings.py")
+
+    assert unlayered(apps, (("layered.sub", "inner"), ("layered", "outer"))) == ["unlayered"]
+    assert unlayered(apps, (("layered.sub", "inner"),)) == ["layered", "unlayered"]  # a narrower row is not enough
+    assert unlayered(apps, LAYERS) == ["layered", "unlayered"]
 
 
 def test_the_apps_have_no_import_cycle():
@@ -85,7 +119,20 @@ def test_every_module_has_a_layer_and_each_exception_is_a_real_import():
     known = modules()
     graph = {(e.source, e.target) for e in edges(known)}
 
-    assert {layer_of(m) for m in known} >= {"domain", "store", "runtime", "services", "api", "web", "app"}
+    assert {layer_of(m) for m in known} >= {
+        "domain",
+        "store",
+        "runtime",
+        "services",
+        "api",
+        "web",
+        "app",
+        "webhooks",
+        "ops",
+        "maintenance",
+        "site",
+        "bench",
+    }
     assert set(EXCEPTIONS) <= graph  # an exception nobody needs any more is removed
 
 

@@ -11,9 +11,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from runs.domain.events import EventType
+from tests.gates.apps import APPS
 from tests.gates.structure import ROOT, Violation, rel
 
-SCANNED_PACKAGES = ("runs", "approvals", "checkpoints", "maintenance", "ops")
+SCANNED_PACKAGES = APPS  # every app of INSTALLED_APPS (tests/gates/apps.py)
 EXCLUDED_DIRS = {"migrations", "__pycache__"}
 MEMBERS = {t.value for t in EventType}
 EVENT_QUERIES = {"filter", "exclude", "get", "create"}  # Event.objects.<query>(type=...)
