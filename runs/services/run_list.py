@@ -46,6 +46,7 @@ from runs.domain.values import RunStatus
 from runs.errors import InvalidInput
 from runs.models import TERMINAL, Event, Run
 from runs.services import scoping
+from runs.services.retrying import retryable
 from runs.services.selectors import USAGE_KEYS, run_to_dict
 
 SEARCH_WINDOW = 5_000  # the most recent runs (after the other filters) whose input text `q` reads
@@ -446,7 +447,15 @@ def run_row(run: Run, waiting: Mapping[str, str] | None, *, with_tenant: bool = 
 
 def run_summary(run: Run) -> dict[str, Any]:
     """What the run page keeps live beside its timeline: status, steps, usage and cost, times, and whether
-    a cancel applies (not to a run that has ended, nor again once one is requested)."""
+    a cancel applies (not to a run that has ended, nor again once one is requested) and a retry does (a run
+    that failed for a transient reason).
+
+    The last event is read before the run's row, which `run` is read again from: the page replays events up
+    to `last_sequence` as history and takes the status from here, so the status is never older than the
+    history (an end committed between two reads is then either in both or after both, never in the history
+    alone, where the page would not apply it). `run` is left holding the row read."""
+    last_sequence = _last_sequence(run)
+    run.refresh_from_db()
     given = run.usage or {}
     usage = {k: given.get(k, 0.0 if k == "cost_usd" else 0) for k in USAGE_KEYS}
     ended = run.status in TERMINAL
@@ -461,7 +470,8 @@ def run_summary(run: Run) -> dict[str, Any]:
         "duration_seconds": (run.updated_at - run.created_at).total_seconds() if ended else None,
         "cancel_requested_at": _iso(run.cancel_requested_at),
         "cancellable": not ended and run.cancel_requested_at is None,
-        "last_sequence": _last_sequence(run),
+        "retryable": retryable(run),
+        "last_sequence": last_sequence,
     }
 
 

@@ -44,6 +44,7 @@ def _run_or_404(user, run_id, *, acting: bool = False) -> Run:
 @login_required
 def run_detail(request, run_id):
     run = _run_or_404(request.user, run_id)
+    summary = run_summary(run)  # first: it reads the history's end, then the run again (the page's status)
     pending = list(Approval.objects.filter(run=run, status__unindexed=ApprovalStatus.PENDING))
     now = CLOCK.now()
     # Plain data: the template hands it to the page's script only through `json_script`, never raw inside a <script>.
@@ -68,7 +69,7 @@ def run_detail(request, run_id):
             ],
             "can_resolve": can_resolve(request.user) and in_scope(request.user, run.tenant_id, acting=True),
             # Actions are drawn only where they apply, and follow the run live (runs/static/runs/detail.js).
-            "summary": run_summary(run),
+            "summary": summary,
             "can_act": in_scope(request.user, run.tenant_id, acting=True),
             "event_types": page_vocabulary(),
             "ancestors": _ancestors(request.user, run),

@@ -4,9 +4,9 @@ once (issue 38 item 1), through a real qcluster and the REST endpoint.
 - A running run inside a long model call: `POST /api/runs/{id}/cancel/`
   answers 202 with `run.cancel_requested` (who, via, the scrubbed reason)
   already written; the worker, whose heartbeat is 40 s away, hears the
-  cancel doorbell and stops at the next observation point: the model call
-  waiting on the token returns, no further model call starts, and
-  `run.cancelled` repeats who and why.
+  cancel doorbell (its first notification, logged once) and stops at the
+  next observation point: the model call waiting on the token returns, no
+  further model call starts, and `run.cancelled` repeats who and why.
 - A run already past its last observation point (paused in finalize, its
   outcome computed) ends COMPLETED, and the record says the cancel came too
   late: `run.cancel_requested`, then `run.completed`, then
@@ -88,7 +88,10 @@ def test_a_cancel_is_recorded_at_once_and_the_worker_stops_at_the_next_observati
     cancelled = next(p for _, t, p in record if t == "run.cancelled")
     assert (cancelled["by"], cancelled["via"], cancelled["reason"]) == ("alice", "api", request["reason"])
     assert ModelCall.objects.filter(run_id=run.id, step_number=2).count() == 1  # one attempt, never retried
-    assert "cancel requested (doorbell)" in c.output()  # the worker heard the doorbell, not a heartbeat
+    # The worker heard it from the doorbell, the first notification (not a heartbeat, not a re-read at LISTEN).
+    log = c.output()
+    assert log.count(f"run {run.id}: cancel requested (doorbell)") == 1, log[-3000:]
+    assert "cancel requested (read at LISTEN)" not in log and "cancel doorbell:" not in log
 
 
 def test_a_cancel_after_the_last_observation_point_leaves_the_run_completed_and_says_so(

@@ -116,3 +116,36 @@ def test_the_pages_list_only_the_tenants_runs_and_escape_what_they_show(two):
     # A superuser looking at another tenant's run: no cancel is drawn (it acts in its own only).
     other = client(two["root"]).get(f"/runs/{globex.id}/").content.decode()
     assert 'data-can-act="0" hidden>' in other
+
+
+def test_the_run_pages_status_is_never_older_than_the_history_it_replays(two, monkeypatch):
+    """The page replays events up to `last_sequence` as history without applying their statuses, and takes the
+    status the server drew: a run that ends while the page is being read must not be drawn with its old status
+    beside a history that already holds its end (the page would never show it ended). Here the run is cancelled
+    just before the history's end is read."""
+    import json
+    import re
+
+    from runs.models import Event
+    from runs.services import run_list
+    from runs.services.lifecycle import run_cancel
+
+    run = two["acme"]
+    assert run.status != "CANCELLED"
+    read = run_list._last_sequence
+
+    def end_then_read(r):
+        monkeypatch.setattr(run_list, "_last_sequence", read)  # once
+        run_cancel(run=r, by="alice", via="api", reason="meanwhile")
+        return read(r)
+
+    monkeypatch.setattr(run_list, "_last_sequence", end_then_read)
+    page = client(two["alice"]).get(f"/runs/{run.id}/").content.decode()
+
+    def block(name):
+        return json.loads(re.search(rf'<script id="{name}" type="application/json">(.*?)</script>', page, re.S)[1])
+
+    history = block("summary-data")["last_sequence"]
+    ended = Event.objects.get(run_id=run.id, type="run.cancelled").sequence
+    assert history >= ended  # the end is in the history, so the status drawn must be the end's
+    assert block("run-data")["status"] == "CANCELLED" and block("summary-data")["status"] == "CANCELLED"

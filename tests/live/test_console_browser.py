@@ -16,11 +16,12 @@ from django.contrib.auth.models import Permission
 from approvals.models import Approval
 from approvals.services import approval_decide
 from runs.clock import CLOCK
-from runs.models import Run, Session
+from runs.models import Event, Run, Session
 from runs.runtime.executor import run_drive
 from runs.services import agent_load, run_submit, tenant_create
 from runs.services.run_list import short_id
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port, wait_for
+from tests.e2e.test_retry import gpt_agent, model_env
 from tests.live.test_browser import launch_chromium, log_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -224,8 +225,6 @@ def test_the_run_page_times_each_event_and_keeps_usage_and_actions_live(
 def test_a_cancel_with_its_reason_and_who_shows_on_the_run_page(server, tenant, load_agent, submit):
     from playwright.sync_api import sync_playwright
 
-    from runs.domain.events import EventType
-
     operator(tenant)
     load_agent(
         name="asker",
@@ -240,17 +239,135 @@ def test_a_cancel_with_its_reason_and_who_shows_on_the_run_page(server, tenant, 
         log_in(page, server, "oncall", "s3cret-pass", f"/runs/{run.id}/")
         page.wait_for_selector("#live:text('live')", timeout=15000)
         assert page.inner_text("#status") == "WAITING_FOR_USER" and page.is_visible("#cancel")
-        if page.query_selector("#cancel-reason"):
-            page.fill("#cancel-reason", "wrong region " + HOSTILE)
+        page.fill("#cancel-reason", "wrong region " + HOSTILE)
         page.click("#cancel")
         page.wait_for_selector("#cancel-info:has-text('by oncall')", timeout=15000)
         page.wait_for_selector("#status:text('CANCELLED')")
         info = page.inner_text("#cancel-info")
-        if "RUN_CANCEL_REQUESTED" in EventType.__members__:  # the cancel request recorded with its surface and reason
-            assert "via live" in info and "wrong region " + HOSTILE in info
+        assert info.startswith("Cancelled by oncall via live: wrong region " + HOSTILE), info
         assert not page.is_visible("#cancel") and page.evaluate("typeof window.__pwned") == "undefined"
+        timeline = page.inner_text("#timeline")
+        assert "run.cancel_requested" in timeline and "by oncall via live: wrong region" in timeline
         page.screenshot(path=str(SHOTS / "run-page-cancelled.png"), full_page=True)
         browser.close()
+    requested = Event.objects.get(run_id=run.id, type="run.cancel_requested").payload
+    assert requested == {"by": "oncall", "via": "live", "reason": "wrong region " + HOSTILE}
+
+
+def test_a_running_runs_cancel_with_a_reason_shows_who_asked_and_then_that_it_stopped(
+    server, cluster, tenant, load_agent, submit
+):
+    """A RUNNING run inside a slow model call, cancelled from its page with a reason: the page says at once who
+    asked, via the live page, and why; the worker hears the doorbell, the run stops and the page follows."""
+    from playwright.sync_api import sync_playwright
+
+    operator(tenant)
+    load_agent(
+        name="slow",
+        turns=[{"tool_calls": [{"name": "echo", "arguments": {"text": "a"}}]}, {"text": "never", "delay_ms": 30_000}],
+    )
+    run = submit(agent="slow", text="a long job")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    c = cluster(AGENTRT_LEASE_SECONDS=120)  # heartbeats 40 s apart: the doorbell is what stops it
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        log_in(page, server, "oncall", "s3cret-pass", f"/runs/{run.id}/")
+        page.wait_for_selector("#live:text('live')", timeout=15000)
+        wait_for(
+            lambda: Event.objects.filter(run_id=run.id, type="model.request.started", payload__step=2).exists(),
+            timeout=60,
+            message=f"step 2's model call\n{c.output()[-3000:]}",
+        )
+        page.wait_for_selector("#status:text('RUNNING')", timeout=15000)
+        assert page.is_visible("#cancel") and not page.is_visible("#retry-form")
+        page.fill("#cancel-reason", "deploy window closed " + HOSTILE)
+        page.click("#cancel")
+        page.wait_for_url(f"**/runs/{run.id}/")
+        # The request, said at once; the run itself stops a moment later (the page reads it from the socket).
+        page.wait_for_selector("#cancel-info:has-text('by oncall via live: deploy window closed')", timeout=15000)
+        wait_for(
+            lambda: Run.objects.filter(id=run.id, status="CANCELLED").exists(),
+            timeout=25,
+            message=f"the cancel\n{list(Event.objects.filter(run_id=run.id).values_list('type', flat=True))}"
+            f"\n{c.output()[-3000:]}",
+        )
+        page.wait_for_selector("#status:text('CANCELLED')", timeout=15000)
+        page.wait_for_selector("#cancel-info:has-text('Cancelled by oncall via live')", timeout=15000)
+        assert HOSTILE in page.inner_text("#cancel-info") and page.evaluate("typeof window.__pwned") == "undefined"
+        assert not page.is_visible("#cancel") and not page.is_visible("#retry-form")
+        timeline = page.eval_on_selector_all("#timeline li", "els => els.map(e => e.textContent)")
+        requested = [t for t in timeline if "run.cancel_requested" in t]
+        assert len(requested) == 1 and "deploy window closed" in requested[0]
+        page.screenshot(path=str(SHOTS / "run-page-running-cancelled.png"), full_page=True)
+        browser.close()
+    record = list(Event.objects.filter(run_id=run.id).order_by("sequence").values_list("type", "payload"))
+    types = [t for t, _ in record]
+    assert types.index("run.cancel_requested") < types.index("run.cancelled")
+    assert "model.request.started" not in types[types.index("run.cancel_requested") :]
+    cancelled = next(p for t, p in record if t == "run.cancelled")
+    assert (cancelled["by"], cancelled["via"], cancelled["reason"]) == (
+        "oncall",
+        "live",
+        "deploy window closed " + HOSTILE,
+    )
+
+
+def test_a_run_failed_by_a_model_outage_offers_retry_live_and_completes_once_the_model_is_back(
+    server, cluster, tenant, load_agent, submit, settings
+):
+    """The model server is down: the run fails dependency_unavailable while its page is open, and Retry appears
+    without a reload; the server comes up, Retry is clicked, and the page follows the same run to its end."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.providers.fake_openai import FakeOpenAI, text_stream
+
+    operator(tenant)
+    port = free_port()  # nothing listens here yet
+    gpt_agent(load_agent, settings, port)
+    run = submit(agent="gpt-bot", text="ship it")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    server_up = None
+    try:
+        with sync_playwright() as p:
+            browser = launch_chromium(p)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            log_in(page, server, "oncall", "s3cret-pass", f"/runs/{run.id}/")
+            page.wait_for_selector("#live:text('live')", timeout=15000)
+            assert not page.is_visible("#retry-form")
+            c = cluster(
+                **model_env(
+                    port,
+                    AGENTRT_MODEL_ATTEMPTS=2,
+                    AGENTRT_MODEL_RETRY_TRIES=2,
+                    AGENTRT_MODEL_RETRY_BACKOFF_SECONDS=0.05,
+                )
+            )
+            page.wait_for_selector("#status:text('FAILED')", timeout=60000)
+            page.wait_for_selector("#retry-form", state="visible", timeout=15000)  # live, no reload
+            assert not page.is_visible("#cancel")
+            assert Run.objects.get(id=run.id).failure["reason"] == "dependency_unavailable", c.output()[-3000:]
+            page.screenshot(path=str(SHOTS / "run-page-failed-retry.png"), full_page=True)
+
+            server_up = FakeOpenAI(port=port).push(text_stream("Shipped ", "1.4.2.")).start()  # the model is back
+            page.click("#retry")
+            page.wait_for_url(f"**/runs/{run.id}/")
+            page.wait_for_selector("#status:text('COMPLETED')", timeout=60000)
+            page.wait_for_selector("#retry-form", state="hidden", timeout=15000)
+            assert "Shipped 1.4.2." in page.inner_text("#answer")
+            assert page.inner_text("#failure").startswith(
+                "Retried by oncall via live after it failed dependency_unavailable"
+            )
+            retried = [t for t in page.eval_on_selector_all("#timeline li", "els => els.map(e => e.textContent)")]
+            assert any("run.retried" in t for t in retried)
+            page.screenshot(path=str(SHOTS / "run-page-retried.png"), full_page=True)
+            browser.close()
+    finally:
+        if server_up is not None:
+            server_up.close()
+    retried = Event.objects.get(run_id=run.id, type="run.retried").payload
+    assert (retried["by"], retried["via"], retried["failure"]["reason"]) == ("oncall", "live", "dependency_unavailable")
+    assert Run.objects.get(id=run.id).status == "COMPLETED" and len(server_up.requests) == 1
 
 
 def test_the_header_counts_waiting_approvals_live_and_the_inbox_lists_them_oldest_first(

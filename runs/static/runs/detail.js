@@ -84,6 +84,7 @@
       case T.RUN_CANCELLED: return who(p);
       case CANCEL_REQUESTED: return who(p);
       case CANCEL_TOO_LATE: return 'the run ended first' + (p.by ? ' (cancel ' + who(p) + ')' : '');
+      case T.RUN_RETRIED: return who(p) + (p.failure ? ', after ' + p.failure.reason : '');
       default: return '';
     }
   }
@@ -99,6 +100,7 @@
     const shownApprovals = new Set();
     const tools = new Map();  // approval id -> the tool it asks about (from approval.requested), for the decisions
     const cancelForm = document.getElementById('cancel-form');
+    const retryForm = document.getElementById('retry-form');  // drawn only for a user who may act on the run
     const cancelInfo = document.getElementById('cancel-info');
     const decisions = document.getElementById('decisions');
     const duration = document.getElementById('duration');
@@ -109,9 +111,11 @@
     let last = 0;
     let lastAt = null;
 
-    // Cancel is offered only while it applies: to a run that has not ended, once (a second request adds nothing).
+    // Cancel is offered only while it applies: to a run that has not ended, once (a second request adds nothing);
+    // Retry only to a run that failed for a transient reason (the server says so: summary.retryable).
     function showActions() {
       cancelForm.hidden = !(CAN_ACT && summary.cancellable !== false && !ENDED.has(status) && !cancelAsked);
+      if (retryForm) retryForm.hidden = !(CAN_ACT && status === 'FAILED' && summary.retryable === true);
     }
 
     // Events up to HISTORY happened before the page was drawn: they draw the timeline, while the status and the
@@ -323,7 +327,9 @@
       if (e.type === T.RUN_WAITING_FOR_APPROVAL && p.kind === 'child_run' && Array.isArray(p.children)) { p.children.forEach(addChild); watchFamily(); }
       if (e.type === T.MODEL_RESPONSE_DELTA) showAnswer('Answer (streaming…)', 'delta:' + p.step + ':' + p.attempt).textContent += p.text || '';
       if (e.type === T.RUN_COMPLETED) showAnswer('Answer', 'final').textContent = p.final_message || '';
-      if (e.type === T.RUN_FAILED && p.failure) { failure.hidden = false; failure.textContent = 'Failed: ' + p.failure.reason + ' — ' + p.failure.message; }
+      if (e.type === T.RUN_FAILED && p.failure) { failure.hidden = false; failure.className = 'panel failure'; failure.textContent = 'Failed: ' + p.failure.reason + ' — ' + p.failure.message; }
+      // A retry is a new attempt of this run: the failure it follows is history, said as such.
+      if (e.type === T.RUN_RETRIED) { failure.hidden = false; failure.className = 'panel notice-panel'; failure.textContent = 'Retried ' + who(p) + (p.failure ? ' after it failed ' + p.failure.reason + ' — ' + p.failure.message : ''); }
     }
 
     data('pending-data').forEach(approvalCard);
