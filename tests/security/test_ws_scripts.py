@@ -2,7 +2,7 @@
 that authenticates with `Authorization: Token …` and sends no Origin (as
 the `websockets` library does by default) reads the stream; a session
 cookie still needs this server's own Origin; every refusal is logged with
-its reason, never with the credential; the README's client runs as printed."""
+its reason, never with the credential; the docs' client runs as printed."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from runs.runtime.executor import run_drive
 from tests.conftest import ROOT, start_daphne, subprocess_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-README = Path(ROOT) / "README.md"
+CLIENT_PAGE = Path(ROOT) / "docs" / "console.md"  # "Sockets for scripts"
 
 
 @pytest.fixture
@@ -106,9 +106,9 @@ def test_a_cookie_still_needs_this_servers_origin_and_each_refusal_says_why(daph
         assert secret not in text
 
 
-def test_the_readmes_ten_line_client_reads_a_run_to_its_end(daphne, run, token):
+def test_the_docs_ten_line_client_reads_a_run_to_its_end(daphne, run, token):
     port, _ = daphne
-    found = re.search(r"<!-- ws-client -->\n\n((?:    .*\n|\n)+?)\n\(", README.read_text())
+    found = re.search(r"<!-- ws-client -->\n\n((?:    .*\n|\n)+?)\n\(", CLIENT_PAGE.read_text())
     block = "".join(line[4:] + "\n" for line in found.group(1).splitlines())
     assert len([line for line in block.splitlines() if line.strip()]) == 10, block
     done = subprocess.run(
