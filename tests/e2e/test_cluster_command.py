@@ -184,7 +184,7 @@ def test_a_signal_to_make_cluster_stops_every_node_and_the_run_in_progress_is_yi
     log_path = tmp_path / "make-cluster.log"
     with open(log_path, "wb") as log:
         make = subprocess.Popen(
-            ["make", "--no-print-directory", "-o", ".venv/.installed", "cluster"],
+            ["make", "--no-print-directory", "-o", ".venv/.installed", f"PY={sys.executable}", "cluster"],
             cwd=ROOT,
             env=env,
             stdout=log,

@@ -135,9 +135,9 @@ class MakeRun(Demo):
         )
         self.log_path = tmp_path / "make-run.log"
         self.log = open(self.log_path, "wb")
-        # -o: the venv is what it is (never reinstalled from a test)
+        # -o: the venv is what it is (never reinstalled from a test); PY: this interpreter (a scratch copy has no .venv)
         self.proc = subprocess.Popen(
-            ["make", "--no-print-directory", "-o", ".venv/.installed", "run"],
+            ["make", "--no-print-directory", "-o", ".venv/.installed", f"PY={sys.executable}", "run"],
             cwd=ROOT,
             env=env,
             stdout=self.log,
