@@ -1,9 +1,11 @@
 """A cancel is recorded the moment it is accepted and reaches the worker at
-once (issue 38 item 1), through a real qcluster and the REST endpoint.
+once (issue 38 item 1), through a real qcluster, the REST endpoint and the
+command line.
 
 - A running run inside a long model call: `POST /api/runs/{id}/cancel/`
-  answers 202 with `run.cancel_requested` (who, via, the scrubbed reason)
-  already written; the worker, whose heartbeat is 40 s away, hears the
+  (or `manage.py runs cancel --reason`, a process of its own) answers
+  202 with `run.cancel_requested` (who, via, the scrubbed reason) already
+  written; the worker, whose heartbeat is 40 s away, hears the
   cancel doorbell (its first notification, logged once) and stops at the
   next observation point: the model call waiting on the token returns, no
   further model call starts, and `run.cancelled` repeats who and why.
@@ -15,12 +17,16 @@ once (issue 38 item 1), through a real qcluster and the REST endpoint.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from runs.models import Event, ModelCall, Run
-from tests.conftest import wait_for
+from tests.conftest import ROOT, subprocess_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -52,8 +58,24 @@ def model_call_started(run, step: int) -> bool:
     return Event.objects.filter(run_id=run.id, type="model.request.started", payload__step=step).exists()
 
 
+def cancel_by_cli(run, reason: str) -> dict:
+    """`manage.py runs cancel` as a process of its own: its transaction rings the doorbell the worker hears."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", "runs", "cancel", str(run.id), "--as", "alice", "--reason", reason, "--json"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("via", ["api", "cli"])
 def test_a_cancel_is_recorded_at_once_and_the_worker_stops_at_the_next_observation_point(
-    cluster, load_agent, submit, api
+    cluster, load_agent, submit, api, via
 ):
     load_agent(
         turns=[
@@ -68,12 +90,16 @@ def test_a_cancel_is_recorded_at_once_and_the_worker_stops_at_the_next_observati
     run = submit()
     wait_for(lambda: model_call_started(run, 2), timeout=60, message=f"step 2's model call\n{c.output()[-3000:]}")
 
-    answer = api.post(f"/api/runs/{run.id}/cancel/", {"reason": REASON}, format="json")
-    assert answer.status_code == 202, answer.content
-    assert answer.json()["status"] == "RUNNING" and answer.json()["cancel_requested_at"] is not None
+    if via == "api":
+        answer = api.post(f"/api/runs/{run.id}/cancel/", {"reason": REASON}, format="json")
+        assert answer.status_code == 202, answer.content
+        body = answer.json()
+    else:
+        body = cancel_by_cli(run, REASON)
+    assert body["status"] == "RUNNING" and body["cancel_requested_at"] is not None
     # The request is an event before the answer: who, via which surface, why (scrubbed).
     (request,) = [p for _, t, p in events(run) if t == "run.cancel_requested"]
-    assert request["by"] == "alice" and request["via"] == "api"
+    assert request["by"] == "alice" and request["via"] == via
     assert request["reason"].startswith("wrong input") and "sk-live-4f9a8b7c6d5e4f3a2b1c0d9e" not in request["reason"]
 
     wait_for(lambda: status(run) == "CANCELLED", timeout=25, message=f"the cancel\n{c.output()[-3000:]}")
@@ -86,7 +112,7 @@ def test_a_cancel_is_recorded_at_once_and_the_worker_stops_at_the_next_observati
     assert not model_call_started(run, 3)
     assert not [t for s, t, _ in record if s > requested_at and t.startswith("tool.call.")]
     cancelled = next(p for _, t, p in record if t == "run.cancelled")
-    assert (cancelled["by"], cancelled["via"], cancelled["reason"]) == ("alice", "api", request["reason"])
+    assert (cancelled["by"], cancelled["via"], cancelled["reason"]) == ("alice", via, request["reason"])
     assert ModelCall.objects.filter(run_id=run.id, step_number=2).count() == 1  # one attempt, never retried
     # The worker heard it from the doorbell, the first notification (not a heartbeat, not a re-read at LISTEN).
     log = c.output()
