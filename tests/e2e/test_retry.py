@@ -3,7 +3,8 @@ down and then up, and a real HTTP sink for the side effect.
 
 - A run whose model server goes down after its side effect was sent and
   answered fails `dependency_unavailable`; `POST /api/runs/{id}/retry/`
-  gives it a new attempt of the same run: it continues from its last
+  (or `manage.py runs retry`, a process of its own) gives it a new attempt
+  of the same run: it continues from its last
   checkpoint (the model is asked the failed step again, with the recorded
   tool result), completes, and the POST was sent once.
 - A run that failed while a side effect's outcome was unknown (the process
@@ -17,6 +18,8 @@ down and then up, and a real HTTP sink for the side effect.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -24,7 +27,7 @@ from rest_framework.test import APIClient
 
 from approvals.models import Approval
 from runs.models import Event, ModelCall, Run, ToolInvocation
-from tests.conftest import free_port, wait_for
+from tests.conftest import ROOT, free_port, subprocess_env, wait_for
 from tests.providers.conftest import KEY, PRICES
 from tests.providers.fake_openai import FakeOpenAI, chunk, stream, text_stream, tool_delta, usage_chunk
 
@@ -101,8 +104,24 @@ def types(run) -> list[str]:
     return list(Event.objects.filter(run_id=run.id).order_by("sequence").values_list("type", flat=True))
 
 
+def retry_by_cli(run) -> dict:
+    """`manage.py runs retry` as a process of its own, as the run's tenant's user."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", "runs", "retry", str(run.id), "--as", "alice", "--json"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("via", ["api", "cli"])
 def test_a_run_failed_by_a_model_outage_is_retried_from_its_checkpoint_and_sends_nothing_again(
-    cluster, load_agent, submit, settings, sink, model_port, api
+    cluster, load_agent, submit, settings, sink, model_port, api, via
 ):
     gpt_agent(load_agent, settings, model_port.port, tools=("http_post",))
     sink.behaviours = ["delay:60"]  # the POST's answer is held while the model server goes down
@@ -127,9 +146,13 @@ def test_a_run_failed_by_a_model_outage_is_retried_from_its_checkpoint_and_sends
     assert body["retryable"] is True
 
     second = model_port(text_stream("Shipped ", "1.4.2."))  # the model server is back
-    answer = api.post(f"/api/runs/{run.id}/retry/", {}, format="json")
-    assert answer.status_code == 202, answer.content
-    assert answer.json()["status"] == "QUEUED" and answer.json()["failure"] is None
+    if via == "api":
+        answer = api.post(f"/api/runs/{run.id}/retry/", {}, format="json")
+        assert answer.status_code == 202, answer.content
+        body = answer.json()
+    else:
+        body = retry_by_cli(run)
+    assert body["status"] == "QUEUED" and body["failure"] is None
     wait_for(lambda: status(run) == "COMPLETED", timeout=60, message=f"the retried run\n{c.output()[-3000:]}")
 
     done = Run.objects.get(id=run.id)
@@ -144,7 +167,7 @@ def test_a_run_failed_by_a_model_outage_is_retried_from_its_checkpoint_and_sends
     order = types(run)
     assert order.index("run.failed") < order.index("run.retried") < order.index("run.completed")
     retried = Event.objects.get(run_id=run.id, type="run.retried").payload
-    assert (retried["by"], retried["via"], retried["failure"]["reason"]) == ("alice", "api", "dependency_unavailable")
+    assert (retried["by"], retried["via"], retried["failure"]["reason"]) == ("alice", via, "dependency_unavailable")
     # Step 2's attempts continue the numbering: the failed ones stay in the record.
     attempts = list(
         ModelCall.objects.filter(run_id=run.id, step_number=2)
