@@ -344,6 +344,15 @@ else:
 # Wake sockets through the channel layer after each commit. Across processes
 # only Redis carries it; without Redis the consumers' poll delivers.
 AGENTRT_NOTIFY_LIVE = os.environ.get("AGENTRT_NOTIFY_LIVE", "1" if os.environ.get("REDIS_URL") else "0") == "1"
+# Without Redis, on PostgreSQL: the statement that appends a run's events also sends `NOTIFY agentrt_live`
+# (delivered at commit) and each web process LISTENs on one connection of its own (runs/web/live_bell.py).
+AGENTRT_LIVE_PG_NOTIFY = os.environ.get("AGENTRT_LIVE_PG_NOTIFY", "0" if os.environ.get("REDIS_URL") else "1") == "1"
+# A live socket reads the events table at least this often without being woken (the fallback of both wake-ups).
+AGENTRT_LIVE_POLL_SECONDS = env_float("AGENTRT_LIVE_POLL_SECONDS", 0.5)
+if AGENTRT_LIVE_POLL_SECONDS <= 0:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(f"AGENTRT_LIVE_POLL_SECONDS must be a positive number, not {AGENTRT_LIVE_POLL_SECONDS}")
 
 # --- DRF ------------------------------------------------------------------
 # The API of DESIGN §16 (runs/api/): strict JSON in, JSON out, one error body.

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from runs.domain.writes import EnqueueDeliveries, EventWrite, UnitOfWork, Wake
-from runs.store import intents
+from runs.store import intents, live
 from runs.store.cursor import Cursor, is_pg, sql_dt, sql_json, sql_uuid
 
 
@@ -37,17 +37,20 @@ def append_events(
         rows = [
             {"o": i, "t": e.type, "p": e.payload, "a": e.occurred_at.isoformat()} for i, e in enumerate(events, start=1)
         ]
+        wake, wake_params = live.returning(run_id, tenant_id)  # the live pages' NOTIFY, delivered at commit
         cursor.execute(
             """
             WITH s AS (
-                UPDATE sessions SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq
+                UPDATE sessions SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq"""
+            + wake
+            + """
             )
             INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch, occurred_at)
             SELECT %s, %s, s.event_seq - %s + x.o, %s, x.t, x.p, %s, x.a
             FROM s, jsonb_to_recordset(%s::jsonb) AS x(o int, t text, p jsonb, a timestamptz)
             RETURNING sequence
             """,
-            [n, session_id, tenant_id, session_id, n, run_id, epoch, sql_json(rows)],
+            [n, session_id, *wake_params, tenant_id, session_id, n, run_id, epoch, sql_json(rows)],
         )
         seqs = sorted(r[0] for r in cursor.fetchall())
         _deliveries(cursor, tenant_id, run_id, events, seqs)

@@ -19,6 +19,7 @@ from uuid import UUID
 
 from runs.domain import stored_form
 from runs.domain.writes import EventWrite, UnitOfWork
+from runs.store import live
 from runs.store.json_text import compact as _j
 
 
@@ -367,9 +368,10 @@ def _appended_events(work: UnitOfWork, *, run_id: UUID, tenant_id: UUID, session
     """The session counter moves by the number of events (only when the fence
     matched), and the events take the sequences it hands out, in order."""
     count = len(work.events)
+    wake, wake_params = live.returning(run_id, tenant_id)  # the live pages' NOTIFY, if the counter moved
     counter = (
         "session_counter AS (UPDATE sessions SET event_seq = event_seq + %s"
-        " WHERE id = %s AND EXISTS (SELECT 1 FROM fenced_run) RETURNING event_seq)"
+        " WHERE id = %s AND EXISTS (SELECT 1 FROM fenced_run) RETURNING event_seq" + wake + ")"
     )
     events = (
         "appended_events AS (INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch,"
@@ -383,7 +385,10 @@ def _appended_events(work: UnitOfWork, *, run_id: UUID, tenant_id: UUID, session
         {"ordinal": i, "type": e.type, "payload": e.payload, "occurred_at": _ts(e.occurred_at)}
         for i, e in enumerate(work.events, start=1)
     ]
-    return [(counter, [count, session_id]), (events, [tenant_id, session_id, count, run_id, epoch, _j(rows)])]
+    return [
+        (counter, [count, session_id, *wake_params]),
+        (events, [tenant_id, session_id, count, run_id, epoch, _j(rows)]),
+    ]
 
 
 def watermark_statement(
@@ -399,6 +404,7 @@ def watermark_statement(
     event_payload: dict[str, Any],
 ) -> tuple[str, list[Any]]:
     """The watermark, alone: the fence, `effect_sent_at`, `tool.call.started`."""
+    wake, wake_params = live.returning(run_id, tenant_id)  # the live pages' NOTIFY, if the counter moved
     sql = (
         "WITH fenced_run AS (UPDATE runs SET updated_at = %s WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
         " AND (status || '') = 'RUNNING' RETURNING id),"
@@ -407,7 +413,7 @@ def watermark_statement(
         " FROM fenced_run WHERE invocation.id = %s AND invocation.run_id IS NOT DISTINCT FROM fenced_run.id"
         " RETURNING 1),"
         " session_counter AS (UPDATE sessions SET event_seq = event_seq + 1"
-        " WHERE id = %s AND EXISTS (SELECT 1 FROM watermarked) RETURNING event_seq),"
+        " WHERE id = %s AND EXISTS (SELECT 1 FROM watermarked) RETURNING event_seq" + wake + "),"
         " appended_events AS (INSERT INTO events (tenant_id, session_id, sequence, run_id, type, payload, lease_epoch,"
         " occurred_at)"
         " SELECT %s, %s, session_counter.event_seq, %s, 'tool.call.started', %s::jsonb, %s, %s"
@@ -425,6 +431,7 @@ def watermark_statement(
         epoch,
         invocation_id,
         session_id,
+        *wake_params,
         tenant_id,
         session_id,
         run_id,

@@ -4,7 +4,8 @@
 streams new ones in sequence order. One sender loop per socket reads from the
 table past its cursor, so a dropped channel-layer message, or the embedded
 default without Redis, still delivers every event exactly once: the layer
-only wakes the loop early; a short poll is the fallback.
+(with Redis) or PostgreSQL's NOTIFY (without: runs/web/live_bell.py) only
+wakes the loop early; a poll every AGENTRT_LIVE_POLL_SECONDS is the fallback.
 `ws/runs/` streams the status changes of the caller's tenant.
 """
 
@@ -17,6 +18,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 from django.db import close_old_connections
 
 from runs.api.parsers import MAX_DEPTH, check_document
@@ -26,11 +28,13 @@ from runs.models import Event, Run
 from runs.runtime.wake import run_group, tenant_group
 from runs.services import scoping
 from runs.services.selectors import event_to_dict
+from runs.store import live
+from runs.web import live_bell
 from runs.web.ws_auth import anonymous_reason, credential_of, credential_still_valid
 from runs.web.ws_limits import RENEW_EVERY_SECONDS, ws_admit, ws_release, ws_renew
 
 log = logging.getLogger("agentrt.live")
-POLL_SECONDS = 0.5
+RECHECK_SECONDS = 0.5  # how often an open socket re-checks its credential and access
 BATCH = 200
 MAX_FRAME_CHARS = 4096  # clients send at most a ping
 STATUS_EVENTS = tuple(t.value for t in STATUS_EVENT_TYPES)  # what ws/runs/ streams (runs.domain.events)
@@ -77,11 +81,13 @@ def _frame_problem(text_data, bytes_data) -> str | None:
 
 
 class _Streaming(AsyncJsonWebsocketConsumer):
-    """Shared loop: wake on a group message or every POLL_SECONDS, then read
-    the table past the cursor and send in order."""
+    """Shared loop: wake on a group message, a NOTIFY or every
+    AGENTRT_LIVE_POLL_SECONDS, then read the table past the cursor and send
+    in order; re-check the credential every RECHECK_SECONDS meanwhile."""
 
     group = ""
     _slot = None
+    _bell = None
 
     async def admit(self, user, tenant_id) -> bool:
         """Before accepting: take one of the user's AGENTRT_WS_MAX_PER_USER
@@ -102,12 +108,18 @@ class _Streaming(AsyncJsonWebsocketConsumer):
 
     async def start_streaming(self):
         self._wake = asyncio.Event()
+        if live.enabled():
+            self._bell = live_bell.bell()
+            self._bell.subscribe(self.group, self._wake)
         self._task = asyncio.create_task(self._pump())
 
     async def disconnect(self, code):
         task = getattr(self, "_task", None)
         if task:
             task.cancel()
+        if self._bell is not None:
+            bell, self._bell = self._bell, None
+            bell.unsubscribe(self.group, self._wake)
         if self.group and self.channel_layer is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self._slot is not None:
@@ -127,7 +139,7 @@ class _Streaming(AsyncJsonWebsocketConsumer):
 
     async def _still_allowed(self) -> bool:
         now = CLOCK.monotonic()
-        if now - self._checked < POLL_SECONDS:
+        if now - self._checked < RECHECK_SECONDS:
             return True
         self._checked = now
         if not await _still_allowed(*self._access):
@@ -141,6 +153,9 @@ class _Streaming(AsyncJsonWebsocketConsumer):
         self._wake.set()
 
     async def _pump(self):
+        poll = settings.AGENTRT_LIVE_POLL_SECONDS
+        read_at = -poll  # read at once
+        more = False
         try:
             while True:
                 if not await self._still_allowed():
@@ -150,12 +165,16 @@ class _Streaming(AsyncJsonWebsocketConsumer):
                     )
                     await self.close(code=4401)  # logged out, token revoked, or access lost
                     return
-                sent = await self.send_new()
-                if sent:
-                    continue  # drain a backlog before sleeping
-                self._wake.clear()
+                now = CLOCK.monotonic()
+                if more or self._wake.is_set() or now - read_at >= poll:
+                    # cleared before the read: a wake-up for a commit the read misses is kept for the next
+                    self._wake.clear()
+                    read_at = now
+                    more = bool(await self.send_new())  # drain a backlog before sleeping
+                    if more:
+                        continue
                 try:
-                    await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
+                    await asyncio.wait_for(self._wake.wait(), min(RECHECK_SECONDS, max(0.0, read_at + poll - now)))
                 except TimeoutError:
                     pass
         except asyncio.CancelledError:
