@@ -1,4 +1,4 @@
-"""Login throttling behind a proxy (issue 34 item 6): whose address a login
+"""Login throttling behind a proxy: whose address a login
 comes from, and when django-axes locks it.
 
 **The client's address.** The web nodes run daphne without `--proxy-headers`

@@ -31,7 +31,7 @@ def env_list(name, default=""):
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-# --- Security (issue 10: items 7, 8, 9, 11, 12) -------------------------------
+# --- Security ------------------------------------------------------------------
 DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
 # No built-in key outside DEBUG: every process (web, worker, maintenance, CLI)
 # refuses to start without one. `make run` passes the demo's own key (var/secret_key).
@@ -174,7 +174,7 @@ TEMPLATES = [
 
 # --- Database -------------------------------------------------------------
 # Persistent connections: django-q2's ORM broker opens a connection per query
-# with Django's default of 0 and drops from ~280 to ~24 tasks/s (DESIGN §5).
+# with Django's default of 0 and drops from ~280 to ~24 tasks/s.
 CONN_MAX_AGE = env_int("AGENTRT_CONN_MAX_AGE", 600)
 # The web server's pool (PostgreSQL under ASGI only; 0: no pool, a connection per request).
 AGENTRT_DB_POOL_SIZE = env_int("AGENTRT_DB_POOL_SIZE", 8)
@@ -355,7 +355,7 @@ if AGENTRT_LIVE_POLL_SECONDS <= 0:
     raise ImproperlyConfigured(f"AGENTRT_LIVE_POLL_SECONDS must be a positive number, not {AGENTRT_LIVE_POLL_SECONDS}")
 
 # --- DRF ------------------------------------------------------------------
-# The API of DESIGN §16 (runs/api/): strict JSON in, JSON out, one error body.
+# The REST API (runs/api/): strict JSON in, JSON out, one error body.
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "runs.api.auth.TokenAuthentication",  # knox, without reading every token of the user per request
@@ -389,7 +389,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "TITLE": "agentrt API",
     "DESCRIPTION": (
-        "Durable runtime for LLM agent runs (DESIGN §16). Authenticate with `Authorization: Token <key>` "
+        "Durable runtime for LLM agent runs. Authenticate with `Authorization: Token <key>` "
         "(`manage.py drf_create_token USER`) or a session. Everything is scoped to your tenant; another "
         "tenant's object is 404. Errors are `{code, message, fields?, request_id}`. Writes take "
         "`application/json` only (UTF-8, at most DATA_UPLOAD_MAX_MEMORY_SIZE bytes, nesting ≤ 32, no NaN/Infinity, "
@@ -437,7 +437,7 @@ if min(AGENTRT_MODEL_RETRY_BACKOFF_SECONDS, AGENTRT_MODEL_RETRY_BACKOFF_MAX_SECO
 if AGENTRT_MODEL_RETRY_MAX_WAIT_SECONDS < 0:
     raise ValueError("AGENTRT_MODEL_RETRY_MAX_WAIT_SECONDS must be 0 or more")
 AGENTRT_RECONCILER = os.environ.get("AGENTRT_RECONCILER", "")
-# A project's tools and providers (issue 13): comma-separated dotted module
+# A project's tools and providers: comma-separated dotted module
 # paths imported by every process at startup (runs.extensions), in addition
 # to each installed app's `agent_tools` / `agent_providers` module. Operator
 # configuration only: never taken from a tenant.
@@ -508,7 +508,7 @@ AGENTRT_MODEL_ENDPOINTS = _model_endpoints()
 # Every limit's default, from the one limits table (runs/domain/limits.py; Django-free).
 AGENTRT_DEFAULT_LIMITS = default_limits()
 
-# --- Post-run hooks and webhooks (issue 17; README "Hooks and webhooks") -----
+# --- Post-run hooks and webhooks (docs/webhooks.md) -------------------------
 # Modules that register post-run hooks (runs.hooks.register), besides each installed app's `agent_hooks`.
 AGENTRT_HOOK_MODULES = env_list("AGENTRT_HOOK_MODULES", "")
 # Hosts (`host:port`, or `host` for 80/443) a webhook subscription's URL may name; checked when saved and before
@@ -538,7 +538,7 @@ if AGENTRT_DELIVERY_CLAIM_SECONDS <= AGENTRT_WEBHOOK_TIMEOUT_SECONDS:
         "(else a second worker could send a delivery that is still in flight)"
     )
 
-# --- django-q2: a doorbell, never the source of truth (DESIGN §5) -----------
+# --- django-q2: a doorbell, never the source of truth -----------
 Q_WORKERS = env_int("AGENTRT_WORKERS", 2)
 # Fair workers (README, "Workers and tenants"): leases one tenant may hold at once, checked at every claim.
 # Default: half the workers, at least 1. A node knows only its own AGENTRT_WORKERS: with several worker nodes

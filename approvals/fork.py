@@ -1,4 +1,4 @@
-"""What a fork's approval card adds (DESIGN §8: the request hash covers the
+"""What a fork's approval card adds (the request hash covers the
 presentation, so these facts are approved with the call): that the run is a
 fork of run X at step N, and what X did at the same position — the same
 call, the same tool with other arguments, another tool, or nothing."""

@@ -1,5 +1,5 @@
 """The ApprovalGate port's adapter: builds hash-bound approval rows for the
-pipeline and reads decisions back when the run resumes (DESIGN §8)."""
+pipeline and reads decisions back when the run resumes."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class ApprovalGate:
 
     def _expiry(self, now, kind: str):
         if kind in UNKNOWN_OUTCOME_KINDS:
-            return None  # a re-run grant asked again is still an unknown outcome: no timer closes it (DESIGN §18)
+            return None  # a re-run grant asked again is still an unknown outcome: no timer closes it
         expires = now + timedelta(seconds=float(settings.AGENTRT_APPROVAL_TTL_SECONDS))
         if self.run.deadline_at is not None and self.run.deadline_at < expires:
             expires = self.run.deadline_at

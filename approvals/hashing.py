@@ -1,4 +1,4 @@
-"""The approval's request hash (DESIGN §8): SHA-256 of the canonical JSON of
+"""The approval's request hash: SHA-256 of the canonical JSON of
 what the operator is shown and what would run. No Django imports."""
 
 from __future__ import annotations

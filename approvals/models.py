@@ -1,4 +1,4 @@
-"""Hash-bound approvals (DESIGN §3, §8): one table for policy pauses,
+"""Hash-bound approvals: one table for policy pauses,
 interrupted side effects and reconciler pauses."""
 
 from django.conf import settings
@@ -9,7 +9,7 @@ from runs.domain.pipeline import RERUN_KINDS as _DOMAIN_RERUN_KINDS
 from runs.domain.values import ApprovalStatus, choices
 from runs.models import Unindexed
 
-# Approval kinds (DESIGN §8, §17). A "re-run grant" is an approval whose
+# Approval kinds. A "re-run grant" is an approval whose
 # approve runs the same invocation again with the same idempotency key; a
 # "confirmable" one may instead be settled by an operator who knows whether
 # the call took effect (POST /api/approvals/{id}/confirm/).
@@ -19,7 +19,7 @@ UNCERTAIN_SIDE_EFFECT = "uncertain_side_effect"
 RECONCILE = "reconcile"
 RERUN_KINDS = _DOMAIN_RERUN_KINDS  # the one set, defined Django-free where the pipeline re-checks grants
 CONFIRMABLE_KINDS = (INTERRUPTED_SIDE_EFFECT, UNCERTAIN_SIDE_EFFECT)
-# An unknown outcome's question (DESIGN §18, issue 33 item 2): the approval of a side-effect call that may
+# An unknown outcome's question: the approval of a side-effect call that may
 # have taken effect — interrupted, uncertain, or paused by the reconciler (the re-run grants). No timer closes
 # it (no TTL, not the run's deadline, not the expiry sweep) and no cancel does, the run's own or a parent's:
 # only a person's decision (approvals/unknown.py says how the run then ends).

@@ -1,4 +1,4 @@
-"""Policy evaluation (DESIGN §16): allow / deny / require_approval.
+"""Policy evaluation: allow / deny / require_approval.
 
 Rules match on the tool name with an optional `when` on an argument (dotted
 path; ops eq, ne, in, gt, gte, lt, lte); the first match wins, else

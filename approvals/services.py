@@ -1,5 +1,5 @@
 """The approval service: the one path by which the admin, the REST API and
-the live pages decide an approval (DESIGN §8).
+the live pages decide an approval.
 
 A decision is a guarded update of a *pending* approval carrying the hash the
 operator was shown; it applies only to a run WAITING_FOR_APPROVAL, records
@@ -130,7 +130,7 @@ def approval_decide(
 def approval_confirm(
     *, user, approval_id: Any, request_hash: str, took_effect: Any, reason: str = "", via: str = "api"
 ) -> Approval:
-    """The third decision on an unknown outcome (DESIGN §17): an operator who
+    """The third decision on an unknown outcome: an operator who
     knows whether an `interrupted_side_effect` / `uncertain_side_effect` call
     took effect says so. The invocation gets a result recording the
     confirmation (the model sees it), nothing is sent again, the approval is

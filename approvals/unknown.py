@@ -1,4 +1,4 @@
-"""How a run waiting on an unknown outcome ends (DESIGN §18, issue 33 item 2).
+"""How a run waiting on an unknown outcome ends.
 
 An unknown outcome's approval (`approvals.models.UNKNOWN_OUTCOME_KINDS`: an
 interrupted or uncertain side effect, or the reconciler's pause of one) is

@@ -293,7 +293,7 @@ def calls_that_ran(run_id) -> Counter[str]:
 
 def catch_up(run, state: CheckpointState, *, always: bool = False) -> CheckpointState:
     """Bring a state read from a checkpoint older than the log up to the run's
-    committed events (seed 002's stored form: the log is what checkpoints
+    committed events (the stored form: the log is what checkpoints
     reference). Every model turn recorded after `state.step`
     (`model.response.completed` carries its calls) is appended, each earlier
     batch answered first from its invocation rows (the recorded results,

@@ -45,7 +45,7 @@ def _mcp_calls(data: dict[str, int]) -> CounterMetricFamily:
 
 
 class DeploymentCollector(Collector):
-    """Seed 002's seven series plus the fleet gauges."""
+    """The seven run series plus the fleet gauges."""
 
     def collect(self):
         c = fleet.deployment_counters()

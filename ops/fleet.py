@@ -1,4 +1,4 @@
-"""Selectors for the deployment as a whole (seed 002's series and the fleet
+"""Selectors for the deployment as a whole (the run series and the fleet
 gauges), read from the shared database so every web node reports the same
 figures whatever node did the work.
 
@@ -31,7 +31,7 @@ from runs.tools import REGISTRY
 STEP_BUCKETS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89)
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400)
 
-# What a lost lease interrupted, worst first (seed 002: a lease lost while a
+# What a lost lease interrupted, worst first (a lease lost while a
 # side effect's outcome is unknown is an incident, one lost between steps is
 # a short lease). Ranked so one takeover gets its worst phase.
 LEASE_PHASES = {4: "side_effect", 3: "executing", 2: "deciding", 1: "idle"}
@@ -52,7 +52,7 @@ COUNTED = (
 )
 HISTOGRAMS = {"run_steps": STEP_BUCKETS, "waiting": WAIT_BUCKETS}
 COUNTERS = ("cancelled", "leases_lost", "requeued", "compactions", "tool_uncertain", "mcp_calls")
-# The results of MCP tool calls (issue 36), read through their own partial index, events_mcp_calls_idx
+# The results of MCP tool calls, read through their own partial index, events_mcp_calls_idx
 # (ops/migrations/0008: the same predicate), which no other event writes to. `%%` is `%` once the
 # statement's parameters are bound.
 MCP_CALLS = (
@@ -139,7 +139,7 @@ def _histogram_rows(series: str, source: str, label: str, value: str, bounds: tu
 
 
 def contributions(scope: Scope | None = None) -> tuple[str, tuple]:
-    """One statement: seed 002's six counters and two histograms over the runs
+    """One statement: the six counters and two histograms over the runs
     of `scope` (None: every run, reading the tables whole), as (series,
     label, bucket, value) rows — a counter's value per label (bucket empty),
     a histogram's cumulative count per bound (`+Inf`: its count) and its sum.
@@ -174,7 +174,7 @@ def contributions(scope: Scope | None = None) -> tuple[str, tuple]:
         "  WHERE t.type = 'lease.taken_over' GROUP BY t.id)"
         # A run ends CANCELLED only on request here (a passed deadline fails
         # it `deadline_exceeded`). The event's `reason` is the words of the
-        # person who cancelled (issue 38), never a label.
+        # person who cancelled, never a label.
         " SELECT 'cancelled', 'requested', '', COUNT(*) FROM ev"
         "  WHERE type = 'run.cancelled' GROUP BY 2"
         " UNION ALL SELECT 'requeued', COALESCE(payload->>'reason', 'unknown'), '', COUNT(*) FROM ev"

@@ -3,7 +3,7 @@
 and was folded in (`MetricTotal`), and the runs that ended since
 (`UnfoldedRun`, filled by a trigger on `runs` in PostgreSQL, emptied by the
 `metrics` maintenance sweep). A run's figures are final once it has ended
-(DESIGN §4: nothing leaves a terminal state), so they are added once."""
+(nothing leaves a terminal state), so they are added once."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces of seed 002's tree, across processes.
+"""OpenTelemetry traces of the run's span tree, across processes.
 
 `run_submit` records a `run.submit` span and stores its W3C `traceparent` in
 the run's `run.created` event; every execution slice (`agent.run`, on

@@ -145,7 +145,7 @@ class RunAdmin(TenantScoped):
 
     @admin.display(description="child runs")
     def children_links(self, obj):
-        """The child runs this run started (seed 002, M6), each a link to its page here, with its agent and status
+        """The child runs this run started, each a link to its page here, with its agent and status
         (a child is in its parent's tenant, which the page was already scoped to)."""
         items = ""  # format_html keeps what it already made safe and escapes the rest
         for child in obj.children.select_related("agent").order_by("created_at", "id"):

@@ -31,7 +31,7 @@ class SystemIdFactory:
         at the right edge of their primary-key index: with random (v4) ids,
         each step's model call and tool call rows went to a random leaf of a
         large table's index, read from disk and written to the WAL whole once
-        per checkpoint cycle (bench/RESULTS.md, session 12). Still not
+        per checkpoint cycle (bench/RESULTS.md). Still not
         guessable (74 random bits); it shows when the row was made, which
         every such row's `created_at` shows too."""
         return uuid.UUID(int=uuid6.uuid7().int)

@@ -1,4 +1,4 @@
-"""Discovery of a project's tools and providers (issue 13, item 1).
+"""Discovery of a project's tools and providers.
 
 Every process that sets Django up (web, worker, maintenance, any management
 command) calls `load()` from `RunsConfig.ready()`:

@@ -1,4 +1,4 @@
-"""Post-run hooks (seed 002; issue 17 item 1).
+"""Post-run hooks.
 
     from runs import hooks
 
@@ -44,7 +44,7 @@ class RunView(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    run: dict[str, Any]  # the REST shape of DESIGN §16 (status, failure, final_message, usage, ...)
+    run: dict[str, Any]  # the run's REST shape (status, failure, final_message, usage, ...)
     tenant: str  # the tenant's name
     event: str  # run.completed, run.failed or run.cancelled
     delivery: str  # the delivery id: stable across retries, for deduplication

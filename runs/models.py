@@ -1,5 +1,5 @@
-"""Tables of the runs app (DESIGN §3). Status and lease columns are written
-only by the writers of DESIGN §4 (a structural test checks it)."""
+"""Tables of the runs app. Status and lease columns are written
+only by their declared writers (tests/gates checks it)."""
 
 from django.conf import settings
 from django.db import models
@@ -30,7 +30,7 @@ class Tenant(models.Model):
     policy_floor = models.JSONField(default=dict, blank=True)
     # Active (non-terminal) runs allowed at once; null: AGENTRT_MAX_ACTIVE_RUNS.
     max_active_runs = models.PositiveIntegerField(null=True, blank=True)
-    # The tools and the model endpoints this tenant's agents may use, by name (issue 34);
+    # The tools and the model endpoints this tenant's agents may use, by name;
     # null: every one (a single-team deployment). Checked when an agent is published and
     # again when a run executes (runs.services.allowlists).
     allowed_tools = models.JSONField(null=True, blank=True, default=None)
@@ -133,7 +133,7 @@ class Run(models.Model):
     priority = models.IntegerField(default=0)
     scheduled_for = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
-    # A child run (seed 002, M6): the run whose `delegate_run` call started it, and
+    # A child run: the run whose `delegate_run` call started it, and
     # that call's invocation, whose result the child's terminal transition writes.
     # Indexed only where set (runs_parent_idx): most runs have no parent.
     parent = models.ForeignKey(
@@ -160,7 +160,7 @@ class Run(models.Model):
     )
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     request_hash = models.CharField(max_length=64, null=True, blank=True)
-    # The principal the run acts for, stamped at submission (seed 002): the submitting user (no FK — a user
+    # The principal the run acts for, stamped at submission: the submitting user (no FK — a user
     # deleted meanwhile must read as revoked, not as "no user") and its scope set then (its permissions).
     # Null: submitted by the system (a shell command).
     principal_user_id = models.BigIntegerField(null=True, blank=True)
@@ -272,7 +272,7 @@ class ModelCall(models.Model):
 
 class ToolInvocation(models.Model):
     STATUSES = choices(InvocationStatus)
-    OUTCOMES = choices(InvocationOutcome)  # DESIGN §7 step 11
+    OUTCOMES = choices(InvocationOutcome)  # pipeline step 11
 
     id = models.UUIDField(primary_key=True, default=new_uuid, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False, db_constraint=False)

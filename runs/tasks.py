@@ -1,4 +1,4 @@
-"""django-q2 task functions: doorbells only (DESIGN §5)."""
+"""django-q2 task functions: doorbells only."""
 
 import gc
 from uuid import UUID
@@ -23,7 +23,7 @@ def _freeze_heap_once() -> None:
     object left out of the cyclic collector's reach (`gc.freeze`). Those
     objects live as long as the process anyway; without this, each of the
     collector's older-generation passes walks all of them again, about 8 %
-    of a read-only step in bench/RESULTS.md (session 9). Objects created
+    of a read-only step in bench/RESULTS.md. Objects created
     later are collected as before."""
     global _heap_frozen
     if not _heap_frozen:

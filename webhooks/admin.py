@@ -1,4 +1,4 @@
-"""The admin over webhook subscriptions and deliveries (issue 17).
+"""The admin over webhook subscriptions and deliveries.
 
 Tenant-scoped like the rest of the admin (runs.services.scoping): staff see their own
 tenant's rows, another tenant's is 404; a superuser sees every tenant but

@@ -1,4 +1,4 @@
-"""REST for webhook subscriptions (issue 17 item 2), under /api/webhooks/.
+"""REST for webhook subscriptions, under /api/webhooks/.
 
 Reads: any member of the tenant (the secret is never in a read; a URL's path,
 query and credentials and a receiver's answers only to operators, see

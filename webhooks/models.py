@@ -1,4 +1,4 @@
-"""Webhook subscriptions and the deliveries of hooks and webhooks (issue 17).
+"""Webhook subscriptions and the deliveries of hooks and webhooks.
 
 A `Delivery` is written in the same transaction as the event it announces
 (a run's terminal transition, an approval requested or resolved, a run
@@ -17,7 +17,7 @@ from runs.clock import new_uuid, utcnow
 
 from .visibility import masked_url
 
-# What a subscription may ask for (issue 17 item 2). `webhook.test` is sent
+# What a subscription may ask for. `webhook.test` is sent
 # only by "send test event", whatever the subscription's event types.
 EVENT_TYPES = (
     "run.completed",

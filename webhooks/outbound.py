@@ -80,7 +80,7 @@ def signed_bytes(timestamp: int, delivery_id: str, event_type: str, attempt: int
     X-Agentrt-Attempt values, each followed by a newline (no header value can
     hold one, so no two requests sign the same bytes), then the body. v1
     signed `"<t>." + body` only, which left a captured request's event type
-    and delivery id free to change (issue 34 item 7g); it is no longer sent."""
+    and delivery id free to change; it is no longer sent."""
     return f"{timestamp}\n{delivery_id}\n{event_type}\n{attempt}\n".encode() + body
 
 

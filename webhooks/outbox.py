@@ -1,4 +1,4 @@
-"""Deliveries are written with the event they announce (issue 17 items 1, 2, 4).
+"""Deliveries are written with the event they announce.
 
 The store raises `EnqueueDeliveries` (runs.domain.writes) in the
 transaction that appends events this module `wants`, once they are
@@ -156,7 +156,7 @@ def payload(delivery_id, event, sequence: int, context: dict) -> dict:
 
 
 def _approval(approval_id: str | None, event_payload: dict) -> dict:
-    """The approval in its REST shape (DESIGN §16), read in the event's own transaction."""
+    """The approval in its REST shape, read in the event's own transaction."""
     row = Approval.objects.select_related("decided_by", "run").filter(id=approval_id).first() if approval_id else None
     if row is None:
         return {

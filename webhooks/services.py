@@ -1,5 +1,5 @@
 """The webhook service: the one path by which the admin and the REST API
-create, change, delete and test subscriptions (issue 17 item 2).
+create, change, delete and test subscriptions.
 
 Every read and write is scoped by runs.services.scoping: another tenant's
 subscription or delivery is 404 (a superuser sees every tenant's but acts

@@ -1,5 +1,4 @@
-"""What of a subscription's URL and of a delivery's error a reader sees
-(issue 34 item 7b).
+"""What of a subscription's URL and of a delivery's error a reader sees.
 
 Two things a subscription's reads carried to every member of its tenant
 (review N7): the receiver's answer to a failed attempt (its first 200 bytes,

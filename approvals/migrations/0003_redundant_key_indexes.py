@@ -1,5 +1,5 @@
 """Drop the indexes Django gives a ForeignKey where another index already
-leads with the same column (issue 16: fewer index entries per write, and one
+leads with the same column (fewer index entries per write, and one
 index fewer for the planner to pick on stale statistics — a lookup in a
 tenant's scope once read 3,151 entries of `approvals_tenant_id`). Here: `approvals.tenant_id` (approvals_pending_idx leads with it)."""
 

@@ -6,7 +6,7 @@ lease, so these end it through the lifecycle service, guarded by its status.
 - a run WAITING_FOR_USER past its input deadline → FAILED `input_deadline_exceeded`;
 - any waiting run past its deadline → FAILED `deadline_exceeded`.
 
-No timer closes an unknown outcome (DESIGN §18): a run waiting on an
+No timer closes an unknown outcome: a run waiting on an
 unknown outcome's question (approvals.models.open_questions: an interrupted
 or uncertain side effect, or the reconciler's pause of one) is neither
 expired nor failed past its deadline — it waits for a person, and the

@@ -5,7 +5,7 @@ The sweep finds runs that ended through their terminal event (`run.completed`,
 `run.failed`, `run.cancelled`: every ending writes one, in the transaction
 that ends the run), read by id through the partial index `events_ended_idx`
 (ops/migrations/0002_flat_read_indexes.py), a batch at a time: never a scan
-of the runs, events or checkpoints table (issue 16: flat in table size). The runs table gets no
+of the runs, events or checkpoints table (flat in table size). The runs table gets no
 index for this: one on `updated_at` would make every step's update of the
 run row a non-HOT one (see ops/migrations/0001_metrics_indexes.py).
 
@@ -116,7 +116,7 @@ def sweep_prune() -> dict:
             deleted += _prune_run(run_id)
         except Exception as exc:
             # Each run is its own transaction (rolled back): log the run and the error class only — never
-            # checkpoint content or the exception's text — and go on with the other runs (seed 002).
+            # checkpoint content or the exception's text — and go on with the other runs.
             failed += 1
             log.warning("prune: run %s failed (%s); its checkpoints are kept", run_id, type(exc).__name__)
     if not failed:

@@ -1,5 +1,5 @@
-"""Indexes that keep reads flat in the size of the tables (issue 16 item 5;
-the plans before and after are in bench/RESULTS.md, `bench/bigtable.py explain`).
+"""Indexes that keep reads flat in the size of the tables (the plans before
+and after are in bench/RESULTS.md, `bench/bigtable.py explain`).
 
 Raw SQL on the runs and approvals apps' tables, as 0001 is, and for its
 reasons. All are partial: a step's appends and its update of the run row

@@ -2,7 +2,7 @@
 said (a tool's result is written twice a step: its row and its
 `tool.call.completed` event). PostgreSQL compresses a value over ~2 KB before
 storing it, with pglz by default; lz4 compresses several times faster (a
-step whose tool returns 8 KiB: bench/RESULTS.md, session 14). Applies to
+step whose tool returns 8 KiB: bench/RESULTS.md). Applies to
 values written from now on; those already stored stay readable as they are.
 Only where the server was built with lz4 (`default_toast_compression` offers
 it); SQLite has no such setting."""

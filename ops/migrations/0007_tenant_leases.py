@@ -1,5 +1,5 @@
 """`agentrt_tenant_leases(tenant)`: a tenant's RUNNING runs, counted under its
-lock (fair workers, issue 34 item 5; runs/store/lease.py).
+lock (fair workers; runs/store/lease.py).
 
 A claim may take a tenant's last slot only if no other claim of that tenant
 is taking it at the same moment. Under READ COMMITTED a statement counts in

@@ -1,4 +1,4 @@
-"""`events_mcp_calls_idx`: the results of MCP tool calls, for `agent_mcp_calls_total` (issue 36; ops/fleet.py).
+"""`events_mcp_calls_idx`: the results of MCP tool calls, for `agent_mcp_calls_total` (ops/fleet.py).
 
 Partial: only `tool.call.completed` / `tool.call.failed` events whose tool is an `mcp__<server>__<tool>`, so
 no other tool's result, and nothing else the hot path appends, ever writes to it. Its predicate is

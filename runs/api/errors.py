@@ -1,4 +1,4 @@
-"""One error body for the whole API (DESIGN §16, RELIABILITY §5):
+"""One error body for the whole API:
 `{"code", "message", "fields"?, "request_id"}` — never raw exception text.
 
 `exception_handler` is DRF's EXCEPTION_HANDLER; `api_not_found` answers

@@ -1,4 +1,4 @@
-"""Routes of the REST API (DESIGN §16), mounted under /api/."""
+"""Routes of the REST API, mounted under /api/."""
 
 from django.urls import path, re_path
 

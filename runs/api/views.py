@@ -1,4 +1,4 @@
-"""The REST API of DESIGN §16. Each view parses, authorizes (tenant scope,
+"""The REST API. Each view parses, authorizes (tenant scope,
 permission), calls one service and renders the selectors' shapes; status and
 lease columns are written only by the services.
 
@@ -299,7 +299,7 @@ class AgentListCreate(ApiListView):
     @extend_schema(
         operation_id="agents_create",
         tags=["agents"],
-        summary="Create or update an agent (DESIGN §16 definition)",
+        summary="Create or update an agent (its definition)",
         description="Needs `runs.publish_agent` (403 `permission_denied` otherwise). The new version records "
         "who published it and when. A tool or a model endpoint outside the tenant's allow-lists is 400 "
         "`tool_not_allowed` (naming `tools`) or `endpoint_not_allowed` (naming `model`).",

@@ -1,4 +1,4 @@
-"""The tool-loop circuit breaker (ADR-0136; seed 002: one breaker, one counter).
+"""The tool-loop circuit breaker (one breaker, one counter).
 
 The counter is the checkpoint's `identical_calls`: how many times each exact
 call (tool name and canonical arguments) has run in this run. A batch that

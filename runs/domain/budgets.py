@@ -77,7 +77,7 @@ class Ledger:
         batch starts `count` children at once: the remainder split evenly
         (whole steps and calls rounded down, money to the cent's millionth
         down), so the children's limits together never exceed what is left —
-        they are reserved from it, not each given all of it. Seed 002: usage
+        they are reserved from it, not each given all of it. Usage
         is additive across delegation (`record_child_usage` adds what each
         child spent back at the join). None when a share would leave a child
         no step, no model call, no tokens or no money."""

@@ -1,4 +1,4 @@
-"""One cancellation token per execution (seed 002, six observation points)."""
+"""One cancellation token per execution (six observation points)."""
 
 from __future__ import annotations
 

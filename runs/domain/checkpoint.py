@@ -1,4 +1,4 @@
-"""The loop's working state and seed 002's full/delta checkpoint rule.
+"""The loop's working state and the full/delta checkpoint rule.
 
 The state is the materialised form (the conversation itself); which event
 holds each item is kept beside it (`backed_by`), so that the store can write

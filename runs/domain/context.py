@@ -52,7 +52,7 @@ class RunSnapshot:
     attempts: int
     lease_epoch: int
     principal: Any = None  # who the run acts for, when the composition root knows it
-    parent_id: UUID | None = None  # a child run's parent (seed 002, M6)
+    parent_id: UUID | None = None  # a child run's parent
     depth: int = 0  # how many parents up to the run a person submitted
 
 
@@ -111,7 +111,7 @@ class StepProgress:
 
     def charged_step(self, step_number: int) -> int:
         """The step number the STEP budget sees: `step_number` less the
-        orchestration-only turns refunded so far (seed 002: such a turn does
+        orchestration-only turns refunded so far (such a turn does
         not consume the step budget). `usage.steps` counts charged steps, the
         run's `step_count` every step."""
         return step_number - max(0, self.step_count - self.usage.steps)
@@ -150,7 +150,7 @@ class RunContext:
     approvals: ApprovalGate | None = None  # None = require_approval fails closed
     principals: PrincipalCheck | None = None  # None = the principal is never revalidated
     replay: RecordedCalls | None = None  # a replay: every call answered from the original's record, none executed
-    tracer: Tracer = field(default_factory=NullTracer)  # seed 002's spans; no-op unless wired
+    tracer: Tracer = field(default_factory=NullTracer)  # the run's spans; no-op unless wired
     progress: StepProgress = field(default_factory=StepProgress)
 
 

@@ -1,4 +1,4 @@
-"""Context pressure, compaction and the synthesis reserve (seed 002, phases 3–5).
+"""Context pressure, compaction and the synthesis reserve (context phases 3–5).
 
 `build_with_pressure` measures before `build()`, compacts at most twice per
 step (each compaction is a full checkpoint the loop adopts, with

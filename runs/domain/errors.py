@@ -55,7 +55,7 @@ class BudgetExceeded(RuntimeCoreError):
 class ModelError(RuntimeCoreError):
     """A model attempt failed; the provider classifies it. `usage` is what the
     failed attempt spent (reported, or estimated by the provider), charged
-    like any attempt's (seed 002: failed attempts count against budget)."""
+    like any attempt's (failed attempts count against the budget)."""
 
     def __init__(
         self,
@@ -93,7 +93,7 @@ class OutcomeUnknown(ToolFailure):
     """A tool's outcome is unknown: the request may have taken effect (it was
     sent and no answer came, the call timed out or was cancelled while
     running). Public as `runs.tools.OutcomeUnknown`; the pipeline classifies
-    the call `uncertain` (DESIGN §7 step 11)."""
+    the call `uncertain` (pipeline step 11)."""
 
     def __init__(
         self, code: str = "outcome_unknown", message: str = "the call may have taken effect; its outcome is unknown"
@@ -161,7 +161,7 @@ class PrincipalRevoked(RuntimeCoreError):
 class AgentVersionMissing(RuntimeCoreError):
     """The run's pinned agent version no longer exists. Permanent and loud:
     the run never falls back to the agent's latest version, which would run
-    a definition the principal never submitted to (seed 002)."""
+    a definition the principal never submitted to."""
 
     reason = FailureReason.AGENT_VERSION_MISSING
 

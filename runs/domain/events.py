@@ -1,4 +1,4 @@
-"""The event vocabulary (DESIGN §16 "Event types", README "Event types").
+"""The event vocabulary (docs/events.md).
 
 `EventType` names every event the runtime writes; a value is what lands in
 `events.type` and on the wire, so a member's value never changes. Adding an

@@ -1,4 +1,4 @@
-"""The one table of run limits (DESIGN §11, §16 `limits` keys).
+"""The one table of run limits (the agent definition's `limits` keys).
 
 Each limit is defined once here — its name, type, default and bounds — and
 everything else derives from the table: the domain's `RunLimits` (defaults

@@ -1,4 +1,4 @@
-"""`run_loop`: computes a run's outcome and ends nothing (seed 002).
+"""`run_loop`: computes a run's outcome and ends nothing.
 
 It never transitions the run, releases a lease or writes a terminal event:
 `finalize` does all three, with whatever writes the loop left pending.
@@ -81,7 +81,7 @@ def run_loop(ctx: RunContext) -> RunOutcome:
         return failed(ctx, exc.reason, type(exc).__name__, str(exc), details=exc.details)
     except _ModelFailure as exc:
         return failed(ctx, exc.reason, exc.error_class, str(exc))
-    except RerunConflict as exc:  # seed 000: the approved re-run cannot run as approved
+    except RerunConflict as exc:  # the approved re-run cannot run as approved
         ctx.progress.pending.invocation_updates.extend(exc.work.invocation_updates)
         ctx.progress.pending.events.extend(exc.work.events)
         return failed(ctx, FailureReason.RECONCILE_CONFLICT, exc.error_class, str(exc), details=exc.details)
@@ -157,7 +157,7 @@ def _loop(ctx: RunContext) -> RunOutcome:
 
 
 def _revalidate_principal(ctx: RunContext) -> None:
-    """Seed 002: the principal is resolved once per execution, except at
+    """The principal is resolved once per execution, except at
     resumption after an approval or input (the pipeline re-enters an open
     batch), where it is revalidated before any tool of the batch runs."""
     if ctx.principals is None or ctx.run.principal is None:

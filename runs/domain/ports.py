@@ -162,7 +162,7 @@ class BudgetLedger(Protocol):
 
 class PrincipalCheck(Protocol):
     """Revalidates the principal a run acts for when the run resumes after an
-    approval or input (seed 002: the one exception to "resolved once per
+    approval or input (the one exception to "resolved once per
     execution")."""
 
     def revoked(self, principal: Any) -> str | None:
@@ -179,7 +179,7 @@ class RecordedCalls(Protocol):
 
 
 class ApprovalGate(Protocol):
-    """Hash-bound approvals (DESIGN §8): builds the rows the pipeline commits
+    """Hash-bound approvals: builds the rows the pipeline commits
     and reads decisions back when a run re-enters an open batch."""
 
     def request(
@@ -233,7 +233,7 @@ class Span(Protocol):
 
 
 class Tracer(Protocol):
-    """Spans of seed 002's tree. `under="step"` parents a span on the current
+    """Spans of the run's trace tree. `under="step"` parents a span on the current
     `run.step` rather than on whatever span is open (context.build is the
     step's child even while model.invoke is open)."""
 

@@ -1,7 +1,7 @@
 """Bound and scrub what a tool, a model or a person supplies before it is persisted.
 
 Every string a run persists comes from one of a few sources, each scrubbed
-where it enters (issue 10, item 6): the run input (`run_submit`), a user's
+where it enters: the run input (`run_submit`), a user's
 answer (`run_input`), the model's turn (`scrub_turn`, in the loop, before the
 turn reaches an event, the conversation/checkpoint, the final message or an
 invocation row), streamed deltas (the executor's batcher), tool arguments and

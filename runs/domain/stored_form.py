@@ -1,4 +1,4 @@
-"""Seed 002's stored form of a checkpoint: conversation items as references
+"""The stored form of a checkpoint: conversation items as references
 to the events that already hold them.
 
 "Conversation is what the repository returns; event references and deltas are

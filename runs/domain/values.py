@@ -1,4 +1,4 @@
-"""Value objects of the runtime core (seed 002). No Django imports here."""
+"""Value objects of the runtime core. No Django imports here."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ LIVE_STATUSES = (RunStatus.RUNNING, RunStatus.WAITING_FOR_APPROVAL, RunStatus.WA
 
 
 class InvocationStatus(StrEnum):
-    """`tool_invocations.status` (DESIGN §7): the model's `STATUSES` choices derive from it."""
+    """`tool_invocations.status`: the model's `STATUSES` choices derive from it."""
 
     PROPOSED = "proposed"
     AUTHORIZED = "authorized"
@@ -46,7 +46,7 @@ class InvocationStatus(StrEnum):
 
 
 class InvocationOutcome(StrEnum):
-    """How a call's last attempt ended (DESIGN §7 step 11): `tool_invocations.outcome`."""
+    """How a call's last attempt ended (pipeline step 11): `tool_invocations.outcome`."""
 
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -54,7 +54,7 @@ class InvocationOutcome(StrEnum):
 
 
 class ApprovalStatus(StrEnum):
-    """`approvals.status` (DESIGN §8)."""
+    """`approvals.status`."""
 
     PENDING = "pending"
     APPROVED = "approved"
@@ -98,14 +98,14 @@ class FailureReason(StrEnum):
     INTERNAL_ERROR = "internal_error"
     RECONCILE_CONFLICT = "reconcile_conflict"
     OPERATOR_REJECTED = "operator_rejected"
-    PRINCIPAL_REVOKED = "principal_revoked"  # issue 15: the submitter lost access while the run waited
-    AGENT_VERSION_MISSING = "agent_version_missing"  # issue 15: the pinned version is gone; never falls back
-    ENDPOINT_NOT_ALLOWED = "endpoint_not_allowed"  # issue 34: the tenant no longer allows the agent's model endpoint
+    PRINCIPAL_REVOKED = "principal_revoked"  # the submitter lost access while the run waited
+    AGENT_VERSION_MISSING = "agent_version_missing"  # the pinned version is gone; never falls back
+    ENDPOINT_NOT_ALLOWED = "endpoint_not_allowed"  # the tenant no longer allows the agent's model endpoint
     REPLAY_DIVERGED = "replay_diverged"  # a replay proposed what its original did not (or met an unknown outcome)
 
 
 class Principal(Frozen):
-    """Who a run acts for (seed 002 `principals.for_run`): the submitting
+    """Who a run acts for : the submitting
     user and the scope set stamped on the run at submission (its permissions
     then), or the system (a shell command, no user). Resolved once per
     execution and handed to every tool as `ctx.principal`."""
@@ -240,7 +240,7 @@ class OutcomeKind(StrEnum):
     SUSPENDED = "suspended"
     FENCED = "fenced"
     YIELDED = "yielded"
-    UNKNOWN = "unknown"  # a side-effect call ended uncertain: the reconciler or an operator decides (seed 000)
+    UNKNOWN = "unknown"  # a side-effect call ended uncertain: the reconciler or an operator decides
     LOST = "lost"  # the slice lost its database: nothing more is written, the lease lapses, a takeover resumes
 
 
@@ -251,7 +251,7 @@ class SuspensionKind(StrEnum):
 
 
 class ChildRunRequest(Frozen):
-    """One child run a `delegate_run` call starts (seed 002, M6): its id (from
+    """One child run a `delegate_run` call starts: its id (from
     the IdFactory), the parent's invocation it answers, the agent and input
     the model asked for, and `caps` — what remains of the parent's budget,
     the most each of the child's own limits may be."""

@@ -1,4 +1,4 @@
-"""The runtime's write of working state (seed 002, phase 10; milestone M7).
+"""The runtime's write of working state (context phase 10).
 
 `apply_runtime_carry` is pure: it sets exactly four fields after each tool
 batch — the step number, the last tool error's reason code, the count of

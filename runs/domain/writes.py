@@ -1,6 +1,6 @@
 """The writes of one fenced transaction, collected in memory, then committed.
 
-A step's transactions (DESIGN §6) are built as a `UnitOfWork` by the loop and
+A step's transactions are built as a `UnitOfWork` by the loop and
 the pipeline and handed to `RunStore.commit`, which opens one transaction,
 runs the fenced UPDATE of the run row first and then every insert/update
 below. Plain dataclasses: this is the hot path.
@@ -81,7 +81,7 @@ class InvocationUpdate:
     attempt: int | None = None
     suspended_kind: str | None = None
     updated_at: datetime | None = None
-    outcome: str | None = None  # succeeded | failed | uncertain (DESIGN §7 step 11)
+    outcome: str | None = None  # succeeded | failed | uncertain (pipeline step 11)
     attempts: list[dict[str, Any]] | None = None  # the whole per-attempt history, replacing the row's
     clear_error: bool = False  # a completed call keeps no stale error
 

@@ -1,4 +1,4 @@
-"""Fewer index entries per step (issue 16 item 3).
+"""Fewer index entries per step.
 
 - `events (tenant_id, id)` served only the tenant's runs socket, which streams
   status events; it becomes partial over those types, so the six or seven

@@ -2,7 +2,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    """Issue 15 §2: the submitting principal and its scope set, stamped on the run at submission."""
+    """The submitting principal and its scope set, stamped on the run at submission."""
 
     dependencies = [
         ("runs", "0008_leaner_event_and_invocation_indexes"),

@@ -1,11 +1,11 @@
-"""Fewer index entries when a run's status or lease changes (issue 16, items 3-5).
+"""Fewer index entries when a run's status or lease changes.
 
 An update of a run row that changes an indexed column is not a HOT update: it
 adds an entry to every index of `runs` (eleven before this migration). Such
 updates are the claim, each wait and each end, and, because the lease's expiry
 was indexed, every heartbeat. After it, a claim writes 8 entries into `runs`'s
 indexes instead of 10 and a heartbeat none instead of 10 (bench/RESULTS.md,
-session 16).
+bench/RESULTS.md).
 
 - `runs_tenant_id_...`, the index Django gives a ForeignKey, is dropped:
   `runs_tenant_created_idx (tenant_id, created_at DESC)` starts with the same

@@ -1,5 +1,5 @@
 """Drop the indexes Django gives a ForeignKey where another index already
-leads with the same column (issue 16: fewer index entries per write, and one
+leads with the same column (fewer index entries per write, and one
 index fewer for the planner to pick on stale statistics — a lookup in a
 tenant's scope once read every row of a tenant through such an index). Here: `agents.tenant_id` (agent_name_unique_per_tenant leads with it) and `agent_versions.agent_id` (agent_version_unique)."""
 

@@ -1,4 +1,4 @@
-"""Per-tenant allow-lists of tools and model endpoints (issue 34, item 4):
+"""Per-tenant allow-lists of tools and model endpoints:
 `Tenant.allowed_tools` and `Tenant.allowed_endpoints`, JSON lists of names;
 null (every existing tenant) keeps today's behaviour: every tool and every
 endpoint."""

@@ -1,4 +1,4 @@
-"""Config models of the agent's `model` block (DESIGN §16): the strict base
+"""Config models of the agent's `model` block: the strict base
 every provider's block uses, and the base of an endpoint provider's block
 (`endpoint`, `model`, `context_window`), which checks the endpoint is
 configured by the operator for this provider and serves the model."""

@@ -1,6 +1,6 @@
 """Model endpoints: where model calls go and which key they carry.
 
-Operator configuration only (issue 10, item 1). An agent definition names an
+Operator configuration only. An agent definition names an
 endpoint (`"model": {"provider": "openai", "endpoint": "local", ...}`); it can
 never say where a request goes or which environment variable becomes the
 Bearer token. The operator declares endpoints in `AGENTRT_MODEL_ENDPOINTS`:

@@ -1,4 +1,4 @@
-"""Model prices, in USD per million tokens (DESIGN §11, §13).
+"""Model prices, in USD per million tokens.
 
 The table is `settings.AGENTRT_MODEL_PRICES` when that setting is defined
 (it then *replaces* the built-in table, so an operator states every model they

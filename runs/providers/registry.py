@@ -1,4 +1,4 @@
-"""Model providers by declaration (issue 13, item 4).
+"""Model providers by declaration.
 
 A provider is one registry entry: its name (the agent block's `provider`
 tag), its pydantic config model (the agent block's schema), the function that

@@ -1,4 +1,4 @@
-"""The scripted provider (DESIGN §16): turn n is played at step n.
+"""The scripted provider: turn n is played at step n.
 
 A turn is `{"text"}`, `{"tool_calls"}`, either with `delay_ms` and `usage`,
 `{"empty": true}`, `{"error": "transient"}` (or `"permanent"`; with

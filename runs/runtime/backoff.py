@@ -1,4 +1,4 @@
-"""Backoff for a durable worker's infrastructure failures (seed 002, ADR-0205).
+"""Backoff for a durable worker's infrastructure failures.
 
 Consecutive failures (the queue or the database cannot be read) wait
 exponentially longer, from the poll interval up to a 30-second ceiling,

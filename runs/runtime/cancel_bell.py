@@ -1,4 +1,4 @@
-"""The cancel doorbell (issue 38 item 1): a cancel request reaches the
+"""The cancel doorbell: a cancel request reaches the
 worker that runs the run at once, not at its next heartbeat.
 
 `ring(run_id)`, in the transaction that records the request of a RUNNING
@@ -10,14 +10,14 @@ the channel on a connection of its own (runs.runtime.doorbell's
 `listen_connection`, the queue doorbell's). An execution `watching` its run
 registers its token first; a notification for a watched run sets it
 (`CancelReason.REQUESTED`) as soon as it arrives, and the loop stops at its
-next observation point (seed 002's six; a model call or a `sleep` waiting
+next observation point (one of the loop's six; a model call or a `sleep` waiting
 on the token returns at once).
 
 Nothing is lost when a notification is: the claim reads
 `cancel_requested_at` after the token is watched (wiring.build_context),
 the listener reads it for every watched run each time its LISTEN is (re)
 established, and the heartbeat still reports it every lease/3 (the
-fallback, seed 002's poller). On SQLite or with AGENTRT_Q_DOORBELL=0 only
+fallback poller). On SQLite or with AGENTRT_Q_DOORBELL=0 only
 the claim and the heartbeat tell the worker.
 """
 

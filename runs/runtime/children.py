@@ -1,4 +1,4 @@
-"""Child runs and the join (seed 002, M6).
+"""Child runs and the join.
 
 A `delegate_run` batch suspends its run in WAITING_FOR_APPROVAL with the
 suspension kind `child_run`; `finalize`, in the transaction of that
@@ -316,7 +316,7 @@ def _requeue(parent_id: UUID, now: datetime) -> list[EventWrite]:
 
 def _fail_parent(parent_id: UUID, exc: BudgetExceeded, child_id: UUID, now: datetime) -> list[EventWrite]:
     """A waiting parent over budget with its children's usage fails without
-    running again (seed 002); its other children are cancelled."""
+    running again; its other children are cancelled."""
     failure = RunFailure(
         reason=exc.reason,
         error_class="BudgetExceeded",

@@ -1,4 +1,4 @@
-"""Fault points (DESIGN §16), active only when AGENTRT_ENABLE_FAULTPOINTS=1.
+"""Fault points, active only when AGENTRT_ENABLE_FAULTPOINTS=1.
 
 `AGENTRT_FAULTPOINTS="point=action,..."`; actions `kill`, `stop`,
 `sleep:SECONDS`, `raise`, `pause`. Each point fires once per run: it first

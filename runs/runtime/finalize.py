@@ -1,7 +1,7 @@
 """`finalize`: the only place a leased run ends.
 
 `finalize` is the only code that moves a leased run out of RUNNING or
-releases its lease (DESIGN §4, seed 002's five outcomes plus *yield*). Its
+releases its lease (five outcomes plus *yield*). Its
 transition is the fenced UPDATE itself, so a worker that lost its lease
 changes nothing and records one `run.fenced` event instead. `finalize_detached`
 is the same writer for an execution that ran no loop (Resume deciding).
@@ -106,9 +106,9 @@ def finalize(ctx: RunContext | None, claim: Claim, outcome: RunOutcome, *, clock
 
 
 def _commit_unknown(ctx: RunContext, claim: Claim, outcome: RunOutcome, work: UnitOfWork, clock) -> RunOutcome:
-    """A side-effect call ended `uncertain` (DESIGN §7 step 11): commit what the batch recorded (the uncertain
+    """A side-effect call ended `uncertain` (pipeline step 11): commit what the batch recorded (the uncertain
     row, the results before it) under the lease and hand the outcome back still UNKNOWN; the executor then lets
-    Resume decide (`settle_unknown`), which ends this execution through `finalize_detached` (seed 000)."""
+    Resume decide (`settle_unknown`), which ends this execution through `finalize_detached`."""
     try:
         ctx.store.commit(work)
     except WorkerFenced:
@@ -191,8 +191,8 @@ def first_cancel_request(run_id) -> dict | None:
 
 
 def _cancel_after_the_end(claim: Claim, outcome: RunOutcome, clock) -> None:
-    """A cancel accepted while the run was past its last observation point
-    (issue 38 item 1): the request committed before this transition (a later
+    """A cancel accepted while the run was past its last observation point:
+    the request committed before this transition (a later
     one finds the run ended: 409 `run_terminal`), so the run's row, read
     once the transition has committed, says for certain whether there was
     one. A run that ended COMPLETED or FAILED gets `run.cancel_too_late`

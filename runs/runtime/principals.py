@@ -1,4 +1,4 @@
-"""Who a run acts for (seed 002 `principals.for_run`).
+"""Who a run acts for (`principal_for`: resolved once per execution).
 
 `principal_for` resolves the principal once per execution from the stamp
 `run_submit` left on the run (the user and its scope set then): a worker

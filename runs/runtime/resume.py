@@ -1,6 +1,6 @@
-"""Resume (seed 000, DESIGN §9): take over a RUNNING run whose lease expired,
+"""Resume: take over a RUNNING run whose lease expired,
 record the interruption, and decide — by the configured reconciler or by
-seed 000's table — whether the run continues, pauses for an operator,
+the unknown-outcome table — whether the run continues, pauses for an operator,
 completes or fails. Resume ends through `finalize` like any execution.
 
 The reclaim sweep, a `drive_run` that finds an expired lease and
@@ -215,7 +215,7 @@ def _failure(reason: FailureReason, error_class: str, message: str, **details) -
 
 
 # An unknown outcome: a side-effect call interrupted by a process that
-# stopped, or one that ended `uncertain` in a live run (DESIGN §7 step 11).
+# stopped, or one that ended `uncertain` in a live run (pipeline step 11).
 UNKNOWN_STATUSES = ("interrupted", "uncertain")
 
 
@@ -358,7 +358,7 @@ def _damaged_approval(run: Run) -> str | None:
 def _expiry(run: Run, kind: str):
     """When an approval Resume writes expires: never for an unknown outcome's
     (interrupted, uncertain, or the reconciler's pause of one: every kind it
-    writes) — no timer closes one, not the TTL, not the deadline (DESIGN §18)."""
+    writes) — no timer closes one, not the TTL, not the deadline."""
     if kind in UNKNOWN_OUTCOME_KINDS:
         return None
     expires = CLOCK.now() + timedelta(seconds=float(settings.AGENTRT_APPROVAL_TTL_SECONDS))
@@ -405,7 +405,7 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
         capability = {"tool": inv.tool_name, "arguments": inv.arguments}
         if pause is not None:
             # The reconciler's keys are kept, but what runs is always shown
-            # (issue 11 item 6): ours win for the tool, arguments and class.
+            #: ours win for the tool, arguments and class.
             shown = {k: presentation[k] for k in ("tool", "arguments", "side_effect")}
             presentation = (
                 {**dict(pause.get("presentation") or {}), **shown} if pause.get("presentation") else presentation
@@ -470,7 +470,7 @@ def _pause(claim: Claim, run: Run, invocations: list[ToolInvocation], *, kind: s
 
 
 def rerun_conflict(tool_name: str, arguments: Any, tools: Any = REGISTRY) -> tuple[str, bool] | None:
-    """Seed 000: a call whose outcome is unknown can wait for an approval only
+    """A call whose outcome is unknown can wait for an approval only
     while its tool is registered and its recorded arguments pass the tool's
     schema. Otherwise the reason it cannot, and whether the invocation ends
     `invalid_decision` (the schema case). Also used for `uncertain` calls."""
@@ -611,7 +611,7 @@ def _usable_json(value: Any) -> bool:
 
 def _reconcile(claim: Claim, run: Run, unknown: list[ToolInvocation]) -> str:
     """Ask the configured reconciler (outside any transaction, with a timeout)
-    and validate its answer as seed 000 says."""
+    and validate its answer against the reconciler contract."""
 
     def internal(message: str, **details) -> str:
         return _end(

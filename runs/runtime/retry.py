@@ -1,9 +1,9 @@
-"""Retry a run that failed for a transient reason (issue 38 item 5): a new
+"""Retry a run that failed for a transient reason: a new
 attempt of the same run, from its last checkpoint.
 
 The run keeps its id, session, events, checkpoints and tool calls; the retry
-is one more execution of it, like a take-over of a run whose worker died
-(DESIGN §9): one transaction leases the FAILED run again under a new epoch
+is one more execution of it, like a take-over of a run whose worker died:
+one transaction leases the FAILED run again under a new epoch
 (runs/store/lease.py `reopen`: its failure cleared, a fresh allowance of
 lost leases, no cancel pending), marks whatever its failed execution left in
 flight interrupted exactly as a take-over does, and writes `run.retried`

@@ -118,7 +118,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         # before a takeover): observed from the first observation point, not the first heartbeat.
         token.cancel(CancelReason.REQUESTED)
     definition = run.pinned_definition  # the version the run is pinned to, never the latest
-    if definition is None:  # its row is gone: the run fails `agent_version_missing` (seed 002: loudly, no fallback)
+    if definition is None:  # its row is gone: the run fails `agent_version_missing`, never another version
         raise AgentVersionMissing(run.agent_name, run.agent_version)
     # The tenant's allow-lists as they are now (read with the run): an endpoint it no longer allows fails the
     # run before the model is called; its tools are checked at every call (the pipeline's `tool_allowed`).
@@ -149,7 +149,7 @@ def build_context(claim: Claim, *, token: Token, lease, clock=CLOCK, ids=IDS) ->
         lease_epoch=claim.epoch,
         parent_id=run.parent_id,
         depth=depth,
-        principal=principal_for(run, username=run.principal_username),  # once per execution (seed 002)
+        principal=principal_for(run, username=run.principal_username),  # once per execution
     )
     delegates = tuple(definition.get("delegates") or ())
     policy = PolicyEngine(definition.get("policy"), read_only_of=_read_only_of, inherited=inherited)

@@ -1,4 +1,4 @@
-"""The agent definition of DESIGN §16, validated strictly (unknown keys refused)."""
+"""The agent definition (docs/agents.md), validated strictly (unknown keys refused)."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ class AgentDefinition(Strict):
     tools: list[str] = Field(default_factory=list, max_length=100)
     policy: Policy = Field(default_factory=Policy)
     limits: Limits = Field(default_factory=Limits)
-    # The agents a delegating tool (`delegate_run`) may start as child runs (seed 002, M6), by name, in this tenant.
+    # The agents a delegating tool (`delegate_run`) may start as child runs, by name, in this tenant.
     delegates: list[Annotated[str, Field(min_length=1, max_length=100, pattern=AGENT_NAME)]] = Field(
         default_factory=list, max_length=50, validate_default=True
     )

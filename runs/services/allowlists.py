@@ -1,4 +1,4 @@
-"""Per-tenant allow-lists of tools and model endpoints (issue 34, item 4).
+"""Per-tenant allow-lists of tools and model endpoints.
 
 Tools and model endpoints are deployment-wide: a team's own tool (its
 `agent_tools` module) and every operator endpoint with its key exist for

@@ -1,5 +1,5 @@
 """The input service: deliver the user's answer to a run WAITING_FOR_USER
-and requeue it, in one transaction (DESIGN §4, §8)."""
+and requeue it, in one transaction."""
 
 from __future__ import annotations
 

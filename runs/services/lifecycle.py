@@ -1,4 +1,4 @@
-"""The lifecycle service: transitions of runs that hold no lease (DESIGN §4):
+"""The lifecycle service: transitions of runs that hold no lease:
 cancel of a QUEUED or waiting run, and the cancel request of a RUNNING one
 (or of a run waiting on an unknown outcome's question, which stays open),
 each recorded as `run.cancel_requested` when it is accepted.

@@ -1,4 +1,4 @@
-"""Which failed runs a retry may give a new attempt (issue 38 item 5; the
+"""Which failed runs a retry may give a new attempt (the
 retry itself is runs.runtime.retry): a plain predicate over the run's row,
 shared by the retry, the run JSON's `retryable` and the pages' Retry action."""
 

@@ -1,7 +1,7 @@
 """Tenant scoping: the one place that says which rows a user may see and act on.
 
 A user belongs to at most one tenant (its Membership) and acts in it. A
-superuser *sees* every tenant but *acts* only in its own (DESIGN §16):
+superuser *sees* every tenant but *acts* only in its own:
 cancel, resume, input, approve and reject on another tenant's object are
 404, exactly as for anyone else. REST, the live pages, the admin, the
 WebSocket consumers and the services all ask here; nothing else filters by

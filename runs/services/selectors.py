@@ -1,4 +1,4 @@
-"""Reads in the REST shapes of DESIGN §16."""
+"""Reads in the REST shapes (docs/rest.md)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
 
 
 def run_children(run: Run) -> list[dict[str, Any]]:
-    """The child runs `run` started (seed 002, M6), in the order of its calls:
+    """The child runs `run` started, in the order of its calls:
     `{"id", "agent", "status"}` each. Read from the list's prefetch
     (`with_children`) when there is one, else in one query."""
     prefetched = getattr(run, "_prefetched_objects_cache", {}).get("children")
@@ -107,7 +107,7 @@ def run_events(*, run: Run, after: int = 0, limit: int = 500) -> tuple[list[dict
 
 
 def tool_uncertain_counts(*, tenant_id=None) -> dict[str, int]:
-    """`agent_tool_uncertain_total{tool}` (seed 002) until a metrics exporter
+    """`agent_tool_uncertain_total{tool}` until a metrics exporter
     exists: how many tool calls ended `uncertain`, by tool. Read from the
     append-only event log (`tool.call.failed` with `outcome: "uncertain"`),
     so the count is durable and never goes down when an approved re-run later

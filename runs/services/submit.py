@@ -56,7 +56,7 @@ def run_submit(
     returns the original run with created=False. Text sent to a session whose
     run waits for the user becomes that run's input (returned, created=False).
     `principal` is the submitting user (None: the system, e.g. a shell
-    command); it and its scope set are stamped on the run (seed 002)."""
+    command); it and its scope set are stamped on the run."""
     requested = _validated(agent, input, limits, idempotency_key)
     request_hash = _request_hash(agent, input, session, requested)
     input = scrub_text(input)  # secrets never reach the run, its events or its checkpoints
@@ -109,7 +109,7 @@ def run_submit(
 
 def _principal_stamp(user: Any) -> dict[str, Any]:
     """Who the run acts for and its scope set (its permissions now): what the
-    worker reads at each execution instead of a credential (seed 002)."""
+    worker reads at each execution instead of a credential."""
     if user is None or not getattr(user, "is_authenticated", False):
         return {"principal_user_id": None, "principal_scopes": []}
     return {"principal_user_id": user.pk, "principal_scopes": granted_permissions(user)}

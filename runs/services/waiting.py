@@ -1,6 +1,6 @@
 """`wait_for_run`: wait, from code in the same Django project (a Celery task,
 a view, a management command), until a run submitted with `run_submit`
-settles (issue 13, item 7).
+settles.
 
     run, _ = run_submit(tenant=tenant, agent="cashier", input="charge cus_42 12.50 EUR")
     run = wait_for_run(run.id, timeout=120)

@@ -81,7 +81,7 @@ def keyed_plans() -> Any:
     got when first prepared. On a table whose statistics say it is nearly
     empty (a new database, analyzed while it was), that plan can be a
     sequential scan, which then reads the whole table at every step as it
-    grows, until the next ANALYZE: in bench/RESULTS.md (session 16), runs
+    grows, until the next ANALYZE: in bench/RESULTS.md, runs
     driven one after another went from 1.07 to 1.45 ms a step, then 1.44 to
     2.08, reading 2.5 M tool-call rows for 1,600 steps. With the sequential
     scan off, a key's index is used whatever the statistics say; a statement

@@ -114,7 +114,7 @@ def append_event_unfenced(
     *, tenant_id: UUID, session_id: UUID, run_id: UUID | None, epoch: int, event: EventWrite
 ) -> int:
     """Append one event outside any fence: `run.fenced` is guarded by the
-    session sequence, not by the lease (seed 002)."""
+    session sequence, not by the lease."""
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
             return append_events(

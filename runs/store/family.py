@@ -1,4 +1,4 @@
-"""Row locks of a run's family (seed 002, M6: child runs and the join).
+"""Row locks of a run's family (child runs and the join).
 
 The lock order is ancestor before descendant, everywhere: a child's terminal
 transaction locks its parent's row before its own (the fence), and cancelling a

@@ -1,5 +1,5 @@
 """The fenced UPDATE of the run row, the first write of every leased
-transaction (DESIGN §4, §6), and the parameters of finalize's transition
+transaction, and the parameters of finalize's transition
 (`Transition`, a value of runs.domain.writes).
 
 Both write paths of a step — statement by statement and the one-statement

@@ -5,7 +5,7 @@ the fenced UPDATE of the run row is the first CTE (`fenced_run`), and every
 other write reads from it, so when the fence matches no row nothing else is
 written either. PostgreSQL runs a single statement as its own transaction,
 with every row lock (the run row, the session counter) held to its commit,
-so commit order still equals event-sequence order. DESIGN §6 measured the
+so commit order still equals event-sequence order. bench/RESULTS.md measures the
 statements one by one at 5.8 ms a step and batched at 3.9 ms; this goes
 further and sends no BEGIN and no COMMIT.
 """

@@ -1,5 +1,5 @@
 """The hot path: a step's fenced transactions as hand-written SQL on Django's
-connection (DESIGN §6). Everything else uses the ORM; the schema is owned by
+connection. Everything else uses the ORM; the schema is owned by
 the models and this module is tested against them.
 
 Every transaction starts with the fenced UPDATE of the run row
@@ -234,7 +234,7 @@ class DjangoRunStore:
         """`commit(work)`, split at the network: the unit's one statement is
         sent and this returns while PostgreSQL executes and flushes it; the
         caller runs its read-only tools meanwhile and calls `wait()` before
-        anything that needs the unit durable (DESIGN §7's commit 1, then the
+        anything that needs the unit durable (the step's commit 1, then the
         read-only calls: only their results wait for it). The connection is
         the caller's thread's, held (its lock) until `wait()`; a Django query
         on it in between raises instead of waiting on itself.

@@ -1,4 +1,4 @@
-"""The tool registry and the built-in tools (DESIGN §16; issue 13).
+"""The tool registry and the built-in tools.
 
 What a project's `agent_tools` module uses: `register` (a typed function is
 a tool), `ToolExecutionContext` (its second parameter), `ToolFailure` /

@@ -1,4 +1,4 @@
-"""A compiled accept-check for a raw tool's argument schema (issue 16).
+"""A compiled accept-check for a raw tool's argument schema.
 
 `jsonschema` decides: it gives the messages the model is shown, and its
 verdict is the contract (JSON Schema 2020-12). It walks the schema anew for

@@ -1,10 +1,10 @@
-"""Per-tool reconcilers (seed 000, "With Config.Reconcile"; issue 13).
+"""Per-tool reconcilers.
 
 A tool may be registered with `reconciler=fn`. When a run resumes with calls
 whose outcome is unknown (interrupted or uncertain side effects) and
 `AGENTRT_RECONCILER` is not set, and *every* such call's tool has a
 reconciler, Resume asks them (`by_tool`) instead of pausing for an operator.
-A call whose tool has none keeps seed 000's default: the operator decides.
+A call whose tool has none keeps the default: the operator decides.
 
 `fn(view, invocation)` gets the `RunView` (copies) and the invocation's
 dict (`tool_name`, `arguments`, `idempotency_key`, `status`, ...) and returns
@@ -42,7 +42,7 @@ class Pause(BaseModel):
 
 
 class Reconciliation(BaseModel):
-    """A reconciler's answer (seed 000)."""
+    """A reconciler's answer."""
 
     model_config = ConfigDict(extra="forbid")
 

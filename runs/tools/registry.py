@@ -1,6 +1,6 @@
 """Tools are registered in code: name, arguments (a pydantic model or raw JSON
 Schema), schema version, read_only, side-effect class, timeout, and — for a
-control tool — the suspension it causes (DESIGN §16; issue 13).
+control tool — the suspension it causes.
 
 A *typed* tool is a function whose first parameter is annotated with a
 pydantic model:
@@ -43,7 +43,7 @@ from runs.domain.values import ToolSpec
 from runs.tools.fastcheck import compile_accept
 
 # The suspensions a control tool may declare — ask the user, or start child
-# runs (seed 002, M6) — and the arguments the runtime reads from its call.
+# runs — and the arguments the runtime reads from its call.
 CONTROLS: dict[str, tuple[str, ...]] = {"ask_user": ("question",), "delegate": ("agent", "input")}
 
 

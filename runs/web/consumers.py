@@ -1,4 +1,4 @@
-"""WebSocket consumers (DESIGN §14): the events table is the truth.
+"""WebSocket consumers: the events table is the truth.
 
 `ws/runs/{id}/?after=N` replays the run's events after N from the table, then
 streams new ones in sequence order. One sender loop per socket reads from the

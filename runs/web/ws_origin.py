@@ -6,7 +6,7 @@ Channels' AllowedHostsOriginValidator compared the Origin's host with
 ALLOWED_HOSTS and nothing else, so a page served from another port of the same
 host (`http://127.0.0.1:9`, another service on the machine) or over plain http
 opened a socket with the operator's cookie (SameSite=Lax: another port is
-the same site) and read every event the operator may see (issue 34 item 7c).
+the same site) and read every event the operator may see.
 
 The server's own origin is Django's, computed as Django computes it for the
 CSRF check of a POST: the scheme from the connection (`wss` is https) or
@@ -14,7 +14,7 @@ the trusted proxy header (SECURE_PROXY_SSL_HEADER), the host and port from
 `Host` (validated against ALLOWED_HOSTS; a missing or disallowed one refuses
 the socket). A handshake with `null`, or with any other origin, is refused
 before any consumer runs (HTTP 403), and so is one without an Origin — unless
-it authenticates with `Authorization: Token …` (issue 38 item 6): a browser
+it authenticates with `Authorization: Token …`: a browser
 always sends an Origin and cannot put that header on a WebSocket, so such a
 handshake is a script's, and the token, checked next (ws_auth), is its only
 credential (the session cookie is never used beside it: a token that is not

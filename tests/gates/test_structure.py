@@ -301,6 +301,7 @@ def test_planted_fixtures_are_not_collected_as_tests():
         "planted_ambient_time.py",
         "planted_domain_imports.py",
         "planted_error_homes.py",
+        "planted_pointers.py",
         "planted_terminal_writer.py",
         "planted_transaction_io.py",
         "planted_unanalysable_writes.py",

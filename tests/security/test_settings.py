@@ -16,6 +16,7 @@ import pytest
 from django.test import Client
 
 from tests.conftest import ROOT
+from tests.docs import page_with
 
 SETUP = "import os, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'agentrt_site.settings'); django.setup()\n"
 
@@ -43,10 +44,10 @@ def run(args, env, **kw):
 
 
 def documented_production_env() -> dict:
-    """The block between the `production-env` markers in README.md."""
-    text = (ROOT / "README.md").read_text()
+    """The block between the `production-env` markers of the operations page (docs/operations.md)."""
+    text = page_with("production-env")
     block = re.search(r"<!-- production-env -->\s*```\w*\n(.*?)```", text, re.S)
-    assert block, "README.md has no production-env block"
+    assert block, "the production-env block is not a fenced block"
     env = {}
     for line in block.group(1).splitlines():
         name, _, value = line.strip().partition("=")

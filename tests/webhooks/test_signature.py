@@ -8,20 +8,19 @@ import hashlib
 import hmac
 import re
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.docs import page_with
 from webhooks.outbound import body_bytes, post, signature
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 HEADERS = ("X-Agentrt-Delivery", "X-Agentrt-Event", "X-Agentrt-Attempt")
 
 
 def readme_verifier():
     """The README's verification snippet, executed as written (six lines)."""
-    found = re.search(r"<!-- verify-signature -->\n\n((?:    .*\n)+)", README.read_text())
+    found = re.search(r"<!-- verify-signature -->\n\n((?:    .*\n)+)", page_with("verify-signature"))
     block = "".join(line[4:] + "\n" for line in found.group(1).splitlines())
     assert len(block.strip().splitlines()) == 6, block
     namespace: dict = {}

@@ -1,5 +1,5 @@
 """Drop the indexes Django gives a ForeignKey where another index already
-leads with the same column (issue 16: fewer index entries per write, and one
+leads with the same column (fewer index entries per write, and one
 index fewer for the planner to pick on stale statistics — a lookup in a
 tenant's scope once read every row of a tenant through such an index). Here: `webhook_subscriptions.tenant_id` (webhook_subs_tenant_idx), and the deliveries' `tenant_id` (deliveries_tenant_idx), `subscription_id` (deliveries_sub_idx) and `run_id` (deliveries_run_idx, an exact copy)."""
 

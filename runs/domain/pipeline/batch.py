@@ -241,7 +241,7 @@ class UnknownOutcome(Exception):
 
 
 # Approval kinds whose approval is a grant to run again a call whose outcome
-# is unknown (seed 000); one place for the set (issue 11).
+# is unknown; one place for the set.
 RERUN_KINDS = frozenset({"interrupted_side_effect", "uncertain_side_effect", "reconcile"})
 
 

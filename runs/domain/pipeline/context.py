@@ -22,7 +22,7 @@ class CancelSignal:
     cancelled by an operator or its deadline passes; `wait(seconds)` blocks
     until then or the timeout and returns whether it was cancelled. A worker
     that lost its lease (`fenced`) is not a cancelled run: its running tool
-    finishes and the outcome is recorded late (seed 000), so the signal stays
+    finishes and the outcome is recorded late, so the signal stays
     clear for it."""
 
     __slots__ = ("_token",)
@@ -47,7 +47,7 @@ class CancelSignal:
 
 @dataclass
 class ToolExecutionContext:
-    """What a tool is given (DESIGN §7 step 10, §17): the run, the step, the
+    """What a tool is given (pipeline step 10): the run, the step, the
     idempotency key, the attempt, the run's `deadline` (absolute, or None),
     the `cancelled` signal and the `principal` the run acts for.
     `step_number` and `token` stay as aliases of `step` and the raw token.

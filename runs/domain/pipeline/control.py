@@ -51,7 +51,7 @@ def _ask_user(
 
 def _orchestration_only(ctx: RunContext, delegated: list[_Entry]) -> bool:
     """Every call of the model turn is a `delegate_run` that starts a child
-    (seed 002: such a turn refunds its step and model-call budget)."""
+    (such a turn refunds its step and model-call budget)."""
     conv = ctx.state.conversation
     turn = next((m for m in reversed(conv) if m.get("role") == "assistant"), None)
     calls = (turn or {}).get("tool_calls") or []

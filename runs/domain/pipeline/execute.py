@@ -45,7 +45,7 @@ def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry], decisio
     """Commit 1 (`decisions`), then steps 9–14 for the authorized calls, in
     order; an `ask_user` call is not run but suspends the run once the others
     ran. When every call to run is read-only they run while commit 1 is in
-    flight (DESIGN §7: running one again is harmless, so it needs nothing
+    flight (running one again is harmless, so it needs nothing
     durable first); nothing is written, watermarked or decided after them
     until commit 1 is acknowledged, and if it is fenced their results are
     dropped with it."""
@@ -70,7 +70,7 @@ def _run_batch(ctx: RunContext, step_number: int, entries: list[_Entry], decisio
         sent.wait()
         sent = None
     if unknown:
-        # Seed 000: the model sees no result for an unknown outcome; the
+        # The model sees no result for an unknown outcome; the
         # reconciler or an operator decides first (the executor hands over).
         # A cancel or a deadline does not close the question: the run ends
         # once it is decided (the rest of the batch is already cancelled).
@@ -202,7 +202,7 @@ def _run_one(
 
 def _judge_again(decision: str) -> None:
     """An approval holds only while the policy in force does not deny its
-    call (seed 002: a decision changed since the approval is a denial the
+    call (a decision changed since the approval is a denial the
     model sees); a `require_approval` is the approval itself."""
     if decision not in ("allow", "require_approval"):
         raise PolicyChanged(decision)
@@ -334,7 +334,7 @@ def _record_outcome(
         "outcome": entry.outcome,
     }
     if entry.outcome == "uncertain" and not spec.read_only:
-        # An unknown outcome (seed 000): recorded, not answered. The row
+        # An unknown outcome: recorded, not answered. The row
         # keeps no result, so the model is not told anything until the
         # reconciler or an operator decides; `error` says what happened.
         entry.unknown = True
@@ -475,7 +475,7 @@ def _execute(
         raise  # recording a handle found the lease gone: the takeover decides the call
     except ToolFailure as exc:
         # A failure that follows a cancellation reaching the running tool is
-        # not a definite answer (seed 000: observed as unknown).
+        # not a definite answer (observed as unknown).
         uncertain = bool(exc.uncertain) or (not cancelled_before and tctx.cancelled.is_set())
         entry.result = {"error": exc.code, "message": scrub_text(str(exc))[:2000], "uncertain": uncertain}
         entry.is_error = True

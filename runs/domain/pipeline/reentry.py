@@ -53,7 +53,7 @@ def _exempt_from_time_reserve(ctx: RunContext, row: InvocationRecord) -> bool:
 def _recheck_grant(
     ctx: RunContext, step_number: int, entry: _Entry, row: InvocationRecord, decision: ApprovalDecision
 ) -> bool:
-    """DESIGN §8 for a re-run grant: before the approved call runs again, the
+    """A re-run grant: before the approved call runs again, the
     tool must still be registered, the recorded arguments must pass its
     schema (else `RerunConflict`), the request hash recomputed from the
     current spec must equal the approved one (else False: invalidate and ask

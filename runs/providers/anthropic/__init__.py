@@ -1,4 +1,4 @@
-"""The `anthropic` provider (issue 13, item 5): Anthropic's Messages API
+"""The `anthropic` provider: Anthropic's Messages API
 (`POST {base_url}/messages`) on httpx, without the SDK and its retries.
 
 Agent block: `{"provider": "anthropic", "endpoint": "anthropic", "model":

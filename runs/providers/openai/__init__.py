@@ -1,4 +1,4 @@
-"""The `openai` provider (DESIGN §13, §16): any OpenAI-compatible
+"""The `openai` provider: any OpenAI-compatible
 chat-completions endpoint with tool calling — OpenAI, vLLM, Ollama,
 llama.cpp server.
 
@@ -7,7 +7,7 @@ Agent block: `{"provider": "openai", "endpoint": "openai", "model":
 operator configuration (`runs/providers/endpoints.py`,
 `AGENTRT_MODEL_ENDPOINTS`); the adapter is built only from a configured
 `Endpoint`, never from an agent's block. One `complete()` is one model
-*attempt* (seed 002, "Retry: three loops, three owners"):
+*attempt* (three retry loops, three owners):
 
 * It POSTs `{base_url}/chat/completions` with `stream: true` and
   `stream_options.include_usage`, and accumulates text and tool-call deltas

@@ -1,5 +1,5 @@
 """The HTTP model-provider base: one `complete()` is one model *attempt*
-(seed 002, "Retry: three loops, three owners"), whatever the wire protocol.
+(three retry loops, three owners), whatever the wire protocol.
 
 A subclass says where the request goes (`url`), how it is authenticated
 (`auth_headers`), the body (`build_body`), how a non-200 status is classified

@@ -193,7 +193,7 @@
       document.getElementById('decisions-panel').hidden = false;
     }
 
-    // The tree of child runs (seed 002, M6). Rows the server drew, and rows for children started while the page is
+    // The tree of child runs. Rows the server drew, and rows for children started while the page is
     // open (from this run's child_run wait); each badge follows its run over the tenant's status stream.
     const family = document.getElementById('family');
     const tree = document.getElementById('tree');

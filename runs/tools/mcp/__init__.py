@@ -1,4 +1,4 @@
-"""MCP servers' tools, as durable and as governed as our own (issue 36).
+"""MCP servers' tools, as durable and as governed as our own.
 
 - `config`: `AGENTRT_MCP_SERVERS`, validated (the operator's servers and the class of each tool);
 - `transport`: stdio (our own: the environment named, no orphans, stderr bounded) and Streamable HTTP

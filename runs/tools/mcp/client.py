@@ -1,4 +1,4 @@
-"""One MCP client per server in each process, on an event loop of its own (issue 36, items 1, 4 and 6).
+"""One MCP client per server in each process, on an event loop of its own.
 
 `HUB` holds, per process, a thread running an asyncio loop and a
 `Connection` per configured server, opened on first use and reused: a stdio

@@ -1,4 +1,4 @@
-"""`AGENTRT_MCP_SERVERS`: the MCP servers an operator makes available (issue 36, item 1).
+"""`AGENTRT_MCP_SERVERS`: the MCP servers an operator makes available.
 
 Operator configuration, like model endpoints: a tenant's agent names a tool
 (`mcp__<server>__<tool>`), never a command, a URL or a header. JSON:

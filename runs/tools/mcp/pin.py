@@ -1,4 +1,4 @@
-"""A server's `tools/list` entry pinned into an agent version (issue 36, item 2).
+"""A server's `tools/list` entry pinned into an agent version.
 
 When a version naming `mcp__<server>__<tool>` is published, the server's
 entry for `<tool>` — name, description, input schema, annotations — is

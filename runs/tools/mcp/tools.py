@@ -1,4 +1,4 @@
-"""MCP tools in the registry, in a run, and at publish (issue 36, items 2–4).
+"""MCP tools in the registry, in a run, and at publish.
 
 **Registered.** Each configured `<server>.tools.<tool>` is a registry tool
 `mcp__<server>__<tool>`, so agents list it in `tools`, policies and the

@@ -1,5 +1,5 @@
 """The two transports to an MCP server, and what a call needs to know of them:
-whether its request left (issue 36, items 3, 4 and 6).
+whether its request left.
 
 **Sent or not.** A `tools/call` runs with `SENDING` set to a `Sending` of its
 own. The transports mark it `sent` once a byte of that request may have
