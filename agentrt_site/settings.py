@@ -538,11 +538,6 @@ if AGENTRT_DELIVERY_CLAIM_SECONDS <= AGENTRT_WEBHOOK_TIMEOUT_SECONDS:
         "(else a second worker could send a delivery that is still in flight)"
     )
 
-# --- django-q2: a doorbell, never the source of truth -----------
-Q_WORKERS = env_int("AGENTRT_WORKERS", 2)
-# Fair workers (README, "Workers and tenants"): leases one tenant may hold at once, checked at every claim.
-# Default: half the workers, at least 1. A node knows only its own AGENTRT_WORKERS: with several worker nodes
-# set it (the same everywhere) to half their sum, as `manage.py cluster` does. 0 = no limit.
 # Retention: the ended runs (COMPLETED, FAILED, CANCELLED) last written more than this many days ago lose
 # their detail to the maintenance sweep (maintenance/retention.py); unset or 0: kept for ever.
 try:
@@ -557,6 +552,11 @@ except ValueError:
         f"not {os.environ.get('AGENTRT_RETENTION_DAYS')!r}"
     ) from None
 
+# --- django-q2: a doorbell, never the source of truth -----------
+Q_WORKERS = env_int("AGENTRT_WORKERS", 2)
+# Fair workers (README, "Workers and tenants"): leases one tenant may hold at once, checked at every claim.
+# Default: half the workers, at least 1. A node knows only its own AGENTRT_WORKERS: with several worker nodes
+# set it (the same everywhere) to half their sum, as `manage.py cluster` does. 0 = no limit.
 AGENTRT_TENANT_MAX_RUNNING = env_int("AGENTRT_TENANT_MAX_RUNNING", max(1, Q_WORKERS // 2))
 if AGENTRT_TENANT_MAX_RUNNING < 0:
     from django.core.exceptions import ImproperlyConfigured
