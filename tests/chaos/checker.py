@@ -205,9 +205,10 @@ def _lease_loss_causes(events_by_run: dict, takeovers: dict, faults: list[dict],
                 claims[(e["payload"] or {}).get("lease_epoch", e["lease_epoch"])] = (
                     e["occurred_at"],
                     int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None,
-                    # who held it: a worker claimed it; a takeover's resumer is run_maintenance's sweep
+                    # who held it: a worker claimed it, or took it over from its doorbell (drive_run finding
+                    # the lease expired); a sweep's takeover is held by run_maintenance
                     "worker"
-                    if e["type"] == "run.claimed"
+                    if e["type"] == "run.claimed" or e["payload"].get("via") == "drive_run"
                     else ("maintenance" if e["payload"].get("via") == "sweep" else None),
                 )
         caused, uncaused = [], []

@@ -968,6 +968,24 @@ def test_i1_max_attempts_with_a_lease_loss_no_fault_caused_is_a_violation(extra)
     assert "not caused" in report["violations"][0]["detail"]
 
 
+def test_i1_a_lease_a_worker_took_over_from_its_doorbell_is_tied_to_that_workers_node():
+    """The fourth epoch is not a claim but a takeover by a worker's doorbell (`drive_run` found the lease
+    expired and resumed the run itself): the epoch is held by that worker (pid 77, node 0), so a fault of
+    node 0 explains its loss; read as nobody's, the loss was "not caused" (the long soak's one violation)."""
+    claimed_at = 100.0 + 11
+    snapshot, sink, faults, decisions = _max_attempts_history(
+        {"kind": "kill", "role": "pusher", "node": 0, "pid": 5, "t": claimed_at + 0.4}
+    )
+    fourth = next(e for e in snapshot["events"] if e["type"] == "run.claimed" and e["payload"]["lease_epoch"] == 7)
+    fourth["type"] = "lease.taken_over"
+    fourth["payload"] = {**fourth["payload"], "via": "drive_run", "previous_epoch": 6}
+    report = run_check(snapshot, sink, faults, decisions)
+    assert report["violations"] == [], report["violations"]
+    fourth["payload"]["via"] = "api"  # an operator's resume through the API: no worker holds it
+    report = run_check(snapshot, sink, faults, decisions)
+    assert invariants(report) == ["I1"] and "not caused" in report["violations"][0]["detail"]
+
+
 def test_i1_a_worker_no_process_table_read_saw_is_tied_to_its_node_by_the_node_log():
     """The fourth worker (pid 77) started and died between two reads of the process table: only
     qcluster-0's log ("... ready for work at 77") says it was node 0's, whose backend was terminated."""
