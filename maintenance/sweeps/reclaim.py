@@ -33,15 +33,23 @@ BATCH = 100
 
 
 def pending_doorbells(now, grace_seconds: float) -> set[str]:
-    """Run ids with a drive_run task that will still be delivered: waiting in
-    django-q2's ORM queue, or taken by a worker less than `grace_seconds` ago.
+    """Run ids with a drive_run task that will still be delivered (see `read_doorbells`)."""
+    return read_doorbells(now, grace_seconds)[0]
+
+
+def read_doorbells(now, grace_seconds: float) -> tuple[set[str], dict[str, list[int]]]:
+    """The queue's drive_run doorbells: the run ids with one that will still
+    be delivered — waiting in django-q2's ORM queue, or taken by a worker less
+    than `grace_seconds` ago — and, by run id, the rows of the lost ones.
 
     A row a worker took longer ago than that, for a run that is still QUEUED,
-    is a lost doorbell: the worker died with it (django-q2 hands it out again
-    only after `retry`, minutes later), so it does not count."""
+    is a lost doorbell: the worker (or the pusher that took it for the
+    workers) died with it, and django-q2 hands it out again only after
+    `retry`, minutes later, behind whatever was rung meanwhile."""
 
     retry = timedelta(seconds=settings.Q_CLUSTER["retry"])
-    ids = set()
+    ids: set[str] = set()
+    lost: dict[str, list[int]] = {}
     for row in OrmQ.objects.all()[:5000]:
         try:
             task = row.task
@@ -49,10 +57,44 @@ def pending_doorbells(now, grace_seconds: float) -> set[str]:
                 continue
         except Exception:  # an unreadable package is not ours to judge
             continue
+        run_id = str(task["args"][0])
         taken_at = row.lock - retry if row.lock and row.lock > now else None
         if taken_at is None or (now - taken_at).total_seconds() < grace_seconds:
-            ids.add(str(task["args"][0]))
-    return ids
+            ids.add(run_id)
+        else:
+            lost.setdefault(run_id, []).append(row.id)
+    return ids, lost
+
+
+def drop_spent_doorbells(lost: dict[str, list[int]]) -> int:
+    """Delete the lost doorbells of the runs that get a new one, and every
+    doorbell (lost or waiting) of a run that has ended: each would come back
+    after `retry` only to find nothing to do, and under a crash loop of
+    pushers they pile up by the thousand ahead of the doorbells that matter.
+    A worker that does still hold one acknowledges by deleting its row, which
+    a delete here makes a no-op; a run is claimed only by its guarded UPDATE,
+    never because a row exists."""
+    ended = set(
+        str(i)
+        for i in Run.objects.filter(id__in=list(lost), status__in=("COMPLETED", "FAILED", "CANCELLED")).values_list(
+            "id", flat=True
+        )
+    )
+    rows = [row for run_id, rows in lost.items() for row in rows]
+    removed = OrmQ.objects.filter(id__in=rows).delete()[0] if rows else 0
+    return removed + (_drop_waiting_of(ended) if ended else 0)
+
+
+def _drop_waiting_of(run_ids: set[str]) -> int:
+    doomed = []
+    for row in OrmQ.objects.all()[:5000]:
+        try:
+            task = row.task
+        except Exception:
+            continue
+        if task.get("func") == "runs.tasks.drive_run" and task.get("args") and str(task["args"][0]) in run_ids:
+            doomed.append(row.id)
+    return OrmQ.objects.filter(id__in=doomed).delete()[0] if doomed else 0
 
 
 def _tenants_at_share(share: int):
@@ -94,9 +136,10 @@ def sweep_reclaim(*, queued_grace_seconds: float = 5.0) -> dict:
             continue
         resumed += 1
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
-    rung = 0
+    rung = dropped = 0
     if stale_queued:
-        waiting = pending_doorbells(db_now(), queued_grace_seconds)
+        waiting, lost = read_doorbells(db_now(), queued_grace_seconds)
+        dropped = drop_spent_doorbells(lost)
         for run_id in stale_queued:
             if str(run_id) not in waiting:
                 enqueue_drive(run_id)
@@ -106,6 +149,7 @@ def sweep_reclaim(*, queued_grace_seconds: float = 5.0) -> dict:
         "resumed": resumed,
         "outcomes": outcomes,
         "requeued_doorbells": rung,
+        "dropped_doorbells": dropped,
         "at": CLOCK.now().isoformat(),
     }
 
