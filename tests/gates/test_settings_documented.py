@@ -30,5 +30,7 @@ def test_every_setting_the_settings_module_reads_is_documented():
 
 
 def test_the_check_names_a_setting_the_docs_do_not_mention():
-    planted = 'AGENTRT_LEASE_SECONDS = env_float("AGENTRT_LEASE_SECONDS", 30)\nAGENTRT_NOT_A_THING = 1\n'
+    planted = (
+        'AGENTRT_LEASE_SECONDS = env_float("AGENTRT_LEASE_SECONDS", 30)\nX = os.environ.get("AGENTRT_NOT_A_THING")'
+    )
     assert undocumented(planted, docs_text()) == ["AGENTRT_NOT_A_THING"]
