@@ -411,7 +411,7 @@ class DjangoRunStore:
         _committed(earlier, seqs)
 
     # -- the writes of a unit ---------------------------------------------
-    def _apply(self, cursor: Cursor, work: UnitOfWork) -> None:
+    def _apply(self, cursor: Cursor, work: UnitOfWork) -> None:  # noqa: C901 - one statement per kind of write, in order
         run, tenant, epoch = sql_uuid(self.run_id), sql_uuid(self.tenant_id), self.epoch
         if work.model_call_finishes:
             for f in work.model_call_finishes:

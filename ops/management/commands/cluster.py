@@ -266,7 +266,7 @@ class Command(BaseCommand):
             )
         return nodes
 
-    def _supervise(self) -> str | None:
+    def _supervise(self) -> str | None:  # noqa: C901 - one loop over every node's restart, drain and stop rule
         o = self.opts
         for n in self.nodes:
             if self.stop_reason():

@@ -219,7 +219,9 @@ def _tools(value: Any, where: str, server: str) -> dict[str, bool]:
     return out
 
 
-def _server(name: Any, raw: Any, allowed_hosts: Iterable[str], environ: Mapping[str, str]) -> ServerConfig:
+def _server(  # noqa: C901 - one check per field of a server's configuration, each with its own error
+    name: Any, raw: Any, allowed_hosts: Iterable[str], environ: Mapping[str, str]
+) -> ServerConfig:
     if not isinstance(name, str) or not SERVER_NAME.match(name) or len(name) > 32:
         raise _fail(
             repr(name), "a server name is letters and digits, single '-' or '_' between them, at most 32 characters"
