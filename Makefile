@@ -9,7 +9,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentrt
 # TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: run cluster test venv dev browser nginx mcp-servers docs smoke bench mutants clean
+.PHONY: run cluster test venv dev browser nginx prometheus mcp-servers docs smoke bench mutants clean
 
 # requirements.txt / requirements-dev.txt are hashed locks compiled from the
 # .in files (README, "Dependencies"); pip refuses anything whose hash differs.
@@ -80,6 +80,16 @@ nginx:
 	    echo "the login-throttling test needs nginx: sudo apt-get install -y nginx"; exit 1; \
 	  fi; }
 
+# The alert rules' test (tests/ops/test_alert_rules.py) runs promtool, from Debian's prometheus package.
+prometheus:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's prometheus (promtool) for the alert rules' test"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; \
+	  else \
+	    echo "the alert rules' test needs promtool: sudo apt-get install -y prometheus"; exit 1; \
+	  fi; }
+
 # Format, lint and type check (settings in pyproject.toml); .ci/run runs it before the tests and fails on findings.
 lint: dev
 	$(VENV)/bin/ruff format --check .
@@ -100,7 +110,7 @@ docs: $(VENV)/.docs-installed
 mcp-servers: dev
 	$(PY) -m tests.mcptools.servers
 
-test: dev browser nginx mcp-servers
+test: dev browser nginx prometheus mcp-servers
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # Curated mutants (tests/mutants/*.toml), each applied to a scratch copy and
