@@ -90,7 +90,9 @@ def plan(user, **params) -> str:
 
 
 # The partial indexes that hold only the runs that have not ended: a few rows in a tenant of many.
-ACTIVE = ("runs_active_tenant_idx", "one_active_run_per_session", "runs_live_deadline_idx")
+# A live status is read by one of the live runs' indexes, or by the (status, priority, created_at) one: each reads
+# the live runs (a handful), never the tenant's history; which one the planner takes depends on its statistics.
+ACTIVE = ("runs_active_tenant_idx", "one_active_run_per_session", "runs_live_deadline_idx", "runs_status_queue_idx")
 
 
 def assert_indexed(text: str, index: str | tuple[str, ...], *, ordered: bool) -> None:
