@@ -230,7 +230,10 @@ def test_a_fenced_worker_writes_nothing_but_run_fenced(load_agent, submit):
     assert row.status == "RUNNING" and row.lease_owner == "worker-b"
 
 
-def test_a_duplicate_drive_run_is_a_no_op(load_agent, submit):
+def test_a_duplicate_drive_run_is_a_no_op(load_agent, submit, settings):
+    # Room for a second lease of the tenant: the duplicate is refused by the claim's status guard, not by the
+    # tenant's share (which alone would also refuse it, and hide a claim that took a leased run).
+    settings.AGENTRT_TENANT_MAX_RUNNING = 0
     load_agent(turns=[echo_step("a"), {"text": "done"}])
     run = submit()
     claim = run_claim(run_id=run.id, owner="worker-a")
