@@ -15,6 +15,7 @@ from approvals.models import Approval
 from approvals.services import approval_decide
 from runs.models import Event, Run, ToolInvocation
 from tests.conftest import wait_for
+from tests.fault.test_kill_anything import APP, terminate_backends
 
 pytestmark = [pytest.mark.fault, pytest.mark.django_db(transaction=True)]
 
@@ -68,21 +69,6 @@ def test_a_kill_during_the_second_side_effect_asks_about_that_call_alone(
     assert Run.objects.get(id=run.id).final_message == "both sent"
 
 
-LOST_APP = "agentrt-fault-lost-db"  # application_name of the cluster's connections (libpq's PGAPPNAME)
-
-
-def terminate_cluster_backends() -> int:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name = %s AND pid <> pg_backend_pid()",
-            [LOST_APP],
-        )
-        return cursor.fetchone()[0]
-
-
 def test_a_lost_database_connection_before_the_second_watermark_is_a_lost_lease_not_a_failed_run(
     stack, load_agent, submit, sink, operator
 ):
@@ -106,10 +92,10 @@ def test_a_lost_database_connection_before_the_second_watermark_is_a_lost_lease_
         ],
         tools=("http_post",),
     )
-    c = stack(PGAPPNAME=LOST_APP)
+    c = stack(PGAPPNAME=APP)  # the cluster's connections, told apart by their application_name
     run = submit()
     wait_for(lambda: sink.count() == 1, timeout=60, message=f"the first POST to arrive\n{c.output()[-3000:]}")
-    assert terminate_cluster_backends() >= 1  # the worker's connection among them
+    assert terminate_backends() >= 1  # the worker's connection among them
     sink.release.set()  # the answer comes back to a worker whose database connection is gone
 
     wait_for(lambda: status(run) not in ("QUEUED", "RUNNING"), timeout=90, message="the takeover to park the run")
