@@ -57,3 +57,38 @@ def test_an_operator_approves_an_mcp_call_on_the_live_page(
     assert Run.objects.get(id=run.id).final_message == "Written."
     (effect,) = fx_state.effects()
     assert effect["name"] == "<i>page</i>"
+
+
+def test_an_mcp_calls_progress_shows_on_the_run_page(
+    server, mcp_servers, tmp_path, load_agent, submit, tenant, settings
+):
+    """A real MCP server's progress notifications (our own SDK server, over stdio) become throttled
+    `tool.call.progress` events, and the run page's timeline shows the last one: the tool, how far of how
+    much, and the server's message as text."""
+    from playwright.sync_api import sync_playwright
+
+    from runs.runtime.executor import run_drive
+    from runs.services import tenant_create
+    from tests.mcptools.fixtures import State
+    from tests.mcptools.test_mcp_long import ALLOW, PROGRESS, tasks_stdio
+
+    settings.AGENTRT_MCP_PROGRESS_INTERVAL_MS = 60_000  # the first, then the last when the call ends
+    mcp_servers({"tk": tasks_stdio(State(tmp_path / "tk-state"))})
+    _, user = tenant_create(name=tenant.name, username="oncall", password="s3cret-pass", operator=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_run"]))
+    load_agent(
+        turns=[{"tool_calls": [{"name": PROGRESS, "arguments": {"name": "p", "steps": 30}}]}, {"text": "done"}],
+        tools=(PROGRESS,),
+        policy=ALLOW,
+    )
+    run = submit(text="progress")
+    run_drive(run_id=run.id)
+    assert Run.objects.get(id=run.id).status == "COMPLETED"
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        log_in(page, server, "oncall", "s3cret-pass", f"/runs/{run.id}/")
+        page.wait_for_selector("text=tool.call.progress", timeout=60000)
+        timeline = page.inner_text("body")
+        browser.close()
+    assert f"{PROGRESS} 30/30 — step 30 of 30" in timeline
