@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -65,7 +66,7 @@ class _Liveness:
             if self._pid != os.getpid():
                 self._conn = None  # the parent's session: never ours to use or close
             conn = self._conn
-            if conn is not None and not conn.closed and not conn.broken:
+            if conn is not None and not conn.closed and not conn.broken and not _hung_up(conn):
                 if not check:
                     return True
                 try:
@@ -109,6 +110,16 @@ class _Liveness:
             if self._conn is not None and self._pid == os.getpid():
                 self._drop()
             self._conn = None
+
+
+def _hung_up(conn: Any) -> bool:
+    """Whether the server has spoken on an idle session we never asked anything: a terminated backend's
+    last error, or the close of a restart. One poll of the socket, no round trip, so a claim right after
+    its lock's session was cut takes the lock again instead of leading the probe to a false "dead"."""
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, psycopg.Error):
+        return True
 
 
 LIVENESS = _Liveness()

@@ -167,3 +167,34 @@ def test_a_sigstopped_workers_run_is_not_taken_over_before_its_lease_expires(clu
         timeout=90,
         message=f"the run to complete\n{node.output()[-3000:]}",
     )
+
+
+def test_a_lock_whose_session_was_cut_is_taken_again_at_the_next_claim_not_left_for_the_probe():
+    """The lock's own connection terminated (a failover, a pooler restart, pg_terminate_backend) while its
+    process lives: the next `ensure` before a claim sees the server hung up and takes the lock again at once,
+    so the probe does not find a live worker's runs ownerless (a fenced zombie for nothing)."""
+    owner = "host-cut:4242:abcd"
+    try:
+        assert liveness.LIVENESS.ensure(owner)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
+            pids = [row[0] for row in cursor.fetchall()]
+            assert len(pids) == 1
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pids[0]])
+
+        def gone():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pids[0]])
+                return cursor.fetchone()[0] == 0
+
+        wait_for(gone, timeout=10, message="the lock's backend to end")
+        assert liveness.dead_processes(["host-cut:4242"]) == {"host-cut:4242"}  # nobody holds it now
+
+        assert liveness.LIVENESS.ensure(owner)  # before the next claim: no check asked for, none needed
+
+        assert liveness.dead_processes(["host-cut:4242"]) == set()  # held again
+    finally:
+        liveness.LIVENESS.release()
