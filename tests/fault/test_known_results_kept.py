@@ -24,10 +24,8 @@ def status(run):
     return Run.objects.filter(id=run.id).values_list("status", flat=True).get()
 
 
-def test_a_kill_during_the_second_side_effect_asks_about_that_call_alone(
-    stack, cluster, load_agent, submit, sink, operator
-):
-    sink.behaviours = ["ok", "delay:120"]  # the first POST is answered, the second is held
+def two_posts(load_agent, sink):
+    """An agent whose first turn makes two `http_post` calls to the sink in one batch, then answers."""
     load_agent(
         turns=[
             {
@@ -40,6 +38,13 @@ def test_a_kill_during_the_second_side_effect_asks_about_that_call_alone(
         ],
         tools=("http_post",),
     )
+
+
+def test_a_kill_during_the_second_side_effect_asks_about_that_call_alone(
+    stack, cluster, load_agent, submit, sink, operator
+):
+    sink.behaviours = ["ok", "delay:120"]  # the first POST is answered, the second is held
+    two_posts(load_agent, sink)
     c = stack()
     run = submit()
     wait_for(lambda: sink.count() == 2, timeout=60, message=f"the second POST to arrive\n{c.output()[-3000:]}")
@@ -80,18 +85,7 @@ def test_a_lost_database_connection_before_the_second_watermark_is_a_lost_lease_
     first call sent with no result, marks it interrupted and asks; the second
     call was never sent."""
     sink.behaviours = ["delay:120"]  # the first POST is held until the backends are cut
-    load_agent(
-        turns=[
-            {
-                "tool_calls": [
-                    {"name": "http_post", "arguments": {"url": sink.url, "json": {"n": 1}}},
-                    {"name": "http_post", "arguments": {"url": sink.url, "json": {"n": 2}}},
-                ]
-            },
-            {"text": "both sent"},
-        ],
-        tools=("http_post",),
-    )
+    two_posts(load_agent, sink)
     c = stack(PGAPPNAME=APP)  # the cluster's connections, told apart by their application_name
     run = submit()
     wait_for(lambda: sink.count() == 1, timeout=60, message=f"the first POST to arrive\n{c.output()[-3000:]}")
